@@ -1,0 +1,265 @@
+"""`TaskSpec`: everything the library needs to know about one task.
+
+A task has a name (used as the key of its head, its gate and its metrics), a problem type (which head
+and loss it gets), its labels, the metrics it is evaluated with and the fields of a data row that hold
+its inputs. Specs round-trip through JSON so that a saved model config carries its task list.
+
+Problem types use transformers' words where they exist:
+
+| problem type | head | loss | label of one example |
+|---|---|---|---|
+| `single_label_classification` | linear on the pooled [CLS] | cross-entropy | class index |
+| `multi_label_classification` | linear on the pooled [CLS] | binary cross-entropy | multi-hot vector |
+| `regression` | linear on the pooled [CLS] | mean squared error | float (or `num_labels` floats) |
+| `multiple_choice` | one score per (context, choice) row | cross-entropy over the choices | index of the right choice |
+| `span_classification` | linear on [CLS] + mean of each word span (WiC) | cross-entropy | class index |
+| `token_classification` | linear on every token | cross-entropy, -100 ignored | one class index per token |
+| `seq2seq` | the decoder of a seq2seq family | token cross-entropy | target text |
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from .utils import check_choice, check_float, check_int, check_str_list
+
+PROBLEM_TYPES = (
+    "single_label_classification",
+    "multi_label_classification",
+    "regression",
+    "multiple_choice",
+    "span_classification",
+    "token_classification",
+    "seq2seq",
+)
+
+# Metrics used when a spec names none; keys of `hf_taskmoe.metrics` (any evaluate metric may be named instead).
+DEFAULT_METRICS = {
+    "single_label_classification": ["accuracy"],
+    "multi_label_classification": ["f1_micro"],
+    "regression": ["pearson", "spearmanr"],
+    "multiple_choice": ["accuracy"],
+    "span_classification": ["accuracy"],
+    "token_classification": ["accuracy"],
+    "seq2seq": ["exact_match"],
+}
+
+# No '.': the name keys `nn.ModuleDict`s (heads, gates), whose keys cannot hold dots.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Describes one task of a multi-task model.
+
+    Args:
+        name (`str`):
+            Unique task name: letters, digits, `_` and `-`. It keys the task's head, gate and metrics
+            (`eval_<name>_<metric>`).
+        problem_type (`str`, *optional*, defaults to `"single_label_classification"`):
+            One of `PROBLEM_TYPES` (see the module docstring for head, loss and label format of each).
+        num_labels (`int`, *optional*):
+            Number of classes (classification), of outputs (regression, defaults to 1) or of choices
+            (multiple choice, taken from `choice_fields`). Derived from `label_names` when those are given.
+        label_names (`list[str]`, *optional*):
+            Names of the classes, in label-index order. Defaults to `LABEL_0`, `LABEL_1`, ...
+        metrics (`list[str]`, *optional*):
+            Metric names; defaults depend on the problem type (`DEFAULT_METRICS`).
+        text_fields (`list[str]`, *optional*, defaults to `["sentence"]`):
+            Fields of a data row holding the text: one field (single text) or two (text pair). For multiple
+            choice these are the context fields; for token classification the single field holds a list of words.
+        label_field (`str`, *optional*, defaults to `"label"`):
+            Field of a data row holding the label.
+        choice_fields (`list[str]`, *optional*):
+            Multiple choice only: the fields holding the candidate answers, one row per choice is built.
+        span_fields (`list[list[str]]`, *optional*):
+            Span classification only: `[start_field, end_field]` character offsets of each span, the i-th span
+            inside the i-th text field (WiC: `[["start1", "end1"], ["start2", "end2"]]`).
+        loss_weight (`float`, *optional*, defaults to 1.0):
+            Multiplies the task's loss in the total loss.
+        dataset (`str`, *optional*):
+            Dataset id for model cards (e.g. `"nyu-mll/glue"`).
+        dataset_config (`str`, *optional*):
+            Dataset configuration or subset name (e.g. `"sst2"`).
+        description (`str`, *optional*):
+            Free text shown in model cards.
+    """
+
+    name: str
+    problem_type: str = "single_label_classification"
+    num_labels: int | None = None
+    label_names: list[str] | None = None
+    metrics: list[str] | None = None
+    text_fields: list[str] = field(default_factory=lambda: ["sentence"])
+    label_field: str = "label"
+    choice_fields: list[str] | None = None
+    span_fields: list[list[str]] | None = None
+    loss_weight: float = 1.0
+    dataset: str | None = None
+    dataset_config: str | None = None
+    description: str | None = None
+
+    def __post_init__(self):
+        prefix = f"TaskSpec({self.name!r})" if isinstance(self.name, str) else "TaskSpec"
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+            raise ValueError(
+                f"{prefix}: `name` must be a non-empty string of letters, digits, '_' or '-' starting with a "
+                f"letter or digit, got {self.name!r}."
+            )
+        check_choice(self.problem_type, PROBLEM_TYPES, f"{prefix}.problem_type")
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+
+        set_("text_fields", check_str_list(self.text_fields, f"{prefix}.text_fields"))
+        if not isinstance(self.label_field, str) or not self.label_field:
+            raise ValueError(f"{prefix}: `label_field` must be a non-empty string, got {self.label_field!r}.")
+        if self.label_names is not None:
+            set_("label_names", check_str_list(self.label_names, f"{prefix}.label_names"))
+            if len(set(self.label_names)) != len(self.label_names):
+                raise ValueError(f"{prefix}: `label_names` must be unique, got {self.label_names}.")
+
+        self._check_choice_and_span_fields(prefix)
+        set_("num_labels", self._resolve_num_labels(prefix))
+        if self.label_names is not None and len(self.label_names) != self.num_labels:
+            raise ValueError(
+                f"{prefix}: `label_names` has {len(self.label_names)} names but `num_labels` is {self.num_labels}."
+            )
+        if self.metrics is None:
+            set_("metrics", list(DEFAULT_METRICS[self.problem_type]))
+        else:
+            set_("metrics", check_str_list(self.metrics, f"{prefix}.metrics"))
+        set_("loss_weight", check_float(self.loss_weight, f"{prefix}.loss_weight", minimum=0.0))
+        for name in ("dataset", "dataset_config", "description"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{prefix}: `{name}` must be a string or None, got {value!r}.")
+
+    def _check_choice_and_span_fields(self, prefix: str) -> None:
+        if self.problem_type == "multiple_choice":
+            if self.choice_fields is None:
+                raise ValueError(f"{prefix}: `choice_fields` is required for problem_type='multiple_choice'.")
+            object.__setattr__(self, "choice_fields", check_str_list(self.choice_fields, f"{prefix}.choice_fields"))
+            if len(self.choice_fields) < 2:
+                raise ValueError(f"{prefix}: `choice_fields` needs at least 2 choices, got {self.choice_fields}.")
+        elif self.choice_fields is not None:
+            raise ValueError(f"{prefix}: `choice_fields` is only used by problem_type='multiple_choice'.")
+
+        if self.problem_type == "span_classification":
+            spans = self.span_fields
+            if (
+                not isinstance(spans, (list, tuple))
+                or not spans
+                or not all(isinstance(s, (list, tuple)) and len(s) == 2 for s in spans)
+            ):
+                raise ValueError(
+                    f"{prefix}: `span_fields` must be a non-empty list of [start_field, end_field] pairs for "
+                    f"problem_type='span_classification', got {spans!r}."
+                )
+            spans = [check_str_list(list(s), f"{prefix}.span_fields") for s in spans]
+            if len(spans) > len(self.text_fields):
+                raise ValueError(
+                    f"{prefix}: `span_fields` has {len(spans)} spans but only {len(self.text_fields)} text fields; "
+                    "the i-th span lies in the i-th text field."
+                )
+            object.__setattr__(self, "span_fields", spans)
+        elif self.span_fields is not None:
+            raise ValueError(f"{prefix}: `span_fields` is only used by problem_type='span_classification'.")
+
+    def _resolve_num_labels(self, prefix: str) -> int | None:
+        n = self.num_labels
+        if self.problem_type == "multiple_choice":
+            if n is not None and n != len(self.choice_fields):
+                raise ValueError(
+                    f"{prefix}: `num_labels` ({n}) must equal the number of `choice_fields` ({len(self.choice_fields)})."
+                )
+            return len(self.choice_fields)
+        if self.problem_type == "seq2seq":
+            return None if n is None else check_int(n, f"{prefix}.num_labels", minimum=1)
+        if n is None and self.label_names is not None:
+            n = len(self.label_names)
+        if n is None:
+            if self.problem_type == "regression":
+                return 1
+            raise ValueError(
+                f"{prefix}: `num_labels` (or `label_names`) is required for problem_type={self.problem_type!r}."
+            )
+        minimum = 2 if self.problem_type in ("single_label_classification", "span_classification",
+                                             "token_classification") else 1
+        return check_int(n, f"{prefix}.num_labels", minimum=minimum)
+
+    # ------------------------------------------------------------------ derived views
+    @property
+    def num_choices(self) -> int | None:
+        return len(self.choice_fields) if self.choice_fields is not None else None
+
+    @property
+    def num_spans(self) -> int:
+        return len(self.span_fields) if self.span_fields is not None else 0
+
+    @property
+    def is_classification(self) -> bool:
+        return self.problem_type in (
+            "single_label_classification",
+            "span_classification",
+            "token_classification",
+            "multiple_choice",
+        )
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        if self.label_names is not None:
+            return dict(enumerate(self.label_names))
+        if self.num_labels is None or self.problem_type in ("regression", "multiple_choice"):
+            return {}
+        return {i: f"LABEL_{i}" for i in range(self.num_labels)}
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict; `TaskSpec.from_dict(spec.to_dict()) == spec`."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: "dict[str, Any] | TaskSpec") -> "TaskSpec":
+        if isinstance(data, TaskSpec):
+            return data
+        if not isinstance(data, dict):
+            raise ValueError(f"A task must be a TaskSpec or a dict, got {type(data).__name__}: {data!r}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"Unknown TaskSpec field(s) {unknown} in {data!r}; valid fields are {sorted(known)}.")
+        if "name" not in data:
+            raise ValueError(f"A task needs a `name`, got {data!r}.")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TaskSpec":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"TaskSpec JSON could not be parsed: {err}") from None
+        return cls.from_dict(data)
+
+
+def parse_tasks(tasks, field_name: str = "tasks") -> list[TaskSpec]:
+    """Turn a list of `TaskSpec`s or dicts into `TaskSpec`s, checking that names are unique."""
+    if tasks is None or isinstance(tasks, (str, bytes, dict)) or not hasattr(tasks, "__iter__"):
+        raise ValueError(f"`{field_name}` must be a non-empty list of TaskSpec or dicts, got {tasks!r}.")
+    specs = []
+    for i, task in enumerate(tasks):
+        try:
+            specs.append(TaskSpec.from_dict(task))
+        except ValueError as err:
+            raise ValueError(f"`{field_name}[{i}]`: {err}") from None
+    if not specs:
+        raise ValueError(f"`{field_name}` must name at least one task.")
+    names = [s.name for s in specs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"`{field_name}` has duplicate task names {duplicates}; every task needs its own name.")
+    return specs

@@ -1,0 +1,58 @@
+"""Small helpers shared by every module: registry look-ups and value checks.
+
+Every check raises a one-line ``ValueError`` that names the field, what is allowed and what was given,
+so a bad value is reported where it enters, not halfway through ``forward``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, TypeVar
+
+V = TypeVar("V")
+
+
+def lookup(registry: Mapping[str, V], key: Any, field: str) -> V:
+    """Return ``registry[key]``; on a miss, raise a ``ValueError`` listing the valid keys."""
+    try:
+        return registry[key]
+    except (KeyError, TypeError):
+        raise ValueError(f"`{field}` must be one of {sorted(registry)}, got {key!r}.") from None
+
+
+def check_choice(value: Any, allowed, field: str) -> Any:
+    if value not in allowed:
+        raise ValueError(f"`{field}` must be one of {sorted(allowed)}, got {value!r}.")
+    return value
+
+
+def check_int(value: Any, field: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"`{field}` must be an integer, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"`{field}` must be >= {minimum}, got {value}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"`{field}` must be <= {maximum}, got {value}.")
+    return value
+
+
+def check_float(value: Any, field: str, minimum: float | None = None, maximum: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"`{field}` must be a number, got {value!r}.")
+    if value != value:  # NaN
+        raise ValueError(f"`{field}` must be a number, got NaN.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"`{field}` must be >= {minimum}, got {value}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"`{field}` must be <= {maximum}, got {value}.")
+    return float(value)
+
+
+def check_str_list(value: Any, field: str, allow_empty: bool = False) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"`{field}` must be a list of strings, got {value!r}.")
+    if not allow_empty and len(value) == 0:
+        raise ValueError(f"`{field}` must not be empty.")
+    for item in value:
+        if not isinstance(item, str) or not item:
+            raise ValueError(f"`{field}` must hold non-empty strings, got {item!r}.")
+    return list(value)
