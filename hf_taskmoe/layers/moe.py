@@ -1,0 +1,251 @@
+"""Token-level mixture of experts with task-aware or shared gating (MT-TaG, MT-Switch, MT-Dense).
+
+Equations of the MT-TaG paper (section 3.1), for a token x of task t:
+
+    E_i(x)   = w_i^out GeLU(w_i^in x)                      (1)   one expert = one BERT FFN
+    l_t(x)   = W_{g,t} x,   W_{g,t} in R^{N x d}           (3)   task-aware gate ("shared": one W_g)
+    G_t(x)   = softmax(l_t(x))                             (4)   in fp32
+    g*, E*   = top-1 of G_t(x)                             (5)
+    h(x)     = g* E*(x)                                    (6)   `expert_weighting="gate"`
+
+Dispatch follows `notes/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
+`argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice,
+and the outputs are put back with the inverse permutation. Never every expert on every token; one
+device-to-host sync per layer (the per-expert token counts).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.activations import ACT2FN
+
+from ..utils import check_choice, lookup
+
+EXPERT_WEIGHTINGS = ("gate", "straight_through")
+
+
+class ExpertFFN(nn.Module):
+    """One expert: BERT's intermediate and output projections, `w_out(act(w_in(x)))` (eq. 1).
+
+    Plain `nn.Linear`s, so peft's LoRA can target `w_in` / `w_out` like any projection.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "gelu"):
+        super().__init__()
+        self.w_in = nn.Linear(hidden_size, intermediate_size)
+        self.act = ACT2FN[hidden_act] if isinstance(hidden_act, str) else hidden_act
+        self.w_out = nn.Linear(intermediate_size, hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.w_out(self.act(self.w_in(hidden_states)))
+
+
+class TaskRouter(nn.Module):
+    """Task-aware gate (MT-TaG): one `W_{g,t} in R^{N x d}` per task, no bias (eq. 3)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, num_tasks: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_tasks, num_experts, hidden_size))
+
+    @property
+    def num_tasks(self) -> int:
+        return self.weight.shape[0]
+
+    def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        gates = self.weight.float().index_select(0, task_ids)  # (batch, experts, hidden): each row's task gate
+        return torch.einsum("bsd,bnd->bsn", hidden_states.float(), gates)  # (batch, seq, experts)
+
+    @torch.no_grad()
+    def add_task(self, init_from: int | None, std: float) -> None:
+        """Grow the gate table by one task, copied from task `init_from` or drawn from N(0, std)."""
+        new = torch.empty_like(self.weight[:1])
+        if init_from is None:
+            new.normal_(0.0, std)
+        else:
+            new.copy_(self.weight[init_from : init_from + 1])
+        self.weight = nn.Parameter(torch.cat([self.weight.data, new], dim=0), requires_grad=self.weight.requires_grad)
+
+
+class SharedRouter(nn.Module):
+    """One gate for every task (MT-Switch): `W_g in R^{N x d}`, no bias."""
+
+    def __init__(self, hidden_size: int, num_experts: int, num_tasks: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+
+    def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.float(), self.weight.float())  # (batch, seq, experts)
+
+    def add_task(self, init_from: int | None, std: float) -> None:
+        """The shared gate serves new tasks as it is."""
+
+
+ROUTER_TYPES: dict[str, type[nn.Module]] = {"task": TaskRouter, "shared": SharedRouter}
+
+
+def build_router(gating: str, hidden_size: int, num_experts: int, num_tasks: int) -> nn.Module:
+    return lookup(ROUTER_TYPES, gating, "gating")(hidden_size, num_experts, num_tasks)
+
+
+class MoEOutput(NamedTuple):
+    """Output of `TaskMoE.forward`.
+
+    hidden_states: `(batch, seq, hidden)`.
+    router_logits: `(batch, seq, experts)` fp32, None for a one-expert (dense) layer.
+    expert_index: `(batch, seq, top_k)` chosen experts, None for a dense layer.
+    routing_counts: `(tasks, experts)` tokens (padding excluded) each expert received per task, when asked.
+    aux_loss / z_loss: scalar load-balancing / router z-loss when their coefficient is set, else None.
+    """
+
+    hidden_states: torch.Tensor
+    router_logits: torch.Tensor | None = None
+    expert_index: torch.Tensor | None = None
+    routing_counts: torch.Tensor | None = None
+    aux_loss: torch.Tensor | None = None
+    z_loss: torch.Tensor | None = None
+
+
+class TaskMoE(nn.Module):
+    """N expert FFNs behind a task-aware (`gating="task"`) or shared (`"shared"`) top-k router.
+
+    With `num_experts=1` there is no router and the layer is the dense FFN (MT-Dense).
+
+    `expert_weighting` sets how the chosen experts' outputs are scaled:
+
+    - `"gate"`: by their gate probabilities, `h = g* E*(x)` (MT-TaG eq. 6; Switch Transformer). At an
+      upcycled start (identical experts, near-uniform gates) this scales every FFN output by about 1/N.
+    - `"straight_through"`: `h = sum_k (sg(g_k / sum_j g_j) + g_k - sg(g_k)) E_k(x)`: the value is the
+      top-k renormalised mixture (for top-1 exactly `E*(x)`), the gradient reaching each gate is the one
+      of `"gate"`. An upcycled model with identical experts computes exactly what the dense model did.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        num_experts: int = 4,
+        num_tasks: int = 1,
+        gating: str = "task",
+        top_k: int = 1,
+        hidden_act: str = "gelu",
+        expert_weighting: str = "gate",
+        compute_aux_loss: bool = False,
+        compute_z_loss: bool = False,
+    ):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"`top_k` must be in [1, num_experts={num_experts}], got {top_k}.")
+        self.num_experts = num_experts
+        self.num_tasks = num_tasks
+        self.top_k = top_k
+        self.gating = gating
+        self.expert_weighting = check_choice(expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
+        self.compute_aux_loss = compute_aux_loss
+        self.compute_z_loss = compute_z_loss
+        self.experts = nn.ModuleList(
+            [ExpertFFN(hidden_size, intermediate_size, hidden_act) for _ in range(num_experts)]
+        )
+        self.router = build_router(gating, hidden_size, num_experts, num_tasks) if num_experts > 1 else None
+
+    def add_task(self, init_from: int | None, std: float) -> None:
+        self.num_tasks += 1
+        if self.router is not None:
+            self.router.add_task(init_from, std)
+
+    def route(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        """Router logits `(batch, seq, experts)` in fp32."""
+        # Softmax and top-k decide which weights a token uses; in fp16/bf16 near-ties flip between experts
+        # and the exponent overflows, so the router runs in fp32 with autocast off (as in Switch/Mixtral).
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            return self.router(hidden_states, task_ids)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        task_ids: torch.Tensor,
+        token_mask: torch.Tensor | None = None,
+        output_routing: bool = False,
+    ) -> MoEOutput:
+        """
+        Args:
+            hidden_states: `(batch, seq, hidden)`.
+            task_ids: `(batch,)` task of each row.
+            token_mask: `(batch, seq)` bool, True for real tokens; padding is routed and computed like any
+                token (its output is masked downstream) but left out of routing statistics and aux losses.
+            output_routing: also return per-task routing counts.
+        """
+        batch, seq, hidden = hidden_states.shape
+        if self.router is None:  # MT-Dense: the FFN itself, no routing.
+            return MoEOutput(self.experts[0](hidden_states))
+
+        logits = self.route(hidden_states, task_ids)  # (batch, seq, experts) fp32
+        probs = logits.softmax(dim=-1)
+        top_p, top_e = probs.topk(self.top_k, dim=-1)  # (batch, seq, k)
+        weights = self._combine_weights(top_p).to(hidden_states.dtype)  # (batch, seq, k)
+
+        x = hidden_states.reshape(-1, hidden)  # (tokens, hidden)
+        flat_expert = top_e.reshape(-1)  # (tokens*k,) slot s = token s//k, its (s%k)-th choice
+        order = torch.argsort(flat_expert, stable=True)  # slots grouped by expert
+        counts = torch.bincount(flat_expert, minlength=self.num_experts)
+        token_of_slot = order // self.top_k if self.top_k > 1 else order
+        x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
+        # The one host sync of the layer. Experts with no tokens still run on their empty slice so that
+        # every parameter takes part in the graph (DDP without find_unused_parameters).
+        chunks = x_sorted.split(counts.tolist())
+        y_sorted = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])  # (tokens*k, hidden)
+        y_sorted = y_sorted * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+        if self.top_k == 1:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel(), device=order.device)
+            y = y_sorted.index_select(0, inverse)  # (tokens, hidden) back in token order
+        else:
+            y = torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
+
+        mask = token_mask.reshape(-1) if token_mask is not None else None
+        return MoEOutput(
+            hidden_states=y.view(batch, seq, hidden),
+            router_logits=logits,
+            expert_index=top_e,
+            routing_counts=self._routing_counts(top_e, task_ids, token_mask) if output_routing else None,
+            aux_loss=self._load_balancing_loss(probs, top_e, mask) if self.compute_aux_loss else None,
+            z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
+        )
+
+    def _combine_weights(self, top_p: torch.Tensor) -> torch.Tensor:
+        if self.expert_weighting == "gate":
+            return top_p
+        # Value: renormalised top-k probabilities (1.0 for top-1); gradient: that of `top_p` itself.
+        # `top_p - top_p.detach()` is exactly 0.0 in value, so the forward pass is exact.
+        renormalised = (top_p / top_p.sum(dim=-1, keepdim=True)).detach()
+        return renormalised + (top_p - top_p.detach())
+
+    def _routing_counts(self, top_e, task_ids, token_mask) -> torch.Tensor:
+        batch, seq, k = top_e.shape
+        token_task = task_ids.view(batch, 1, 1).expand(batch, seq, k)  # (batch, seq, k)
+        cell = token_task * self.num_experts + top_e  # (batch, seq, k) index into (tasks, experts)
+        if token_mask is not None:
+            cell = cell[token_mask]  # (real tokens, k)
+        counts = torch.bincount(cell.reshape(-1), minlength=self.num_tasks * self.num_experts)
+        return counts.view(self.num_tasks, self.num_experts)
+
+    def _load_balancing_loss(self, probs, top_e, mask) -> torch.Tensor:
+        """Switch Transformer's `N * sum_i f_i P_i` over the real tokens of the layer (all tasks together)."""
+        probs = probs.reshape(-1, self.num_experts)  # (tokens, experts)
+        dispatch = F.one_hot(top_e.reshape(probs.shape[0], -1), self.num_experts).sum(1).float()  # (tokens, experts)
+        if mask is not None:
+            probs, dispatch = probs[mask], dispatch[mask]
+        fraction = dispatch.mean(0) / self.top_k  # f_i: share of routed slots per expert
+        mean_prob = probs.mean(0)  # P_i
+        return self.num_experts * torch.sum(fraction * mean_prob)
+
+    @staticmethod
+    def _z_loss(logits, mask) -> torch.Tensor:
+        """ST-MoE router z-loss: mean of logsumexp(logits)^2 over the real tokens."""
+        z = torch.logsumexp(logits.reshape(-1, logits.shape[-1]), dim=-1)  # (tokens,)
+        if mask is not None:
+            z = z[mask]
+        return (z**2).mean()

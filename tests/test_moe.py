@@ -1,0 +1,147 @@
+import pytest
+import torch
+
+from hf_taskmoe.layers.moe import TaskMoE
+
+B, S, D, F_, N, T = 3, 5, 16, 24, 4, 3
+
+
+def _moe(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    kwargs = {"num_experts": N, "num_tasks": T, **kwargs}
+    moe = TaskMoE(D, F_, **kwargs)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return moe
+
+
+def _inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, S, D, generator=g), torch.tensor([0, 2, 1])
+
+
+def _reference(moe, x, task_ids):
+    """Every expert on every token, then the eq. 2-6 mixture: an oracle, not how the layer runs."""
+    if moe.gating == "task":
+        logits = torch.einsum("bsd,bnd->bsn", x, moe.router.weight[task_ids])
+    else:
+        logits = x @ moe.router.weight.T
+    probs = logits.softmax(-1)
+    top_p, top_e = probs.topk(moe.top_k, dim=-1)
+    all_out = torch.stack([e(x) for e in moe.experts], dim=2)  # (B, S, N, D)
+    chosen = torch.gather(all_out, 2, top_e.unsqueeze(-1).expand(*top_e.shape, D))  # (B, S, k, D)
+    return (chosen * top_p.unsqueeze(-1)).sum(2), top_e
+
+
+@pytest.mark.parametrize("gating", ["task", "shared"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_dispatch_matches_reference(gating, top_k):
+    moe = _moe(gating=gating, top_k=top_k)
+    x, task_ids = _inputs()
+    out = moe(x, task_ids)
+    expected, top_e = _reference(moe, x, task_ids)
+    torch.testing.assert_close(out.hidden_states, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(out.expert_index, top_e)
+    assert out.router_logits.dtype == torch.float32 and out.router_logits.shape == (B, S, N)
+
+
+def test_top1_routes_each_token_to_one_expert_and_each_expert_sees_only_its_tokens():
+    moe = _moe()
+    seen = []
+    for e in moe.experts:
+        e.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[0]))
+    x, task_ids = _inputs()
+    out = moe(x, task_ids)
+    assert out.expert_index.shape == (B, S, 1)
+    counts = torch.bincount(out.expert_index.flatten(), minlength=N).tolist()
+    assert seen == counts  # each expert ran once, on exactly the tokens routed to it
+    assert sum(seen) == B * S
+
+
+def test_task_gates_route_differently_and_shared_gate_ignores_task():
+    x = torch.randn(1, S, D).expand(T, S, D)  # the same tokens for every task
+    task_ids = torch.arange(T)
+    task_moe, shared_moe = _moe(gating="task"), _moe(gating="shared")
+    routed = task_moe(x, task_ids).router_logits
+    assert not torch.allclose(routed[0], routed[1])
+    shared = shared_moe(x, task_ids).router_logits
+    assert torch.equal(shared[0], shared[1]) and torch.equal(shared[1], shared[2])
+
+
+def test_straight_through_value_is_the_expert_and_gradient_is_the_gates():
+    gate, st = _moe(expert_weighting="gate"), _moe(expert_weighting="straight_through")
+    x, task_ids = _inputs()
+    out = st(x, task_ids)
+    experts_only = torch.stack([st.experts[e](x[b, s]) for b in range(B) for s in range(S) for e in [out.expert_index[b, s, 0]]])
+    torch.testing.assert_close(out.hidden_states.reshape(-1, D), experts_only, atol=1e-6, rtol=1e-6)
+
+    # d loss / d gate weights: identical for both weightings (only the forward value differs, by g*)
+    target = torch.randn(B, S, D)
+    for moe in (gate, st):
+        (moe(x, task_ids).hidden_states * target).sum().backward()
+    assert st.router.weight.grad.abs().sum() > 0
+    # chain rule through g*: dL/dg* = <target, E*(x)> under both weightings
+    torch.testing.assert_close(st.router.weight.grad, gate.router.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_dense_layer_has_no_router():
+    moe = _moe(num_experts=1)
+    x, task_ids = _inputs()
+    assert moe.router is None
+    torch.testing.assert_close(moe(x, task_ids).hidden_states, moe.experts[0](x))
+
+
+def test_router_runs_in_fp32_under_bf16_autocast():
+    moe = _moe()
+    x, task_ids = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = moe(x, task_ids)
+    assert out.router_logits.dtype == torch.float32
+    assert out.hidden_states.shape == (B, S, D)
+
+
+def test_routing_counts_exclude_padding():
+    moe = _moe()
+    x, task_ids = _inputs()
+    mask = torch.ones(B, S, dtype=torch.bool)
+    mask[1, 3:] = False
+    out = moe(x, task_ids, token_mask=mask, output_routing=True)
+    expected = torch.zeros(T, N, dtype=torch.long)
+    for b in range(B):
+        for s in range(S):
+            if mask[b, s]:
+                expected[task_ids[b], out.expert_index[b, s, 0]] += 1
+    assert torch.equal(out.routing_counts, expected)
+    assert out.routing_counts.sum() == mask.sum()
+
+
+def test_aux_and_z_losses_off_by_default_and_match_formulas():
+    x, task_ids = _inputs()
+    assert _moe()(x, task_ids).aux_loss is None
+    moe = _moe(compute_aux_loss=True, compute_z_loss=True)
+    mask = torch.ones(B, S, dtype=torch.bool)
+    mask[0, -2:] = False
+    out = moe(x, task_ids, token_mask=mask)
+    logits = out.router_logits[mask]  # (real tokens, N)
+    probs = logits.softmax(-1)
+    fraction = torch.bincount(probs.argmax(-1), minlength=N).float() / len(probs)
+    torch.testing.assert_close(out.aux_loss, N * (fraction * probs.mean(0)).sum())
+    torch.testing.assert_close(out.z_loss, (torch.logsumexp(logits, -1) ** 2).mean())
+
+
+def test_add_task_copies_or_draws_a_gate():
+    moe = _moe()
+    moe.add_task(init_from=2, std=0.001)
+    assert moe.router.weight.shape == (T + 1, N, D)
+    assert torch.equal(moe.router.weight[T], moe.router.weight[2])
+    moe.add_task(init_from=None, std=0.001)
+    assert moe.router.weight[T + 1].std() < 0.01
+
+
+def test_bad_top_k():
+    with pytest.raises(ValueError, match="top_k"):
+        TaskMoE(D, F_, num_experts=2, top_k=3)
+    with pytest.raises(ValueError, match="gating"):
+        TaskMoE(D, F_, num_experts=2, gating="per-token")
+    with pytest.raises(ValueError, match="expert_weighting"):
+        TaskMoE(D, F_, num_experts=2, expert_weighting="soft")
