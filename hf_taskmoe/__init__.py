@@ -1,0 +1,47 @@
+"""hf_taskmoe: multi-task learning for Hugging Face Transformers.
+
+Importing the package registers every family's config with `AutoConfig` and its model with `AutoModel`,
+so `AutoModel.from_pretrained(<a saved hf_taskmoe model>)` works like for any built-in model.
+"""
+
+from transformers import AutoConfig, AutoModel
+
+from .analysis import ParameterReport, RoutingStatistics, parameter_report
+from .layers.heads import MultiTaskHeads
+from .layers.moe import TaskMoE
+from .modeling_utils import MultiTaskModelOutput
+from .models import AUTO_REGISTRY, BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
+from .models.bert_taskmoe import TaskMoEOutput
+from .tasks import PROBLEM_TYPES, TaskSpec, parse_tasks
+from .upcycling import UpcyclingReport, upcycle
+
+__version__ = "0.1.0"
+
+
+def _register_auto_classes() -> None:
+    for config_cls, model_cls in AUTO_REGISTRY:
+        if not config_cls.model_type.startswith("taskmoe_"):
+            raise ValueError(f"model_type {config_cls.model_type!r} must start with 'taskmoe_'.")
+        AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
+        AutoModel.register(config_cls, model_cls, exist_ok=True)
+
+
+_register_auto_classes()
+
+__all__ = [
+    "PROBLEM_TYPES",
+    "TaskSpec",
+    "parse_tasks",
+    "BertTaskMoEConfig",
+    "BertForTaskMoE",
+    "BertTaskMoEModel",
+    "TaskMoEOutput",
+    "MultiTaskModelOutput",
+    "MultiTaskHeads",
+    "TaskMoE",
+    "UpcyclingReport",
+    "upcycle",
+    "ParameterReport",
+    "parameter_report",
+    "RoutingStatistics",
+]

@@ -1,0 +1,146 @@
+"""Routing statistics: which share of each task's tokens each expert receives, per MoE layer.
+
+```python
+out = model(**batch, output_router_logits=True)
+stats = RoutingStatistics.from_output(out, model)    # or: stats = RoutingStatistics(model); stats.update(out)
+stats.shares            # (layers, tasks, experts), rows sum to 1
+stats.plot("routing.png")
+```
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+
+class RoutingStatistics:
+    """Token counts per (MoE layer, task, expert), accumulated over any number of forward passes.
+
+    Args:
+        task_names: names of the tasks, in task-id order (or a model, whose tasks and MoE layers are read).
+        layers: indices of the MoE layers the counts' first axis stands for.
+        num_experts: experts per MoE layer.
+    """
+
+    def __init__(self, task_names, layers: list[int] | None = None, num_experts: int | None = None):
+        if hasattr(task_names, "config"):  # a model
+            config = task_names.config
+            task_names, layers, num_experts = config.task_names, config.moe_layer_indices, config.num_experts
+        self.task_names = list(task_names)
+        self.layers = list(layers) if layers is not None else None
+        self.num_experts = num_experts
+        self.counts: torch.Tensor | None = None  # (layers, tasks, experts) int64 on CPU
+
+    @classmethod
+    def from_output(cls, output, model) -> "RoutingStatistics":
+        stats = cls(model)
+        stats.update(output)
+        return stats
+
+    def update(self, counts_or_output) -> "RoutingStatistics":
+        """Add the `routing_counts` of a forward pass (the output, or the tensor itself)."""
+        counts = getattr(counts_or_output, "routing_counts", counts_or_output)
+        if counts is None:
+            raise ValueError("No routing counts: run the model with `output_router_logits=True`.")
+        counts = counts.detach().to("cpu", torch.long)
+        if counts.dim() != 3 or counts.shape[1] != len(self.task_names):
+            raise ValueError(
+                f"routing counts must have shape (layers, {len(self.task_names)} tasks, experts), got {tuple(counts.shape)}."
+            )
+        self.counts = counts.clone() if self.counts is None else self.counts + counts
+        if self.layers is None:
+            self.layers = list(range(counts.shape[0]))
+        self.num_experts = counts.shape[2]
+        return self
+
+    def reset(self) -> None:
+        self.counts = None
+
+    def _require(self) -> torch.Tensor:
+        if self.counts is None:
+            raise ValueError("No routing counts recorded yet; call `update` after a forward pass.")
+        return self.counts
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """`(layers, tasks)` tokens routed per task and layer (all top-k slots)."""
+        return self._require().sum(-1)
+
+    @property
+    def shares(self) -> torch.Tensor:
+        """`(layers, tasks, experts)` share of each task's tokens per expert (0 for a task with no tokens)."""
+        counts = self._require().double()
+        return counts / counts.sum(-1, keepdim=True).clamp(min=1)
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        """`(layers, tasks)` entropy of the expert distribution, in nats (log(num_experts) = uniform)."""
+        p = self.shares
+        return -(p * p.clamp(min=1e-12).log()).sum(-1)
+
+    @property
+    def unused_experts(self) -> torch.Tensor:
+        """`(layers, tasks)` experts that received none of a task's tokens (tasks with tokens only)."""
+        counts = self._require()
+        unused = (counts == 0).sum(-1)
+        return torch.where(counts.sum(-1) > 0, unused, torch.zeros_like(unused))
+
+    def to_dict(self) -> dict:
+        shares, entropy, unused, tokens = self.shares, self.entropy, self.unused_experts, self.tokens
+        out = {"num_experts": self.num_experts, "layers": self.layers, "tasks": {}}
+        for t, name in enumerate(self.task_names):
+            out["tasks"][name] = {
+                "tokens": int(tokens[:, t].sum()),
+                "per_layer": [
+                    {
+                        "layer": layer,
+                        "shares": [round(float(s), 4) for s in shares[i, t]],
+                        "entropy": round(float(entropy[i, t]), 4),
+                        "unused_experts": int(unused[i, t]),
+                    }
+                    for i, layer in enumerate(self.layers)
+                ],
+            }
+        return out
+
+    def save_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+        return path
+
+    def plot(self, path: str | Path, title: str = "Share of each task's tokens per expert") -> Path:
+        """Heatmap PNG: one row per task, one column block per MoE layer, one column per expert."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        shares = self.shares  # (layers, tasks, experts)
+        num_layers, num_tasks, num_experts = shares.shape
+        grid = shares.permute(1, 0, 2).reshape(num_tasks, num_layers * num_experts).numpy()
+        fig_w = max(4.0, 0.35 * num_layers * num_experts + 2.5)
+        fig, ax = plt.subplots(figsize=(fig_w, 0.45 * num_tasks + 1.6))
+        im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_yticks(range(num_tasks), self.task_names)
+        ax.set_xticks(
+            [i * num_experts + (num_experts - 1) / 2 for i in range(num_layers)], [f"L{l}" for l in self.layers]
+        )
+        for i in range(1, num_layers):
+            ax.axvline(i * num_experts - 0.5, color="white", linewidth=1.5)
+        ax.set_xlabel(f"MoE layer (each block: experts 0..{num_experts - 1})")
+        ax.set_title(title)
+        fig.colorbar(im, ax=ax, fraction=0.03, label="share of tokens")
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        return path
+
+
+def normalised_entropy(stats: RoutingStatistics) -> torch.Tensor:
+    """Entropy divided by log(num_experts): 1 = uniform routing, 0 = one expert."""
+    return stats.entropy / math.log(max(stats.num_experts, 2))

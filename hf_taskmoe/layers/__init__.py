@@ -1,0 +1,17 @@
+"""Family-agnostic building blocks."""
+
+from .heads import HEAD_TYPES, MultiTaskHeads, TaskHead, build_head
+from .moe import ROUTER_TYPES, ExpertFFN, MoEOutput, SharedRouter, TaskMoE, TaskRouter
+
+__all__ = [
+    "HEAD_TYPES",
+    "MultiTaskHeads",
+    "TaskHead",
+    "build_head",
+    "ROUTER_TYPES",
+    "ExpertFFN",
+    "MoEOutput",
+    "SharedRouter",
+    "TaskMoE",
+    "TaskRouter",
+]

@@ -1,0 +1,374 @@
+"""BertForTaskMoE: BERT whose FFNs are mixtures of experts with task-aware gates (MT-TaG).
+
+Embeddings, attention and pooler are transformers' own BERT modules (composed, not copied); only the
+feed-forward block changes: `TaskMoE` (experts + router) followed by BERT's dropout/residual/LayerNorm.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertPooler
+from transformers.utils import ModelOutput
+
+from ...layers.heads import MultiTaskHeads
+from ...layers.moe import SharedRouter, TaskMoE, TaskRouter
+from ...modeling_utils import (
+    MultiTaskModelMixin,
+    MultiTaskModelOutput,
+    check_input_shapes,
+    heads_to_output_fields,
+    resolve_task_ids,
+)
+from ...tasks import TaskSpec
+from .configuration_bert_taskmoe import BertTaskMoEConfig
+
+
+@dataclass
+class TaskMoEEncoderOutput(ModelOutput):
+    """Output of `BertTaskMoEModel`.
+
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch, seq, hidden)`): last layer's output.
+        pooler_output (`torch.FloatTensor` of shape `(batch, hidden)`): the sequence representation the heads
+            read (`config.classifier_pooling`).
+        hidden_states, attentions: as in transformers' `BertModel`, when asked.
+        router_logits (`tuple(torch.FloatTensor)`, when `output_router_logits=True`): per MoE layer,
+            `(batch, seq, num_experts)` fp32 gate logits.
+        expert_indices (`tuple(torch.LongTensor)`, when `output_router_logits=True`): per MoE layer,
+            `(batch, seq, top_k)` chosen experts.
+        routing_counts (`torch.LongTensor` of shape `(num_moe_layers, num_tasks, num_experts)`, when
+            `output_router_logits=True`): real (non-padding) tokens each expert received, per task and layer.
+        aux_loss / z_loss (`torch.FloatTensor` of shape `()`): mean over MoE layers of the load-balancing /
+            router z-loss, when the config's coefficient is set.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    pooler_output: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+    expert_indices: tuple[torch.LongTensor, ...] | None = None
+    routing_counts: torch.LongTensor | None = None
+    aux_loss: torch.FloatTensor | None = None
+    z_loss: torch.FloatTensor | None = None
+
+
+@dataclass
+class TaskMoEOutput(MultiTaskModelOutput):
+    """Output of `BertForTaskMoE`: `MultiTaskModelOutput` plus the routing fields of `TaskMoEEncoderOutput`."""
+
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+    expert_indices: tuple[torch.LongTensor, ...] | None = None
+    routing_counts: torch.LongTensor | None = None
+    aux_loss: torch.FloatTensor | None = None
+    z_loss: torch.FloatTensor | None = None
+
+
+class TaskMoEBertLayer(GradientCheckpointingLayer):
+    """BERT layer: self-attention, then `LayerNorm(dropout(MoE(a)) + a)`."""
+
+    def __init__(self, config: BertTaskMoEConfig, layer_idx: int):
+        super().__init__()
+        self.attention = BertAttention(config, layer_idx=layer_idx)
+        self.mlp = TaskMoE(
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_experts=config.num_experts if layer_idx in config.moe_layer_indices else 1,
+            num_tasks=config.num_tasks,
+            gating=config.gating,
+            top_k=config.top_k,
+            hidden_act=config.hidden_act,
+            expert_weighting=config.expert_weighting,
+            compute_aux_loss=config.router_aux_loss_coef > 0,
+            compute_z_loss=config.router_z_loss_coef > 0,
+        )
+        self.ffn_dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states, attention_mask, task_ids, token_mask=None, output_routing=False, **kwargs):
+        attention_output, attn_weights = self.attention(hidden_states, attention_mask, **kwargs)
+        moe = self.mlp(attention_output, task_ids, token_mask, output_routing)
+        layer_output = self.ffn_norm(self.ffn_dropout(moe.hidden_states) + attention_output)
+        return layer_output, attn_weights, moe
+
+
+class TaskMoEBertEncoder(nn.Module):
+    def __init__(self, config: BertTaskMoEConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([TaskMoEBertLayer(config, i) for i in range(config.num_hidden_layers)])
+
+
+class BertTaskMoEPreTrainedModel(PreTrainedModel):
+    config_class = BertTaskMoEConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _no_split_modules = ["BertEmbeddings", "TaskMoEBertLayer"]
+    # Parameter roles for `hf_taskmoe.analysis.parameter_report` (regex on parameter names; the rest is shared).
+    _parameter_groups = {
+        "expert": r"\.mlp\.experts\.",
+        "gating": r"\.mlp\.router\.",
+        "head": r"^heads\.",
+    }
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # Linear/Embedding: N(0, initializer_range) (heads: N(0, 0.02) in the paper); LayerNorm: 1 and 0.
+        super()._init_weights(module)
+        if isinstance(module, (TaskRouter, SharedRouter)):
+            init.normal_(module.weight, mean=0.0, std=self.config.router_init_std)  # paper 4.4: N(0, 0.001)
+        elif isinstance(module, BertEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            init.zeros_(module.token_type_ids)
+
+
+class BertTaskMoEModel(BertTaskMoEPreTrainedModel):
+    """The encoder of `BertForTaskMoE`: BERT embeddings, MoE layers, optional pooler."""
+
+    def __init__(self, config: BertTaskMoEConfig):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = TaskMoEBertEncoder(config)
+        self.pooler = BertPooler(config) if config.classifier_pooling == "pooler" else None
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_router_logits: bool | None = None,
+        **kwargs,
+    ) -> TaskMoEEncoderOutput:
+        batch, _ = check_input_shapes(
+            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        return self._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+            output_attentions, output_hidden_states, output_router_logits, **kwargs,
+        )
+
+    def _encode(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+        output_attentions=None, output_hidden_states=None, output_router_logits=None, **kwargs,
+    ) -> TaskMoEEncoderOutput:
+        """Forward on inputs already checked by the caller."""
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        config = self.config
+        hidden = self.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        )  # (batch, seq, hidden)
+        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
+        token_mask = attention_mask.bool() if attention_mask is not None else None
+
+        all_hidden = (hidden,) if output_hidden_states else None
+        all_attn = () if output_attentions else None
+        router_logits, expert_indices, counts, aux, z = [], [], [], [], []
+        for layer in self.encoder.layer:
+            hidden, attn, moe = layer(hidden, mask, task_ids, token_mask, bool(output_router_logits), **kwargs)
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            if output_attentions:
+                all_attn += (attn,)
+            if moe.router_logits is None:
+                continue  # dense layer
+            if output_router_logits:
+                router_logits.append(moe.router_logits)
+                expert_indices.append(moe.expert_index)
+                counts.append(moe.routing_counts)
+            if moe.aux_loss is not None:
+                aux.append(moe.aux_loss)
+            if moe.z_loss is not None:
+                z.append(moe.z_loss)
+
+        return TaskMoEEncoderOutput(
+            last_hidden_state=hidden,
+            pooler_output=self._pool(hidden, attention_mask),
+            hidden_states=all_hidden,
+            attentions=all_attn,
+            router_logits=tuple(router_logits) if output_router_logits else None,
+            expert_indices=tuple(expert_indices) if output_router_logits else None,
+            routing_counts=torch.stack(counts) if output_router_logits and counts else None,
+            aux_loss=torch.stack(aux).mean() if aux else None,
+            z_loss=torch.stack(z).mean() if z else None,
+        )
+
+    def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        mode = self.config.classifier_pooling
+        if mode == "pooler":
+            return self.pooler(hidden)
+        if mode == "cls":
+            return hidden[:, 0]
+        if attention_mask is None:
+            return hidden.mean(1)
+        weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (batch, seq, 1)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+
+
+class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
+    """MT-TaG: a BERT/MiniLM encoder with task-aware mixture-of-experts FFNs and one head per task.
+
+    `config.gating="shared"` gives MT-Switch, `config.num_experts=1` MT-Dense. Build one from a dense
+    checkpoint with `BertForTaskMoE.from_dense(...)`, or load a saved one with `from_pretrained`.
+
+    Example:
+
+    ```python
+    >>> from hf_taskmoe import BertForTaskMoE, TaskSpec
+    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
+    >>> model = BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)
+    >>> out = model(**tokenizer(["a fine film", "a bad one"], return_tensors="pt"), task_ids=model.task_ids_for(["sst2", "stsb"]))
+    ```
+    """
+
+    def __init__(self, config: BertTaskMoEConfig):
+        super().__init__(config)
+        self.bert = BertTaskMoEModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.heads = MultiTaskHeads(config.task_specs, config.hidden_size, dropout, config.scale_loss_by_num_classes)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.bert.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.bert.set_input_embeddings(value)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        span_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_router_logits: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> TaskMoEOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Index into `config.tasks` of each row; a batch may mix tasks. Optional for a one-task model.
+        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
+            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
+        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
+            Token start/end (exclusive) of each word span, for span-classification tasks.
+        output_router_logits (`bool`):
+            Also return router logits, chosen experts and per-task routing counts.
+        """
+        batch, seq = check_input_shapes(
+            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
+
+        encoded = self.bert._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+            output_attentions, output_hidden_states, output_router_logits, **kwargs,
+        )
+        heads_out = self.heads(
+            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, attention_mask, span_positions
+        )
+        loss = heads_out.loss
+        if loss is not None:
+            if encoded.aux_loss is not None:
+                loss = loss + self.config.router_aux_loss_coef * encoded.aux_loss
+            if encoded.z_loss is not None:
+                loss = loss + self.config.router_z_loss_coef * encoded.z_loss
+        output = TaskMoEOutput(
+            loss=loss,
+            task_ids=task_ids,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+            router_logits=encoded.router_logits,
+            expert_indices=encoded.expert_indices,
+            routing_counts=encoded.routing_counts,
+            aux_loss=encoded.aux_loss,
+            z_loss=encoded.z_loss,
+            **heads_to_output_fields(heads_out),
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
+
+    # ------------------------------------------------------------------ tasks
+    def add_task(self, task: TaskSpec | dict, init_gate_from: str | None = None) -> int:
+        """Add a task after training (MT-TaG section 5.2): a fresh head and, with task-aware gating, a gate
+        copied from the related task `init_gate_from` (or drawn from N(0, router_init_std)). Returns the new
+        task id. Call it before building the optimizer: the gates' parameters are replaced.
+        """
+        source = self.task_id(init_gate_from) if init_gate_from is not None else None
+        new_id = self._register_new_task(task)
+        for layer in self.bert.encoder.layer:
+            layer.mlp.add_task(source, self.config.router_init_std)
+        return new_id
+
+    # ------------------------------------------------------------------ upcycling
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        num_experts: int = 4,
+        gating: str = "task",
+        expert_weighting: str = "gate",
+        output_loading_info: bool = False,
+        strict: bool = True,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Upcycle a dense BERT checkpoint (MT-TaG section 4.3).
+
+        Embeddings, attention, layer norms and pooler are copied; every FFN is copied into each of its
+        layer's `num_experts` experts; gates are drawn from N(0, router_init_std) and heads from
+        N(0, initializer_range). `expert_weighting="straight_through"` makes the new model compute exactly
+        what the dense model computed; `"gate"` is the paper's `g* E*(x)` (see README for which to use).
+
+        Args:
+            dense: a path or Hub repo id of a BERT checkpoint (any BERT head model works: its encoder is
+                used), or a loaded `BertModel`/`Bert*For*` model.
+            tasks: the tasks (`TaskSpec`s or dicts).
+            num_experts, gating, expert_weighting, **config_kwargs: fields of `BertTaskMoEConfig`.
+            output_loading_info: also return the `UpcyclingReport` (copied / new / unused weights).
+            strict: raise when a weight of the new model that should come from the checkpoint is missing.
+            hub_kwargs: passed to `AutoModel.from_pretrained` when `dense` is a path or repo id
+                (`revision`, `cache_dir`, `local_files_only`, `token`, ...).
+        """
+        from ...upcycling import load_dense_model, upcycle
+
+        dense_model = load_dense_model(dense, **(hub_kwargs or {}))
+        config = BertTaskMoEConfig.from_dense_config(
+            dense_model.config, tasks, num_experts=num_experts, gating=gating, expert_weighting=expert_weighting,
+            **config_kwargs,
+        )
+        model = cls(config)
+        report = upcycle(dense_model, model, strict=strict)
+        return (model, report) if output_loading_info else model
