@@ -7,19 +7,12 @@ from typing import Any
 from huggingface_hub.errors import StrictDataclassError
 from transformers import BertConfig
 
+from ...layers.heads import HEAD_TYPES
 from ...layers.moe import EXPERT_WEIGHTINGS, ROUTER_TYPES
 from ...tasks import TaskSpec, parse_tasks
 from ...utils import check_choice, check_float, check_int
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
-_ENCODER_PROBLEM_TYPES = (
-    "single_label_classification",
-    "multi_label_classification",
-    "regression",
-    "multiple_choice",
-    "span_classification",
-    "token_classification",
-)
 
 
 class BertTaskMoEConfig(BertConfig):
@@ -102,10 +95,10 @@ class BertTaskMoEConfig(BertConfig):
             raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
         specs = parse_tasks(self.tasks)
         for spec in specs:
-            if spec.problem_type not in _ENCODER_PROBLEM_TYPES:
+            if spec.problem_type not in HEAD_TYPES:  # seq2seq needs a decoder
                 raise ValueError(
                     f"Task {spec.name!r}: problem_type {spec.problem_type!r} needs a decoder; an encoder model "
-                    f"supports {list(_ENCODER_PROBLEM_TYPES)}."
+                    f"supports {list(HEAD_TYPES)}."
                 )
         # Stored as plain dicts: the config is JSON.
         self.tasks = [s.to_dict() for s in specs]

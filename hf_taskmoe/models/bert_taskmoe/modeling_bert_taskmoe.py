@@ -115,6 +115,15 @@ class BertTaskMoEPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["BertEmbeddings", "TaskMoEBertLayer"]
+    # The loss is a per-batch mean: the Trainer must not pass `num_items_in_batch` into forward.
+    accepts_loss_kwargs = False
+    # Output fields that are not predictions (the Trainer's default prediction step skips them).
+    _keys_to_ignore_at_inference = [
+        "task_losses", "task_logits", "task_ids", "hidden_states", "attentions", "router_logits", "expert_indices",
+        "routing_counts", "aux_loss", "z_loss",
+    ]
+    # Trained alone by the PALs-style second stage (`freeze_shared_parameters`).
+    _task_specific_parameters = (r"^heads\.", r"\.mlp\.router\.")
     # Parameter roles for `hf_taskmoe.analysis.parameter_report` (regex on parameter names; the rest is shared).
     _parameter_groups = {
         "expert": r"\.mlp\.experts\.",
@@ -339,7 +348,7 @@ class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
         tasks: list[TaskSpec | dict],
         num_experts: int = 4,
         gating: str = "task",
-        expert_weighting: str = "gate",
+        expert_weighting: str = "straight_through",
         output_loading_info: bool = False,
         strict: bool = True,
         hub_kwargs: dict | None = None,
@@ -349,8 +358,10 @@ class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
 
         Embeddings, attention, layer norms and pooler are copied; every FFN is copied into each of its
         layer's `num_experts` experts; gates are drawn from N(0, router_init_std) and heads from
-        N(0, initializer_range). `expert_weighting="straight_through"` makes the new model compute exactly
-        what the dense model computed; `"gate"` is the paper's `g* E*(x)` (see README for which to use).
+        N(0, initializer_range). `expert_weighting="straight_through"` (the default here) makes the new model
+        compute exactly what the dense model computed; `"gate"` is the paper's `g* E*(x)`, which scales every
+        FFN output by about 1/N at the start. On the demo mixture straight-through upcycling scored 80.2 vs
+        75.1 average (README, "Upcycling").
 
         Args:
             dense: a path or Hub repo id of a BERT checkpoint (any BERT head model works: its encoder is
