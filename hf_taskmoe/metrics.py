@@ -1,0 +1,109 @@
+"""Per-task metrics through `evaluate`, offline.
+
+The metrics the papers use ship inside the package as local `evaluate` modules
+(`hf_taskmoe/metric_modules/<name>/`), because `evaluate.load("accuracy")` fetches its script from the
+Hub. Any other name is passed to `evaluate.load` as it is (which needs the Hub or its cache).
+
+| metric name | module | used for |
+|---|---|---|
+| `accuracy` | accuracy | classification, multiple choice, span, token (per token) |
+| `f1`, `f1_macro`, `f1_micro` | f1 | MRPC/QQP (binary), CB (macro), multi-label (micro) |
+| `matthews_correlation` | matthews_correlation | CoLA |
+| `pearson`, `spearmanr` | pearson, spearmanr | STS-B and other regression tasks |
+| `f1a` | f1a | MultiRC |
+| `multiple_choice_accuracy` | multiple_choice_accuracy | ranking tasks scored per choice |
+| `exact_match` | exact_match | generated text |
+
+A task's score is the mean of its metrics (GLUE convention); aggregates are the mean score over all
+tasks and over small tasks (<= 10k training examples, MT-TaG section 4.5).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from .layers.heads import IGNORE_INDEX
+from .tasks import TaskSpec
+
+MODULE_DIR = Path(__file__).parent / "metric_modules"
+
+# metric name -> (module folder, compute kwargs, key of the result)
+SHIPPED_METRICS: dict[str, tuple[str, dict, str]] = {
+    "accuracy": ("accuracy", {}, "accuracy"),
+    "f1": ("f1", {"average": "binary"}, "f1"),
+    "f1_macro": ("f1", {"average": "macro"}, "f1"),
+    "f1_micro": ("f1", {"average": "micro"}, "f1"),
+    "matthews_correlation": ("matthews_correlation", {}, "matthews_correlation"),
+    "pearson": ("pearson", {}, "pearson"),
+    "spearmanr": ("spearmanr", {}, "spearmanr"),
+    "f1a": ("f1a", {}, "f1a"),
+    "multiple_choice_accuracy": ("multiple_choice_accuracy", {}, "multiple_choice_accuracy"),
+    "exact_match": ("exact_match", {}, "exact_match"),
+}
+
+
+@lru_cache(maxsize=None)
+def load_metric(name: str, config_name: str | None = None):
+    """The `evaluate` module of metric `name`: the shipped local one if there is one, else `evaluate.load(name)`."""
+    import evaluate
+
+    if name in SHIPPED_METRICS:
+        folder = MODULE_DIR / SHIPPED_METRICS[name][0]
+        return evaluate.load(str(folder), config_name) if config_name else evaluate.load(str(folder))
+    return evaluate.load(name, config_name) if config_name else evaluate.load(name)
+
+
+def predictions_from_logits(task: TaskSpec, logits: np.ndarray) -> np.ndarray:
+    """Model outputs -> the predictions metrics compare with labels, by problem type."""
+    logits = np.asarray(logits)
+    if task.problem_type == "regression":
+        return logits.reshape(len(logits), -1).squeeze(-1) if task.num_labels == 1 else logits
+    if task.problem_type == "multi_label_classification":
+        return (logits > 0).astype(np.int64)  # sigmoid(x) > 0.5
+    return logits.argmax(-1)
+
+
+def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Every metric of `task` on one evaluation set: `{metric_name: value}`."""
+    predictions = predictions_from_logits(task, logits)
+    labels = np.asarray(labels)
+    if task.problem_type == "token_classification":
+        # evaluation gathers token logits padded to the longest batch; compare real tokens only
+        width = min(predictions.shape[1], labels.shape[1])
+        predictions, labels = predictions[:, :width], labels[:, :width]
+        keep = labels != IGNORE_INDEX
+        predictions, labels = predictions[keep], labels[keep]
+    results = {}
+    for name in task.metrics:
+        if name == "multiple_choice_accuracy":
+            inputs = {"predictions": np.asarray(logits).tolist(), "references": labels.tolist()}
+        elif task.problem_type == "regression":
+            inputs = {"predictions": predictions.reshape(-1).tolist(), "references": labels.reshape(-1).tolist()}
+        else:
+            inputs = {"predictions": predictions.tolist(), "references": labels.astype(np.int64).tolist()}
+        config = "multilabel" if task.problem_type == "multi_label_classification" and name.startswith("f1") else None
+        module = load_metric(name, config)
+        kwargs, key = (SHIPPED_METRICS[name][1], SHIPPED_METRICS[name][2]) if name in SHIPPED_METRICS else ({}, None)
+        value = module.compute(**inputs, **kwargs)
+        results[name] = float(value[key] if key else next(iter(value.values())))
+    return results
+
+
+def task_score(metrics: dict[str, float]) -> float:
+    """A task's single score: the mean of its metrics."""
+    return float(np.mean(list(metrics.values())))
+
+
+def aggregate_scores(
+    scores: dict[str, float], train_sizes: dict[str, int] | None = None, small_task_threshold: int = 10_000
+) -> dict[str, float]:
+    """`average` over all tasks and `small_tasks_average` over tasks with <= threshold training examples."""
+    out = {"average": float(np.mean(list(scores.values())))} if scores else {}
+    if train_sizes:
+        small = [s for t, s in scores.items() if t in train_sizes and train_sizes[t] <= small_task_threshold]
+        if small:
+            out["small_tasks_average"] = float(np.mean(small))
+    return out
