@@ -1,0 +1,49 @@
+"""Multi-task training: arguments, trainer, task samplers, data loading and collation."""
+
+from .arguments import MultiTaskTrainingArguments
+from .data import (
+    TASK_PRESETS,
+    MultiTaskCollator,
+    MultiTaskDataset,
+    TaskData,
+    TaskPreset,
+    check_task_split,
+    load_preset,
+    load_task_config,
+    load_tasks,
+    tokenize_task,
+)
+from .protocol import finetune_each_task, freeze_shared_parameters
+from .samplers import (
+    TASK_SAMPLERS,
+    ModelAwareSampling,
+    TaskBatchSampler,
+    TaskSamplingStrategy,
+    build_task_sampling,
+    register_task_sampler,
+)
+from .trainer import MultiTaskTrainer, TaskView
+
+__all__ = [
+    "MultiTaskTrainingArguments",
+    "MultiTaskTrainer",
+    "TaskView",
+    "TASK_PRESETS",
+    "TaskPreset",
+    "TaskData",
+    "MultiTaskCollator",
+    "MultiTaskDataset",
+    "check_task_split",
+    "load_preset",
+    "load_task_config",
+    "load_tasks",
+    "tokenize_task",
+    "finetune_each_task",
+    "freeze_shared_parameters",
+    "TASK_SAMPLERS",
+    "ModelAwareSampling",
+    "TaskBatchSampler",
+    "TaskSamplingStrategy",
+    "build_task_sampling",
+    "register_task_sampler",
+]

@@ -1,0 +1,71 @@
+"""`MultiTaskTrainingArguments`: `TrainingArguments` plus task sampling, batching and epoch length."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from ..utils import check_choice, check_float, check_int
+from .samplers import BATCHING, TASK_SAMPLERS
+
+
+@dataclass
+class MultiTaskTrainingArguments(TrainingArguments):
+    """Everything of `TrainingArguments`, plus:
+
+    Args:
+        task_sampling (`str`, *optional*, defaults to `"proportional"`):
+            Task sampling strategy, a key of `hf_taskmoe.training.TASK_SAMPLERS` (`proportional`/`natural`,
+            `temperature`, `sqrt`, `uniform`, `round_robin`, `annealed`, and registered model-aware ones).
+        sampling_alpha (`float`, *optional*, defaults to 0.5):
+            Exponent of `temperature` sampling (p_t ∝ N_t^alpha).
+        annealed_min_alpha (`float`, *optional*, defaults to 0.2):
+            Last-epoch exponent of `annealed` sampling (PALs eq. 9 uses 0.2).
+        batching (`str`, *optional*, defaults to `"heterogeneous"`):
+            `heterogeneous`: rows of several tasks per batch (MT-TaG); `homogeneous`: one task per batch.
+        steps_per_epoch (`int`, *optional*):
+            Batches per epoch. Default: one pass over all training examples.
+        training_proportion (`float`, *optional*):
+            Epoch length as a share of all training examples (the PALs paper's "training proportion").
+        small_task_threshold (`int`, *optional*, defaults to 10000):
+            Tasks with at most this many training examples count as small (`eval_small_tasks_average`).
+        train_task_specific_only (`bool`, *optional*, defaults to `False`):
+            Freeze every shared parameter and train only task-specific ones (heads, task gates, adapters):
+            the PALs paper's second stage after joint training.
+    """
+
+    task_sampling: str = field(default="proportional", metadata={"help": f"One of {sorted(TASK_SAMPLERS)}."})
+    sampling_alpha: float = field(default=0.5, metadata={"help": "Exponent of temperature sampling."})
+    annealed_min_alpha: float = field(default=0.2, metadata={"help": "Exponent of annealed sampling in the last epoch."})
+    batching: str = field(default="heterogeneous", metadata={"help": f"One of {list(BATCHING)}."})
+    steps_per_epoch: int | None = field(default=None, metadata={"help": "Batches per epoch (default: one pass)."})
+    training_proportion: float | None = field(
+        default=None, metadata={"help": "Epoch length as a share of all training examples (PALs)."}
+    )
+    small_task_threshold: int = field(default=10_000, metadata={"help": "Training examples of a 'small' task."})
+    train_task_specific_only: bool = field(
+        default=False, metadata={"help": "Freeze shared parameters; train heads, gates and adapters only."}
+    )
+    # Experts or heads without a row on some rank would otherwise stop DDP ("unused parameters").
+    ddp_find_unused_parameters: bool | None = field(
+        default=True, metadata={"help": "DDP: tolerate parameters without gradient (tasks absent from a rank's batch)."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        import torch
+
+        if self.dataloader_pin_memory and not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every loader otherwise
+        check_choice(self.task_sampling, TASK_SAMPLERS, "task_sampling")
+        check_choice(self.batching, BATCHING, "batching")
+        check_float(self.sampling_alpha, "sampling_alpha", minimum=0.0)
+        check_float(self.annealed_min_alpha, "annealed_min_alpha", minimum=0.0, maximum=1.0)
+        check_int(self.small_task_threshold, "small_task_threshold", minimum=0)
+        if self.steps_per_epoch is not None:
+            check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)
+        if self.training_proportion is not None:
+            check_float(self.training_proportion, "training_proportion", minimum=1e-9)
+        if self.steps_per_epoch is not None and self.training_proportion is not None:
+            raise ValueError("Set at most one of `steps_per_epoch` and `training_proportion`.")

@@ -1,0 +1,403 @@
+"""`MultiTaskTrainer`: the transformers `Trainer` on a dict of per-task datasets.
+
+Overridden public hooks only: the training dataloader (task sampler + mixed-task collation), the loss
+(model-aware sampling, per-task loss tracking), the prediction step (per-example labels), `evaluate`
+(every task with its own metrics, plus aggregates), `log` (per-task training losses) and `train`
+(sampler state on resume). The task sampler's state goes into every checkpoint through a callback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import EvalPrediction, PREFIX_CHECKPOINT_DIR, get_last_checkpoint, speed_metrics
+from transformers.trainer_callback import TrainerState
+
+from ..metrics import aggregate_scores, compute_task_metrics, task_score
+from ..tasks import TaskSpec
+from .arguments import MultiTaskTrainingArguments
+from .data import MultiTaskCollator, MultiTaskDataset
+from .protocol import freeze_shared_parameters
+from .samplers import TaskBatchSampler, build_task_sampling
+
+logger = logging.getLogger(__name__)
+
+SAMPLER_STATE_NAME = "task_sampler.json"
+TRAINER_STATE_NAME = "trainer_state.json"
+
+
+class TaskView(torch.utils.data.Dataset):
+    """One task's dataset with its `task_ids` filled in on every row (so user datasets need no such column)."""
+
+    def __init__(self, dataset, task_id: int):
+        self.dataset = dataset
+        self.task_id = task_id
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        return {**self.dataset[index], "task_ids": self.task_id}
+
+    def __getitems__(self, indices):
+        if hasattr(self.dataset, "__getitems__"):  # datasets.Dataset: one columnar read
+            rows = self.dataset.__getitems__(list(indices))
+        else:
+            rows = [self.dataset[i] for i in indices]
+        return [{**row, "task_ids": self.task_id} for row in rows]
+
+
+class TaskLossTracker:
+    """Running per-task training losses between two logging steps (kept on device until logged)."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+
+    def update(self, task_losses: dict[str, torch.Tensor]) -> None:
+        for name, loss in task_losses.items():
+            value = loss.detach().float()
+            self.sums[name] = self.sums[name] + value if name in self.sums else value
+            self.counts[name] = self.counts.get(name, 0) + 1
+
+    def pop_means(self, accelerator=None) -> dict[str, float]:
+        means = {}
+        for name, total in self.sums.items():
+            count = torch.tensor(float(self.counts[name]), device=total.device)
+            if accelerator is not None and accelerator.num_processes > 1:
+                total, count = accelerator.reduce(total, "sum"), accelerator.reduce(count, "sum")
+            means[name] = round((total / count).item(), 4)
+        self.sums, self.counts = {}, {}
+        return means
+
+
+class TaskSamplerCheckpointCallback(TrainerCallback):
+    """Writes the task sampler's configuration and state into every checkpoint folder."""
+
+    def __init__(self, trainer: "MultiTaskTrainer"):
+        self.trainer = trainer
+
+    def on_save(self, args, state, control, **kwargs):
+        sampler = self.trainer.task_sampler
+        if sampler is None or not state.is_world_process_zero:
+            return
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        if os.path.isdir(folder):
+            payload = {"config": sampler.config(), "strategy_state": getattr(sampler.strategy, "state_dict", dict)()}
+            with open(os.path.join(folder, SAMPLER_STATE_NAME), "w") as f:
+                json.dump(payload, f, indent=2)
+
+
+class MultiTaskTrainer(Trainer):
+    """`Trainer` for multi-task models.
+
+    Args:
+        model: a multi-task model (its `config.tasks` gives task names and ids).
+        args: `MultiTaskTrainingArguments`.
+        train_dataset: `{task_name: tokenised dataset}`; rows need no `task_ids` column.
+        eval_dataset: `{task_name: tokenised dataset}`; each is evaluated with its task's metrics.
+        compute_metrics: optional `fn(task: TaskSpec, EvalPrediction) -> dict` adding metrics of your own.
+        tasks: the `TaskSpec`s, when the model does not carry them (defaults to `model.config.task_specs`).
+        Other arguments are `Trainer`'s.
+    """
+
+    def __init__(
+        self,
+        model=None,
+        args: TrainingArguments | None = None,
+        train_dataset: dict | None = None,
+        eval_dataset: dict | None = None,
+        data_collator: Callable | None = None,
+        compute_metrics: Callable[[TaskSpec, EvalPrediction], dict] | None = None,
+        tasks: list[TaskSpec] | None = None,
+        **kwargs,
+    ):
+        if args is None:
+            args = MultiTaskTrainingArguments(output_dir="trainer_output")
+        elif not isinstance(args, MultiTaskTrainingArguments):
+            raise ValueError(
+                "MultiTaskTrainer needs `MultiTaskTrainingArguments` (TrainingArguments plus task sampling), got "
+                f"{type(args).__name__}."
+            )
+        if tasks is None:
+            config = getattr(model, "config", None)
+            if config is None or not hasattr(config, "task_specs"):
+                raise ValueError("Pass `tasks=[TaskSpec, ...]`: the model's config does not list its tasks.")
+            tasks = config.task_specs
+        self.tasks = [TaskSpec.from_dict(t) for t in tasks]
+        self.task_ids = {t.name: i for i, t in enumerate(self.tasks)}
+
+        self.task_train_sets = self._check_task_dict(train_dataset, "train_dataset")
+        self.task_eval_sets = self._check_task_dict(eval_dataset, "eval_dataset")
+        train = None
+        if self.task_train_sets:
+            names = list(self.task_train_sets)
+            train = MultiTaskDataset([TaskView(self.task_train_sets[n], self.task_ids[n]) for n in names], names)
+        evals = {n: TaskView(d, self.task_ids[n]) for n, d in self.task_eval_sets.items()} if self.task_eval_sets else None
+
+        if data_collator is None:
+            pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+            data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0)
+        super().__init__(model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=data_collator, **kwargs)
+        self.task_compute_metrics = compute_metrics
+        #: set to a `RoutingStatistics` to record expert use during evaluation (MoE families)
+        self.routing_statistics = None
+        self.routing_heatmap: str | None = None
+        self._task_losses = TaskLossTracker()
+        self.task_sampler = self._build_task_sampler() if train is not None else None
+        self.add_callback(TaskSamplerCheckpointCallback(self))
+        if args.train_task_specific_only:
+            counts = freeze_shared_parameters(self.model)
+            logger.info(f"Training task-specific parameters only: {counts}")
+
+    # ------------------------------------------------------------------ inputs
+    def _check_task_dict(self, datasets: dict | None, field: str) -> dict:
+        if datasets is None:
+            return {}
+        if not isinstance(datasets, dict):
+            if len(self.tasks) == 1:
+                return {self.tasks[0].name: datasets}
+            raise ValueError(f"`{field}` must be a dict {{task_name: dataset}} for a model with {len(self.tasks)} tasks.")
+        for name, dataset in datasets.items():
+            if name not in self.task_ids:
+                raise ValueError(f"`{field}` has unknown task {name!r}; the model's tasks are {list(self.task_ids)}.")
+            if dataset is None or len(dataset) == 0:
+                raise ValueError(f"`{field}[{name!r}]` is empty: task {name!r} has no examples.")
+        # task-id order, so that the concatenation and the sampler list tasks like the model does
+        return {name: datasets[name] for name in self.task_ids if name in datasets}
+
+    def _build_task_sampler(self) -> TaskBatchSampler:
+        args = self.args
+        names = list(self.task_train_sets)
+        sizes = [len(self.task_train_sets[n]) for n in names]
+        batch_size = args.per_device_train_batch_size * max(1, args.n_gpu)
+        world = max(1, args.world_size)
+        if args.steps_per_epoch:
+            num_batches = args.steps_per_epoch * args.gradient_accumulation_steps * world
+        elif args.training_proportion:
+            num_batches = max(1, math.ceil(args.training_proportion * sum(sizes) / batch_size))
+        else:
+            num_batches = math.ceil(sum(sizes) / batch_size)
+        if args.max_steps and args.max_steps > 0:
+            num_epochs = math.ceil(args.max_steps * args.gradient_accumulation_steps * world / num_batches)
+        else:
+            num_epochs = math.ceil(args.num_train_epochs)
+        strategy = build_task_sampling(args.task_sampling, alpha=args.sampling_alpha, min_alpha=args.annealed_min_alpha)
+        return TaskBatchSampler(
+            task_sizes=sizes,
+            batch_size=batch_size,
+            strategy=strategy,
+            batching=args.batching,
+            num_batches=num_batches,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            num_epochs=num_epochs,
+            task_names=names,
+        )
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            raise ValueError("MultiTaskTrainer: training needs `train_dataset={task_name: dataset}`.")
+        dataloader = DataLoader(
+            self.train_dataset,
+            batch_sampler=self.task_sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers and self.args.dataloader_num_workers > 0,
+        )
+        return self.accelerator.prepare(dataloader)
+
+    # ------------------------------------------------------------------ training
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        strategy = self.task_sampler.strategy if self.task_sampler is not None else None
+        if model.training and strategy is not None and strategy.model_aware:
+            inputs = strategy.select(model, inputs, self.args.per_device_train_batch_size, self.state.global_step)
+        outputs = model(**inputs)
+        if model.training and getattr(outputs, "task_losses", None):
+            self._task_losses.update(outputs.task_losses)
+        loss = outputs.loss
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # a training log: add each task's mean loss since the last one
+            logs.update({f"{name}_loss": value for name, value in self._task_losses.pop_means(self.accelerator).items()})
+        super().log(logs, start_time)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(f"No checkpoint found in output_dir ({self.args.output_dir}) to resume from.")
+        if checkpoint and self.task_sampler is not None:
+            self._restore_task_sampler(checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def _restore_task_sampler(self, checkpoint: str) -> None:
+        """Check the checkpoint's sampler matches this run and put the sampler on the epoch training resumes in."""
+        path = os.path.join(checkpoint, SAMPLER_STATE_NAME)
+        if os.path.exists(path):
+            with open(path) as f:
+                saved = json.load(f)
+            current = self.task_sampler.config()
+            differs = sorted(k for k in set(saved["config"]) | set(current) if saved["config"].get(k) != current.get(k))
+            if differs:
+                raise ValueError(
+                    f"Checkpoint {checkpoint} was trained with another task sampler configuration ({differs} differ: "
+                    f"saved {[saved['config'].get(k) for k in differs]}, now {[current.get(k) for k in differs]}); "
+                    "resuming would not continue the same batch sequence."
+                )
+            if hasattr(self.task_sampler.strategy, "load_state_dict"):
+                self.task_sampler.strategy.load_state_dict(saved.get("strategy_state", {}))
+        else:
+            logger.warning(f"{checkpoint} holds no {SAMPLER_STATE_NAME}; the resumed batch sequence may differ.")
+        state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+        batches = len(self.get_train_dataloader())
+        ga = self.args.gradient_accumulation_steps
+        updates_per_epoch = max(batches // ga + int(batches % ga > 0), 1)  # as Trainer counts them
+        self.task_sampler.set_epoch(state.global_step // updates_per_epoch)
+
+    # ------------------------------------------------------------------ evaluation
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        labels = inputs.get("labels")
+        record = self.routing_statistics is not None
+        with torch.no_grad(), self.compute_loss_context_manager():
+            outputs = model(**inputs, **({"output_router_logits": True} if record else {}))
+        if record and getattr(outputs, "routing_counts", None) is not None:
+            self.routing_statistics.update(self.accelerator.reduce(outputs.routing_counts, "sum"))
+        loss = outputs.loss.detach() if labels is not None and outputs.loss is not None else None
+        if prediction_loss_only:
+            return loss, None, None
+        if outputs.logits is None:
+            raise ValueError("An evaluation batch must hold rows of one task (evaluate each task's set on its own).")
+        task = self.tasks[int(inputs["task_ids"][0])]
+        if labels is not None and task.problem_type == "multiple_choice":
+            labels = labels.view(-1, task.num_choices)[:, 0]  # one label per example, not per choice row
+        return loss, outputs.logits.detach(), labels
+
+    def _eval_sets(self, eval_dataset) -> dict:
+        if eval_dataset is None:
+            if not self.eval_dataset:
+                raise ValueError("MultiTaskTrainer: evaluation needs `eval_dataset={task_name: dataset}`.")
+            return self.eval_dataset
+        if isinstance(eval_dataset, str):
+            if eval_dataset not in self.eval_dataset:
+                raise ValueError(f"No evaluation set for task {eval_dataset!r}; there are {list(self.eval_dataset)}.")
+            return {eval_dataset: self.eval_dataset[eval_dataset]}
+        checked = self._check_task_dict(eval_dataset, "eval_dataset")
+        return {n: TaskView(d, self.task_ids[n]) for n, d in checked.items()}
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate every task on its own set with its own metrics (`{prefix}_{task}_{metric}`), then the
+        aggregates `{prefix}_average` and `{prefix}_small_tasks_average`."""
+        sets = self._eval_sets(eval_dataset)
+        start, num_samples = time.time(), 0
+        metrics: dict[str, float] = {}
+        scores: dict[str, float] = {}
+        for name, dataset in sets.items():
+            task = self.tasks[self.task_ids[name]]
+            prefix = f"{metric_key_prefix}_{name}"
+            output = self.evaluation_loop(
+                self.get_eval_dataloader(dataset), description=f"Evaluation [{name}]",
+                prediction_loss_only=False, ignore_keys=ignore_keys, metric_key_prefix=prefix,
+            )
+            num_samples += output.num_samples
+            metrics.update(output.metrics)
+            if output.label_ids is None:
+                continue
+            task_metrics = compute_task_metrics(task, output.predictions, output.label_ids)
+            if self.task_compute_metrics is not None:
+                task_metrics.update(self.task_compute_metrics(task, EvalPrediction(output.predictions, output.label_ids)))
+            metrics.update({f"{prefix}_{k}": v for k, v in task_metrics.items()})
+            scores[name] = task_score(task_metrics)
+        train_sizes = {n: len(d) for n, d in self.task_train_sets.items()} or None
+        metrics.update(
+            {f"{metric_key_prefix}_{k}": v for k, v in aggregate_scores(scores, train_sizes, self.args.small_task_threshold).items()}
+        )
+        metrics.update(speed_metrics(metric_key_prefix, start, num_samples=num_samples))
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ model card
+    def training_summary(self) -> dict[str, Any]:
+        """The training set-up as it goes into model cards."""
+        args = self.args
+        runtime = next((h["train_runtime"] for h in reversed(self.state.log_history) if "train_runtime" in h), None)
+        summary = {
+            "optimizer steps": self.state.global_step,
+            "batch size per device": args.per_device_train_batch_size,
+            "gradient accumulation": args.gradient_accumulation_steps,
+            "learning rate": args.learning_rate,
+            "warm-up": f"{args.warmup_steps:g} of steps" if 0 < args.warmup_steps < 1 else f"{int(args.warmup_steps)} steps",
+            "task sampling": args.task_sampling + (f" (alpha {args.sampling_alpha})" if args.task_sampling == "temperature" else ""),
+            "batching": args.batching,
+            "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            "seed": args.seed,
+            "device": str(args.device) + (f" x {args.world_size}" if args.world_size > 1 else ""),
+        }
+        if runtime is not None:
+            summary["training time"] = f"{runtime:.0f} s"
+        return summary
+
+    def create_model_card(self, license: str | None = None, model_name: str | None = None, **kwargs) -> None:
+        """Write hf_taskmoe's card (`hf_taskmoe.hub.render_model_card`) as `README.md` in `output_dir`;
+        `push_to_hub` uploads it. Set `trainer.routing_statistics` / `trainer.routing_heatmap` to include routing."""
+        from ..hub import render_model_card
+
+        if not self.is_world_process_zero():
+            return
+        metrics = {}
+        for entry in self.state.log_history:
+            metrics.update({k: v for k, v in entry.items() if k.startswith("eval_")})
+        card = render_model_card(
+            self.accelerator.unwrap_model(self.model),
+            metrics=metrics,
+            training=self.training_summary(),
+            train_sizes={n: len(d) for n, d in self.task_train_sets.items()},
+            routing=self.routing_statistics,
+            heatmap=self.routing_heatmap,
+            repo_id=self.args.hub_model_id if self.args.push_to_hub else None,
+            model_name=model_name,
+            license=license or "apache-2.0",
+        )
+        card.save(os.path.join(self.args.output_dir, "README.md"))
+
+    def predict_tasks(self, test_dataset: dict, ignore_keys=None, metric_key_prefix: str = "test") -> dict[str, Any]:
+        """`{task: PredictionOutput}` for `{task: dataset}` (metrics filled in when the sets have labels)."""
+        out = {}
+        for name, dataset in self._eval_sets(test_dataset).items():
+            task = self.tasks[self.task_ids[name]]
+            output = self.evaluation_loop(
+                self.get_eval_dataloader(dataset), description=f"Prediction [{name}]", prediction_loss_only=False,
+                ignore_keys=ignore_keys, metric_key_prefix=f"{metric_key_prefix}_{name}",
+            )
+            if output.label_ids is not None:
+                output.metrics.update(
+                    {f"{metric_key_prefix}_{name}_{k}": v for k, v in compute_task_metrics(task, output.predictions, output.label_ids).items()}
+                )
+            out[name] = output
+        return out
+
+
+def example_predictions(task: TaskSpec, logits: np.ndarray) -> list:
+    """Human-readable predictions: label names for classification, floats for regression."""
+    from ..metrics import predictions_from_logits
+
+    predictions = predictions_from_logits(task, logits)
+    names = task.id2label
+    if task.problem_type == "regression":
+        return np.asarray(predictions).tolist()
+    if task.problem_type == "multi_label_classification":
+        return [[names.get(i, i) for i, on in enumerate(row) if on] for row in predictions]
+    return [names.get(int(p), int(p)) for p in np.asarray(predictions).reshape(-1)]

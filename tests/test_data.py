@@ -1,0 +1,139 @@
+import json
+
+import datasets
+import pytest
+import torch
+
+from hf_taskmoe import TaskSpec
+from hf_taskmoe.training import MultiTaskCollator, MultiTaskDataset, load_task_config, load_tasks, tokenize_task
+from hf_taskmoe.training.data import TASK_PRESETS
+
+from .conftest import ALL_KINDS
+
+SST2, MNLI, STSB, TAGS, COPA, WIC, NER = ALL_KINDS
+
+
+def _ds(**columns):
+    return datasets.Dataset.from_dict(columns)
+
+
+def test_single_and_pair_texts(minilm_tokenizer):
+    tok = tokenize_task(SST2, _ds(sentence=["a good film", "bad"], label=[1, 0]), minilm_tokenizer, task_id=0)
+    assert tok.column_names == ["input_ids", "token_type_ids", "attention_mask", "task_ids", "labels"]
+    assert minilm_tokenizer.decode(tok[0]["input_ids"]) == "[CLS] a good film [SEP]"
+    pair = tokenize_task(
+        MNLI, _ds(premise=["It rains."], hypothesis=["It is wet."], label=["neutral"]), minilm_tokenizer, task_id=1
+    )
+    assert pair[0]["labels"] == 1 and pair[0]["task_ids"] == 1 and 1 in pair[0]["token_type_ids"]
+
+
+def test_multiple_choice_keeps_one_row_per_example(minilm_tokenizer):
+    data = _ds(premise=["The man broke his toe."], question=["cause"], choice1=["He dropped a hammer."], choice2=["He ate."], label=[0])
+    tok = tokenize_task(COPA, data, minilm_tokenizer, task_id=4)
+    assert len(tok) == 1 and len(tok[0]["input_ids"]) == 2
+    assert "hammer" in minilm_tokenizer.decode(tok[0]["input_ids"][0])
+
+
+def test_span_positions_cover_the_word(minilm_tokenizer):
+    s1, s2 = "He sat on the bank of the river.", "The bank raised interest rates."
+    data = _ds(sentence1=[s1], sentence2=[s2], start1=[s1.index("bank")], end1=[s1.index("bank") + 4],
+               start2=[s2.index("bank")], end2=[s2.index("bank") + 4], label=[0])
+    row = tokenize_task(WIC, data, minilm_tokenizer, task_id=5)[0]
+    for start, end in row["span_positions"]:
+        assert minilm_tokenizer.decode(row["input_ids"][start:end]) == "bank"
+
+
+def test_token_labels_align_to_first_word_pieces(minilm_tokenizer):
+    data = _ds(tokens=[["Johanson", "lives", "here"]], label=[[1, 0, 2]])
+    row = tokenize_task(NER, data, minilm_tokenizer, task_id=6)[0]
+    pieces = minilm_tokenizer.convert_ids_to_tokens(row["input_ids"])
+    assert [lab for lab in row["labels"] if lab != -100] == [1, 0, 2]
+    assert row["labels"][0] == -100 and row["labels"][-1] == -100  # [CLS], [SEP]
+    assert len(pieces) > 5  # "Johanson" is several pieces; only the first carries the label
+
+
+def test_collator_pads_a_mixed_batch():
+    features = [
+        {"input_ids": [101, 5, 102], "attention_mask": [1, 1, 1], "labels": 1, "task_ids": 0},
+        {"input_ids": [101, 6, 7, 8, 102], "attention_mask": [1] * 5, "labels": 0.75, "task_ids": 2},
+        {"input_ids": [[101, 9, 102], [101, 9, 10, 102]], "attention_mask": [[1] * 3, [1] * 4], "labels": 1, "task_ids": 4},
+        {"input_ids": [101, 11, 12, 102], "attention_mask": [1] * 4, "labels": [-100, 3, 0, -100], "task_ids": 6},
+        {"input_ids": [101, 13, 102], "attention_mask": [1] * 3, "labels": 0, "task_ids": 5, "span_positions": [[1, 2], [1, 2]]},
+    ]
+    batch = MultiTaskCollator(pad_token_id=0, pad_to_multiple_of=8)(features)
+    assert batch["input_ids"].shape == (6, 8)  # the copa example became two consecutive rows
+    assert batch["task_ids"].tolist() == [0, 2, 4, 4, 6, 5]
+    assert batch["attention_mask"].sum(1).tolist() == [3, 5, 3, 4, 4, 3]
+    assert batch["labels"].dtype == torch.float32 and batch["labels"].shape == (6, 4)
+    assert batch["labels"][:, 0].tolist() == [1.0, 0.75, 1.0, 1.0, -100.0, 0.0]
+    assert batch["labels"][4].tolist() == [-100.0, 3.0, 0.0, -100.0]
+    assert batch["span_positions"].shape == (6, 2, 2) and batch["span_positions"][5].tolist() == [[1, 2], [1, 2]]
+    single = MultiTaskCollator()([features[0], features[0]])
+    assert single["labels"].dtype == torch.long and single["labels"].shape == (2,)
+
+
+def test_multitask_dataset_indexes_tasks_in_order():
+    a, b = _ds(x=[0, 1, 2]), _ds(x=[10, 11])
+    data = MultiTaskDataset([a, b], ["a", "b"])
+    assert len(data) == 5 and data[3]["x"] == 10 and data.locate(4) == (1, 1)
+    assert [r["x"] for r in data.__getitems__([4, 0, 3, 2])] == [11, 0, 10, 2]
+
+
+def test_task_config_loads_local_files(tmp_path):
+    (tmp_path / "t").mkdir()
+    rows = [{"text": "fine", "label": "pos"}, {"text": "bad", "label": "neg"}]
+    (tmp_path / "t" / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "t" / "dev.csv").write_text("text,label\nok,pos\n")
+    _ds(text=["meh"], label=["neg"]).to_parquet(str(tmp_path / "t" / "test.parquet"))
+    config = {"tasks": [{"name": "t", "label_names": ["neg", "pos"], "text_fields": ["text"],
+                         "train_file": "t/train.jsonl", "validation_file": "t/dev.csv", "test_file": "t/test.parquet"}]}
+    (tmp_path / "tasks.json").write_text(json.dumps(config))
+    (task,) = load_task_config(tmp_path / "tasks.json", splits=("train", "validation", "test"))
+    assert task.spec.label_names == ["neg", "pos"]
+    assert len(task.split("train")) == 2 and task.split("validation")["text"] == ["ok"] and task.split("test")["label"] == ["neg"]
+
+
+def test_demo_mixture_config_is_valid():
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "examples" / "data" / "demo_mixture" / "tasks.json"
+    tasks = load_tasks([str(config)])
+    assert [t.name for t in tasks] == ["rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"]
+    assert all(len(t.split("train")) >= 1000 and len(t.split("validation")) == 400 for t in tasks)
+
+
+def test_presets_describe_the_paper_tasks():
+    assert {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "boolq", "cb", "copa", "multirc", "wic"} <= set(TASK_PRESETS)
+    assert TASK_PRESETS["stsb"].task_spec().problem_type == "regression"
+    assert TASK_PRESETS["copa"].task_spec().choice_fields == ["choice1", "choice2"]
+    assert TASK_PRESETS["mnli"].splits["validation"] == "validation_matched"
+    assert TASK_PRESETS["multirc"].task_spec().metrics == ["f1a"]
+
+
+@pytest.mark.parametrize(
+    "spec, columns, match",
+    [
+        (SST2, dict(text=["x"], label=[1]), r"Task 'sst2': the train split has no field\(s\) \['sentence'\]"),
+        (SST2, dict(sentence=["x"]), r"no field\(s\) \['label'\]"),
+        (SST2, dict(sentence=["fine", "good"], label=[1, 2]), r"Task 'sst2', train row 1: label 2 is outside"),
+        (MNLI, dict(premise=["a"], hypothesis=["b"], label=["maybe"]), r"label 'maybe' is not one of the task's labels \['entailment'"),
+        (STSB, dict(sentence1=["a"], sentence2=["b"], label=["high"]), r"regression label 'high' is not a number"),
+        (SST2, dict(sentence=["ok", ""], label=[1, 0]), r"train row 1: field 'sentence' is empty"),
+        (SST2, dict(sentence=[], label=[]), r"Task 'sst2': the train split is empty"),
+    ],
+)
+def test_bad_data_stops_naming_task_field_and_row(minilm_tokenizer, spec, columns, match):
+    data = datasets.Dataset.from_dict(columns)
+    with pytest.raises(ValueError, match=match):
+        tokenize_task(spec, data, minilm_tokenizer, task_id=0)
+
+
+def test_unknown_task_and_missing_files(tmp_path):
+    with pytest.raises(ValueError, match="Unknown task 'glue-sst2'.*presets are"):
+        load_tasks(["glue-sst2"])
+    (tmp_path / "tasks.json").write_text(json.dumps({"tasks": [{"name": "t", "num_labels": 2, "train_file": "nope.jsonl"}]}))
+    with pytest.raises(ValueError, match="train file .*nope.jsonl does not exist"):
+        load_task_config(tmp_path / "tasks.json")
+    (tmp_path / "bad.json").write_text(json.dumps({"tasks": [{"name": "t", "problem_type": "ranking", "num_labels": 2}]}))
+    with pytest.raises(ValueError, match=r"tasks\[0\].*problem_type"):
+        load_task_config(tmp_path / "bad.json")

@@ -1,0 +1,196 @@
+import os
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import TrainingArguments
+
+from hf_taskmoe import BertForTaskMoE, TaskSpec
+from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments, register_task_sampler
+from hf_taskmoe.training.samplers import TASK_SAMPLERS, ModelAwareSampling
+
+from .conftest import tiny_config
+
+TASKS = [
+    TaskSpec(name="a", num_labels=3, dataset="org/data-a"),
+    TaskSpec(name="b", problem_type="regression", dataset="org/data-b"),
+    TaskSpec(name="c", num_labels=2, metrics=["accuracy", "f1"], dataset="org/data-c"),
+]
+
+
+def task_sets(config, sizes=(40, 24, 12), seed=0, extra_column=False):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for spec, n in zip(config.task_specs, sizes):
+        lengths = rng.integers(4, 10, n)
+        ids = [rng.integers(1, config.vocab_size, k).tolist() for k in lengths]
+        if spec.problem_type == "regression":
+            labels = rng.normal(size=n).round(3).tolist()
+        else:
+            labels = rng.integers(0, spec.num_labels, n).tolist()
+        columns = {"input_ids": ids, "attention_mask": [[1] * k for k in lengths], "labels": labels}
+        if extra_column:
+            columns["raw_text"] = [f"row {i}" for i in range(n)]
+        out[spec.name] = datasets.Dataset.from_dict(columns)
+    return out
+
+
+def make_trainer(tmp_path, name="run", model=None, train=None, evals=None, seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = model or BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=3))
+    args = dict(
+        output_dir=str(tmp_path / name), per_device_train_batch_size=8, per_device_eval_batch_size=16, max_steps=6,
+        learning_rate=1e-3, logging_steps=2, save_strategy="no", report_to="none", use_cpu=True, seed=seed,
+        disable_tqdm=True,
+    )
+    args.update(overrides)
+    sets = train if train is not None else task_sets(model.config)
+    return MultiTaskTrainer(model=model, args=MultiTaskTrainingArguments(**args), train_dataset=sets,
+                            eval_dataset=evals if evals is not None else task_sets(model.config, sizes=(10, 10, 10), seed=1))
+
+
+def test_trains_logs_per_task_losses_and_evaluates_each_task(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert logged and all({"a_loss", "b_loss", "c_loss"} & set(h) for h in logged)
+    metrics = trainer.evaluate()
+    for key in ("eval_a_accuracy", "eval_b_pearson", "eval_b_spearmanr", "eval_c_accuracy", "eval_c_f1",
+                "eval_a_loss", "eval_average", "eval_small_tasks_average"):
+        assert key in metrics, key
+    scores = [metrics["eval_a_accuracy"], (metrics["eval_b_pearson"] + metrics["eval_b_spearmanr"]) / 2,
+              (metrics["eval_c_accuracy"] + metrics["eval_c_f1"]) / 2]
+    assert metrics["eval_average"] == pytest.approx(np.mean(scores))
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("sampling", ["proportional", "annealed"])
+def test_resume_from_checkpoint_ends_with_the_same_weights(tmp_path, sampling):
+    # 3 optimizer steps per epoch: the checkpoint at step 4 lies inside the second epoch
+    common = dict(max_steps=8, save_strategy="steps", save_steps=4, steps_per_epoch=3, task_sampling=sampling)
+    full = make_trainer(tmp_path, "full", **common)
+    full.train()
+    expected = _weights(full.model)
+
+    resumed = make_trainer(tmp_path, "resumed", **common)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-4"))
+    assert resumed.state.global_step == 8
+    got = _weights(resumed.model)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], atol=1e-6, rtol=1e-5, msg=key)
+    assert (tmp_path / "full" / "checkpoint-4" / "task_sampler.json").exists()
+
+    fresh = make_trainer(tmp_path, "other", **{**common, "max_steps": 8}, seed=0)
+    fresh.train()  # sanity: a run that does not resume also reaches the same weights (same seed)
+    torch.testing.assert_close(_weights(fresh.model)["heads.a.classifier.weight"], expected["heads.a.classifier.weight"])
+
+
+def test_resume_with_another_sampler_configuration_is_refused(tmp_path):
+    make_trainer(tmp_path, "first", max_steps=4, save_strategy="steps", save_steps=2).train()
+    other = make_trainer(tmp_path, "second", max_steps=4, task_sampling="uniform")
+    with pytest.raises(ValueError, match="another task sampler configuration"):
+        other.train(resume_from_checkpoint=str(tmp_path / "first" / "checkpoint-2"))
+
+
+class _Recorder:
+    """Collator wrapper that remembers the task ids of every batch."""
+
+    def __init__(self, collator):
+        self.collator, self.batches = collator, []
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        self.batches.append(batch["task_ids"].tolist())
+        return batch
+
+
+@pytest.mark.parametrize("batching, mixed", [("homogeneous", False), ("heterogeneous", True)])
+def test_batching_modes(tmp_path, batching, mixed):
+    trainer = make_trainer(tmp_path, batching=batching, task_sampling="uniform", max_steps=8)
+    trainer.data_collator = recorder = _Recorder(trainer.data_collator)
+    trainer.train()
+    multi = [len(set(b)) > 1 for b in recorder.batches[:8]]
+    assert any(multi) == mixed and (all(multi) or not mixed or sum(multi) >= 6)
+
+
+def test_bf16_training_on_cpu(tmp_path):
+    trainer = make_trainer(tmp_path, bf16=True, max_steps=3)
+    result = trainer.train()
+    assert np.isfinite(result.training_loss)
+
+
+def test_task_ids_survive_remove_unused_columns(tmp_path):
+    model = BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=2))
+    trainer = make_trainer(
+        tmp_path, model=model, train=task_sets(model.config, extra_column=True),
+        evals=task_sets(model.config, sizes=(6, 6, 6), extra_column=True), remove_unused_columns=True, max_steps=2,
+    )
+    trainer.train()
+    metrics = trainer.evaluate()
+    # task a has 3 classes, c has 2: had task ids been dropped, heads and label checks would not line up
+    assert {"eval_a_accuracy", "eval_c_f1", "eval_b_pearson"} <= set(metrics)
+
+
+def test_task_specific_only_leaves_the_backbone_bit_identical(tmp_path):
+    trainer = make_trainer(tmp_path, train_task_specific_only=True, max_steps=2)
+    before = _weights(trainer.model)
+    trainer.train()
+    after = _weights(trainer.model)
+    for key in before:
+        same = torch.equal(before[key], after[key])
+        task_specific = key.startswith("heads.") or ".mlp.router." in key
+        assert same != task_specific or "scorer.bias" in key, key
+
+
+class _PickFirstRows(ModelAwareSampling):
+    name = "test_pick_first_rows"
+
+    def select(self, model, inputs, batch_size, step):
+        self.calls = getattr(self, "calls", 0) + 1
+        return {k: v[:batch_size] for k, v in inputs.items()}
+
+
+def test_model_aware_sampler_chooses_the_rows(tmp_path):
+    register_task_sampler("test_pick_first_rows", _PickFirstRows, exist_ok=True)
+    try:
+        trainer = make_trainer(tmp_path, task_sampling="test_pick_first_rows", max_steps=3)
+        rows = []
+        trainer.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        trainer.train()
+        assert trainer.task_sampler.strategy.calls == 3 and rows == [8, 8, 8]
+    finally:
+        TASK_SAMPLERS.pop("test_pick_first_rows")
+
+
+def test_model_card_parses_with_one_eval_result_per_task_dataset_metric(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=2)
+    trainer.train()
+    trainer.evaluate()
+    trainer.create_model_card()
+    card = ModelCard.load(tmp_path / "run" / "README.md")
+    results = {(r.task_name, r.dataset_name, r.metric_type) for r in card.data.eval_results}
+    assert results == {("a", "org/data-a", "accuracy"), ("b", "org/data-b", "pearson"), ("b", "org/data-b", "spearmanr"),
+                       ("c", "org/data-c", "accuracy"), ("c", "org/data-c", "f1")}
+    text = card.content
+    for fragment in ("MT-TaG (task-aware gates)", "## Tasks", "## Results", "## Training set-up", "task sampling: proportional", "apache-2.0"):
+        assert fragment in text, fragment
+
+
+def test_trainer_bad_inputs(tmp_path):
+    model = BertForTaskMoE(tiny_config(tasks=TASKS))
+    sets = task_sets(model.config)
+    with pytest.raises(ValueError, match="unknown task 'zz'"):
+        MultiTaskTrainer(model=model, args=MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True), train_dataset={**sets, "zz": sets["a"]})
+    with pytest.raises(ValueError, match=r"`train_dataset\['b'\]` is empty: task 'b' has no examples"):
+        MultiTaskTrainer(model=model, args=MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True), train_dataset={**sets, "b": sets["b"].select([])})
+    with pytest.raises(ValueError, match="needs `MultiTaskTrainingArguments`"):
+        MultiTaskTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path)), train_dataset=sets)
+    with pytest.raises(ValueError, match="task_sampling"):
+        MultiTaskTrainingArguments(output_dir=str(tmp_path), task_sampling="lottery")
+    with pytest.raises(ValueError, match="at most one of"):
+        MultiTaskTrainingArguments(output_dir=str(tmp_path), steps_per_epoch=3, training_proportion=0.5)
