@@ -1,0 +1,179 @@
+"""Model cards and Hub helpers.
+
+`render_model_card` fills the template in `model_cards/` with what a user of the Hub page needs: base
+model, tasks, method, training set-up, measured metrics, routing summary and licence, and a
+`model-index` with one result per (task, dataset, metric) so the Hub shows the scores. Every card
+parses with `huggingface_hub.ModelCard.load`.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .tasks import TaskSpec
+
+# the Hub's task types
+HUB_TASK_TYPES = {
+    "single_label_classification": "text-classification",
+    "multi_label_classification": "text-classification",
+    "regression": "text-classification",
+    "multiple_choice": "multiple-choice",
+    "span_classification": "text-classification",
+    "token_classification": "token-classification",
+    "seq2seq": "text2text-generation",
+}
+
+METHODS = {
+    "taskmoe_bert": lambda c: (
+        "MT-Dense (one FFN per layer)" if c.num_experts == 1
+        else f"{'MT-TaG (task-aware gates)' if c.gating == 'task' else 'MT-Switch (one shared gate)'}: "
+        f"{c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting `{c.expert_weighting}`, "
+        f"MoE layers {c.moe_layer_indices}"
+    ),
+}
+
+
+def template_path(name: str = "multitask_model_card.md") -> Path:
+    """The card template: shipped in the wheel as `hf_taskmoe.model_cards`, or the source tree's `model_cards/`."""
+    try:
+        candidate = importlib.resources.files("hf_taskmoe.model_cards").joinpath(name)
+        if candidate.is_file():
+            return Path(str(candidate))
+    except ModuleNotFoundError:  # editable install: the folder is not mapped into the package
+        pass
+    path = Path(__file__).resolve().parent.parent / "model_cards" / name
+    if not path.is_file():
+        raise FileNotFoundError(f"Model card template {name} not found (looked in hf_taskmoe.model_cards and {path}).")
+    return path
+
+
+def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str = "eval", split: str = "validation") -> list[EvalResult]:
+    """One `EvalResult` per (task, dataset, metric) found as `{prefix}_{task}_{metric}` in `metrics`."""
+    results = []
+    for task in tasks:
+        for metric in task.metrics:
+            key = f"{prefix}_{task.name}_{metric}"
+            if key not in metrics:
+                continue
+            results.append(
+                EvalResult(
+                    task_type=HUB_TASK_TYPES[task.problem_type],
+                    task_name=task.name,
+                    dataset_type=task.dataset or task.name,
+                    dataset_name=task.dataset or task.name,
+                    dataset_config=task.dataset_config or task.name,
+                    dataset_split=split,
+                    metric_type=metric,
+                    metric_name=metric,
+                    metric_value=round(float(metrics[key]), 4),
+                )
+            )
+    return results
+
+
+def routing_summary(stats) -> str:
+    """Markdown lines on how each task uses the experts (from `RoutingStatistics`)."""
+    if stats is None or stats.counts is None:
+        return "No routing statistics were recorded (dense model or no evaluation)."
+    from .analysis.routing import normalised_entropy
+
+    entropy = normalised_entropy(stats)  # (layers, tasks)
+    unused = stats.unused_experts
+    lines = [
+        f"Share of each task's evaluation tokens per expert, over {len(stats.layers)} MoE layers with "
+        f"{stats.num_experts} experts (normalised entropy 1 = even use of all experts, 0 = one expert).",
+        "",
+        "| task | tokens | mean normalised entropy | (layer, expert) pairs never used |",
+        "|---|---|---|---|",
+    ]
+    for t, name in enumerate(stats.task_names):
+        tokens = int(stats.tokens[:, t].sum())
+        if tokens == 0:
+            continue
+        lines.append(f"| {name} | {tokens} | {entropy[:, t].mean().item():.3f} | {int(unused[:, t].sum())} |")
+    return "\n".join(lines)
+
+
+def render_model_card(
+    model,
+    metrics: dict[str, float] | None = None,
+    training: dict[str, Any] | None = None,
+    train_sizes: dict[str, int] | None = None,
+    routing=None,
+    repo_id: str | None = None,
+    model_name: str | None = None,
+    license: str = "apache-2.0",
+    data_terms: str | None = None,
+    heatmap: str | None = None,
+    eval_note: str | None = None,
+) -> ModelCard:
+    """A `ModelCard` for a trained multi-task model (see module docstring)."""
+    from . import __version__
+    from .analysis import parameter_report
+
+    config = model.config
+    tasks = config.task_specs
+    metrics = metrics or {}
+    model_name = model_name or (repo_id.split("/")[-1] if repo_id else f"{config.model_type}-multitask")
+    base_model = getattr(config, "upcycled_from", None)
+    card_data = ModelCardData(
+        model_name=model_name,
+        license=license,
+        library_name="transformers",
+        tags=["hf_taskmoe", "multi-task", config.model_type],
+        eval_results=eval_results(tasks, metrics) or None,
+        base_model=base_model if base_model and "/" in base_model and not Path(base_model).exists() else None,
+    )
+    metric_names = list(dict.fromkeys(m for t in tasks for m in t.metrics))
+    results = []
+    for task in tasks:
+        values = [metrics.get(f"eval_{task.name}_{m}") for m in metric_names]
+        if any(v is not None for v in values):
+            results.append({"task": task.name, "cells": " | ".join("" if v is None else f"{100 * v:.2f}" for v in values)})
+    aggregates = {
+        label: f"{100 * metrics[key]:.2f}"
+        for key, label in (("eval_average", "average over tasks"), ("eval_small_tasks_average", "average over small tasks"))
+        if key in metrics
+    }
+    report = parameter_report(model)
+    method = METHODS.get(config.model_type, lambda c: c.model_type)(config)
+    summary = routing_summary(routing)
+    if heatmap:
+        summary += f"\n\n![routing heatmap]({heatmap})"
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_path()),
+        model_name=model_name,
+        summary=f"A multi-task model with {len(tasks)} tasks ({', '.join(t.name for t in tasks)}), built with hf_taskmoe.",
+        family=config.model_type,
+        model_class=type(model).__name__,
+        method=method,
+        base_model=base_model or "trained from the configuration",
+        parameters=", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}",
+        tasks=[
+            {
+                "name": t.name,
+                "problem_type": t.problem_type,
+                "labels": ", ".join(t.label_names) if t.label_names else (t.num_labels if t.num_labels else "-"),
+                "metrics": ", ".join(t.metrics),
+                "dataset": t.dataset or "-",
+                "train_size": (train_sizes or {}).get(t.name, "-"),
+            }
+            for t in tasks
+        ],
+        results=results,
+        results_header="| task | " + " | ".join(metric_names) + " |\n|" + "---|" * (len(metric_names) + 1),
+        aggregates=aggregates,
+        eval_note=eval_note,
+        routing_summary=summary,
+        training=training or {"training": "not recorded"},
+        repo_id=repo_id or "path/to/this/model",
+        first_task=tasks[0].name,
+        license=license,
+        data_terms=data_terms or "see each dataset's licence.",
+        library_version=__version__,
+    )
