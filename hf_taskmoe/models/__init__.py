@@ -7,4 +7,9 @@ AUTO_REGISTRY = [
     (BertTaskMoEConfig, BertForTaskMoE),
 ]
 
-__all__ = ["AUTO_REGISTRY", "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]
+# family name (`run_multitask.py --model_family`) -> model class with `from_dense(dense, tasks, **config_kwargs)`
+MODEL_FAMILIES = {
+    "bert_taskmoe": BertForTaskMoE,
+}
+
+__all__ = ["AUTO_REGISTRY", "MODEL_FAMILIES", "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]

