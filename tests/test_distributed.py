@@ -29,5 +29,8 @@ def test_torchrun_two_processes_with_idle_experts_and_heads(tmp_path):
     # one task per rank and step (the other heads got no rows there), and the ranks saw different batches
     assert all(len(set(batch)) == 1 for r in ranks for batch in r["seen"])
     assert ranks[0]["seen"] != ranks[1]["seen"]
+    # per-task losses are reduced over the ranks: a log holds the tasks both ranks trained on
+    assert any(len(logged) == 2 for logged in ranks[0]["task_losses"])
+    assert ranks[0]["task_losses"] == ranks[1]["task_losses"]
     # DDP kept the replicas identical
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)

@@ -77,3 +77,14 @@ def test_bad_input_stops_before_training(tmp_path, tiny_dense):
     with pytest.raises(ValueError, match=r"Task 't', train row 1: label 'meh' is not one of the task's labels"):
         run_multitask.main(_argv(tmp_path / "y", tiny_dense, "--tasks", str(bad / "tasks.json")))
     assert not (tmp_path / "y" / "model.safetensors").exists()
+
+
+def test_two_stage_protocol_options(tmp_path, tiny_dense):
+    """--task_specific_steps (PALs' second stage) and --finetune_each_task (MT-TaG 4.5) run after joint training."""
+    run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--task_specific_steps", "1", "--finetune_each_task",
+                             "--max_train_samples", "4", "--max_eval_samples", "4", "--max_steps", "1"))
+    results = json.loads((tmp_path / "out" / "finetune_results.json").read_text())
+    assert set(results) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"}
+    assert "eval_trec_accuracy" in results["trec"]
+    assert (tmp_path / "out" / "task_specific").is_dir()
+    assert (tmp_path / "out" / "finetune-boolq" / "model.safetensors").exists()

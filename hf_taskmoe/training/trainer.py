@@ -15,7 +15,6 @@ import os
 import time
 from typing import Any, Callable
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -57,27 +56,41 @@ class TaskView(torch.utils.data.Dataset):
 
 
 class TaskLossTracker:
-    """Running per-task training losses between two logging steps (kept on device until logged)."""
+    """Running per-task training losses between two logging steps (kept on device until logged).
 
-    def __init__(self):
-        self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, int] = {}
+    Under DDP each rank sees other tasks; the sums and counts of *all* tasks are reduced as one vector in
+    task order, so every rank takes part in the same single collective."""
+
+    def __init__(self, task_names: list[str]):
+        self.task_names = list(task_names)
+        self.sums: torch.Tensor | None = None  # (tasks,)
+        self.counts: torch.Tensor | None = None  # (tasks,)
 
     def update(self, task_losses: dict[str, torch.Tensor]) -> None:
+        if not task_losses:
+            return
+        device = next(iter(task_losses.values())).device
+        if self.sums is None:
+            self.sums = torch.zeros(len(self.task_names), device=device)
+            self.counts = torch.zeros(len(self.task_names), device=device)
         for name, loss in task_losses.items():
-            value = loss.detach().float()
-            self.sums[name] = self.sums[name] + value if name in self.sums else value
-            self.counts[name] = self.counts.get(name, 0) + 1
+            i = self.task_names.index(name)
+            self.sums[i] += loss.detach().float()
+            self.counts[i] += 1
 
     def pop_means(self, accelerator=None) -> dict[str, float]:
-        means = {}
-        for name, total in self.sums.items():
-            count = torch.tensor(float(self.counts[name]), device=total.device)
-            if accelerator is not None and accelerator.num_processes > 1:
-                total, count = accelerator.reduce(total, "sum"), accelerator.reduce(count, "sum")
-            means[name] = round((total / count).item(), 4)
-        self.sums, self.counts = {}, {}
-        return means
+        sums, counts = self.sums, self.counts
+        if accelerator is not None and accelerator.num_processes > 1:
+            if sums is None:  # this rank logged no loss yet: still join the collective
+                sums = torch.zeros(len(self.task_names), device=accelerator.device)
+                counts = torch.zeros_like(sums)
+            sums, counts = accelerator.reduce(torch.stack([sums, counts]), "sum")
+        self.sums = self.counts = None
+        if sums is None:
+            return {}
+        return {
+            name: round((sums[i] / counts[i]).item(), 4) for i, name in enumerate(self.task_names) if counts[i] > 0
+        }
 
 
 class TaskSamplerCheckpointCallback(TrainerCallback):
@@ -152,7 +165,7 @@ class MultiTaskTrainer(Trainer):
         #: set to a `RoutingStatistics` to record expert use during evaluation (MoE families)
         self.routing_statistics = None
         self.routing_heatmap: str | None = None
-        self._task_losses = TaskLossTracker()
+        self._task_losses = TaskLossTracker([t.name for t in self.tasks])
         self.task_sampler = self._build_task_sampler() if train is not None else None
         self.add_callback(TaskSamplerCheckpointCallback(self))
         if args.train_task_specific_only:
@@ -389,15 +402,3 @@ class MultiTaskTrainer(Trainer):
             out[name] = output
         return out
 
-
-def example_predictions(task: TaskSpec, logits: np.ndarray) -> list:
-    """Human-readable predictions: label names for classification, floats for regression."""
-    from ..metrics import predictions_from_logits
-
-    predictions = predictions_from_logits(task, logits)
-    names = task.id2label
-    if task.problem_type == "regression":
-        return np.asarray(predictions).tolist()
-    if task.problem_type == "multi_label_classification":
-        return [[names.get(i, i) for i, on in enumerate(row) if on] for row in predictions]
-    return [names.get(int(p), int(p)) for p in np.asarray(predictions).reshape(-1)]

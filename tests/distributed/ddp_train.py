@@ -44,5 +44,6 @@ trainer.data_collator = lambda feats: (lambda b: (seen.append(b["task_ids"].toli
 trainer.train()
 checksum = sum(float(p.double().sum()) for p in model.parameters())
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    json.dump({"checksum": checksum, "seen": seen, "world": trainer.args.world_size,
+    task_losses = [sorted(k for k in h if k[:-5] in ("a", "b", "c") and k.endswith("_loss")) for h in trainer.state.log_history if "loss" in h]
+    json.dump({"checksum": checksum, "seen": seen, "world": trainer.args.world_size, "task_losses": task_losses,
                "loss": trainer.state.log_history[-1].get("train_loss")}, f)
