@@ -194,3 +194,14 @@ def test_trainer_bad_inputs(tmp_path):
         MultiTaskTrainingArguments(output_dir=str(tmp_path), task_sampling="lottery")
     with pytest.raises(ValueError, match="at most one of"):
         MultiTaskTrainingArguments(output_dir=str(tmp_path), steps_per_epoch=3, training_proportion=0.5)
+
+
+def test_predict_tasks_returns_each_tasks_predictions_and_metrics(tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=1)
+    trainer.train()
+    test_sets = task_sets(trainer.model.config, sizes=(5, 4, 3), seed=2)
+    out = trainer.predict_tasks(test_sets)
+    assert set(out) == {"a", "b", "c"}
+    assert out["a"].predictions.shape == (5, 3) and out["b"].predictions.shape == (4, 1)
+    assert out["c"].label_ids.tolist() == test_sets["c"]["labels"]
+    assert {"test_a_accuracy", "test_a_loss"} <= set(out["a"].metrics) and "test_b_spearmanr" in out["b"].metrics

@@ -318,21 +318,11 @@ class MultiTaskTrainer(Trainer):
         metrics: dict[str, float] = {}
         scores: dict[str, float] = {}
         for name, dataset in sets.items():
-            task = self.tasks[self.task_ids[name]]
-            prefix = f"{metric_key_prefix}_{name}"
-            output = self.evaluation_loop(
-                self.get_eval_dataloader(dataset), description=f"Evaluation [{name}]",
-                prediction_loss_only=False, ignore_keys=ignore_keys, metric_key_prefix=prefix,
-            )
+            output, task_metrics = self._run_task(name, dataset, f"{metric_key_prefix}_{name}", "Evaluation", ignore_keys)
             num_samples += output.num_samples
             metrics.update(output.metrics)
-            if output.label_ids is None:
-                continue
-            task_metrics = compute_task_metrics(task, output.predictions, output.label_ids)
-            if self.task_compute_metrics is not None:
-                task_metrics.update(self.task_compute_metrics(task, EvalPrediction(output.predictions, output.label_ids)))
-            metrics.update({f"{prefix}_{k}": v for k, v in task_metrics.items()})
-            scores[name] = task_score(task_metrics)
+            if task_metrics:
+                scores[name] = task_score(task_metrics)
         train_sizes = {n: len(d) for n, d in self.task_train_sets.items()} or None
         metrics.update(
             {f"{metric_key_prefix}_{k}": v for k, v in aggregate_scores(scores, train_sizes, self.args.small_task_threshold).items()}
@@ -388,17 +378,22 @@ class MultiTaskTrainer(Trainer):
 
     def predict_tasks(self, test_dataset: dict, ignore_keys=None, metric_key_prefix: str = "test") -> dict[str, Any]:
         """`{task: PredictionOutput}` for `{task: dataset}` (metrics filled in when the sets have labels)."""
-        out = {}
-        for name, dataset in self._eval_sets(test_dataset).items():
-            task = self.tasks[self.task_ids[name]]
-            output = self.evaluation_loop(
-                self.get_eval_dataloader(dataset), description=f"Prediction [{name}]", prediction_loss_only=False,
-                ignore_keys=ignore_keys, metric_key_prefix=f"{metric_key_prefix}_{name}",
-            )
-            if output.label_ids is not None:
-                output.metrics.update(
-                    {f"{metric_key_prefix}_{name}_{k}": v for k, v in compute_task_metrics(task, output.predictions, output.label_ids).items()}
-                )
-            out[name] = output
-        return out
+        return {
+            name: self._run_task(name, dataset, f"{metric_key_prefix}_{name}", "Prediction", ignore_keys)[0]
+            for name, dataset in self._eval_sets(test_dataset).items()
+        }
 
+    def _run_task(self, name: str, dataset, prefix: str, description: str, ignore_keys=None):
+        """One task's evaluation loop; its metrics (`{prefix}_{metric}`) are added to the output's."""
+        task = self.tasks[self.task_ids[name]]
+        output = self.evaluation_loop(
+            self.get_eval_dataloader(dataset), description=f"{description} [{name}]", prediction_loss_only=False,
+            ignore_keys=ignore_keys, metric_key_prefix=prefix,
+        )
+        if output.label_ids is None:
+            return output, {}
+        task_metrics = compute_task_metrics(task, output.predictions, output.label_ids)
+        if self.task_compute_metrics is not None:
+            task_metrics.update(self.task_compute_metrics(task, EvalPrediction(output.predictions, output.label_ids)))
+        output.metrics.update({f"{prefix}_{k}": v for k, v in task_metrics.items()})
+        return output, task_metrics
