@@ -274,8 +274,10 @@ def _class_index(spec: TaskSpec, value: Any, names: list[str], num_classes: int,
     return value
 
 
-def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = True) -> None:
-    """Stop early, naming task, field and row: empty split, missing field, missing text, bad label."""
+def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = True) -> list | None:
+    """Stop early, naming task, field and row: empty split, missing field, missing text, bad label.
+
+    Returns the model labels of every row (`encode_label`), or None without labels."""
     if dataset is None or len(dataset) == 0:
         raise ValueError(f"Task {spec.name!r}: the {split} split is empty.")
     missing = [f for f in _required_fields(spec, with_labels) if f not in dataset.column_names]
@@ -288,9 +290,9 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
         for row, text in enumerate(column):
             if text is None or (isinstance(text, str) and not text.strip() and spec.problem_type != "multiple_choice"):
                 raise ValueError(f"Task {spec.name!r}, {split} row {row}: field {name!r} is empty.")
-    if with_labels:
-        for row, value in enumerate(dataset[spec.label_field]):
-            encode_label(spec, value, row, split)
+    if not with_labels:
+        return None
+    return [encode_label(spec, value, row, split) for row, value in enumerate(dataset[spec.label_field])]
 
 
 # ----------------------------------------------------------------------------------------------- tokenising
@@ -302,7 +304,7 @@ def tokenize_task(spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: 
     """Model columns for one task split: `input_ids`, `attention_mask`, (`token_type_ids`), `labels`, `task_ids`
     (+ `span_positions` for span tasks). A multiple-choice example keeps one row holding one sequence per choice;
     the collator expands it."""
-    check_task_split(spec, dataset, split, with_labels)
+    labels = check_task_split(spec, dataset, split, with_labels)  # encoded once, reused below
     fields = spec.text_fields
 
     def encode(batch, indices):
@@ -331,25 +333,23 @@ def tokenize_task(spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: 
             out.update(tokenizer(*texts, truncation=True, max_length=max_length))
         out["task_ids"] = [task_id] * n
         if with_labels:
-            out["labels"] = [encode_label(spec, v, indices[i], split) for i, v in enumerate(batch[spec.label_field])]
+            out["labels"] = [labels[i] for i in indices]
         return out
 
     if spec.problem_type == "token_classification":
-        return _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, with_labels)
+        return _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, labels)
     return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name} ({split})")
 
 
-def _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, with_labels):
+def _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, labels):
+    """Token classification: pre-split words; `labels` are the rows' word labels from `check_task_split`."""
+
     def encode(batch, indices):
         enc = tokenizer(batch[spec.text_fields[0]], is_split_into_words=True, truncation=True, max_length=max_length)
         out = dict(enc)
         out["task_ids"] = [task_id] * len(indices)
-        if with_labels:
-            labels = []
-            for i, value in enumerate(batch[spec.label_field]):
-                word_labels = encode_label(spec, value, indices[i], split)
-                labels.append(_align_word_labels(enc.word_ids(i), word_labels))
-            out["labels"] = labels
+        if labels is not None:
+            out["labels"] = [_align_word_labels(enc.word_ids(i), labels[row]) for i, row in enumerate(indices)]
         return out
 
     return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name} ({split})")
