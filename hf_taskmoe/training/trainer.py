@@ -153,9 +153,9 @@ class MultiTaskTrainer(Trainer):
         self.task_eval_sets = self._check_task_dict(eval_dataset, "eval_dataset")
         train = None
         if self.task_train_sets:
-            names = list(self.task_train_sets)
-            train = MultiTaskDataset([TaskView(self.task_train_sets[n], self.task_ids[n]) for n in names], names)
-        evals = {n: TaskView(d, self.task_ids[n]) for n, d in self.task_eval_sets.items()} if self.task_eval_sets else None
+            views = self._task_views(self.task_train_sets)
+            train = MultiTaskDataset(list(views.values()), list(views))
+        evals = self._task_views(self.task_eval_sets) or None
 
         if data_collator is None:
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
@@ -187,6 +187,10 @@ class MultiTaskTrainer(Trainer):
                 raise ValueError(f"`{field}[{name!r}]` is empty: task {name!r} has no examples.")
         # task-id order, so that the concatenation and the sampler list tasks like the model does
         return {name: datasets[name] for name in self.task_ids if name in datasets}
+
+    def _task_views(self, datasets: dict) -> dict:
+        """`{task: TaskView}`: each dataset with its task id filled in on every row."""
+        return {name: TaskView(dataset, self.task_ids[name]) for name, dataset in datasets.items()}
 
     def _build_task_sampler(self) -> TaskBatchSampler:
         args = self.args
@@ -307,8 +311,7 @@ class MultiTaskTrainer(Trainer):
             if eval_dataset not in self.eval_dataset:
                 raise ValueError(f"No evaluation set for task {eval_dataset!r}; there are {list(self.eval_dataset)}.")
             return {eval_dataset: self.eval_dataset[eval_dataset]}
-        checked = self._check_task_dict(eval_dataset, "eval_dataset")
-        return {n: TaskView(d, self.task_ids[n]) for n, d in checked.items()}
+        return self._task_views(self._check_task_dict(eval_dataset, "eval_dataset"))
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate every task on its own set with its own metrics (`{prefix}_{task}_{metric}`), then the
