@@ -95,7 +95,15 @@ class ModelArguments:
     scale_loss_by_num_classes: bool = field(default=False, metadata={"help": "Divide CE by log(#classes) (MT-TaG 3.3)."})
     classifier_pooling: str = field(default="pooler", metadata={"help": "'pooler', 'cls' or 'mean'."})
     init_gate_from: str | None = field(
-        default=None, metadata={"help": "When continuing a saved model with new tasks: copy their gates from this task."}
+        default=None,
+        metadata={"help": "When continuing a saved model with new tasks: copy their gates (MT-TaG) or PALs (bert_pals) from this task."},
+    )
+    # BertWithPALs
+    pal_size: int | None = field(default=None, metadata={"help": "bert_pals: PAL dimension s (default 204, the paper's)."})
+    pal_num_heads: int | None = field(default=None, metadata={"help": "bert_pals: heads per PAL (default 12)."})
+    pal_layers: list[int] | None = field(default=None, metadata={"help": "bert_pals: layers with PALs (default: all)."})
+    pal_task_groups: list[str] | None = field(
+        default=None, metadata={"help": "bert_pals: groups of tasks sharing PALs, each as comma-separated names, e.g. qqp,stsb."}
     )
 
 
@@ -143,11 +151,13 @@ def build_model(model_args: ModelArguments, tasks, training_args):
         model = AutoModel.from_pretrained(path, **hub)
         for task in tasks:
             if task.name not in model.config.task_names:
-                logger.info(f"Adding task {task.name} (gate from {model_args.init_gate_from or 'a fresh draw'})")
-                model.add_task(task, init_gate_from=model_args.init_gate_from)
+                logger.info(f"Adding task {task.name} (task-specific weights from {model_args.init_gate_from or 'a fresh draw'})")
+                model.add_task(task, model_args.init_gate_from)
         return model, path
     family = hf_taskmoe.utils.lookup(MODEL_FAMILIES, model_args.model_family, "model_family")
     config_fields = {k: v for k, v in asdict(model_args).items() if hasattr(family.config_class, k) and v is not None}
+    if "pal_task_groups" in config_fields:
+        config_fields["pal_task_groups"] = [group.split(",") for group in config_fields["pal_task_groups"]]
     model, report = family.from_dense(path, tasks=tasks, output_loading_info=True, hub_kwargs=hub, **config_fields)
     logger.info(report.summary())
     return model, path
@@ -265,7 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
         os.makedirs(training_args.output_dir, exist_ok=True)
         tokenizer.save_pretrained(training_args.output_dir)
         trainer.create_model_card()
-        print(f"\nModel, tokenizer, metrics, routing heatmap and model card (README.md) are in {training_args.output_dir}")
+        routing = ", routing heatmap" if trainer.routing_statistics is not None else ""
+        print(f"\nModel, tokenizer, metrics{routing} and model card (README.md) are in {training_args.output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub()
     return metrics

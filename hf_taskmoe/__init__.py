@@ -10,7 +10,15 @@ from .analysis import ParameterReport, RoutingStatistics, parameter_report
 from .layers.heads import MultiTaskHeads
 from .layers.moe import TaskMoE
 from .modeling_utils import MultiTaskModelOutput
-from .models import AUTO_REGISTRY, BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
+from .models import (
+    AUTO_REGISTRY,
+    BertForTaskMoE,
+    BertPALsConfig,
+    BertPALsModel,
+    BertTaskMoEConfig,
+    BertTaskMoEModel,
+    BertWithPALs,
+)
 from .models.bert_taskmoe import TaskMoEOutput
 from .tasks import PROBLEM_TYPES, TaskSpec, parse_tasks
 from .upcycling import UpcyclingReport, upcycle
@@ -36,6 +44,9 @@ __all__ = [
     "BertForTaskMoE",
     "BertTaskMoEModel",
     "TaskMoEOutput",
+    "BertPALsConfig",
+    "BertWithPALs",
+    "BertPALsModel",
     "MultiTaskModelOutput",
     "MultiTaskHeads",
     "TaskMoE",

@@ -34,6 +34,10 @@ METHODS = {
         f"{c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting `{c.expert_weighting}`, "
         f"MoE layers {c.moe_layer_indices}"
     ),
+    "taskmoe_bert_pals": lambda c: (
+        f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
+        f"{c.pal_layer_indices}, PAL groups {c.pal_groups}"
+    ),
 }
 
 

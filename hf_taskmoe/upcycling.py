@@ -57,6 +57,11 @@ UPCYCLING_RULES: dict[str, UpcyclingRules] = {
         ),
         new=(r"\.mlp\.router\.", r"^heads\."),
     ),
+    # PALs: the dense BERT is kept whole (same layer names); PALs and heads are new.
+    "taskmoe_bert_pals": UpcyclingRules(
+        rename=_BERT_BACKBONE + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
+        new=(r"(^|\.)pals\.", r"^heads\."),
+    ),
 }
 
 

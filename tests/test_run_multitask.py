@@ -10,7 +10,7 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModel, BertConfig, BertModel
 
-from hf_taskmoe import BertForTaskMoE
+from hf_taskmoe import BertForTaskMoE, BertWithPALs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -88,3 +88,17 @@ def test_two_stage_protocol_options(tmp_path, tiny_dense):
     assert "eval_trec_accuracy" in results["trec"]
     assert (tmp_path / "out" / "task_specific").is_dir()
     assert (tmp_path / "out" / "finetune-boolq" / "model.safetensors").exists()
+
+
+def test_script_builds_bert_with_pals(tmp_path, tiny_dense):
+    """--model_family bert_pals with annealed sampling, a PAL group and the task-specific second stage."""
+    run_multitask.main(_argv(
+        tmp_path / "out", tiny_dense, "--model_family", "bert_pals", "--pal_size", "16", "--pal_num_heads", "4",
+        "--pal_task_groups", "rotten_tomatoes,tweet_sentiment", "--task_sampling", "annealed", "--task_specific_steps", "1",
+    ))
+    model = AutoModel.from_pretrained(tmp_path / "out")
+    assert isinstance(model, BertWithPALs) and model.config.pal_size == 16
+    assert ["rotten_tomatoes", "tweet_sentiment"] in model.config.pal_groups and model.bert.pals.num_groups == 4
+    assert not (tmp_path / "out" / "routing.json").exists()  # PALs do not route
+    assert "Projected Attention Layers" in ModelCard.load(tmp_path / "out" / "README.md").content
+    assert (tmp_path / "out" / "task_specific").is_dir()

@@ -1,6 +1,7 @@
 """Family-agnostic building blocks."""
 
 from .heads import HEAD_TYPES, MultiTaskHeads, TaskHead, build_head
+from .pals import PALAttention, ProjectedAttentionLayers
 from .moe import ROUTER_TYPES, ExpertFFN, MoEOutput, SharedRouter, TaskMoE, TaskRouter
 
 __all__ = [
@@ -14,4 +15,6 @@ __all__ = [
     "SharedRouter",
     "TaskMoE",
     "TaskRouter",
+    "PALAttention",
+    "ProjectedAttentionLayers",
 ]

@@ -1,15 +1,24 @@
 """Model families. Each subpackage holds `configuration_<family>.py` and `modeling_<family>.py`."""
 
+from .bert_pals import BertPALsConfig, BertPALsModel, BertWithPALs
 from .bert_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
 
 # (config class, class registered with AutoModel) of every family; `hf_taskmoe.__init__` registers them.
 AUTO_REGISTRY = [
     (BertTaskMoEConfig, BertForTaskMoE),
+    (BertPALsConfig, BertWithPALs),
 ]
 
 # family name (`run_multitask.py --model_family`) -> model class with `from_dense(dense, tasks, **config_kwargs)`
 MODEL_FAMILIES = {
     "bert_taskmoe": BertForTaskMoE,
+    "bert_pals": BertWithPALs,
 }
 
-__all__ = ["AUTO_REGISTRY", "MODEL_FAMILIES", "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]
+__all__ = [
+    "AUTO_REGISTRY",
+    "MODEL_FAMILIES",
+    "BertPALsConfig",
+    "BertPALsModel",
+    "BertWithPALs",
+    "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]

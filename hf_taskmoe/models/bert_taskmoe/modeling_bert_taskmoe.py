@@ -28,6 +28,7 @@ from ...modeling_utils import (
     resolve_task_ids,
 )
 from ...tasks import TaskSpec
+from ..multitask_bert import build_from_dense, pool_sequence
 from .configuration_bert_taskmoe import BertTaskMoEConfig
 
 
@@ -217,7 +218,7 @@ class BertTaskMoEModel(BertTaskMoEPreTrainedModel):
 
         return TaskMoEEncoderOutput(
             last_hidden_state=hidden,
-            pooler_output=self._pool(hidden, attention_mask),
+            pooler_output=pool_sequence(hidden, attention_mask, config.classifier_pooling, self.pooler),
             hidden_states=all_hidden,
             attentions=all_attn,
             router_logits=tuple(router_logits) if output_router_logits else None,
@@ -226,17 +227,6 @@ class BertTaskMoEModel(BertTaskMoEPreTrainedModel):
             aux_loss=torch.stack(aux).mean() if aux else None,
             z_loss=torch.stack(z).mean() if z else None,
         )
-
-    def _pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        mode = self.config.classifier_pooling
-        if mode == "pooler":
-            return self.pooler(hidden)
-        if mode == "cls":
-            return hidden[:, 0]
-        if attention_mask is None:
-            return hidden.mean(1)
-        weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (batch, seq, 1)
-        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
 
 
 class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
@@ -373,13 +363,7 @@ class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
             hub_kwargs: passed to `AutoModel.from_pretrained` when `dense` is a path or repo id
                 (`revision`, `cache_dir`, `local_files_only`, `token`, ...).
         """
-        from ...upcycling import load_dense_model, upcycle
-
-        dense_model = load_dense_model(dense, **(hub_kwargs or {}))
-        config = BertTaskMoEConfig.from_dense_config(
-            dense_model.config, tasks, num_experts=num_experts, gating=gating, expert_weighting=expert_weighting,
-            **config_kwargs,
+        return build_from_dense(
+            cls, dense, tasks, output_loading_info, strict, hub_kwargs, num_experts=num_experts, gating=gating,
+            expert_weighting=expert_weighting, **config_kwargs,
         )
-        model = cls(config)
-        report = upcycle(dense_model, model, strict=strict)
-        return (model, report) if output_loading_info else model

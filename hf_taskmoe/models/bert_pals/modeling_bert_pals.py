@@ -1,0 +1,285 @@
+"""BertWithPALs: BERT with task-specific Projected Attention Layers (PALs paper, section 3.2, eq. 6-7).
+
+Each layer is transformers' BERT attention + intermediate + output, composed; the output's residual
+input becomes `MultiHeadNorm(x) + GELU(PAL_{l,t}(x))`, so BERT's second LayerNorm sees
+`MHN(x) + FFN(MHN(x)) + g(PAL_{l,t}(x))` exactly as in eq. 7. The PALs live in one module at the model
+level because `E_t`/`D_t` are shared by all layers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
+
+from ...layers.heads import MultiTaskHeads
+from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, split_groups
+from ...modeling_utils import (
+    MultiTaskModelMixin,
+    MultiTaskModelOutput,
+    check_input_shapes,
+    heads_to_output_fields,
+    resolve_task_ids,
+)
+from ...tasks import TaskSpec
+from ..multitask_bert import build_from_dense, pool_sequence
+from .configuration_bert_pals import BertPALsConfig
+
+
+class PALBertLayer(GradientCheckpointingLayer):
+    """A BERT layer whose second residual also receives `GELU(PAL(x))` (eq. 7). Weight names match
+    transformers' `BertLayer`, so a dense BERT's layers load one to one."""
+
+    def __init__(self, config: BertPALsConfig, layer_idx: int):
+        super().__init__()
+        self.attention = BertAttention(config, layer_idx=layer_idx)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden_states, attention_mask, pal_output=None, **kwargs):
+        attention_output, attn_weights = self.attention(hidden_states, attention_mask, **kwargs)  # MHN(x)
+        residual = attention_output if pal_output is None else attention_output + pal_output
+        # BertOutput: LN_2(dropout(FFN(MHN(x))) + residual)
+        return self.output(self.intermediate(attention_output), residual), attn_weights
+
+
+class PALBertEncoder(nn.Module):
+    def __init__(self, config: BertPALsConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([PALBertLayer(config, i) for i in range(config.num_hidden_layers)])
+
+
+class BertPALsPreTrainedModel(PreTrainedModel):
+    config_class = BertPALsConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _no_split_modules = ["BertEmbeddings", "PALBertLayer"]
+    accepts_loss_kwargs = False  # the loss is a per-batch mean
+    _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
+    # Trained alone by the paper's best extension (section 3.4: task-specific training after joint training).
+    _task_specific_parameters = (r"^heads\.", r"(^|\.)pals\.")
+    _parameter_groups = {"pal": r"(^|\.)pals\.", "head": r"^heads\."}
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # Linear/Embedding: N(0, initializer_range); LayerNorm: 1 and 0 (transformers' BERT init).
+        super()._init_weights(module)
+        if isinstance(module, PALDecoder) and self.config.pal_decoder_init == "zeros":
+            init.zeros_(module.weight)  # GELU(D_t(...)) = 0: the fresh model is the dense one
+        elif isinstance(module, BertPALsModel):
+            init.copy_(module.task_to_group, torch.tensor(self.config.task_group_ids, dtype=torch.long))
+        elif isinstance(module, BertEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            init.zeros_(module.token_type_ids)
+
+
+class BertPALsModel(BertPALsPreTrainedModel):
+    """The encoder of `BertWithPALs`: BERT embeddings, layers with PALs, optional pooler."""
+
+    def __init__(self, config: BertPALsConfig):
+        super().__init__(config)
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = PALBertEncoder(config)
+        self.pals = ProjectedAttentionLayers(
+            config.hidden_size, config.pal_size, config.pal_num_heads, max(config.task_group_ids) + 1,
+            config.pal_layer_indices, config.attention_probs_dropout_prob,
+        )
+        self.pooler = BertPooler(config) if config.classifier_pooling == "pooler" else None
+        self.register_buffer("task_to_group", torch.tensor(config.task_group_ids, dtype=torch.long), persistent=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        batch, _ = check_input_shapes(
+            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        return self._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+            output_attentions, output_hidden_states, **kwargs,
+        )
+
+    def _encode(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+        output_attentions=None, output_hidden_states=None, **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        """Forward on inputs already checked by the caller."""
+        config = self.config
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        hidden = self.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        )  # (batch, seq, hidden)
+        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
+        key_mask = pal_key_mask(attention_mask)
+        group_rows = split_groups(self.task_to_group[task_ids])
+
+        all_hidden = (hidden,) if output_hidden_states else None
+        all_attn = () if output_attentions else None
+        for i, layer in enumerate(self.encoder.layer):
+            pal = self.pals(hidden, i, group_rows, key_mask) if self.pals.has_layer(i) else None
+            hidden, attn = layer(hidden, mask, pal, **kwargs)
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            if output_attentions:
+                all_attn += (attn,)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=hidden,
+            pooler_output=pool_sequence(hidden, attention_mask, config.classifier_pooling, self.pooler),
+            hidden_states=all_hidden,
+            attentions=all_attn,
+        )
+
+
+class BertWithPALs(MultiTaskModelMixin, BertPALsPreTrainedModel):
+    """BERT + Projected Attention Layers (Stickland & Murray 2019) with one head per task.
+
+    Build one from a dense BERT with `BertWithPALs.from_dense(...)`: with the default `pal_decoder_init="zeros"`
+    the fresh model computes exactly what the dense BERT computes (every PAL adds `GELU(0) = 0`), and
+    training grows the PALs from there.
+
+    Example:
+
+    ```python
+    >>> from hf_taskmoe import BertWithPALs, TaskSpec
+    >>> tasks = [TaskSpec(name="sst", num_labels=5), TaskSpec(name="qqp", num_labels=2), TaskSpec(name="sts", problem_type="regression")]
+    >>> model = BertWithPALs.from_dense("path/or/repo-of-a-bert", tasks=tasks, pal_size=204, pal_task_groups=[["qqp", "sts"]])
+    ```
+    """
+
+    def __init__(self, config: BertPALsConfig):
+        super().__init__(config)
+        self.bert = BertPALsModel(config)
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.heads = MultiTaskHeads(config.task_specs, config.hidden_size, dropout, config.scale_loss_by_num_classes)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.bert.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.bert.set_input_embeddings(value)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        span_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MultiTaskModelOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Index into `config.tasks` of each row; selects the row's PALs and head. A batch may mix tasks.
+        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
+            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
+        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
+            Token start/end (exclusive) of each word span, for span-classification tasks.
+        """
+        batch, seq = check_input_shapes(
+            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
+        encoded = self.bert._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+            output_attentions, output_hidden_states, **kwargs,
+        )
+        heads_out = self.heads(
+            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, attention_mask, span_positions
+        )
+        output = MultiTaskModelOutput(
+            loss=heads_out.loss,
+            task_ids=task_ids,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+            **heads_to_output_fields(heads_out),
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
+
+    # ------------------------------------------------------------------ tasks
+    def add_task(self, task: TaskSpec | dict, init_pals_from: str | None = None) -> int:
+        """Add a task with PALs of its own (a new group) and a fresh head; `init_pals_from` copies the PALs of
+        an existing task's group, otherwise they are initialised like at construction (`D = 0` by default).
+        Returns the new task id. Call it before building the optimizer."""
+        source = self.config.task_group_ids[self.task_id(init_pals_from)] if init_pals_from is not None else None
+        new_id = self._register_new_task(task)
+        pals, config = self.bert.pals, self.config
+        new_modules = [nn.Linear(config.hidden_size, config.pal_size, bias=False), PALDecoder(config.pal_size, config.hidden_size)]
+        pals.encoders.append(new_modules[0])
+        pals.decoders.append(new_modules[1])
+        for layer in pals.layers:
+            attention = PALAttention(config.pal_size, config.pal_num_heads, config.attention_probs_dropout_prob)
+            pals.attention[str(layer)].append(attention)
+            new_modules.append(attention)
+        group = pals.num_groups - 1
+        dtype = pals.encoders[0].weight.dtype
+        with torch.no_grad():
+            for module in new_modules:
+                module.to(self.device, dtype).train(self.training)
+                module.apply(self._init_weights)
+            if source is not None:
+                for modules in (pals.encoders, pals.decoders):
+                    modules[group].load_state_dict(modules[source].state_dict())
+                for layer in pals.layers:
+                    pals.attention[str(layer)][group].load_state_dict(pals.attention[str(layer)][source].state_dict())
+        self.bert.task_to_group = torch.tensor(config.task_group_ids, dtype=torch.long, device=self.device)
+        return new_id
+
+    # ------------------------------------------------------------------ from a dense BERT
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        pal_size: int = 204,
+        output_loading_info: bool = False,
+        strict: bool = True,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Keep a dense BERT's embeddings, layers and pooler; add PALs and heads.
+
+        With `pal_decoder_init="zeros"` (the default) the new model's encoder computes exactly the dense
+        model's hidden states. Args as in `BertForTaskMoE.from_dense`; `pal_size` and `**config_kwargs` are
+        fields of `BertPALsConfig` (`pal_num_heads`, `pal_layers`, `pal_task_groups`, ...).
+        """
+        return build_from_dense(
+            cls, dense, tasks, output_loading_info, strict, hub_kwargs, pal_size=pal_size, **config_kwargs
+        )

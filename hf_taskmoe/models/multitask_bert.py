@@ -1,0 +1,144 @@
+"""What every BERT-backbone family shares: the config fields for tasks and pooling, and pooling itself.
+
+`MultiTaskBertConfig` is not registered with the Auto classes; each family subclasses it with its own
+`model_type` and fields (MT-TaG, PALs, ...), and extends `_validate`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from huggingface_hub.errors import StrictDataclassError
+from transformers import BertConfig
+
+from ..layers.heads import HEAD_TYPES
+from ..tasks import TaskSpec, parse_tasks
+from ..utils import check_choice, check_int
+
+CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
+
+# BertConfig fields a family copies from the dense checkpoint it starts from
+DENSE_ARCHITECTURE_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+    "initializer_range", "layer_norm_eps", "pad_token_id", "classifier_dropout",
+)
+
+
+class MultiTaskBertConfig(BertConfig):
+    r"""
+    Base of the BERT-backbone families' configs. Every field of `BertConfig` is accepted. The others:
+
+    Args:
+        tasks (`list[dict]`):
+            The tasks, as `TaskSpec` dicts (a `TaskSpec` is accepted and stored as its dict). Task id `i`
+            in `forward` is `tasks[i]`. Saved with the config, so heads come back with `from_pretrained`.
+        scale_loss_by_num_classes (`bool`, *optional*, defaults to `False`):
+            Divide each classification task's cross-entropy by `log(num_classes)` (MT-TaG section 3.3).
+        classifier_pooling (`str`, *optional*, defaults to `"pooler"`):
+            Sequence representation the heads read: `"pooler"` (BERT's tanh pooler on [CLS]), `"cls"` (the
+            [CLS] hidden state) or `"mean"` (mean over real tokens).
+        upcycled_from (`str`, *optional*):
+            Set by `from_dense`: the dense checkpoint the model was built from (model cards).
+    """
+
+    tasks: list | None = None
+    scale_loss_by_num_classes: bool = False
+    classifier_pooling: str = "pooler"
+    upcycled_from: str | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._validate()
+
+    def __setattr__(self, key, value):
+        # BertConfig's own fields are type-checked by huggingface_hub's strict dataclass, which raises its own
+        # error class; the contract of this library is a ValueError naming the field.
+        try:
+            super().__setattr__(key, value)
+        except StrictDataclassError as err:
+            raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
+
+    def _validate(self) -> None:
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+            check_int(getattr(self, name), name, minimum=1)
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be a multiple of `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
+        if self.tasks is None:
+            raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
+        specs = parse_tasks(self.tasks)
+        for spec in specs:
+            if spec.problem_type not in HEAD_TYPES:  # seq2seq needs a decoder
+                raise ValueError(
+                    f"Task {spec.name!r}: problem_type {spec.problem_type!r} needs a decoder; an encoder model "
+                    f"supports {list(HEAD_TYPES)}."
+                )
+        # Stored as plain dicts: the config is JSON.
+        self.tasks = [s.to_dict() for s in specs]
+        check_choice(self.classifier_pooling, CLASSIFIER_POOLINGS, "classifier_pooling")
+        if not isinstance(self.scale_loss_by_num_classes, bool):
+            raise ValueError(f"`scale_loss_by_num_classes` must be a bool, got {self.scale_loss_by_num_classes!r}.")
+
+    def _check_layer_list(self, name: str) -> list[int] | None:
+        """Validate an optional list of layer indices (field `name`); return it sorted."""
+        value = getattr(self, name)
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise ValueError(f"`{name}` must be a list of layer indices or None, got {value!r}.")
+        layers = [check_int(i, f"{name}[]", 0, self.num_hidden_layers - 1) for i in value]
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"`{name}` must not repeat a layer, got {layers}.")
+        return sorted(layers)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def task_specs(self) -> list[TaskSpec]:
+        return [TaskSpec.from_dict(t) for t in self.tasks]
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t["name"] for t in self.tasks]
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)
+
+    @classmethod
+    def from_dense_config(cls, dense_config: BertConfig, tasks, **kwargs: Any):
+        """Copy the architecture of a dense BERT config and add tasks and the family's settings."""
+        if getattr(dense_config, "model_type", None) != "bert":
+            raise ValueError(
+                f"{cls.__name__} starts from BERT checkpoints (model_type 'bert', MiniLM included), got model_type "
+                f"{getattr(dense_config, 'model_type', None)!r}."
+            )
+        keep = {name: getattr(dense_config, name) for name in DENSE_ARCHITECTURE_FIELDS}
+        keep.update(kwargs)
+        return cls(tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **keep)
+
+
+def pool_sequence(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str, pooler=None) -> torch.Tensor:
+    """The sequence representation the heads read (`classifier_pooling`): `(batch, seq, hidden)` -> `(batch, hidden)`."""
+    if mode == "pooler":
+        return pooler(hidden)
+    if mode == "cls":
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden.mean(1)
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (batch, seq, 1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+
+
+def build_from_dense(model_cls, dense, tasks, output_loading_info=False, strict=True, hub_kwargs=None, **config_kwargs):
+    """Shared body of the families' `from_dense`: load the dense BERT, derive the config, build, upcycle."""
+    from ..upcycling import load_dense_model, upcycle
+
+    dense_model = load_dense_model(dense, **(hub_kwargs or {}))
+    config = model_cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
+    model = model_cls(config)
+    report = upcycle(dense_model, model, strict=strict)
+    return (model, report) if output_loading_info else model
