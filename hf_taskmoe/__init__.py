@@ -18,6 +18,8 @@ from .models import (
     BertTaskMoEConfig,
     BertTaskMoEModel,
     BertWithPALs,
+    MMoEConfig,
+    MMoEModel,
 )
 from .models.bert_taskmoe import TaskMoEOutput
 from .tasks import PROBLEM_TYPES, TaskSpec, parse_tasks
@@ -47,6 +49,8 @@ __all__ = [
     "BertPALsConfig",
     "BertWithPALs",
     "BertPALsModel",
+    "MMoEConfig",
+    "MMoEModel",
     "MultiTaskModelOutput",
     "MultiTaskHeads",
     "TaskMoE",

@@ -34,6 +34,11 @@ METHODS = {
         f"{c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting `{c.expert_weighting}`, "
         f"MoE layers {c.moe_layer_indices}"
     ),
+    "taskmoe_mmoe": lambda c: (
+        {"mmoe": "MMoE (one softmax gate per task)", "omoe": "OMoE (one gate shared by the tasks)"}.get(c.architecture, "Shared-Bottom")
+        + (f": {c.num_experts} experts of {c.expert_hidden_sizes}" if c.architecture != "shared_bottom" else f": bottom {c.bottom_hidden_sizes}")
+        + f", towers {c.tower_hidden_sizes}"
+    ),
     "taskmoe_bert_pals": lambda c: (
         f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
         f"{c.pal_layer_indices}, PAL groups {c.pal_groups}"

@@ -13,6 +13,7 @@ Hub. Any other name is passed to `evaluate.load` as it is (which needs the Hub o
 | `f1a` | f1a | MultiRC |
 | `multiple_choice_accuracy` | multiple_choice_accuracy | ranking tasks scored per choice |
 | `exact_match` | exact_match | generated text |
+| `roc_auc` | roc_auc | binary tasks scored by the positive class's probability (MMoE census-income) |
 
 A task's score is the mean of its metrics (GLUE convention); aggregates are the mean score over all
 tasks and over small tasks (<= 10k training examples, MT-TaG section 4.5).
@@ -42,6 +43,7 @@ SHIPPED_METRICS: dict[str, tuple[str, dict, str]] = {
     "f1a": ("f1a", {}, "f1a"),
     "multiple_choice_accuracy": ("multiple_choice_accuracy", {}, "multiple_choice_accuracy"),
     "exact_match": ("exact_match", {}, "exact_match"),
+    "roc_auc": ("roc_auc", {}, "roc_auc"),
 }
 
 
@@ -66,6 +68,16 @@ def predictions_from_logits(task: TaskSpec, logits: np.ndarray) -> np.ndarray:
     return logits.argmax(-1)
 
 
+def positive_scores(logits: np.ndarray) -> np.ndarray:
+    """Score of class 1 for a binary task: softmax over two logits, or the single logit itself."""
+    logits = np.asarray(logits, dtype=np.float64).reshape(len(logits), -1)
+    if logits.shape[1] == 1:
+        return logits[:, 0]
+    if logits.shape[1] != 2:
+        raise ValueError(f"roc_auc needs a binary task (1 or 2 logits per row), got {logits.shape[1]} logits.")
+    return 1.0 / (1.0 + np.exp(logits[:, 0] - logits[:, 1]))  # softmax(logits)[:, 1]
+
+
 def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     """Every metric of `task` on one evaluation set: `{metric_name: value}`."""
     predictions = predictions_from_logits(task, logits)
@@ -78,7 +90,9 @@ def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray)
         predictions, labels = predictions[keep], labels[keep]
     results = {}
     for name in task.metrics:
-        if name == "multiple_choice_accuracy":
+        if name == "roc_auc":
+            inputs = {"prediction_scores": positive_scores(logits).tolist(), "references": labels.astype(np.int64).tolist()}
+        elif name == "multiple_choice_accuracy":
             inputs = {"predictions": np.asarray(logits).tolist(), "references": labels.tolist()}
         elif task.problem_type == "regression":
             inputs = {"predictions": predictions.reshape(-1).tolist(), "references": labels.reshape(-1).tolist()}

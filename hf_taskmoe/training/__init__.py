@@ -22,9 +22,21 @@ from .samplers import (
     build_task_sampling,
     register_task_sampler,
 )
+from .tabular import (
+    TabularCollator,
+    TabularData,
+    encode_tabular,
+    load_census_income,
+    synthetic_task_pair,
+)
 from .trainer import MultiTaskTrainer, TaskView
 
 __all__ = [
+    "TabularCollator",
+    "TabularData",
+    "encode_tabular",
+    "load_census_income",
+    "synthetic_task_pair",
     "MultiTaskTrainingArguments",
     "MultiTaskTrainer",
     "TaskView",

@@ -1,0 +1,284 @@
+"""MMoEModel: Multi-gate Mixture-of-Experts for tabular multi-task data (MMoE paper, sections 3-4).
+
+    Shared-Bottom (eq. 1):  y_k = h^k(f(x))
+    OMoE (eq. 5):           y_k = h^k(sum_i g(x)_i f_i(x))
+    MMoE (eq. 6-7):         y_k = h^k(sum_i g^k(x)_i f_i(x)),   g^k(x) = softmax(W_gk x)
+
+The experts (and the towers) of all tasks are stacked into `(n, in, out)` weights and run with one
+einsum per layer: eight 16-unit experts are far too small for eight separate matmuls to pay off.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from .configuration_mmoe import MMoEConfig
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
+
+
+@dataclass
+class MMoEOutput(ModelOutput):
+    """Output of `MMoEModel`.
+
+    Args:
+        loss (`torch.FloatTensor` of shape `()`, when `labels` are given):
+            Sum over tasks of `loss_weight` x the task's mean loss over the rows that have its label.
+        logits (`torch.FloatTensor` of shape `(batch, sum of task output sizes)`):
+            Every task's logits side by side (`config.task_output_sizes` columns each, in task order).
+        task_losses (`dict[str, torch.FloatTensor]`, when `labels` are given): each task's mean loss (tasks with
+            no label in the batch are left out).
+        task_logits (`dict[str, torch.FloatTensor]`): each task's `(batch, output size)` logits.
+        gate_weights (`torch.FloatTensor` of shape `(batch, num_tasks, num_experts)`, when `output_gates=True` and
+            the architecture has gates): each task's softmax gate (OMoE: the one gate repeated per task).
+    """
+
+    loss: torch.FloatTensor | None = None
+    logits: torch.FloatTensor | None = None
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_logits: dict[str, torch.FloatTensor] | None = None
+    gate_weights: torch.FloatTensor | None = None
+
+
+class StackedMLP(nn.Module):
+    """`copies` independent MLPs of the same shape, run together: input `(batch, in)` (shared by all copies)
+    or `(batch, copies, in)`, output `(batch, copies, sizes[-1])`. Parameters `weight_<l>` `(copies, in, out)`."""
+
+    def __init__(self, copies: int, in_size: int, sizes: list[int], bias: bool, act: str, dropout: float):
+        super().__init__()
+        dims = [in_size, *sizes]
+        self.num_layers = len(sizes)
+        for layer, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            self.register_parameter(f"weight_{layer}", nn.Parameter(torch.empty(copies, a, b)))
+            self.register_parameter(f"bias_{layer}", nn.Parameter(torch.empty(copies, b)) if bias else None)
+        self.act = ACTIVATIONS[act]
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in range(self.num_layers):
+            weight, bias = getattr(self, f"weight_{layer}"), getattr(self, f"bias_{layer}")
+            if x.dim() == 2:
+                x = torch.einsum("bi,cio->bco", x, weight)  # (batch, copies, out): every copy reads the input
+            else:
+                x = torch.einsum("bci,cio->bco", x, weight)  # (batch, copies, out): copy c reads its own input
+            if bias is not None:
+                x = x + bias
+            x = self.dropout(self.act(x))
+        return x
+
+
+class MMoEPreTrainedModel(PreTrainedModel):
+    config_class = MMoEConfig
+    base_model_prefix = ""
+    main_input_name = "numeric_features"
+    accepts_loss_kwargs = False
+    _keys_to_ignore_at_inference = ["task_losses", "task_logits", "gate_weights"]
+    _parameter_groups = {
+        "embedding": r"^embeddings\.",
+        "expert": r"^experts\.",
+        "bottom": r"^bottom\.",
+        "gate": r"^gates?\.",
+        "tower": r"^towers\.",
+        "head": r"^heads\.",
+    }
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, StackedMLP):
+            for layer in range(module.num_layers):
+                weight = getattr(module, f"weight_{layer}")
+                bound = math.sqrt(6.0 / (weight.shape[1] + weight.shape[2]))  # Glorot uniform per copy
+                init.uniform_(weight, -bound, bound)
+                bias = getattr(module, f"bias_{layer}")
+                if bias is not None:
+                    init.zeros_(bias)
+        elif isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+
+
+class MMoEModel(MMoEPreTrainedModel):
+    """Multi-gate Mixture-of-Experts (Ma et al., KDD 2018) and its baselines OMoE and Shared-Bottom
+    (`config.architecture`), for rows of numeric and categorical features with a label for every task.
+
+    Example:
+
+    ```python
+    >>> from hf_taskmoe import MMoEConfig, MMoEModel, TaskSpec
+    >>> config = MMoEConfig(
+    ...     tasks=[TaskSpec(name="income", num_labels=2), TaskSpec(name="never_married", num_labels=2)],
+    ...     numeric_features=["age", "wage"], categorical_features=["sex"], categorical_cardinalities=[2],
+    ... )
+    >>> model = MMoEModel(config)
+    >>> out = model(numeric_features=torch.randn(4, 2), categorical_features=torch.zeros(4, 1, dtype=torch.long))
+    >>> out.task_logits["income"].shape
+    torch.Size([4, 2])
+    ```
+    """
+
+    def __init__(self, config: MMoEConfig):
+        super().__init__(config)
+        self.embeddings = nn.ModuleList(nn.Embedding(c, config.embedding_dim) for c in config.categorical_cardinalities)
+        args = (config.use_bias, config.hidden_act, config.dropout)
+        if config.architecture == "shared_bottom":
+            self.bottom = StackedMLP(1, config.input_size, config.bottom_hidden_sizes, *args)
+            bottom_size = config.bottom_hidden_sizes[-1]
+        else:
+            self.experts = StackedMLP(config.num_experts, config.input_size, config.expert_hidden_sizes, *args)
+            gates = config.num_tasks if config.architecture == "mmoe" else 1
+            self.gates = nn.Linear(config.input_size, gates * config.num_experts, bias=config.gate_bias)
+            bottom_size = config.expert_hidden_sizes[-1]
+        tower_sizes = config.tower_hidden_sizes
+        self.towers = StackedMLP(config.num_tasks, bottom_size, tower_sizes, *args) if tower_sizes else None
+        head_in = tower_sizes[-1] if tower_sizes else bottom_size
+        self.heads = nn.ModuleDict(
+            {s.name: nn.Linear(head_in, width, bias=config.use_bias) for s, width in zip(config.task_specs, config.task_output_sizes)}
+        )
+        self.post_init()
+
+    # ------------------------------------------------------------------ inputs
+    def _input_vector(self, numeric_features, categorical_features) -> torch.Tensor:
+        config = self.config
+        parts, batch = [], None
+        if config.numeric_features:
+            if numeric_features is None:
+                raise ValueError(f"`numeric_features` is required: (batch, {len(config.numeric_features)}) for {config.numeric_features}.")
+            if numeric_features.dim() != 2 or numeric_features.shape[1] != len(config.numeric_features):
+                raise ValueError(
+                    f"`numeric_features` must have shape (batch, {len(config.numeric_features)}), got {tuple(numeric_features.shape)}."
+                )
+            bad = ~torch.isfinite(numeric_features)
+            if bad.any():
+                row, col = bad.nonzero()[0].tolist()
+                raise ValueError(f"`numeric_features` holds a non-finite value in row {row}, feature {config.numeric_features[col]!r}.")
+            parts.append(numeric_features.to(self.dtype))
+            batch = numeric_features.shape[0]
+        if config.categorical_features:
+            if categorical_features is None:
+                raise ValueError(
+                    f"`categorical_features` is required: (batch, {len(config.categorical_features)}) codes for {config.categorical_features}."
+                )
+            if categorical_features.dim() != 2 or categorical_features.shape[1] != len(config.categorical_features):
+                raise ValueError(
+                    f"`categorical_features` must have shape (batch, {len(config.categorical_features)}), got "
+                    f"{tuple(categorical_features.shape)}."
+                )
+            if batch is not None and categorical_features.shape[0] != batch:
+                raise ValueError(f"`categorical_features` has {categorical_features.shape[0]} rows, `numeric_features` {batch}.")
+            codes = categorical_features.long()
+            limits = torch.tensor(config.categorical_cardinalities, device=codes.device)
+            bad = (codes < 0) | (codes >= limits)
+            if bad.any():
+                row, col = bad.nonzero()[0].tolist()
+                raise ValueError(
+                    f"Categorical feature {config.categorical_features[col]!r} has code {codes[row, col].item()} in row "
+                    f"{row}; codes must lie in [0, {config.categorical_cardinalities[col]})."
+                )
+            parts.extend(emb(codes[:, i]) for i, emb in enumerate(self.embeddings))
+        return torch.cat(parts, dim=-1)  # (batch, input_size)
+
+    def _check_labels(self, labels: torch.Tensor, batch: int) -> torch.Tensor:
+        """`labels` `(batch, num_tasks)`, NaN (or -100 for a classification task) where a row has no label."""
+        config = self.config
+        if labels.dim() == 1 and config.num_tasks == 1:
+            labels = labels[:, None]
+        if labels.dim() != 2 or tuple(labels.shape) != (batch, config.num_tasks):
+            raise ValueError(
+                f"`labels` must have shape (batch, num_tasks) = ({batch}, {config.num_tasks}) (one column per task "
+                f"{config.task_names}), got {tuple(labels.shape)}."
+            )
+        labels = labels.float()
+        for k, spec in enumerate(config.task_specs):
+            if spec.problem_type != "single_label_classification":
+                continue
+            column = labels[:, k]
+            present = ~torch.isnan(column) & (column != -100)
+            bad = present & ((column < 0) | (column >= spec.num_labels) | (column != column.round()))
+            if bad.any():
+                row = bad.nonzero()[0, 0].item()
+                raise ValueError(
+                    f"Task {spec.name!r}: label {column[row].item()} in row {row} is not a class index in [0, {spec.num_labels})."
+                )
+        return labels
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        numeric_features: torch.FloatTensor | None = None,
+        categorical_features: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_gates: bool = False,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MMoEOutput | tuple:
+        r"""
+        numeric_features (`torch.FloatTensor` of shape `(batch, len(config.numeric_features))`): standardised
+            numeric columns, in config order.
+        categorical_features (`torch.LongTensor` of shape `(batch, len(config.categorical_features))`): codes.
+        labels (`torch.FloatTensor` of shape `(batch, num_tasks)`): every task's label per row; NaN (or -100 for a
+            classification task) marks a missing label, which is left out of that task's loss.
+        output_gates (`bool`): also return the gate weights.
+        """
+        config = self.config
+        x = self._input_vector(numeric_features, categorical_features)
+        batch = x.shape[0]
+        if labels is not None:
+            labels = self._check_labels(labels, batch)
+
+        gate_weights = None
+        if config.architecture == "shared_bottom":
+            shared = self.bottom(x)  # (batch, 1, h)
+            task_inputs = shared.expand(batch, config.num_tasks, shared.shape[-1])  # (batch, tasks, h)
+        else:
+            experts = self.experts(x)  # (batch, experts, h)
+            gates = self.gates(x).float().view(batch, -1, config.num_experts).softmax(-1)  # (batch, gates, experts)
+            gates = gates.expand(batch, config.num_tasks, config.num_experts).to(experts.dtype)  # OMoE: one gate for all
+            task_inputs = torch.einsum("bte,beh->bth", gates, experts)  # f^k(x) = sum_i g^k(x)_i f_i(x)
+            gate_weights = gates if output_gates else None
+        towers = self.towers(task_inputs) if self.towers is not None else task_inputs  # (batch, tasks, tower)
+
+        task_logits, task_losses = {}, {}
+        for k, spec in enumerate(config.task_specs):
+            logits = self.heads[spec.name](towers[:, k])  # (batch, output size)
+            task_logits[spec.name] = logits
+            if labels is not None:
+                loss = self._task_loss(spec, logits, labels[:, k])
+                if loss is not None:
+                    task_losses[spec.name] = loss
+        loss = None
+        if labels is not None:
+            weights = {s.name: s.loss_weight for s in config.task_specs}
+            loss = sum(weights[n] * l for n, l in task_losses.items()) if task_losses else x.sum() * 0.0
+        output = MMoEOutput(
+            loss=loss,
+            logits=torch.cat(list(task_logits.values()), dim=-1),
+            task_losses=task_losses or None,
+            task_logits=task_logits,
+            gate_weights=gate_weights,
+        )
+        return_dict = return_dict if return_dict is not None else config.return_dict
+        return output if return_dict else output.to_tuple()
+
+    @staticmethod
+    def _task_loss(spec, logits: torch.Tensor, column: torch.Tensor) -> torch.Tensor | None:
+        present = ~torch.isnan(column)
+        if spec.problem_type == "regression":
+            if not present.any():
+                return None
+            return F.mse_loss(logits[:, 0].float()[present], column[present])
+        present &= column != -100
+        if not present.any():
+            return None
+        return F.cross_entropy(logits.float()[present], column[present].long())
