@@ -104,7 +104,7 @@ def test_init_follows_glorot_and_zero_bias():
     bound = math.sqrt(6 / (w.shape[1] + w.shape[2]))
     assert w.abs().max() <= bound and w.abs().max() > 0.8 * bound
     assert torch.count_nonzero(model.experts.bias_0) == 0
-    assert all(e.weight.abs().max() < 1e-8 for e in model.embeddings)
+    assert model.embeddings.weight.shape == (5 + 3, 3) and model.embeddings.weight.abs().max() < 1e-8
 
 
 @pytest.mark.parametrize(
@@ -205,3 +205,13 @@ def test_census_income_loader_on_the_real_file():
     with torch.no_grad():
         out = model(**{k: v[:32] for k, v in tensors.items()})
     assert out.logits.shape == (32, 4) and torch.isfinite(out.loss)
+
+
+def test_categorical_features_use_their_own_rows_of_the_shared_table():
+    model = MMoEModel(config())
+    b = batch()
+    x = model._input_vector(b["numeric_features"], b["categorical_features"])
+    for row in range(3):
+        city, device = b["categorical_features"][row].tolist()
+        torch.testing.assert_close(x[row, 2:5], model.embeddings.weight[city])  # city: rows 0..4
+        torch.testing.assert_close(x[row, 5:8], model.embeddings.weight[5 + device])  # device: rows 5..7

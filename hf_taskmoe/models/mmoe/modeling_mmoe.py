@@ -5,7 +5,7 @@
     MMoE (eq. 6-7):         y_k = h^k(sum_i g^k(x)_i f_i(x)),   g^k(x) = softmax(W_gk x)
 
 The experts (and the towers) of all tasks are stacked into `(n, in, out)` weights and run with one
-einsum per layer: eight 16-unit experts are far too small for eight separate matmuls to pay off.
+GEMM (or batched matmul) per layer: eight 16-unit experts are far too small for eight separate matmuls to pay off.
 """
 
 from __future__ import annotations
@@ -65,10 +65,14 @@ class StackedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in range(self.num_layers):
             weight, bias = getattr(self, f"weight_{layer}"), getattr(self, f"bias_{layer}")
+            copies, size_in, size_out = weight.shape
+            if x.dim() == 3 and x.stride(1) == 0:
+                x = x[:, 0]  # an input expanded over the copies (Shared-Bottom / OMoE into the towers) is one input
             if x.dim() == 2:
-                x = torch.einsum("bi,cio->bco", x, weight)  # (batch, copies, out): every copy reads the input
+                # every copy reads the same input: one GEMM against the copies side by side
+                x = (x @ weight.transpose(0, 1).reshape(size_in, copies * size_out)).view(-1, copies, size_out)
             else:
-                x = torch.einsum("bci,cio->bco", x, weight)  # (batch, copies, out): copy c reads its own input
+                x = torch.bmm(x.transpose(0, 1), weight).transpose(0, 1)  # (batch, copies, out): copy c reads x[:, c]
             if bias is not None:
                 x = x + bias
             x = self.dropout(self.act(x))
@@ -107,6 +111,9 @@ class MMoEPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, MMoEModel):
+            cards = self.config.categorical_cardinalities
+            init.copy_(module.category_offsets, torch.tensor([0, *cards[:-1]], dtype=torch.long).cumsum(0))
 
 
 class MMoEModel(MMoEPreTrainedModel):
@@ -130,7 +137,10 @@ class MMoEModel(MMoEPreTrainedModel):
 
     def __init__(self, config: MMoEConfig):
         super().__init__(config)
-        self.embeddings = nn.ModuleList(nn.Embedding(c, config.embedding_dim) for c in config.categorical_cardinalities)
+        # all categorical features in one table (one lookup, one backward); feature j's codes start at offsets[j]
+        cards = config.categorical_cardinalities
+        self.embeddings = nn.Embedding(sum(cards), config.embedding_dim) if cards else None
+        self.register_buffer("category_offsets", torch.tensor([0, *cards[:-1]], dtype=torch.long).cumsum(0), persistent=False)
         args = (config.use_bias, config.hidden_act, config.dropout)
         if config.architecture == "shared_bottom":
             self.bottom = StackedMLP(1, config.input_size, config.bottom_hidden_sizes, *args)
@@ -186,7 +196,8 @@ class MMoEModel(MMoEPreTrainedModel):
                     f"Categorical feature {config.categorical_features[col]!r} has code {codes[row, col].item()} in row "
                     f"{row}; codes must lie in [0, {config.categorical_cardinalities[col]})."
                 )
-            parts.extend(emb(codes[:, i]) for i, emb in enumerate(self.embeddings))
+            embedded = self.embeddings(codes + self.category_offsets)  # (batch, features, embedding_dim)
+            parts.append(embedded.flatten(1))
         return torch.cat(parts, dim=-1)  # (batch, input_size)
 
     def _check_labels(self, labels: torch.Tensor, batch: int) -> torch.Tensor:
@@ -243,10 +254,12 @@ class MMoEModel(MMoEPreTrainedModel):
             task_inputs = shared.expand(batch, config.num_tasks, shared.shape[-1])  # (batch, tasks, h)
         else:
             experts = self.experts(x)  # (batch, experts, h)
-            gates = self.gates(x).float().view(batch, -1, config.num_experts).softmax(-1)  # (batch, gates, experts)
-            gates = gates.expand(batch, config.num_tasks, config.num_experts).to(experts.dtype)  # OMoE: one gate for all
-            task_inputs = torch.einsum("bte,beh->bth", gates, experts)  # f^k(x) = sum_i g^k(x)_i f_i(x)
-            gate_weights = gates if output_gates else None
+            # softmax in fp32: gate weights must sum to 1 under fp16/bf16 autocast too
+            gates = self.gates(x).float().view(batch, -1, config.num_experts).softmax(-1).to(experts.dtype)  # (batch, gates, experts)
+            mixed = torch.bmm(gates, experts)  # (batch, gates, h): f^k(x) = sum_i g^k(x)_i f_i(x)
+            task_inputs = mixed.expand(batch, config.num_tasks, mixed.shape[-1])  # OMoE: the one mixture for every task
+            if output_gates:
+                gate_weights = gates.expand(batch, config.num_tasks, config.num_experts)
         towers = self.towers(task_inputs) if self.towers is not None else task_inputs  # (batch, tasks, tower)
 
         task_logits, task_losses = {}, {}
