@@ -215,3 +215,16 @@ def test_categorical_features_use_their_own_rows_of_the_shared_table():
         city, device = b["categorical_features"][row].tolist()
         torch.testing.assert_close(x[row, 2:5], model.embeddings.weight[city])  # city: rows 0..4
         torch.testing.assert_close(x[row, 5:8], model.embeddings.weight[5 + device])  # device: rows 5..7
+
+
+def test_model_card_for_an_mmoe_model(tmp_path):
+    from huggingface_hub import ModelCard
+
+    from hf_taskmoe.hub import render_model_card
+
+    model = MMoEModel(config())
+    card = render_model_card(model, metrics={"eval_click_accuracy": 0.71, "eval_rating_pearson": 0.5})
+    card.save(tmp_path / "README.md")
+    loaded = ModelCard.load(tmp_path / "README.md")
+    assert {(r.dataset_name, r.metric_type) for r in loaded.data.eval_results} >= {("click", "accuracy"), ("rating", "pearson")}
+    assert "MMoE (one softmax gate per task): 4 experts" in loaded.content
