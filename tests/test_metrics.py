@@ -84,3 +84,14 @@ def test_aggregates():
     scores = {"big": 0.9, "small": 0.5, "tiny": 0.7}
     out = aggregate_scores(scores, {"big": 50_000, "small": 3000, "tiny": 10_000}, small_task_threshold=10_000)
     assert out == {"average": pytest.approx(0.7), "small_tasks_average": pytest.approx(0.6)}
+
+
+def test_roc_auc_scores_the_positive_class_probability():
+    logits = rng.normal(size=(300, 2))
+    refs = (logits[:, 1] - logits[:, 0] + rng.normal(size=300) > 0).astype(int)
+    task = TaskSpec(name="ctr", num_labels=2, metrics=["roc_auc", "accuracy"])
+    got = compute_task_metrics(task, logits, refs)
+    assert got["roc_auc"] == pytest.approx(skm.roc_auc_score(refs, logits[:, 1] - logits[:, 0]), abs=1e-12)
+    assert 0.6 < got["roc_auc"] <= 1.0
+    with pytest.raises(ValueError, match="binary task"):
+        compute_task_metrics(TaskSpec(name="c3", num_labels=3, metrics=["roc_auc"]), rng.normal(size=(10, 3)), np.arange(10) % 3)
