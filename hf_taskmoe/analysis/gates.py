@@ -17,7 +17,7 @@ class GateDistribution:
 
     def mean(self) -> dict[str, list[float]]:
         """Mean gate weight of each expert, per task."""
-        return {t: self.weights[t].mean(0).round(4).tolist() for t in self.task_names}
+        return {t: self.weights[t].astype(np.float64).mean(0).round(4).tolist() for t in self.task_names}
 
     def to_dict(self) -> dict:
         return {
