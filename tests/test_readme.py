@@ -65,3 +65,13 @@ def test_mmoe_snippet_runs(tmp_path, monkeypatch):
     exec(compile(code, "README MMoE", "exec"), scope)
     assert scope["trainer"].state.global_step == 3
     assert (tmp_path / "gates.png").exists() and (tmp_path / "mmoe-census" / "model.safetensors").exists()
+
+
+def test_peft_snippet_runs(minilm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = _snippet("## peft and large checkpoints").replace('"path/or/hub-id-of-a-bert"', repr(str(minilm)))
+    scope = {}
+    exec(compile(code, "README peft", "exec"), scope)
+    assert type(scope["merged"]).__name__ == "BertForTaskMoE"
+    assert (tmp_path / "sst2-lora" / "adapter_model.safetensors").exists()
+    assert len(list((tmp_path / "sst2-merged").glob("model-*-of-*.safetensors"))) > 1

@@ -1,0 +1,95 @@
+"""peft on every family, and sharded safetensors checkpoints that load without unpickling."""
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModel
+
+from hf_taskmoe import BertForTaskMoE, BertWithPALs, MMoEModel
+
+from .conftest import random_batch, tiny_config
+from .test_bert_pals import pals_config
+from .test_mmoe import batch as tabular_batch
+from .test_mmoe import config as mmoe_config
+
+# family -> (build a tiny model, a batch, the LoRA target modules documented in the README)
+FAMILIES = {
+    "bert_taskmoe": (lambda: BertForTaskMoE(tiny_config(num_experts=3)), lambda m: random_batch(m.config),
+                     ["query", "value", "w_in", "w_out"]),
+    "bert_pals": (lambda: BertWithPALs(pals_config(pal_decoder_init="normal")), lambda m: random_batch(m.config),
+                  ["query", "value", "intermediate.dense", "output.dense"]),
+    "mmoe": (lambda: MMoEModel(mmoe_config()), lambda m: tabular_batch(), ["gates", "click", "genre", "rating"]),
+}
+
+
+def _labels(model, batch):
+    if "labels" in batch:
+        return batch
+    specs = model.config.task_specs
+    labels = [0.5 if specs[t].problem_type == "regression" else 1.0 for t in batch["task_ids"].tolist()]
+    return {**batch, "labels": torch.tensor(labels)}
+
+
+def _outputs(model, batch):
+    with torch.no_grad():
+        out = model(**{k: v for k, v in batch.items() if k != "labels"})
+    return out.task_logits
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_lora_trains_saves_reloads_and_merges(family, tmp_path):
+    build, make_batch, targets = FAMILIES[family]
+    torch.manual_seed(0)
+    base = build().eval()
+    state = {k: v.clone() for k, v in base.state_dict().items()}
+    batch = _labels(base, make_batch(base))
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    assert peft_model.get_nb_trainable_parameters()[0] > 0
+    optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
+    peft_model.train()
+    for _ in range(3):
+        loss = peft_model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    peft_model.eval()
+    tuned = _outputs(peft_model, batch)
+    peft_model.save_pretrained(tmp_path / "adapter")
+
+    fresh = build()
+    fresh.load_state_dict(state)
+    reloaded = PeftModel.from_pretrained(fresh.eval(), tmp_path / "adapter").eval()
+    for name, logits in _outputs(reloaded, batch).items():
+        torch.testing.assert_close(logits, tuned[name], atol=1e-5, rtol=0)
+
+    merged = reloaded.merge_and_unload()
+    assert type(merged) is type(base)
+    for name, logits in _outputs(merged, batch).items():
+        torch.testing.assert_close(logits, tuned[name], atol=1e-5, rtol=1e-5)
+    untouched = build()
+    untouched.load_state_dict(state)
+    assert any(not torch.allclose(_outputs(untouched.eval(), batch)[n], tuned[n]) for n in tuned)  # LoRA changed something
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sharded_safetensors_round_trip_without_unpickling(family, tmp_path, monkeypatch):
+    build, make_batch, _ = FAMILIES[family]
+    torch.manual_seed(0)
+    model = build().eval()
+    model.save_pretrained(tmp_path, max_shard_size="1KB")
+    shards = sorted(tmp_path.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "model.safetensors.index.json").exists()
+    assert not list(tmp_path.glob("*.bin")) and not list(tmp_path.glob("*.pt"))
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("loading a checkpoint must not unpickle anything")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    loaded = AutoModel.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    saved, restored = model.state_dict(), loaded.state_dict()
+    assert saved.keys() == restored.keys() and all(torch.equal(saved[k], restored[k]) for k in saved)
+    batch = make_batch(model)
+    expected = _outputs(model, batch)
+    for name, logits in _outputs(loaded, batch).items():
+        torch.testing.assert_close(logits, expected[name], atol=1e-6, rtol=0)
