@@ -84,7 +84,7 @@ def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str =
     return results
 
 
-def routing_summary(stats) -> str:
+def routing_summary(stats, source: str = "evaluation") -> str:
     """Markdown lines on how each task uses the experts (from `RoutingStatistics`)."""
     if stats is None or stats.counts is None:
         return "No routing statistics were recorded (dense model or no evaluation)."
@@ -93,7 +93,7 @@ def routing_summary(stats) -> str:
     entropy = normalised_entropy(stats)  # (layers, tasks)
     unused = stats.unused_experts
     lines = [
-        f"Share of each task's evaluation tokens per expert, over {len(stats.layers)} MoE layers with "
+        f"Share of each task's {source} tokens per expert, over {len(stats.layers)} MoE layers with "
         f"{stats.num_experts} experts (normalised entropy 1 = even use of all experts, 0 = one expert).",
         "",
         "| task | tokens | mean normalised entropy | (layer, expert) pairs never used |",
@@ -119,6 +119,7 @@ def render_model_card(
     data_terms: str | None = None,
     heatmap: str | None = None,
     eval_note: str | None = None,
+    routing_source: str = "evaluation",
 ) -> ModelCard:
     """A `ModelCard` for a trained multi-task model (see module docstring)."""
     from . import __version__
@@ -150,7 +151,7 @@ def render_model_card(
     }
     report = parameter_report(model)
     method = METHODS.get(config.model_type, lambda c: c.model_type)(config)
-    summary = routing_summary(routing)
+    summary = routing_summary(routing, routing_source)
     if heatmap:
         summary += f"\n\n![routing heatmap]({heatmap})"
     return ModelCard.from_template(

@@ -75,3 +75,20 @@ def test_peft_snippet_runs(minilm, tmp_path, monkeypatch):
     assert type(scope["merged"]).__name__ == "BertForTaskMoE"
     assert (tmp_path / "sst2-lora" / "adapter_model.safetensors").exists()
     assert len(list((tmp_path / "sst2-merged").glob("model-*-of-*.safetensors"))) > 1
+
+
+def test_routing_analytics_snippet_runs(minilm, tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.chdir(tmp_path)
+    rows = {"input_ids": [[101, 2023 + i, 102] for i in range(8)], "attention_mask": [[1, 1, 1]] * 8, "labels": [0, 1] * 4}
+    code = (
+        _snippet("## Routing analytics during training")
+        .replace('"path/or/hub-id-of-a-bert"', repr(str(minilm)))
+        .replace('report_to="tensorboard"', 'report_to="none", use_cpu=True, per_device_train_batch_size=4, save_strategy="no"')
+    )
+    scope = {"train_sets": {"a": datasets.Dataset.from_dict(rows), "b": datasets.Dataset.from_dict(rows)}}
+    exec(compile(code, "README routing analytics", "exec"), scope)
+    logged = [h for h in scope["trainer"].state.log_history if "loss" in h]
+    assert any(k.startswith("routing/") for h in logged for k in h)
+    assert (tmp_path / "routed" / "routing_train.json").exists()

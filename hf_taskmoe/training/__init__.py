@@ -1,6 +1,7 @@
 """Multi-task training: arguments, trainer, task samplers, data loading and collation."""
 
 from .arguments import MultiTaskTrainingArguments
+from .callbacks import RoutingAnalyticsCallback
 from .data import (
     TASK_PRESETS,
     MultiTaskCollator,
@@ -32,6 +33,7 @@ from .tabular import (
 from .trainer import MultiTaskTrainer, TaskView
 
 __all__ = [
+    "RoutingAnalyticsCallback",
     "TabularCollator",
     "TabularData",
     "encode_tabular",

@@ -33,6 +33,10 @@ class MultiTaskTrainingArguments(TrainingArguments):
         train_task_specific_only (`bool`, *optional*, defaults to `False`):
             Freeze every shared parameter and train only task-specific ones (heads, task gates, adapters):
             the PALs paper's second stage after joint training.
+        log_routing (`bool`, *optional*, defaults to `False`):
+            MoE models: log each task's expert shares, routing entropy and unused experts on the training
+            batches at every logging step (to every `report_to` integration), and write `routing_train.json`
+            and `routing_train_heatmap.png` with each checkpoint (`RoutingAnalyticsCallback`).
     """
 
     task_sampling: str = field(default="proportional", metadata={"help": f"One of {sorted(TASK_SAMPLERS)}."})
@@ -46,6 +50,9 @@ class MultiTaskTrainingArguments(TrainingArguments):
     small_task_threshold: int = field(default=10_000, metadata={"help": "Training examples of a 'small' task."})
     train_task_specific_only: bool = field(
         default=False, metadata={"help": "Freeze shared parameters; train heads, gates and adapters only."}
+    )
+    log_routing: bool = field(
+        default=False, metadata={"help": "MoE models: log per-task routing of the training batches and save its summary."}
     )
     # Experts or heads without a row on some rank would otherwise stop DDP ("unused parameters").
     ddp_find_unused_parameters: bool | None = field(

@@ -24,6 +24,7 @@ from transformers.trainer_callback import TrainerState
 from ..metrics import aggregate_scores, compute_task_metrics, task_score
 from ..tasks import TaskSpec
 from .arguments import MultiTaskTrainingArguments
+from .callbacks import RoutingAnalyticsCallback
 from .data import MultiTaskCollator, MultiTaskDataset
 from .protocol import freeze_shared_parameters
 from .samplers import TaskBatchSampler, build_task_sampling
@@ -168,6 +169,11 @@ class MultiTaskTrainer(Trainer):
         self._task_losses = TaskLossTracker([t.name for t in self.tasks])
         self.task_sampler = self._build_task_sampler() if train is not None else None
         self.add_callback(TaskSamplerCheckpointCallback(self))
+        #: `RoutingAnalyticsCallback` when `args.log_routing` (routing of the training batches)
+        self.routing_analytics = None
+        if args.log_routing:
+            self.routing_analytics = RoutingAnalyticsCallback(self.model)
+            self.add_callback(self.routing_analytics)
         if args.train_task_specific_only:
             counts = freeze_shared_parameters(self.model)
             logger.info(f"Training task-specific parameters only: {counts}")
@@ -238,7 +244,10 @@ class MultiTaskTrainer(Trainer):
         strategy = self.task_sampler.strategy if self.task_sampler is not None else None
         if model.training and strategy is not None and strategy.model_aware:
             inputs = strategy.select(model, inputs, self.args.per_device_train_batch_size, self.state.global_step)
-        outputs = model(**inputs)
+        record_routing = model.training and self.routing_analytics is not None
+        outputs = model(**inputs, **({"output_router_logits": True} if record_routing else {}))
+        if record_routing:
+            self.routing_analytics.record(self.accelerator.reduce(outputs.routing_counts, "sum"))
         if model.training and getattr(outputs, "task_losses", None):
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
@@ -247,6 +256,8 @@ class MultiTaskTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # a training log: add each task's mean loss since the last one
             logs.update({f"{name}_loss": value for name, value in self._task_losses.pop_means(self.accelerator).items()})
+            if self.routing_analytics is not None:
+                logs.update(self.routing_analytics.pop_metrics())
         super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
@@ -366,13 +377,18 @@ class MultiTaskTrainer(Trainer):
         metrics = {}
         for entry in self.state.log_history:
             metrics.update({k: v for k, v in entry.items() if k.startswith("eval_")})
+        routing, heatmap, source = self.routing_statistics, self.routing_heatmap, "evaluation"
+        if routing is None and self.routing_analytics is not None and self.routing_analytics.total.counts is not None:
+            # no evaluation routing recorded: summarise the training batches' routing instead
+            routing, heatmap, source = self.routing_analytics.total, self.routing_analytics.write_summary(self.args.output_dir), "training"
         card = render_model_card(
             self.accelerator.unwrap_model(self.model),
             metrics=metrics,
             training=self.training_summary(),
             train_sizes={n: len(d) for n, d in self.task_train_sets.items()},
-            routing=self.routing_statistics,
-            heatmap=self.routing_heatmap,
+            routing=routing,
+            heatmap=heatmap,
+            routing_source=source,
             repo_id=self.args.hub_model_id if self.args.push_to_hub else None,
             model_name=model_name,
             license=license or "apache-2.0",

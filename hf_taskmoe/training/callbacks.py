@@ -1,0 +1,76 @@
+"""Routing analytics during training (MoE families).
+
+`RoutingAnalyticsCallback` keeps two `RoutingStatistics` of the training batches: a window since the last
+log and the whole run. At every logging step `MultiTaskTrainer.log` adds the window's figures to the logs,
+so they reach every `report_to` integration (TensorBoard, W&B, ...):
+
+- `routing/<task>/L<layer>/expert<e>`: share of the task's tokens that expert e received in that layer,
+- `routing/<task>/entropy`: routing entropy / log(experts), mean over layers (1 = even, 0 = one expert),
+- `routing/<task>/unused_experts`: (layer, expert) pairs that received none of the task's tokens.
+
+At each checkpoint and at the end of training it writes the whole run's `routing_train.json` and
+`routing_train_heatmap.png` (into the checkpoint folder / `output_dir`); the model card links the heatmap.
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from ..analysis.routing import RoutingStatistics, normalised_entropy
+
+ROUTING_JSON = "routing_train.json"
+ROUTING_HEATMAP = "routing_train_heatmap.png"
+
+
+class RoutingAnalyticsCallback(TrainerCallback):
+    """Per-task routing figures of the training batches in the logs, and a summary with every checkpoint."""
+
+    def __init__(self, model):
+        if not getattr(model.config, "moe_layer_indices", None):
+            raise ValueError("Routing analytics need a model with MoE layers (num_experts > 1); this model routes nothing.")
+        self.window = RoutingStatistics(model)
+        self.total = RoutingStatistics(model)
+
+    def record(self, routing_counts) -> None:
+        """Add one training batch's `(layers, tasks, experts)` counts (already summed over ranks)."""
+        self.window.update(routing_counts)
+        self.total.update(routing_counts)
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The window's figures as flat log keys; the window starts afresh."""
+        stats = self.window
+        if stats.counts is None:
+            return {}
+        shares, unused, tokens = stats.shares, stats.unused_experts, stats.tokens
+        entropy = normalised_entropy(stats)
+        logs = {}
+        for t, task in enumerate(stats.task_names):
+            if int(tokens[:, t].sum()) == 0:
+                continue  # the task had no batch in this window
+            for i, layer in enumerate(stats.layers):
+                for e in range(stats.num_experts):
+                    logs[f"routing/{task}/L{layer}/expert{e}"] = round(float(shares[i, t, e]), 4)
+            logs[f"routing/{task}/entropy"] = round(float(entropy[:, t].mean()), 4)
+            logs[f"routing/{task}/unused_experts"] = int(unused[:, t].sum())
+        stats.reset()
+        return logs
+
+    def write_summary(self, folder: str) -> str | None:
+        """`routing_train.json` and the heatmap of the whole run so far into `folder`; returns the PNG name."""
+        if self.total.counts is None or not os.path.isdir(folder):
+            return None
+        self.total.save_json(os.path.join(folder, ROUTING_JSON))
+        self.total.plot(os.path.join(folder, ROUTING_HEATMAP), title="Share of each task's training tokens per expert")
+        return ROUTING_HEATMAP
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.write_summary(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            os.makedirs(args.output_dir, exist_ok=True)
+            self.write_summary(args.output_dir)

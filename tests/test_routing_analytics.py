@@ -1,0 +1,68 @@
+import json
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+from hf_taskmoe import BertForTaskMoE, BertWithPALs
+from hf_taskmoe.training import RoutingAnalyticsCallback
+
+from .conftest import random_batch, tiny_config
+from .test_bert_pals import pals_config
+from .test_trainer import TASKS, make_trainer
+
+
+def test_logged_values_match_routing_counted_by_hand():
+    torch.manual_seed(0)
+    model = BertForTaskMoE(tiny_config(num_experts=3)).eval()
+    batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 0, 1, 0, 0]), pad_last=3)
+    with torch.no_grad():
+        out = model(**batch, output_router_logits=True)
+    callback = RoutingAnalyticsCallback(model)
+    callback.record(out.routing_counts)
+    logs = callback.pop_metrics()
+
+    real = batch["attention_mask"].bool()
+    for t, task in enumerate(model.config.task_names):
+        rows = batch["task_ids"] == t
+        unused = 0
+        for layer, chosen in enumerate(out.expert_indices):  # (batch, seq, top_k)
+            picks = chosen[rows][real[rows]][:, 0]  # this task's real tokens
+            shares = torch.bincount(picks, minlength=3).double() / len(picks)
+            unused += int((shares == 0).sum())
+            for e in range(3):
+                assert logs[f"routing/{task}/L{layer}/expert{e}"] == pytest.approx(shares[e].item(), abs=1e-4)
+        assert logs[f"routing/{task}/unused_experts"] == unused
+        assert 0.0 <= logs[f"routing/{task}/entropy"] <= 1.0
+    assert callback.pop_metrics() == {}  # the window starts afresh after each log
+    assert callback.total.counts is not None
+
+
+def test_training_logs_routing_and_writes_it_with_checkpoints_and_card(tmp_path):
+    torch.manual_seed(0)
+    model = BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=3))
+    trainer = make_trainer(tmp_path, model=model, log_routing=True, max_steps=4, logging_steps=2,
+                           save_strategy="steps", save_steps=2)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 2
+    for entry in logged:
+        tasks = {k.split("/")[1] for k in entry if k.startswith("routing/")}
+        assert tasks and tasks <= {"a", "b", "c"}
+        for task in tasks:
+            shares = [entry[f"routing/{task}/L0/expert{e}"] for e in range(3)]
+            assert sum(shares) == pytest.approx(1.0, abs=1e-3)
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    summary = json.loads((checkpoint / "routing_train.json").read_text())
+    assert set(summary["tasks"]) == {"a", "b", "c"} and (checkpoint / "routing_train_heatmap.png").exists()
+    assert (tmp_path / "run" / "routing_train_heatmap.png").exists()
+    trainer.create_model_card()
+    card = ModelCard.load(tmp_path / "run" / "README.md")
+    assert "training tokens per expert" in card.content and "routing_train_heatmap.png" in card.content
+
+
+def test_routing_analytics_refuse_a_model_without_experts(tmp_path):
+    with pytest.raises(ValueError, match="MoE layers"):
+        make_trainer(tmp_path, model=BertWithPALs(pals_config(tasks=TASKS)), log_routing=True)
+    with pytest.raises(ValueError, match="MoE layers"):
+        make_trainer(tmp_path, model=BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=1)), log_routing=True)
