@@ -38,6 +38,8 @@ def _register_auto_classes() -> None:
 
 _register_auto_classes()
 
+from .pipelines import PIPELINE_TASK, MultiTaskTextClassificationPipeline  # noqa: E402  (registers the pipeline)
+
 __all__ = [
     "PROBLEM_TYPES",
     "TaskSpec",
@@ -59,4 +61,6 @@ __all__ = [
     "ParameterReport",
     "parameter_report",
     "RoutingStatistics",
+    "PIPELINE_TASK",
+    "MultiTaskTextClassificationPipeline",
 ]

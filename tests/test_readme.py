@@ -92,3 +92,19 @@ def test_routing_analytics_snippet_runs(minilm, tmp_path, monkeypatch):
     logged = [h for h in scope["trainer"].state.log_history if "loss" in h]
     assert any(k.startswith("routing/") for h in logged for k in h)
     assert (tmp_path / "routed" / "routing_train.json").exists()
+
+
+def test_pipeline_snippet_runs(minilm, tmp_path):
+    from transformers import AutoTokenizer
+
+    from hf_taskmoe import BertForTaskMoE, TaskSpec
+
+    tasks = [TaskSpec(name="sst2", label_names=["negative", "positive"]), TaskSpec(name="stsb", problem_type="regression")]
+    BertForTaskMoE.from_dense(str(minilm), tasks=tasks, num_experts=2).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(minilm).save_pretrained(tmp_path)
+    code = _snippet("## Multi-task pipeline").replace('"path/to/a/saved/model"', repr(str(tmp_path)))
+    scope = {}
+    exec(compile(code, "README pipeline", "exec"), scope)  # every call in the snippet runs
+    pipe = scope["pipe"]
+    assert pipe("a fine film", task="sst2")["label"] in ("negative", "positive")
+    assert [r["task"] for r in pipe([{"text": "a", "task": "stsb"}, {"text": "b", "task": "sst2"}])] == ["stsb", "sst2"]
