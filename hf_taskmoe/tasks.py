@@ -24,6 +24,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from huggingface_hub.errors import StrictDataclassError
+
 from .utils import check_choice, check_float, check_int, check_str_list
 
 PROBLEM_TYPES = (
@@ -263,3 +265,41 @@ def parse_tasks(tasks, field_name: str = "tasks") -> list[TaskSpec]:
     if duplicates:
         raise ValueError(f"`{field_name}` has duplicate task names {duplicates}; every task needs its own name.")
     return specs
+
+
+class TaskConfigMixin:
+    """For the families' `PreTrainedConfig` subclasses, which hold `tasks`: field errors as `ValueError`, the
+    task list checked and stored as JSON dicts, and the views every family reads."""
+
+    tasks: list | None
+
+    def __setattr__(self, key, value):
+        # transformers' configs are huggingface_hub strict dataclasses, which raise their own error class on a
+        # wrongly typed field; the contract of this library is a ValueError naming the field.
+        try:
+            super().__setattr__(key, value)
+        except StrictDataclassError as err:
+            raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
+
+    def _validate_tasks(self, allowed: tuple[str, ...], refusal: str) -> list[TaskSpec]:
+        """Parse `tasks`, refuse problem types outside `allowed` ("Task 'x': problem_type 'y' <refusal> [...]")."""
+        if self.tasks is None:
+            raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
+        specs = parse_tasks(self.tasks)
+        for spec in specs:
+            if spec.problem_type not in allowed:
+                raise ValueError(f"Task {spec.name!r}: problem_type {spec.problem_type!r} {refusal} {list(allowed)}.")
+        self.tasks = [s.to_dict() for s in specs]  # stored as plain dicts: the config is JSON
+        return specs
+
+    @property
+    def task_specs(self) -> list[TaskSpec]:
+        return [TaskSpec.from_dict(t) for t in self.tasks]
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t["name"] for t in self.tasks]
+
+    @property
+    def num_tasks(self) -> int:
+        return len(self.tasks)

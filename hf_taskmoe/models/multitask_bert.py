@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from huggingface_hub.errors import StrictDataclassError
 from transformers import BertConfig
 
 from ..layers.heads import HEAD_TYPES
-from ..tasks import TaskSpec, parse_tasks
+from ..tasks import TaskConfigMixin, TaskSpec
 from ..utils import check_choice, check_int
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
@@ -26,7 +25,7 @@ DENSE_ARCHITECTURE_FIELDS = (
 )
 
 
-class MultiTaskBertConfig(BertConfig):
+class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
     r"""
     Base of the BERT-backbone families' configs. Every field of `BertConfig` is accepted. The others:
 
@@ -52,14 +51,6 @@ class MultiTaskBertConfig(BertConfig):
         super().__post_init__(**kwargs)
         self._validate()
 
-    def __setattr__(self, key, value):
-        # BertConfig's own fields are type-checked by huggingface_hub's strict dataclass, which raises its own
-        # error class; the contract of this library is a ValueError naming the field.
-        try:
-            super().__setattr__(key, value)
-        except StrictDataclassError as err:
-            raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
-
     def _validate(self) -> None:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
             check_int(getattr(self, name), name, minimum=1)
@@ -68,17 +59,7 @@ class MultiTaskBertConfig(BertConfig):
                 f"`hidden_size` ({self.hidden_size}) must be a multiple of `num_attention_heads` "
                 f"({self.num_attention_heads})."
             )
-        if self.tasks is None:
-            raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
-        specs = parse_tasks(self.tasks)
-        for spec in specs:
-            if spec.problem_type not in HEAD_TYPES:  # seq2seq needs a decoder
-                raise ValueError(
-                    f"Task {spec.name!r}: problem_type {spec.problem_type!r} needs a decoder; an encoder model "
-                    f"supports {list(HEAD_TYPES)}."
-                )
-        # Stored as plain dicts: the config is JSON.
-        self.tasks = [s.to_dict() for s in specs]
+        self._validate_tasks(tuple(HEAD_TYPES), "needs a decoder; an encoder model supports")  # seq2seq needs a decoder
         check_choice(self.classifier_pooling, CLASSIFIER_POOLINGS, "classifier_pooling")
         if not isinstance(self.scale_loss_by_num_classes, bool):
             raise ValueError(f"`scale_loss_by_num_classes` must be a bool, got {self.scale_loss_by_num_classes!r}.")
@@ -94,19 +75,6 @@ class MultiTaskBertConfig(BertConfig):
         if len(set(layers)) != len(layers):
             raise ValueError(f"`{name}` must not repeat a layer, got {layers}.")
         return sorted(layers)
-
-    # ------------------------------------------------------------------ views
-    @property
-    def task_specs(self) -> list[TaskSpec]:
-        return [TaskSpec.from_dict(t) for t in self.tasks]
-
-    @property
-    def task_names(self) -> list[str]:
-        return [t["name"] for t in self.tasks]
-
-    @property
-    def num_tasks(self) -> int:
-        return len(self.tasks)
 
     @classmethod
     def from_dense_config(cls, dense_config: BertConfig, tasks, **kwargs: Any):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedConfig
 
-from ...tasks import TaskSpec, parse_tasks
+from ...tasks import TaskConfigMixin
 from ...utils import check_choice, check_float, check_int, check_str_list
 
 ARCHITECTURES = ("mmoe", "omoe", "shared_bottom")
@@ -13,7 +12,7 @@ TABULAR_PROBLEM_TYPES = ("single_label_classification", "regression")
 HIDDEN_ACTS = ("relu", "gelu", "tanh", "sigmoid")
 
 
-class MMoEConfig(PreTrainedConfig):
+class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
     r"""
     Configuration of a tabular multi-task model in which every row carries a label for every task
     (MMoE paper, section 4).
@@ -78,23 +77,8 @@ class MMoEConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         self._validate()
 
-    def __setattr__(self, key, value):
-        try:
-            super().__setattr__(key, value)
-        except StrictDataclassError as err:
-            raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
-
     def _validate(self) -> None:
-        if self.tasks is None:
-            raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
-        specs = parse_tasks(self.tasks)
-        for spec in specs:
-            if spec.problem_type not in TABULAR_PROBLEM_TYPES:
-                raise ValueError(
-                    f"Task {spec.name!r}: problem_type {spec.problem_type!r} is not supported by MMoEModel; use one "
-                    f"of {list(TABULAR_PROBLEM_TYPES)}."
-                )
-        self.tasks = [s.to_dict() for s in specs]
+        self._validate_tasks(TABULAR_PROBLEM_TYPES, "is not supported by MMoEModel; use one of")
         self.numeric_features = check_str_list(self.numeric_features or [], "numeric_features", allow_empty=True)
         self.categorical_features = check_str_list(self.categorical_features or [], "categorical_features", allow_empty=True)
         cards = list(self.categorical_cardinalities or [])
@@ -133,18 +117,6 @@ class MMoEConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
 
     # ------------------------------------------------------------------ views
-    @property
-    def task_specs(self) -> list[TaskSpec]:
-        return [TaskSpec.from_dict(t) for t in self.tasks]
-
-    @property
-    def task_names(self) -> list[str]:
-        return [t["name"] for t in self.tasks]
-
-    @property
-    def num_tasks(self) -> int:
-        return len(self.tasks)
-
     @property
     def label_columns(self) -> list[str]:
         """Data column holding each task's label."""
