@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from transformers import BertConfig
 
-from ..layers.heads import HEAD_TYPES
+from ..layers.heads import HEAD_TYPES, MultiTaskHeads
+from ..modeling_utils import MultiTaskModelMixin, check_input_shapes, resolve_task_ids
 from ..tasks import TaskConfigMixin, TaskSpec
 from ..utils import check_choice, check_int
 
@@ -110,3 +111,55 @@ def build_from_dense(model_cls, dense, tasks, output_loading_info=False, strict=
     model = model_cls(config)
     report = upcycle(dense_model, model, strict=strict)
     return (model, report) if output_loading_info else model
+
+
+class MultiTaskBertEncoderMixin:
+    """The encoder models of the BERT families (`self.embeddings`, and `_encode` on checked inputs)."""
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def _checked_encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs):
+        """`forward` of the encoder: check the input shapes and task ids, then `_encode`."""
+        batch, _ = check_input_shapes(
+            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        return self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs)
+
+
+class MultiTaskBertHeadsMixin(MultiTaskModelMixin):
+    """The task-level models of the BERT families: an encoder `self.bert` and `self.heads`."""
+
+    def _init_heads(self, config) -> None:
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.heads = MultiTaskHeads(config.task_specs, config.hidden_size, dropout, config.scale_loss_by_num_classes)
+
+    def get_input_embeddings(self):
+        return self.bert.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.bert.set_input_embeddings(value)
+
+    def _encode_and_score(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
+        *flags, **kwargs,
+    ):
+        """Check the batch (labels before the encoder runs), encode, run each row's head.
+        Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`."""
+        batch, seq = check_input_shapes(
+            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids,
+        )
+        task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
+        encoded = self.bert._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs
+        )
+        heads_out = self.heads(
+            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, attention_mask, span_positions
+        )
+        return task_ids, encoded, heads_out

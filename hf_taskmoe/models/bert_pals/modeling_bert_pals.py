@@ -19,17 +19,15 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
 
-from ...layers.heads import MultiTaskHeads
 from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, split_groups
-from ...modeling_utils import (
-    MultiTaskModelMixin,
-    MultiTaskModelOutput,
-    check_input_shapes,
-    heads_to_output_fields,
-    resolve_task_ids,
-)
+from ...modeling_utils import MultiTaskModelOutput, heads_to_output_fields
 from ...tasks import TaskSpec
-from ..multitask_bert import build_from_dense, pool_sequence
+from ..multitask_bert import (
+    MultiTaskBertEncoderMixin,
+    MultiTaskBertHeadsMixin,
+    build_from_dense,
+    pool_sequence,
+)
 from .configuration_bert_pals import BertPALsConfig
 
 
@@ -84,7 +82,7 @@ class BertPALsPreTrainedModel(PreTrainedModel):
             init.zeros_(module.token_type_ids)
 
 
-class BertPALsModel(BertPALsPreTrainedModel):
+class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
     """The encoder of `BertWithPALs`: BERT embeddings, layers with PALs, optional pooler."""
 
     def __init__(self, config: BertPALsConfig):
@@ -99,12 +97,6 @@ class BertPALsModel(BertPALsPreTrainedModel):
         self.register_buffer("task_to_group", torch.tensor(config.task_group_ids, dtype=torch.long), persistent=False)
         self.post_init()
 
-    def get_input_embeddings(self):
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings.word_embeddings = value
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -117,12 +109,7 @@ class BertPALsModel(BertPALsPreTrainedModel):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPooling:
-        batch, _ = check_input_shapes(
-            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        )
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
-        return self._encode(
+        return self._checked_encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
             output_attentions, output_hidden_states, **kwargs,
         )
@@ -159,7 +146,7 @@ class BertPALsModel(BertPALsPreTrainedModel):
         )
 
 
-class BertWithPALs(MultiTaskModelMixin, BertPALsPreTrainedModel):
+class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):
     """BERT + Projected Attention Layers (Stickland & Murray 2019) with one head per task.
 
     Build one from a dense BERT with `BertWithPALs.from_dense(...)`: with the default `pal_decoder_init="zeros"`
@@ -178,15 +165,8 @@ class BertWithPALs(MultiTaskModelMixin, BertPALsPreTrainedModel):
     def __init__(self, config: BertPALsConfig):
         super().__init__(config)
         self.bert = BertPALsModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.heads = MultiTaskHeads(config.task_specs, config.hidden_size, dropout, config.scale_loss_by_num_classes)
+        self._init_heads(config)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.bert.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.bert.set_input_embeddings(value)
 
     def forward(
         self,
@@ -211,17 +191,9 @@ class BertWithPALs(MultiTaskModelMixin, BertPALsPreTrainedModel):
         span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
             Token start/end (exclusive) of each word span, for span-classification tasks.
         """
-        batch, seq = check_input_shapes(
-            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        )
-        task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
-        encoded = self.bert._encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+        task_ids, encoded, heads_out = self._encode_and_score(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
             output_attentions, output_hidden_states, **kwargs,
-        )
-        heads_out = self.heads(
-            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, attention_mask, span_positions
         )
         output = MultiTaskModelOutput(
             loss=heads_out.loss,

@@ -18,17 +18,15 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertPooler
 from transformers.utils import ModelOutput
 
-from ...layers.heads import MultiTaskHeads
 from ...layers.moe import SharedRouter, TaskMoE, TaskRouter
-from ...modeling_utils import (
-    MultiTaskModelMixin,
-    MultiTaskModelOutput,
-    check_input_shapes,
-    heads_to_output_fields,
-    resolve_task_ids,
-)
+from ...modeling_utils import MultiTaskModelOutput, heads_to_output_fields
 from ...tasks import TaskSpec
-from ..multitask_bert import build_from_dense, pool_sequence
+from ..multitask_bert import (
+    MultiTaskBertEncoderMixin,
+    MultiTaskBertHeadsMixin,
+    build_from_dense,
+    pool_sequence,
+)
 from .configuration_bert_taskmoe import BertTaskMoEConfig
 
 
@@ -143,7 +141,7 @@ class BertTaskMoEPreTrainedModel(PreTrainedModel):
             init.zeros_(module.token_type_ids)
 
 
-class BertTaskMoEModel(BertTaskMoEPreTrainedModel):
+class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
     """The encoder of `BertForTaskMoE`: BERT embeddings, MoE layers, optional pooler."""
 
     def __init__(self, config: BertTaskMoEConfig):
@@ -152,12 +150,6 @@ class BertTaskMoEModel(BertTaskMoEPreTrainedModel):
         self.encoder = TaskMoEBertEncoder(config)
         self.pooler = BertPooler(config) if config.classifier_pooling == "pooler" else None
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value):
-        self.embeddings.word_embeddings = value
 
     def forward(
         self,
@@ -172,12 +164,7 @@ class BertTaskMoEModel(BertTaskMoEPreTrainedModel):
         output_router_logits: bool | None = None,
         **kwargs,
     ) -> TaskMoEEncoderOutput:
-        batch, _ = check_input_shapes(
-            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        )
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
-        return self._encode(
+        return self._checked_encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
             output_attentions, output_hidden_states, output_router_logits, **kwargs,
         )
@@ -229,7 +216,7 @@ class BertTaskMoEModel(BertTaskMoEPreTrainedModel):
         )
 
 
-class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
+class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
     """MT-TaG: a BERT/MiniLM encoder with task-aware mixture-of-experts FFNs and one head per task.
 
     `config.gating="shared"` gives MT-Switch, `config.num_experts=1` MT-Dense. Build one from a dense
@@ -248,15 +235,8 @@ class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
     def __init__(self, config: BertTaskMoEConfig):
         super().__init__(config)
         self.bert = BertTaskMoEModel(config)
-        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.heads = MultiTaskHeads(config.task_specs, config.hidden_size, dropout, config.scale_loss_by_num_classes)
+        self._init_heads(config)
         self.post_init()
-
-    def get_input_embeddings(self):
-        return self.bert.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.bert.set_input_embeddings(value)
 
     def forward(
         self,
@@ -284,18 +264,9 @@ class BertForTaskMoE(MultiTaskModelMixin, BertTaskMoEPreTrainedModel):
         output_router_logits (`bool`):
             Also return router logits, chosen experts and per-task routing counts.
         """
-        batch, seq = check_input_shapes(
-            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids,
-        )
-        task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
-
-        encoded = self.bert._encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+        task_ids, encoded, heads_out = self._encode_and_score(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
             output_attentions, output_hidden_states, output_router_logits, **kwargs,
-        )
-        heads_out = self.heads(
-            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, attention_mask, span_positions
         )
         loss = heads_out.loss
         if loss is not None:
