@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 import torch
-from bert_timing import benchmark_parser, make_batch, prepare, side_by_side
+from _bert_timing import benchmark_parser, make_batch, prepare, side_by_side
 
 from hf_taskmoe import BertForTaskMoE
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from bert_timing import benchmark_parser, make_batch, prepare, side_by_side
+from _bert_timing import benchmark_parser, make_batch, prepare, side_by_side
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, parameter_report
 

@@ -1,5 +1,6 @@
-"""Shared by the BERT-family benchmarks: the dense MiniLM source, a mixed-task batch, and a side-by-side
-timer that alternates models round by round so that machine noise hits all of them alike."""
+"""Helpers shared by the BERT-family benchmarks (not a benchmark itself): the dense MiniLM source, a
+mixed-task batch, and a side-by-side timer that alternates models round by round so that machine noise
+hits all of them alike."""
 
 from __future__ import annotations
 
