@@ -66,3 +66,16 @@ def test_routing_analytics_refuse_a_model_without_experts(tmp_path):
         make_trainer(tmp_path, model=BertWithPALs(pals_config(tasks=TASKS)), log_routing=True)
     with pytest.raises(ValueError, match="MoE layers"):
         make_trainer(tmp_path, model=BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=1)), log_routing=True)
+
+
+def test_summary_counts_every_step_once_across_logs_and_checkpoints():
+    model = BertForTaskMoE(tiny_config(num_experts=3))
+    callback = RoutingAnalyticsCallback(model)
+    steps = [torch.randint(0, 5, (2, 2, 3)) for _ in range(3)]
+    callback.record(steps[0])
+    callback._sync_total()  # a checkpoint between two logs
+    callback.record(steps[1])
+    assert callback.pop_metrics()  # the log covers steps 0 and 1
+    callback.record(steps[2])
+    callback._sync_total()  # end of training
+    assert torch.equal(callback.total.counts, steps[0] + steps[1] + steps[2])

@@ -28,22 +28,37 @@ ROUTING_HEATMAP = "routing_train_heatmap.png"
 class RoutingAnalyticsCallback(TrainerCallback):
     """Per-task routing figures of the training batches in the logs, and a summary with every checkpoint."""
 
-    def __init__(self, model):
+    def __init__(self, model, reduce=None):
         if not getattr(model.config, "moe_layer_indices", None):
             raise ValueError("Routing analytics need a model with MoE layers (num_experts > 1); this model routes nothing.")
         self.window = RoutingStatistics(model)
         self.total = RoutingStatistics(model)
+        # sums counts over ranks (the trainer passes accelerate's reduce); once per log, not once per step
+        self.reduce = reduce or (lambda counts: counts)
+        self._in_total = None
 
     def record(self, routing_counts) -> None:
-        """Add one training batch's `(layers, tasks, experts)` counts (already summed over ranks)."""
+        """Add one training batch's `(layers, tasks, experts)` counts of this rank."""
         self.window.update(routing_counts)
-        self.total.update(routing_counts)
+
+    def _sync_total(self):
+        """Sum the window over ranks and bring the run's total up to date with it; return the summed window
+        (None when nothing was recorded). Every rank must call it: the sum is a collective."""
+        if self.window.counts is None:
+            return None
+        summed = self.reduce(self.window.counts).cpu()
+        added = self._in_total if self._in_total is not None else 0  # part of this window a checkpoint already added
+        self.total.update(summed - added)
+        self._in_total = summed
+        return summed
 
     def pop_metrics(self) -> dict[str, float]:
-        """The window's figures as flat log keys; the window starts afresh."""
-        stats = self.window
-        if stats.counts is None:
+        """The window's figures (summed over ranks) as flat log keys; the window starts afresh."""
+        summed = self._sync_total()
+        if summed is None:
             return {}
+        stats = self.window
+        stats.counts = summed
         shares, unused, tokens = stats.shares, stats.unused_experts, stats.tokens
         entropy = normalised_entropy(stats)
         logs = {}
@@ -56,6 +71,7 @@ class RoutingAnalyticsCallback(TrainerCallback):
             logs[f"routing/{task}/entropy"] = round(float(entropy[:, t].mean()), 4)
             logs[f"routing/{task}/unused_experts"] = int(unused[:, t].sum())
         stats.reset()
+        self._in_total = None
         return logs
 
     def write_summary(self, folder: str) -> str | None:
@@ -67,10 +83,12 @@ class RoutingAnalyticsCallback(TrainerCallback):
         return ROUTING_HEATMAP
 
     def on_save(self, args, state, control, **kwargs):
+        self._sync_total()  # the steps since the last log belong in the summary too
         if state.is_world_process_zero:
             self.write_summary(os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"))
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._sync_total()  # the steps since the last log belong in the summary too
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
             self.write_summary(args.output_dir)

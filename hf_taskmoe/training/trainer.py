@@ -172,7 +172,7 @@ class MultiTaskTrainer(Trainer):
         #: `RoutingAnalyticsCallback` when `args.log_routing` (routing of the training batches)
         self.routing_analytics = None
         if args.log_routing:
-            self.routing_analytics = RoutingAnalyticsCallback(self.model)
+            self.routing_analytics = RoutingAnalyticsCallback(self.model, reduce=lambda t: self.accelerator.reduce(t, "sum"))
             self.add_callback(self.routing_analytics)
         if args.train_task_specific_only:
             counts = freeze_shared_parameters(self.model)
@@ -247,7 +247,7 @@ class MultiTaskTrainer(Trainer):
         record_routing = model.training and self.routing_analytics is not None
         outputs = model(**inputs, **({"output_router_logits": True} if record_routing else {}))
         if record_routing:
-            self.routing_analytics.record(self.accelerator.reduce(outputs.routing_counts, "sum"))
+            self.routing_analytics.record(outputs.routing_counts)
         if model.training and getattr(outputs, "task_losses", None):
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
