@@ -87,12 +87,13 @@ def encode_tabular(frames: dict, tasks: list[TaskSpec], numeric: list[str], cate
         raise ValueError(f"Columns {missing} are not in the training frame (columns: {list(train.columns)[:12]}...).")
     mean = train[numeric].astype(np.float64).mean()
     std = train[numeric].astype(np.float64).std().replace(0, 1.0)
-    vocab = {c: {v: i + 1 for i, v in enumerate(sorted(_as_text(train[c]).unique()))} for c in categorical}
+    text = {split: {c: _as_text(frame[c]) for c in categorical} for split, frame in frames.items()}  # once per column
+    vocab = {c: {v: i + 1 for i, v in enumerate(sorted(text["train"][c].unique()))} for c in categorical}
     out = {}
     for split, frame in frames.items():
         encoded = ((frame[numeric].astype(np.float64) - mean) / std).astype(np.float32)
         for c in categorical:
-            encoded[c] = _as_text(frame[c]).map(vocab[c]).fillna(0).astype(np.int64)
+            encoded[c] = text[split][c].map(vocab[c]).fillna(0).astype(np.int64)
         for t in tasks:
             encoded[t.name] = frame[t.name].astype(np.float32)
         out[split] = encoded.reset_index(drop=True)
