@@ -18,6 +18,8 @@ from .models import (
     BertTaskMoEConfig,
     BertTaskMoEModel,
     BertWithPALs,
+    CAMTLConfig,
+    CAMTLModel,
     MMoEConfig,
     MMoEModel,
 )
@@ -51,6 +53,8 @@ __all__ = [
     "BertPALsConfig",
     "BertWithPALs",
     "BertPALsModel",
+    "CAMTLConfig",
+    "CAMTLModel",
     "MMoEConfig",
     "MMoEModel",
     "MultiTaskModelOutput",

@@ -39,6 +39,13 @@ METHODS = {
         + (f": {c.num_experts} experts of {c.expert_hidden_sizes}" if c.architecture != "shared_bottom" else f": bottom {c.bottom_hidden_sizes}")
         + f", towers {c.tower_hidden_sizes}"
     ),
+    "taskmoe_camtl": lambda c: (
+        f"CA-MTL: task embeddings of size {c.task_dim}; conditional attention "
+        f"{'on (' + str(c.attention_blocks) + ' blocks, L=' + str(c.conditional_attention_max_length) + ')' if c.conditional_attention else 'off'}, "
+        f"alignment {'on' if c.conditional_alignment else 'off'}, CLN {'on' if c.conditional_layer_norm else 'off'}, "
+        f"bottleneck {c.conditional_bottleneck}; conditional layers {c.conditional_layer_indices}; bottom "
+        f"{c.frozen_layers} layers{' and the embeddings' if c.freeze_embeddings else ''} frozen"
+    ),
     "taskmoe_bert_pals": lambda c: (
         f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
         f"{c.pal_layer_indices}, PAL groups {c.pal_groups}"

@@ -62,6 +62,15 @@ UPCYCLING_RULES: dict[str, UpcyclingRules] = {
         rename=_BERT_BACKBONE + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
         new=(r"(^|\.)pals\.", r"^heads\."),
     ),
+    # CA-MTL: the dense BERT is kept whole (its LayerNorms become the CLNs' gamma', beta'); the task
+    # embeddings, conditional modules and heads are new.
+    "taskmoe_camtl": UpcyclingRules(
+        rename=_BERT_BACKBONE + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
+        new=(
+            r"\.film\.", r"\.attention_bias\.", r"(^|\.)alignment\.", r"\.bottleneck\.", r"encoder\.skip\.",
+            r"(^|\.)task_embeddings\.", r"^heads\.",
+        ),
+    ),
 }
 
 

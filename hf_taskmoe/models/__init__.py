@@ -1,6 +1,7 @@
 """Model families. Each subpackage holds `configuration_<family>.py` and `modeling_<family>.py`."""
 
 from .bert_pals import BertPALsConfig, BertPALsModel, BertWithPALs
+from .camtl import CAMTLBertModel, CAMTLConfig, CAMTLModel
 from .bert_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
 from .mmoe import MMoEConfig, MMoEModel
 
@@ -9,12 +10,14 @@ AUTO_REGISTRY = [
     (BertTaskMoEConfig, BertForTaskMoE),
     (BertPALsConfig, BertWithPALs),
     (MMoEConfig, MMoEModel),
+    (CAMTLConfig, CAMTLModel),
 ]
 
 # family name (`run_multitask.py --model_family`) -> model class with `from_dense(dense, tasks, **config_kwargs)`
 MODEL_FAMILIES = {
     "bert_taskmoe": BertForTaskMoE,
     "bert_pals": BertWithPALs,
+    "camtl": CAMTLModel,
 }
 
 __all__ = [
@@ -23,6 +26,9 @@ __all__ = [
     "BertPALsConfig",
     "BertPALsModel",
     "BertWithPALs",
+    "CAMTLBertModel",
+    "CAMTLConfig",
+    "CAMTLModel",
     "MMoEConfig",
     "MMoEModel",
     "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]

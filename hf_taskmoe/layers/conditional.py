@@ -1,0 +1,163 @@
+"""Task-conditioned modules of CA-MTL (section 2.1): FiLM, conditional attention bias, conditional
+alignment, conditional layer norm and the conditional bottleneck.
+
+Every module is conditioned on a task embedding `z` through `FiLM`, which maps `z` to `gamma(z)` and
+`beta(z)` (Definition 1: `phi(W | z) = gamma(z) W + beta(z)`). `FiLM` is written `gamma = 1 + W_g z + b_g`,
+`beta = W_b z + b_b` and its weights start at zero, so that every module starts as its unconditioned
+counterpart: CLN as BERT's LayerNorm, alignment as the identity, bottleneck as zero, attention bias as
+the fixed block-diagonal `A` (or zero with `init_std = 0`). Training moves them per task from there.
+
+Conditioning is computed once per task (on the `(tasks, task_dim)` embedding table), then gathered per
+row, so a batch may mix tasks at no extra cost.
+
+Shapes: `hidden` is `(batch, seq, d)`; `cond` is a `Conditioning` holding the batch's task ids and the
+embedding table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass
+class Conditioning:
+    """The task embedding table `(tasks, task_dim)` and each row's task id `(batch,)`."""
+
+    table: torch.Tensor
+    task_ids: torch.LongTensor
+
+
+class FiLM(nn.Linear):
+    """`z -> (gamma(z), beta(z))`, each of size `features`, for every task of the table: `(tasks, features)`.
+
+    `gamma(z) = 1 + W_g z + b_g`, `beta(z) = W_b z + b_b`: one Linear `task_dim -> 2 features` produces both.
+    Zero-initialised (in the model's `_init_weights`), so `gamma = 1`, `beta = 0` until training moves them.
+    """
+
+    def __init__(self, task_dim: int, features: int):
+        super().__init__(task_dim, 2 * features)
+        self.features = features
+
+    def forward(self, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gamma, beta = super().forward(table).chunk(2, dim=-1)  # (tasks, features) each
+        return 1.0 + gamma, beta
+
+
+class ConditionalLayerNorm(nn.LayerNorm):
+    """Conditional Layer Normalization (eq. 3): `h = norm(a) * (gamma' * gamma(z)) + beta' + beta(z)`.
+
+    `weight`/`bias` are `gamma'`/`beta'` and keep LayerNorm's names, so BERT's LayerNorm loads into them
+    one to one; with the FiLM at its zero start the module computes exactly that LayerNorm. (Eq. 3 as
+    printed, `gamma^ = gamma' gamma(z) + beta'`, would not reduce to BERT's LayerNorm, which the paper says
+    CLN is initialised as; we read the `+ beta'` as the LayerNorm's own bias.)
+    """
+
+    def __init__(self, hidden_size: int, task_dim: int, eps: float = 1e-12):
+        super().__init__(hidden_size, eps=eps)
+        self.film = FiLM(task_dim, hidden_size)
+
+    def forward(self, hidden: torch.Tensor, cond: Conditioning | None = None) -> torch.Tensor:
+        if cond is None:
+            return super().forward(hidden)
+        gamma, beta = self.film(cond.table)  # (tasks, d)
+        scale = (self.weight * gamma)[cond.task_ids].unsqueeze(1)  # (batch, 1, d)
+        shift = (self.bias + beta)[cond.task_ids].unsqueeze(1)
+        return F.layer_norm(hidden, self.normalized_shape, None, None, self.eps) * scale + shift
+
+
+class ConditionalAlignment(nn.Module):
+    """Conditional Alignment (eq. 2) between the embeddings and the first layer: `x R^(z)`, with
+    `R^(z) = R diag(gamma(z)) + 1 beta(z)^T` (gamma scales R's columns, beta is added to every row).
+
+    By linearity `x R^(z) = (x R) * gamma(z) + (sum_k x_k) beta(z)`, computed without forming `R^` per
+    task. `R` starts as the identity, so a fresh module passes its input through unchanged.
+    """
+
+    def __init__(self, hidden_size: int, task_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(hidden_size, hidden_size))  # R, (d_in, d_out)
+        self.film = FiLM(task_dim, hidden_size)
+
+    def forward(self, hidden: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        gamma, beta = self.film(cond.table)  # (tasks, d)
+        gamma = gamma[cond.task_ids].unsqueeze(1)  # (batch, 1, d)
+        beta = beta[cond.task_ids].unsqueeze(1)
+        return (hidden @ self.weight) * gamma + hidden.sum(-1, keepdim=True) * beta
+
+
+class ConditionalAttentionBias(nn.Module):
+    """The block-diagonal conditional matrix `M(z) = diag(A'_1, ..., A'_N)`, `A'_n = A_n gamma(z) + beta(z)`
+    (section 2.1.1), added to `QK^T / sqrt(d)` before the softmax.
+
+    `A_n` are `N` trainable `(b, b)` blocks, `b = ceil(max_length / N)`; `gamma, beta: R^task_dim ->
+    R^(b*b)` modulate every block element-wise (the paper's `R^(L^2/N^2)`). A sequence of length
+    `L <= max_length` uses the top-left `L x L` of `M`, so any length up to the maximum works.
+    """
+
+    def __init__(self, max_length: int, num_blocks: int, task_dim: int):
+        super().__init__()
+        self.max_length = max_length
+        self.num_blocks = num_blocks
+        self.block_size = math.ceil(max_length / num_blocks)
+        self.blocks = nn.Parameter(torch.empty(num_blocks, self.block_size, self.block_size))  # A_1..A_N
+        self.film = FiLM(task_dim, self.block_size * self.block_size)
+
+    def task_matrices(self, table: torch.Tensor, length: int) -> torch.Tensor:
+        """`M(z_t)` of every task, cropped to `length`: `(tasks, length, length)`."""
+        b, n = self.block_size, self.num_blocks
+        gamma, beta = self.film(table)  # (tasks, b*b)
+        blocks = self.blocks.unsqueeze(0) * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b)
+        eye = torch.eye(n, dtype=blocks.dtype, device=blocks.device)
+        full = torch.einsum("tnij,nm->tnimj", blocks, eye).reshape(-1, n * b, n * b)  # direct sum of the blocks
+        return full[:, :length, :length]
+
+    def forward(self, cond: Conditioning, key_mask: torch.Tensor | None, length: int, dtype: torch.dtype) -> torch.Tensor:
+        """The additive attention mask of the batch: `M(z)` of each row's task, with padded keys at the dtype's
+        minimum. `(batch, 1, length, length)`."""
+        if length > self.max_length:
+            raise ValueError(
+                f"Conditional attention covers sequences of at most `conditional_attention_max_length` = "
+                f"{self.max_length} tokens, got {length}; raise it in the config or truncate the inputs."
+            )
+        bias = self.task_matrices(cond.table, length)[cond.task_ids].unsqueeze(1).to(dtype)  # (batch, 1, L, L)
+        if key_mask is not None:
+            bias = bias.masked_fill(~key_mask.bool()[:, None, None, :], torch.finfo(dtype).min)
+        return bias
+
+
+class ConditionalBottleneck(nn.Module):
+    """The task-conditioned two-layer feed-forward bottleneck (section 2.1.4): `up^(z)(act(down^(z)(x)))`, whose
+    `down`/`up` weights are transformed like eq. 2 (`W^(z) = W diag(gamma(z)) + 1 beta(z)^T`).
+
+    `up` starts at zero, so a fresh bottleneck adds nothing to the residual stream it is placed on.
+    """
+
+    def __init__(self, hidden_size: int, bottleneck_size: int, task_dim: int, activation: str = "gelu"):
+        super().__init__()
+        self.down = nn.Linear(hidden_size, bottleneck_size)
+        self.up = BottleneckUp(bottleneck_size, hidden_size)
+        self.down_film = FiLM(task_dim, bottleneck_size)
+        self.up_film = FiLM(task_dim, hidden_size)
+        self.activation = activation
+
+    @staticmethod
+    def _conditioned(linear: nn.Linear, film: FiLM, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        gamma, beta = film(cond.table)
+        gamma = gamma[cond.task_ids].unsqueeze(1)  # (batch, 1, out)
+        beta = beta[cond.task_ids].unsqueeze(1)
+        # x (W diag(gamma) + 1 beta^T) + b  =  (x W) * gamma + (sum_k x_k) beta + b
+        return F.linear(x, linear.weight) * gamma + x.sum(-1, keepdim=True) * beta + linear.bias
+
+    def forward(self, hidden: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        x = self._conditioned(self.down, self.down_film, hidden, cond)
+        x = F.gelu(x) if self.activation == "gelu" else F.relu(x)
+        return self._conditioned(self.up, self.up_film, x, cond)
+
+
+class BottleneckUp(nn.Linear):
+    """The bottleneck's up-projection; its own class so the model's `_init_weights` can zero it."""

@@ -1,0 +1,131 @@
+"""Configuration of `CAMTLModel` (CA-MTL: a BERT modulated by a learned task embedding)."""
+
+from __future__ import annotations
+
+from ...utils import check_choice, check_float, check_int
+from ..multitask_bert import MultiTaskBertConfig
+
+BOTTLENECK_PLACEMENTS = ("none", "base", "large")
+
+
+class CAMTLConfig(MultiTaskBertConfig):
+    r"""
+    Configuration of CA-MTL (Pilault et al. 2021, section 2.1): a BERT whose upper layers are modulated by
+    a learned embedding `z_t` of each task, with one head per task. Every field of `BertConfig` and of
+    `MultiTaskBertConfig` (`tasks`, `classifier_pooling`, `scale_loss_by_num_classes`) is accepted. The
+    others (each component has a switch, for the paper's Table 1 ablation):
+
+    Args:
+        task_embedding_dim (`int`, *optional*):
+            Size of the task embeddings `z_t`; defaults to `hidden_size` (the paper's `z in R^d`).
+        num_frozen_layers (`int`, *optional*):
+            The bottom layers whose BERT weights are frozen; defaults to half the layers (appendix A.8). 0
+            trains every layer.
+        freeze_embeddings (`bool`, *optional*, defaults to `True`):
+            Freeze the embedding layer (the paper freezes it with the bottom layers).
+        conditional_layers (`list[int]`, *optional*):
+            Layers modulated by the task embedding (conditional attention and CLN); defaults to the layers
+            above the frozen ones (Figure 1).
+        conditional_attention (`bool`, *optional*, defaults to `True`):
+            Add the block-diagonal task matrix `M(z)` to the attention scores of the conditional layers.
+        conditional_attention_max_length (`int`, *optional*, defaults to 128):
+            The longest sequence `L` conditional attention covers (the paper's sequence length).
+        conditional_attention_blocks (`int`, *optional*):
+            Number `N` of diagonal blocks; defaults to `max(1, hidden_size // max_length)` (the paper's N = d/L).
+        conditional_attention_init_std (`float`, *optional*):
+            Standard deviation of the random blocks `A_n`; defaults to `initializer_range`. 0 makes a fresh
+            model compute exactly the dense BERT.
+        conditional_alignment (`bool`, *optional*, defaults to `True`):
+            Task-conditioned alignment matrix between the embeddings and the first layer (eq. 2), starting as
+            the identity.
+        conditional_layer_norm (`bool`, *optional*, defaults to `True`):
+            Replace the two LayerNorms of each conditional layer by Conditional Layer Norms (eq. 3), which
+            start as BERT's LayerNorms.
+        conditional_bottleneck (`str`, *optional*, defaults to `"base"`):
+            `"base"`: a conditional bottleneck in parallel with the FFN of `bottleneck_layers` (default: the
+            top layer), summed into its (conditional) output LayerNorm (Figure 3a). `"large"`: a skip
+            connection alongside every layer, `s_j = CFF_j(h_j + s_{j-1})`, added to the last layer's output
+            (Figure 3b). `"none"`: no bottleneck. Its up-projection starts at zero.
+        bottleneck_size (`int`, *optional*):
+            Width of the bottleneck; defaults to `hidden_size // 3`.
+        bottleneck_layers (`list[int]`, *optional*):
+            Layers with a `"base"` bottleneck; defaults to the top layer.
+    """
+
+    model_type = "taskmoe_camtl"
+
+    task_embedding_dim: int | None = None
+    num_frozen_layers: int | None = None
+    freeze_embeddings: bool = True
+    conditional_layers: list | None = None
+    conditional_attention: bool = True
+    conditional_attention_max_length: int = 128
+    conditional_attention_blocks: int | None = None
+    conditional_attention_init_std: float | None = None
+    conditional_alignment: bool = True
+    conditional_layer_norm: bool = True
+    conditional_bottleneck: str = "base"
+    bottleneck_size: int | None = None
+    bottleneck_layers: list | None = None
+
+    def _validate(self) -> None:
+        super()._validate()
+        if self.task_embedding_dim is not None:
+            check_int(self.task_embedding_dim, "task_embedding_dim", minimum=1)
+        if self.num_frozen_layers is not None:
+            check_int(self.num_frozen_layers, "num_frozen_layers", 0, self.num_hidden_layers)
+        for name in ("freeze_embeddings", "conditional_attention", "conditional_alignment", "conditional_layer_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
+        check_int(self.conditional_attention_max_length, "conditional_attention_max_length", minimum=1)
+        if self.conditional_attention_blocks is not None:
+            check_int(
+                self.conditional_attention_blocks, "conditional_attention_blocks", 1, self.conditional_attention_max_length
+            )
+        if self.conditional_attention_init_std is not None:
+            check_float(self.conditional_attention_init_std, "conditional_attention_init_std", minimum=0.0)
+        check_choice(self.conditional_bottleneck, BOTTLENECK_PLACEMENTS, "conditional_bottleneck")
+        if self.bottleneck_size is not None:
+            check_int(self.bottleneck_size, "bottleneck_size", minimum=1)
+        self.conditional_layers = self._check_layer_list("conditional_layers")
+        self.bottleneck_layers = self._check_layer_list("bottleneck_layers")
+        if self.bottleneck_layers is not None and self.conditional_bottleneck != "base":
+            raise ValueError(
+                "`bottleneck_layers` places `conditional_bottleneck='base'` bottlenecks; with "
+                f"{self.conditional_bottleneck!r} leave it unset."
+            )
+
+    # ------------------------------------------------------------------ views
+    @property
+    def task_dim(self) -> int:
+        return self.task_embedding_dim or self.hidden_size
+
+    @property
+    def frozen_layers(self) -> int:
+        return self.num_hidden_layers // 2 if self.num_frozen_layers is None else self.num_frozen_layers
+
+    @property
+    def conditional_layer_indices(self) -> list[int]:
+        if self.conditional_layers is not None:
+            return list(self.conditional_layers)
+        return list(range(self.frozen_layers, self.num_hidden_layers))
+
+    @property
+    def bottleneck_layer_indices(self) -> list[int]:
+        if self.conditional_bottleneck == "large":
+            return list(range(self.num_hidden_layers))
+        if self.conditional_bottleneck == "none":
+            return []
+        return list(self.bottleneck_layers) if self.bottleneck_layers is not None else [self.num_hidden_layers - 1]
+
+    @property
+    def attention_blocks(self) -> int:
+        if self.conditional_attention_blocks is not None:
+            return self.conditional_attention_blocks
+        return max(1, self.hidden_size // self.conditional_attention_max_length)
+
+    @property
+    def uses_task_embedding(self) -> bool:
+        """Whether any component reads the task embedding (the plain MTL baseline of Table 1 has none)."""
+        conditional = bool(self.conditional_layer_indices) and (self.conditional_attention or self.conditional_layer_norm)
+        return conditional or self.conditional_alignment or self.conditional_bottleneck != "none"

@@ -1,0 +1,339 @@
+"""CAMTLModel: CA-MTL (Pilault et al. 2021), a BERT modulated by a learned task embedding.
+
+Layers compose transformers' BERT attention, intermediate and output modules (weight names equal
+`BertLayer`'s, so a dense BERT loads one to one). A conditional layer adds the task's block-diagonal
+matrix `M(z)` to the attention scores (through the additive attention mask) and normalises with
+Conditional Layer Norms; the embeddings pass through the conditional alignment; the bottleneck sits in
+the top layer (BASE) or runs alongside all layers (LARGE). Every conditional module starts as its
+unconditioned counterpart (see `hf_taskmoe.layers.conditional`), and the bottom half of the layers and
+the embeddings are frozen (appendix A.8).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
+
+from ...layers.conditional import (
+    BottleneckUp,
+    Conditioning,
+    ConditionalAlignment,
+    ConditionalAttentionBias,
+    ConditionalBottleneck,
+    ConditionalLayerNorm,
+    FiLM,
+)
+from ...modeling_utils import MultiTaskModelOutput, heads_to_output_fields
+from ...tasks import TaskSpec
+from ..multitask_bert import MultiTaskBertEncoderMixin, MultiTaskBertHeadsMixin, build_from_dense, pool_sequence
+from .configuration_camtl import CAMTLConfig
+
+
+def _norm(norm: nn.LayerNorm, hidden: torch.Tensor, cond: Conditioning | None) -> torch.Tensor:
+    return norm(hidden, cond) if isinstance(norm, ConditionalLayerNorm) else norm(hidden)
+
+
+class CAMTLLayer(GradientCheckpointingLayer):
+    """A BERT layer; in a conditional layer its LayerNorms are CLNs, the attention mask carries `M(z)` and a
+    BASE bottleneck may run in parallel with the FFN (its output summed into the second LayerNorm)."""
+
+    def __init__(self, config: CAMTLConfig, layer_idx: int):
+        super().__init__()
+        self.attention = BertAttention(config, layer_idx=layer_idx)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+        conditional = layer_idx in config.conditional_layer_indices
+        if conditional and config.conditional_layer_norm:
+            self.attention.output.LayerNorm = ConditionalLayerNorm(config.hidden_size, config.task_dim, config.layer_norm_eps)
+            self.output.LayerNorm = ConditionalLayerNorm(config.hidden_size, config.task_dim, config.layer_norm_eps)
+        self.attention_bias = (
+            ConditionalAttentionBias(config.conditional_attention_max_length, config.attention_blocks, config.task_dim)
+            if conditional and config.conditional_attention
+            else None
+        )
+        base = config.conditional_bottleneck == "base" and layer_idx in config.bottleneck_layer_indices
+        self.bottleneck = (
+            ConditionalBottleneck(config.hidden_size, config.bottleneck_size or config.hidden_size // 3, config.task_dim)
+            if base
+            else None
+        )
+
+    def forward(self, hidden_states, attention_mask, cond: Conditioning | None = None, **kwargs):
+        context, attn_weights = self.attention.self(hidden_states, attention_mask, **kwargs)
+        out = self.attention.output
+        attention_output = _norm(out.LayerNorm, out.dropout(out.dense(context)) + hidden_states, cond)  # MHN(x)
+        ffn = self.output.dropout(self.output.dense(self.intermediate(attention_output)))
+        residual = attention_output
+        if self.bottleneck is not None:
+            residual = residual + self.bottleneck(attention_output, cond)
+        return _norm(self.output.LayerNorm, ffn + residual, cond), attn_weights
+
+
+class CAMTLEncoder(nn.Module):
+    def __init__(self, config: CAMTLConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([CAMTLLayer(config, i) for i in range(config.num_hidden_layers)])
+        size = config.bottleneck_size or config.hidden_size // 3
+        # LARGE: the skip connection alongside every layer (Figure 3b)
+        self.skip = (
+            nn.ModuleList(
+                [ConditionalBottleneck(config.hidden_size, size, config.task_dim) for _ in range(config.num_hidden_layers)]
+            )
+            if config.conditional_bottleneck == "large"
+            else None
+        )
+
+
+class CAMTLPreTrainedModel(PreTrainedModel):
+    config_class = CAMTLConfig
+    base_model_prefix = "bert"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True  # M(z) travels as a float attention mask: eager and sdpa take it, flash attention cannot
+    _supports_attention_backend = False
+    _no_split_modules = ["BertEmbeddings", "CAMTLLayer"]
+    accepts_loss_kwargs = False  # the loss is a per-batch mean
+    _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
+    # Task-conditioned modules + task embeddings + heads (what `train_task_specific_only` trains).
+    _task_specific_parameters = (
+        r"^heads\.", r"task_embeddings\.", r"\.film\.", r"attention_bias\.", r"alignment\.", r"bottleneck\.",
+        r"encoder\.skip\.",
+    )
+    _parameter_groups = {
+        "task_embedding": r"task_embeddings\.",
+        "conditional": r"(\.film\.|attention_bias\.|alignment\.|bottleneck\.|encoder\.skip\.)",
+        "head": r"^heads\.",
+    }
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        # Loading creates the parameters anew; freeze again what the config says is frozen.
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        (model.bert if hasattr(model, "bert") else model).apply_freezing()
+        return loaded
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # Linear/Embedding: N(0, initializer_range); LayerNorm: 1 and 0 (transformers' BERT init).
+        super()._init_weights(module)
+        config = self.config
+        if isinstance(module, (FiLM, BottleneckUp)):
+            init.zeros_(module.weight)  # gamma = 1, beta = 0; bottleneck adds 0: every module starts neutral
+            init.zeros_(module.bias)
+        elif isinstance(module, ConditionalAttentionBias):
+            std = config.conditional_attention_init_std
+            init.normal_(module.blocks, mean=0.0, std=config.initializer_range if std is None else std)
+        elif isinstance(module, ConditionalAlignment):
+            init.copy_(module.weight, torch.eye(module.weight.shape[0]))
+        elif isinstance(module, BertEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            init.zeros_(module.token_type_ids)
+
+
+class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
+    """The encoder of `CAMTLModel`: task embeddings, BERT embeddings, conditional alignment, layers, pooler."""
+
+    def __init__(self, config: CAMTLConfig):
+        super().__init__(config)
+        self.task_embeddings = nn.Embedding(config.num_tasks, config.task_dim) if config.uses_task_embedding else None
+        self.embeddings = BertEmbeddings(config)
+        self.alignment = ConditionalAlignment(config.hidden_size, config.task_dim) if config.conditional_alignment else None
+        self.encoder = CAMTLEncoder(config)
+        self.pooler = BertPooler(config) if config.classifier_pooling == "pooler" else None
+        self.post_init()
+        self.apply_freezing()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        return self._checked_encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+            output_attentions, output_hidden_states, **kwargs,
+        )
+
+    def first_layer_inputs(self, input_ids, attention_mask=None, token_type_ids=None, task_ids=None) -> torch.Tensor:
+        """What the first transformer layer reads (embeddings after the conditional alignment): `(batch, seq, d)`.
+        The inputs of the covariance similarity (eq. 7)."""
+        hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        if self.alignment is not None:
+            task_ids = self._task_ids(task_ids, hidden.shape[0])
+            hidden = self.alignment(hidden, Conditioning(self.task_embeddings.weight, task_ids))
+        return hidden
+
+    def _task_ids(self, task_ids, batch):
+        from ...modeling_utils import resolve_task_ids
+
+        return resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+
+    def _encode(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+        output_attentions=None, output_hidden_states=None, **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        """Forward on inputs already checked by the caller."""
+        config = self.config
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        hidden = self.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        )  # (batch, seq, hidden)
+        batch, length = hidden.shape[:2]
+        cond = Conditioning(self.task_embeddings.weight, task_ids) if self.task_embeddings is not None else None
+        if self.alignment is not None:
+            hidden = self.alignment(hidden, cond)  # E(x) R^(z)
+        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
+
+        all_hidden = (hidden,) if output_hidden_states else None
+        all_attn = () if output_attentions else None
+        skip = None
+        for i, layer in enumerate(self.encoder.layer):
+            if layer.attention_bias is not None:  # softmax(M(z) + QK^T/sqrt(d) + padding mask)
+                layer_mask = layer.attention_bias(cond, attention_mask, length, hidden.dtype)
+            else:
+                layer_mask = mask
+            hidden, attn = layer(hidden, layer_mask, cond, **kwargs)
+            if self.encoder.skip is not None:  # s_j = CFF_j(h_j + s_{j-1})
+                skip = self.encoder.skip[i](hidden if skip is None else hidden + skip, cond)
+            if output_hidden_states:
+                all_hidden += (hidden,)
+            if output_attentions:
+                all_attn += (attn,)
+        if skip is not None:
+            hidden = hidden + skip
+            if output_hidden_states:
+                all_hidden = all_hidden[:-1] + (hidden,)
+        return BaseModelOutputWithPooling(
+            last_hidden_state=hidden,
+            pooler_output=pool_sequence(hidden, attention_mask, config.classifier_pooling, self.pooler),
+            hidden_states=all_hidden,
+            attentions=all_attn,
+        )
+
+    def apply_freezing(self) -> None:
+        """Freeze the embeddings (`freeze_embeddings`) and the BERT weights of the bottom `num_frozen_layers`
+        layers (their conditional modules, if any, stay trainable)."""
+        config = self.config
+        if config.freeze_embeddings:
+            self.embeddings.requires_grad_(False)
+        for i in range(config.frozen_layers):
+            layer = self.encoder.layer[i]
+            for name, param in layer.named_parameters():
+                if not any(part in name for part in (".film.", "attention_bias.", "bottleneck.")):
+                    param.requires_grad_(False)
+
+
+class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
+    """CA-MTL (Pilault et al. 2021): a BERT modulated by a learned task embedding, with one head per task.
+
+    Build one from a dense BERT with `CAMTLModel.from_dense(...)`. Every conditional module starts as its
+    unconditioned counterpart, so the fresh model computes the dense BERT up to the random conditional
+    attention blocks (`conditional_attention_init_std=0` makes it exact). The embeddings and the bottom half
+    of the layers are frozen at construction (`num_frozen_layers`, `freeze_embeddings`). Train it with
+    `MultiTaskTrainer(..., args=MultiTaskTrainingArguments(task_sampling="uncertainty"))` for the paper's
+    MT-Uncertainty sampling.
+
+    Example:
+
+    ```python
+    >>> from hf_taskmoe import CAMTLModel, TaskSpec
+    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
+    >>> model = CAMTLModel.from_dense("path/or/repo-of-a-bert", tasks=tasks)
+    ```
+    """
+
+    def __init__(self, config: CAMTLConfig):
+        super().__init__(config)
+        self.bert = CAMTLBertModel(config)
+        self._init_heads(config)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        span_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MultiTaskModelOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Index into `config.tasks` of each row; selects the row's task embedding and head. A batch may mix tasks.
+        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
+            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
+        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
+            Token start/end (exclusive) of each word span, for span-classification tasks.
+        """
+        task_ids, encoded, heads_out = self._encode_and_score(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
+            output_attentions, output_hidden_states, **kwargs,
+        )
+        output = MultiTaskModelOutput(
+            loss=heads_out.loss,
+            task_ids=task_ids,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+            **heads_to_output_fields(heads_out),
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
+
+    # ------------------------------------------------------------------ tasks
+    def add_task(self, task: TaskSpec | dict, init_embedding_from: str | None = None) -> int:
+        """Add a task: one more row in the task-embedding table and a fresh head (appendix A.4). The new
+        embedding copies task `init_embedding_from`'s, or is drawn like at construction
+        (`N(0, initializer_range)`). The conditional modules are shared, so nothing else grows. Returns the
+        new task id. Call it before building the optimizer."""
+        source = self.task_id(init_embedding_from) if init_embedding_from is not None else None
+        new_id = self._register_new_task(task)
+        old = self.bert.task_embeddings
+        if old is not None:
+            table = nn.Embedding(old.num_embeddings + 1, old.embedding_dim).to(old.weight.device, old.weight.dtype)
+            with torch.no_grad():
+                init.normal_(table.weight, mean=0.0, std=self.config.initializer_range)
+                table.weight[: old.num_embeddings] = old.weight
+                if source is not None:
+                    table.weight[new_id] = old.weight[source]
+            table.weight.requires_grad_(old.weight.requires_grad)
+            self.bert.task_embeddings = table
+        return new_id
+
+    # ------------------------------------------------------------------ from a dense BERT
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        output_loading_info: bool = False,
+        strict: bool = True,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Keep a dense BERT's embeddings, layers (LayerNorms become the CLNs' `gamma'`, `beta'`) and pooler; add
+        task embeddings, conditional modules and heads; freeze the bottom half. Args as in
+        `BertForTaskMoE.from_dense`; `**config_kwargs` are fields of `CAMTLConfig`."""
+        model = build_from_dense(cls, dense, tasks, output_loading_info, strict, hub_kwargs, **config_kwargs)
+        (model[0] if output_loading_info else model).bert.apply_freezing()
+        return model
