@@ -1,5 +1,7 @@
 """Multi-task training: arguments, trainer, task samplers, data loading and collation."""
 
+# registers the model-aware `uncertainty` sampler before the arguments check `task_sampling` against the registry
+from .uncertainty import MTUncertaintySampling, example_layout  # isort: skip
 from .arguments import MultiTaskTrainingArguments
 from .callbacks import RoutingAnalyticsCallback
 from .data import (
@@ -33,6 +35,8 @@ from .tabular import (
 from .trainer import MultiTaskTrainer, TaskView
 
 __all__ = [
+    "MTUncertaintySampling",
+    "example_layout",
     "RoutingAnalyticsCallback",
     "TabularCollator",
     "TabularData",

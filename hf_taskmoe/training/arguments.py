@@ -22,6 +22,15 @@ class MultiTaskTrainingArguments(TrainingArguments):
             Exponent of `temperature` sampling (p_t ∝ N_t^alpha).
         annealed_min_alpha (`float`, *optional*, defaults to 0.2):
             Last-epoch exponent of `annealed` sampling (PALs eq. 9 uses 0.2).
+        uncertainty_candidates_per_task (`int`, *optional*):
+            `task_sampling="uncertainty"` (MT-Uncertainty, CA-MTL Algorithm 1): candidates `b` drawn per task each
+            step; the `per_device_train_batch_size` most uncertain of the `b x T` are trained on. Default: the batch size.
+        uncertainty_score_every (`int`, *optional*, defaults to 1):
+            MT-Uncertainty: score the candidates every k steps; the steps between keep the last scored batch's
+            task composition (bounds the extra forward pass to 1/k of the steps).
+        uncertainty_regression (`str`, *optional*, defaults to `"mean"`):
+            MT-Uncertainty: the uncertainty of regression examples, `"mean"` or `"error"` (see
+            `hf_taskmoe.training.uncertainty`).
         batching (`str`, *optional*, defaults to `"heterogeneous"`):
             `heterogeneous`: rows of several tasks per batch (MT-TaG); `homogeneous`: one task per batch.
         steps_per_epoch (`int`, *optional*):
@@ -42,6 +51,11 @@ class MultiTaskTrainingArguments(TrainingArguments):
     task_sampling: str = field(default="proportional", metadata={"help": f"One of {sorted(TASK_SAMPLERS)}."})
     sampling_alpha: float = field(default=0.5, metadata={"help": "Exponent of temperature sampling."})
     annealed_min_alpha: float = field(default=0.2, metadata={"help": "Exponent of annealed sampling in the last epoch."})
+    uncertainty_candidates_per_task: int | None = field(
+        default=None, metadata={"help": "MT-Uncertainty: candidates per task per step (default: the batch size)."}
+    )
+    uncertainty_score_every: int = field(default=1, metadata={"help": "MT-Uncertainty: score candidates every k steps."})
+    uncertainty_regression: str = field(default="mean", metadata={"help": "MT-Uncertainty for regression: mean | error."})
     batching: str = field(default="heterogeneous", metadata={"help": f"One of {list(BATCHING)}."})
     steps_per_epoch: int | None = field(default=None, metadata={"help": "Batches per epoch (default: one pass)."})
     training_proportion: float | None = field(
@@ -69,6 +83,10 @@ class MultiTaskTrainingArguments(TrainingArguments):
         check_choice(self.batching, BATCHING, "batching")
         check_float(self.sampling_alpha, "sampling_alpha", minimum=0.0)
         check_float(self.annealed_min_alpha, "annealed_min_alpha", minimum=0.0, maximum=1.0)
+        if self.uncertainty_candidates_per_task is not None:
+            check_int(self.uncertainty_candidates_per_task, "uncertainty_candidates_per_task", minimum=1)
+        check_int(self.uncertainty_score_every, "uncertainty_score_every", minimum=1)
+        check_choice(self.uncertainty_regression, ("mean", "error"), "uncertainty_regression")
         check_int(self.small_task_threshold, "small_task_threshold", minimum=0)
         if self.steps_per_epoch is not None:
             check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)

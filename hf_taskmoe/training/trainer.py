@@ -214,7 +214,12 @@ class MultiTaskTrainer(Trainer):
             num_epochs = math.ceil(args.max_steps * args.gradient_accumulation_steps * world / num_batches)
         else:
             num_epochs = math.ceil(args.num_train_epochs)
-        strategy = build_task_sampling(args.task_sampling, alpha=args.sampling_alpha, min_alpha=args.annealed_min_alpha)
+        strategy = build_task_sampling(
+            args.task_sampling, alpha=args.sampling_alpha, min_alpha=args.annealed_min_alpha,
+            candidates_per_task=args.uncertainty_candidates_per_task, score_every=args.uncertainty_score_every,
+            regression_uncertainty=args.uncertainty_regression,
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+        )
         return TaskBatchSampler(
             task_sizes=sizes,
             batch_size=batch_size,
@@ -258,6 +263,9 @@ class MultiTaskTrainer(Trainer):
             logs.update({f"{name}_loss": value for name, value in self._task_losses.pop_means(self.accelerator).items()})
             if self.routing_analytics is not None:
                 logs.update(self.routing_analytics.pop_metrics())
+            strategy = self.task_sampler.strategy if self.task_sampler is not None else None
+            if hasattr(strategy, "pop_metrics"):  # MT-Uncertainty: each task's share of the chosen examples
+                logs.update(strategy.pop_metrics(list(self.model.config.task_names)))
         super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
