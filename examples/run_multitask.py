@@ -105,6 +105,16 @@ class ModelArguments:
     pal_task_groups: list[str] | None = field(
         default=None, metadata={"help": "bert_pals: groups of tasks sharing PALs, each as comma-separated names, e.g. qqp,stsb."}
     )
+    # CAMTLModel (each switch unset = the CA-MTL default: on; bottleneck "base")
+    num_frozen_layers: int | None = field(default=None, metadata={"help": "camtl: bottom layers frozen (default: half)."})
+    task_embedding_dim: int | None = field(default=None, metadata={"help": "camtl: task embedding size (default: hidden size)."})
+    conditional_attention: bool | None = field(default=None, metadata={"help": "camtl: block-diagonal conditional attention."})
+    conditional_alignment: bool | None = field(default=None, metadata={"help": "camtl: conditional alignment after the embeddings."})
+    conditional_layer_norm: bool | None = field(default=None, metadata={"help": "camtl: conditional layer norm."})
+    conditional_bottleneck: str | None = field(default=None, metadata={"help": "camtl: 'base', 'large' or 'none'."})
+    conditional_attention_max_length: int | None = field(
+        default=None, metadata={"help": "camtl: longest sequence of conditional attention (default: --max_seq_length)."}
+    )
 
 
 @dataclass
@@ -140,7 +150,7 @@ def parse_args(argv: list[str]):
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def build_model(model_args: ModelArguments, tasks, training_args):
+def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length: int | None = None):
     """Continue a saved hf_taskmoe model, or upcycle a dense checkpoint into the chosen family."""
     path = model_args.model_name_or_path or default_model_path()
     if path is None:
@@ -156,6 +166,8 @@ def build_model(model_args: ModelArguments, tasks, training_args):
         return model, path
     family = hf_taskmoe.utils.lookup(MODEL_FAMILIES, model_args.model_family, "model_family")
     config_fields = {k: v for k, v in asdict(model_args).items() if hasattr(family.config_class, k) and v is not None}
+    if "conditional_attention_max_length" not in config_fields and max_seq_length and hasattr(family.config_class, "conditional_attention_max_length"):
+        config_fields["conditional_attention_max_length"] = max_seq_length
     if "pal_task_groups" in config_fields:
         config_fields["pal_task_groups"] = [group.split(",") for group in config_fields["pal_task_groups"]]
     model, report = family.from_dense(path, tasks=tasks, output_loading_info=True, hub_kwargs=hub, **config_fields)
@@ -206,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"Task {t.name!r} has no {missing} split ({t.source}).")
 
     # ---- model and tokenizer
-    model, source = build_model(model_args, tasks, training_args)
+    model, source = build_model(model_args, tasks, training_args, data_args.max_seq_length)
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or source, cache_dir=model_args.cache_dir)
     logger.info(f"Parameters:\n{parameter_report(model)}")
 

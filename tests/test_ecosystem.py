@@ -5,10 +5,11 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModel
 
-from hf_taskmoe import BertForTaskMoE, BertWithPALs, MMoEModel
+from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel, MMoEModel
 
 from .conftest import random_batch, tiny_config
 from .test_bert_pals import pals_config
+from .test_camtl import _model as camtl_model
 from .test_mmoe import batch as tabular_batch
 from .test_mmoe import config as mmoe_config
 
@@ -18,6 +19,8 @@ FAMILIES = {
                      ["query", "value", "w_in", "w_out"]),
     "bert_pals": (lambda: BertWithPALs(pals_config(pal_decoder_init="normal")), lambda m: random_batch(m.config),
                   ["query", "value", "intermediate.dense", "output.dense"]),
+    "camtl": (lambda: camtl_model().train(), lambda m: random_batch(m.config),
+              ["query", "value", "intermediate.dense", "output.dense"]),
     "mmoe": (lambda: MMoEModel(mmoe_config()), lambda m: tabular_batch(), ["gates", "click", "genre", "rating"]),
 }
 

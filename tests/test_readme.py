@@ -108,3 +108,17 @@ def test_pipeline_snippet_runs(minilm, tmp_path):
     pipe = scope["pipe"]
     assert pipe("a fine film", task="sst2")["label"] in ("negative", "positive")
     assert [r["task"] for r in pipe([{"text": "a", "task": "stsb"}, {"text": "b", "task": "sst2"}])] == ["stsb", "sst2"]
+
+
+def test_camtl_snippet_runs(minilm, tmp_path):
+    code = (
+        _snippet("## CAMTLModel")
+        .replace('"path/or/hub-id-of-a-bert"', repr(str(minilm)))
+        .replace('output_dir="out"', f"output_dir={str(tmp_path)!r}, use_cpu=True")
+    )
+    scope = {}
+    exec(compile(code, "README CA-MTL", "exec"), scope)
+    model = scope["model"]
+    assert type(model).__name__ == "CAMTLModel" and scope["scitail"] == 3
+    assert scope["args"].task_sampling == "uncertainty" and scope["names"] == ["sst2", "stsb"]
+    assert scope["similarity"].shape == (2, 2) and 0 < scope["per_task"]["sst2"] <= 1

@@ -10,7 +10,7 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModel, BertConfig, BertModel
 
-from hf_taskmoe import BertForTaskMoE, BertWithPALs
+from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -102,3 +102,18 @@ def test_script_builds_bert_with_pals(tmp_path, tiny_dense):
     assert not (tmp_path / "out" / "routing.json").exists()  # PALs do not route
     assert "Projected Attention Layers" in ModelCard.load(tmp_path / "out" / "README.md").content
     assert (tmp_path / "out" / "task_specific").is_dir()
+
+
+def test_script_builds_camtl_with_uncertainty_sampling(tmp_path, tiny_dense):
+    """--model_family camtl --task_sampling uncertainty: the CA-MTL recipe end to end, then a new task."""
+    run_multitask.main(_argv(
+        tmp_path / "out", tiny_dense, "--model_family", "camtl", "--task_sampling", "uncertainty",
+        "--uncertainty_score_every", "2", "--logging_steps", "1",
+    ))
+    model = AutoModel.from_pretrained(tmp_path / "out")
+    assert isinstance(model, CAMTLModel)
+    assert model.config.conditional_attention_max_length == 32  # follows --max_seq_length
+    assert model.config.frozen_layers == 1 and not model.bert.encoder.layer[0].output.dense.weight.requires_grad
+    assert "CA-MTL" in ModelCard.load(tmp_path / "out" / "README.md").content
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert any(k.startswith("sampled/") for h in state["log_history"] for k in h)
