@@ -122,3 +122,12 @@ def test_camtl_snippet_runs(minilm, tmp_path):
     assert type(model).__name__ == "CAMTLModel" and scope["scitail"] == 3
     assert scope["args"].task_sampling == "uncertainty" and scope["names"] == ["sst2", "stsb"]
     assert scope["similarity"].shape == (2, 2) and 0 < scope["per_task"]["sst2"] <= 1
+
+
+def test_export_snippet_runs(minilm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = _snippet("## Export for `trust_remote_code`").replace('"path/or/hub-id-of-a-bert"', repr(str(minilm)))
+    scope = {}
+    exec(compile(code, "README export", "exec"), scope)
+    assert type(scope["remote"]).__module__.startswith("transformers_modules.")
+    assert (tmp_path / "sst2-remote" / "modeling_taskmoe_bert.py").exists()

@@ -1,0 +1,80 @@
+"""`export_for_remote_code`: a flat folder that loads with `trust_remote_code=True` where hf_taskmoe is not
+importable (checked in a subprocess that blocks the import) and gives identical outputs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+
+from hf_taskmoe import BertForTaskMoE, BertWithPALs, MMoEModel
+from hf_taskmoe.hub import bundle_source, export_for_remote_code
+
+from .conftest import random_batch, tiny_config
+from .test_bert_pals import pals_config
+from .test_camtl import _model as camtl_model
+from .test_mmoe import batch as tabular_batch
+from .test_mmoe import config as mmoe_config
+
+LOADER = Path(__file__).parent / "fixtures" / "load_remote_code.py"
+FAMILIES = {
+    "bert_taskmoe": (lambda: BertForTaskMoE(tiny_config(num_experts=3)), lambda m: random_batch(m.config)),
+    "bert_pals": (lambda: BertWithPALs(pals_config(pal_decoder_init="normal")), lambda m: random_batch(m.config)),
+    "camtl": (camtl_model, lambda m: random_batch(m.config)),
+    "mmoe": (lambda: MMoEModel(mmoe_config()), lambda m: {k: v for k, v in tabular_batch().items() if k != "labels"}),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, tmp_path, minilm):
+    from transformers import AutoTokenizer
+
+    build, make_batch = FAMILIES[family]
+    torch.manual_seed(0)
+    model = build().eval()
+    folder = export_for_remote_code(model, tmp_path / "export", tokenizer=AutoTokenizer.from_pretrained(minilm),
+                                    metrics={f"eval_{model.config.task_names[0]}_{model.config.task_specs[0].metrics[0]}": 0.5})
+    files = sorted(p.name for p in folder.iterdir())
+    stem = f"modeling_{model.config.model_type}"
+    assert f"{stem}.py" in files and "model.safetensors" in files and "tokenizer.json" in files and "README.md" in files
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"] == {"AutoConfig": f"{stem}.{type(model.config).__name__}", "AutoModel": f"{stem}.{type(model).__name__}"}
+    assert getattr(model.config, "auto_map", None) is None  # the live model's config is left as it was
+    card = ModelCard.load(folder / "README.md")
+    assert len(card.data.eval_results) == 1 and type(model).__name__ in card.content
+
+    batch = make_batch(model)
+    torch.save(batch, tmp_path / "batch.pt")
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, str(LOADER), str(folder), str(tmp_path / "batch.pt"), str(tmp_path / "out.pt")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = torch.load(tmp_path / "out.pt")
+    assert loaded["class"].startswith("transformers_modules.") and loaded["class"].endswith(type(model).__name__)
+    with torch.no_grad():
+        expected = model(**batch).task_logits
+    assert set(loaded["task_logits"]) == set(expected)
+    for name, logits in expected.items():
+        torch.testing.assert_close(loaded["task_logits"][name], logits, atol=1e-6, rtol=1e-5)  # another process: BLAS may split work differently
+
+
+def test_bundle_is_self_contained_and_refuses_shadowed_names(monkeypatch):
+    import ast
+
+    source = bundle_source(BertForTaskMoE)
+    imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert imports and not any(getattr(n, "level", 0) for n in imports)  # no relative import
+    assert not any((getattr(n, "module", None) or "").startswith("hf_taskmoe") for n in imports)
+    assert not any(a.name.startswith("hf_taskmoe") for n in imports for a in n.names)
+    import hf_taskmoe.hub as hub
+
+    real = hub._strip_internal_imports
+    monkeypatch.setattr(hub, "_strip_internal_imports", lambda m: (real(m)[0], real(m)[1] | {"clash"}))
+    with pytest.raises(RuntimeError, match="`clash` is defined in both"):
+        bundle_source(MMoEModel)
