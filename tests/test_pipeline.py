@@ -74,3 +74,19 @@ def test_pipeline_bad_inputs_and_other_families(saved, minilm):
     pals = BertWithPALs.from_dense(str(minilm), tasks=TASKS[:2], pal_size=24, pal_num_heads=4).eval()
     out = pipeline(hf_taskmoe.PIPELINE_TASK, model=pals, tokenizer=pipe.tokenizer)(["fine", "bad"], task="sst2")
     assert [r["task"] for r in out] == ["sst2", "sst2"] and all(0.5 <= r["score"] <= 1 for r in out)
+
+
+def test_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved, tmp_path, monkeypatch):
+    """`pipeline(..., model="org/name")` resolved from a cache snapshot with the Hub switched off."""
+    import huggingface_hub.constants
+
+    from .conftest import make_hub_cache
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    cache = tmp_path / "cache"
+    make_hub_cache(cache, "org/mttag-multitask", saved)
+    pipe = pipeline(hf_taskmoe.PIPELINE_TASK, model="org/mttag-multitask", model_kwargs={"cache_dir": str(cache)},
+                    tokenizer=AutoTokenizer.from_pretrained(saved))
+    local = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))
+    for inputs in ({"text": "a fine film", "task": "sst2"}, {"text": "A man plays.", "text_pair": "A man is playing.", "task": "stsb"}):
+        assert pipe(inputs) == local(inputs)
