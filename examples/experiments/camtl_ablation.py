@@ -71,13 +71,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--max_steps", type=int, default=200)
+    parser.add_argument("--rows", type=int, nargs="*", help="run only these rows (0-based indices into the table)")
     parser.add_argument("--output", default=str(HERE / "results" / "camtl_ablation.json"))
     args = parser.parse_args()
     torch.set_num_threads(2)
 
     started = time.time()
     rows = []
-    for name, extra in ROWS.items():
+    for index, (name, extra) in enumerate(ROWS.items()):
+        if args.rows and index not in args.rows:
+            continue
         scores = run(args.seed, args.max_steps, extra)
         rows.append({"model": name, **scores})
         print(f"{name:<40} " + "  ".join(f"{k} {v}" for k, v in scores.items()), flush=True)

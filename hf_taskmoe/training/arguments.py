@@ -28,9 +28,9 @@ class MultiTaskTrainingArguments(TrainingArguments):
         uncertainty_score_every (`int`, *optional*, defaults to 1):
             MT-Uncertainty: score the candidates every k steps; the steps between keep the last scored batch's
             task composition (bounds the extra forward pass to 1/k of the steps).
-        uncertainty_regression (`str`, *optional*, defaults to `"mean"`):
-            MT-Uncertainty: the uncertainty of regression examples, `"mean"` or `"error"` (see
-            `hf_taskmoe.training.uncertainty`).
+        uncertainty_regression (`str`, *optional*, defaults to `"error"`):
+            MT-Uncertainty: the uncertainty of regression examples, `"error"` (squared error relative to the
+            label variance) or `"mean"` (label free, but starves the task; see `hf_taskmoe.training.uncertainty`).
         batching (`str`, *optional*, defaults to `"heterogeneous"`):
             `heterogeneous`: rows of several tasks per batch (MT-TaG); `homogeneous`: one task per batch.
         steps_per_epoch (`int`, *optional*):
@@ -55,7 +55,7 @@ class MultiTaskTrainingArguments(TrainingArguments):
         default=None, metadata={"help": "MT-Uncertainty: candidates per task per step (default: the batch size)."}
     )
     uncertainty_score_every: int = field(default=1, metadata={"help": "MT-Uncertainty: score candidates every k steps."})
-    uncertainty_regression: str = field(default="mean", metadata={"help": "MT-Uncertainty for regression: mean | error."})
+    uncertainty_regression: str = field(default="error", metadata={"help": "MT-Uncertainty for regression: error | mean."})
     batching: str = field(default="heterogeneous", metadata={"help": f"One of {list(BATCHING)}."})
     steps_per_epoch: int | None = field(default=None, metadata={"help": "Batches per epoch (default: one pass)."})
     training_proportion: float | None = field(
