@@ -48,6 +48,19 @@ class FiLM(nn.Linear):
         return 1.0 + gamma, beta
 
 
+def _per_row(film: FiLM, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each (computed once per task)."""
+    gamma, beta = film(cond.table)  # (tasks, features)
+    return gamma[cond.task_ids].unsqueeze(1), beta[cond.task_ids].unsqueeze(1)
+
+
+def _transformed_product(x: torch.Tensor, xw: torch.Tensor, film: FiLM, cond: Conditioning) -> torch.Tensor:
+    """`x (W diag(gamma(z)) + 1 beta(z)^T)` given `xw = x W`: `(x W) * gamma + (sum_k x_k) beta` (eq. 2's weight
+    transform, without forming a matrix per task)."""
+    gamma, beta = _per_row(film, cond)
+    return xw * gamma + x.sum(-1, keepdim=True) * beta
+
+
 class ConditionalLayerNorm(nn.LayerNorm):
     """Conditional Layer Normalization (eq. 3): `h = norm(a) * (gamma' * gamma(z)) + beta' + beta(z)`.
 
@@ -64,10 +77,8 @@ class ConditionalLayerNorm(nn.LayerNorm):
     def forward(self, hidden: torch.Tensor, cond: Conditioning | None = None) -> torch.Tensor:
         if cond is None:
             return super().forward(hidden)
-        gamma, beta = self.film(cond.table)  # (tasks, d)
-        scale = (self.weight * gamma)[cond.task_ids].unsqueeze(1)  # (batch, 1, d)
-        shift = (self.bias + beta)[cond.task_ids].unsqueeze(1)
-        return F.layer_norm(hidden, self.normalized_shape, None, None, self.eps) * scale + shift
+        gamma, beta = _per_row(self.film, cond)  # (batch, 1, d)
+        return F.layer_norm(hidden, self.normalized_shape, None, None, self.eps) * (self.weight * gamma) + (self.bias + beta)
 
 
 class ConditionalAlignment(nn.Module):
@@ -84,10 +95,7 @@ class ConditionalAlignment(nn.Module):
         self.film = FiLM(task_dim, hidden_size)
 
     def forward(self, hidden: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        gamma, beta = self.film(cond.table)  # (tasks, d)
-        gamma = gamma[cond.task_ids].unsqueeze(1)  # (batch, 1, d)
-        beta = beta[cond.task_ids].unsqueeze(1)
-        return (hidden @ self.weight) * gamma + hidden.sum(-1, keepdim=True) * beta
+        return _transformed_product(hidden, hidden @ self.weight, self.film, cond)
 
 
 class ConditionalAttentionBias(nn.Module):
@@ -145,18 +153,10 @@ class ConditionalBottleneck(nn.Module):
         self.up_film = FiLM(task_dim, hidden_size)
         self.activation = activation
 
-    @staticmethod
-    def _conditioned(linear: nn.Linear, film: FiLM, x: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        gamma, beta = film(cond.table)
-        gamma = gamma[cond.task_ids].unsqueeze(1)  # (batch, 1, out)
-        beta = beta[cond.task_ids].unsqueeze(1)
-        # x (W diag(gamma) + 1 beta^T) + b  =  (x W) * gamma + (sum_k x_k) beta + b
-        return F.linear(x, linear.weight) * gamma + x.sum(-1, keepdim=True) * beta + linear.bias
-
     def forward(self, hidden: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        x = self._conditioned(self.down, self.down_film, hidden, cond)
+        x = _transformed_product(hidden, F.linear(hidden, self.down.weight), self.down_film, cond) + self.down.bias
         x = F.gelu(x) if self.activation == "gelu" else F.relu(x)
-        return self._conditioned(self.up, self.up_film, x, cond)
+        return _transformed_product(x, F.linear(x, self.up.weight), self.up_film, cond) + self.up.bias
 
 
 class BottleneckUp(nn.Linear):

@@ -10,9 +10,16 @@ from typing import Any
 
 import torch
 from transformers import BertConfig
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from ..layers.heads import HEAD_TYPES, MultiTaskHeads
-from ..modeling_utils import MultiTaskModelMixin, check_input_shapes, resolve_task_ids
+from ..modeling_utils import (
+    MultiTaskModelMixin,
+    MultiTaskModelOutput,
+    check_input_shapes,
+    heads_to_output_fields,
+    resolve_task_ids,
+)
 from ..tasks import TaskConfigMixin, TaskSpec
 from ..utils import check_choice, check_int
 
@@ -116,6 +123,24 @@ def build_from_dense(model_cls, dense, tasks, output_loading_info=False, strict=
 class MultiTaskBertEncoderMixin:
     """The encoder models of the BERT families (`self.embeddings`, and `_encode` on checked inputs)."""
 
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPooling:
+        """Encode a batch whose rows may belong to different tasks (`task_ids`, shape `(batch,)`)."""
+        return self._checked_encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+            output_attentions, output_hidden_states, **kwargs,
+        )
+
     def get_input_embeddings(self):
         return self.embeddings.word_embeddings
 
@@ -134,6 +159,44 @@ class MultiTaskBertEncoderMixin:
 
 class MultiTaskBertHeadsMixin(MultiTaskModelMixin):
     """The task-level models of the BERT families: an encoder `self.bert` and `self.heads`."""
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        span_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> MultiTaskModelOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Index into `config.tasks` of each row; selects the row's task-specific modules and head. A batch
+            may mix tasks.
+        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
+            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
+        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
+            Token start/end (exclusive) of each word span, for span-classification tasks.
+        """
+        task_ids, encoded, heads_out = self._encode_and_score(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
+            output_attentions, output_hidden_states, **kwargs,
+        )
+        output = MultiTaskModelOutput(
+            loss=heads_out.loss,
+            task_ids=task_ids,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+            **heads_to_output_fields(heads_out),
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
 
     def _init_heads(self, config) -> None:
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob

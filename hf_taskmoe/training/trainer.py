@@ -214,11 +214,11 @@ class MultiTaskTrainer(Trainer):
             num_epochs = math.ceil(args.max_steps * args.gradient_accumulation_steps * world / num_batches)
         else:
             num_epochs = math.ceil(args.num_train_epochs)
+        seed = args.data_seed if args.data_seed is not None else args.seed
         strategy = build_task_sampling(
             args.task_sampling, alpha=args.sampling_alpha, min_alpha=args.annealed_min_alpha,
             candidates_per_task=args.uncertainty_candidates_per_task, score_every=args.uncertainty_score_every,
-            regression_uncertainty=args.uncertainty_regression,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
+            regression_uncertainty=args.uncertainty_regression, seed=seed,
         )
         return TaskBatchSampler(
             task_sizes=sizes,
@@ -226,7 +226,7 @@ class MultiTaskTrainer(Trainer):
             strategy=strategy,
             batching=args.batching,
             num_batches=num_batches,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
+            seed=seed,
             num_epochs=num_epochs,
             task_names=names,
         )

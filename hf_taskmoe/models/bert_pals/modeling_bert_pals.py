@@ -20,7 +20,6 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
 
 from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, split_groups
-from ...modeling_utils import MultiTaskModelOutput, heads_to_output_fields
 from ...tasks import TaskSpec
 from ..multitask_bert import (
     MultiTaskBertEncoderMixin,
@@ -97,23 +96,6 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
         self.register_buffer("task_to_group", torch.tensor(config.task_group_ids, dtype=torch.long), persistent=False)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        task_ids: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPooling:
-        return self._checked_encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-            output_attentions, output_hidden_states, **kwargs,
-        )
-
     def _encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
         output_attentions=None, output_hidden_states=None, **kwargs,
@@ -167,43 +149,6 @@ class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):
         self.bert = BertPALsModel(config)
         self._init_heads(config)
         self.post_init()
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        task_ids: torch.LongTensor | None = None,
-        labels: torch.Tensor | None = None,
-        span_positions: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> MultiTaskModelOutput | tuple:
-        r"""
-        task_ids (`torch.LongTensor` of shape `(batch,)`):
-            Index into `config.tasks` of each row; selects the row's PALs and head. A batch may mix tasks.
-        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
-            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
-        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
-            Token start/end (exclusive) of each word span, for span-classification tasks.
-        """
-        task_ids, encoded, heads_out = self._encode_and_score(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, **kwargs,
-        )
-        output = MultiTaskModelOutput(
-            loss=heads_out.loss,
-            task_ids=task_ids,
-            hidden_states=encoded.hidden_states,
-            attentions=encoded.attentions,
-            **heads_to_output_fields(heads_out),
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        return output if return_dict else output.to_tuple()
 
     # ------------------------------------------------------------------ tasks
     def add_task(self, task: TaskSpec | dict, init_pals_from: str | None = None) -> int:

@@ -31,7 +31,7 @@ from ...layers.conditional import (
     ConditionalLayerNorm,
     FiLM,
 )
-from ...modeling_utils import MultiTaskModelOutput, heads_to_output_fields
+from ...modeling_utils import resolve_task_ids
 from ...tasks import TaskSpec
 from ..multitask_bert import MultiTaskBertEncoderMixin, MultiTaskBertHeadsMixin, build_from_dense, pool_sequence
 from .configuration_camtl import CAMTLConfig
@@ -151,36 +151,14 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
         self.post_init()
         self.apply_freezing()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        task_ids: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPooling:
-        return self._checked_encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-            output_attentions, output_hidden_states, **kwargs,
-        )
-
     def first_layer_inputs(self, input_ids, attention_mask=None, token_type_ids=None, task_ids=None) -> torch.Tensor:
         """What the first transformer layer reads (embeddings after the conditional alignment): `(batch, seq, d)`.
         The inputs of the covariance similarity (eq. 7)."""
         hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
         if self.alignment is not None:
-            task_ids = self._task_ids(task_ids, hidden.shape[0])
+            task_ids = resolve_task_ids(task_ids, hidden.shape[0], self.config.task_names, self.device)
             hidden = self.alignment(hidden, Conditioning(self.task_embeddings.weight, task_ids))
         return hidden
-
-    def _task_ids(self, task_ids, batch):
-        from ...modeling_utils import resolve_task_ids
-
-        return resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
 
     def _encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
@@ -263,43 +241,6 @@ class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
         self._init_heads(config)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        task_ids: torch.LongTensor | None = None,
-        labels: torch.Tensor | None = None,
-        span_positions: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> MultiTaskModelOutput | tuple:
-        r"""
-        task_ids (`torch.LongTensor` of shape `(batch,)`):
-            Index into `config.tasks` of each row; selects the row's task embedding and head. A batch may mix tasks.
-        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
-            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
-        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
-            Token start/end (exclusive) of each word span, for span-classification tasks.
-        """
-        task_ids, encoded, heads_out = self._encode_and_score(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, **kwargs,
-        )
-        output = MultiTaskModelOutput(
-            loss=heads_out.loss,
-            task_ids=task_ids,
-            hidden_states=encoded.hidden_states,
-            attentions=encoded.attentions,
-            **heads_to_output_fields(heads_out),
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        return output if return_dict else output.to_tuple()
-
     # ------------------------------------------------------------------ tasks
     def add_task(self, task: TaskSpec | dict, init_embedding_from: str | None = None) -> int:
         """Add a task: one more row in the task-embedding table and a fresh head (appendix A.4). The new
@@ -334,6 +275,5 @@ class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
         """Keep a dense BERT's embeddings, layers (LayerNorms become the CLNs' `gamma'`, `beta'`) and pooler; add
         task embeddings, conditional modules and heads; freeze the bottom half. Args as in
         `BertForTaskMoE.from_dense`; `**config_kwargs` are fields of `CAMTLConfig`."""
-        model = build_from_dense(cls, dense, tasks, output_loading_info, strict, hub_kwargs, **config_kwargs)
-        (model[0] if output_loading_info else model).bert.apply_freezing()
-        return model
+        # the constructor froze the bottom layers; upcycling copies weights in place and keeps that
+        return build_from_dense(cls, dense, tasks, output_loading_info, strict, hub_kwargs, **config_kwargs)
