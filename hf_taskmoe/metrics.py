@@ -12,7 +12,8 @@ Hub. Any other name is passed to `evaluate.load` as it is (which needs the Hub o
 | `pearson`, `spearmanr` | pearson, spearmanr | STS-B and other regression tasks |
 | `f1a` | f1a | MultiRC |
 | `multiple_choice_accuracy` | multiple_choice_accuracy | ranking tasks scored per choice |
-| `exact_match` | exact_match | generated text |
+| `exact_match` | exact_match | generated text (accuracy of generated class names, QA answers) |
+| `rouge1`, `rouge2`, `rougeL` | rouge | generated summaries (F-measures) |
 | `roc_auc` | roc_auc | binary tasks scored by the positive class's probability (MMoE census-income) |
 
 A task's score is the mean of its metrics (GLUE convention); aggregates are the mean score over all
@@ -44,6 +45,9 @@ SHIPPED_METRICS: dict[str, tuple[str, dict, str]] = {
     "multiple_choice_accuracy": ("multiple_choice_accuracy", {}, "multiple_choice_accuracy"),
     "exact_match": ("exact_match", {}, "exact_match"),
     "roc_auc": ("roc_auc", {}, "roc_auc"),
+    "rouge1": ("rouge", {}, "rouge1"),
+    "rouge2": ("rouge", {}, "rouge2"),
+    "rougeL": ("rouge", {}, "rougeL"),
 }
 
 
@@ -78,8 +82,34 @@ def positive_scores(logits: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(logits[:, 0] - logits[:, 1]))  # softmax(logits)[:, 1]
 
 
-def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Every metric of `task` on one evaluation set: `{metric_name: value}`."""
+def decode_texts(token_ids: np.ndarray, tokenizer) -> list[str]:
+    """Token id rows (padded with -100 by evaluation) -> texts without special tokens."""
+    ids = np.asarray(token_ids)
+    ids = np.where(ids == IGNORE_INDEX, tokenizer.pad_token_id or 0, ids)
+    return [t.strip() for t in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)]
+
+
+def seq2seq_metrics(task: TaskSpec, predictions: np.ndarray, labels: np.ndarray, tokenizer) -> dict[str, float]:
+    """A text-to-text task's metrics on generated (or teacher-forced arg-max) token ids against the target ids."""
+    if tokenizer is None:
+        raise ValueError(f"Task {task.name!r} is seq2seq: its metrics decode texts, so pass the tokenizer (processing_class).")
+    predictions = np.asarray(predictions)
+    if predictions.ndim == 3:  # logits
+        predictions = predictions.argmax(-1)
+    texts, references = decode_texts(predictions, tokenizer), decode_texts(labels, tokenizer)
+    results = {}
+    for name in task.metrics:
+        module = load_metric(name)
+        kwargs, key = (SHIPPED_METRICS[name][1], SHIPPED_METRICS[name][2]) if name in SHIPPED_METRICS else ({}, None)
+        value = module.compute(predictions=texts, references=references, **kwargs)
+        results[name] = float(value[key] if key else next(iter(value.values())))
+    return results
+
+
+def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray, tokenizer=None) -> dict[str, float]:
+    """Every metric of `task` on one evaluation set: `{metric_name: value}` (`tokenizer`: seq2seq tasks only)."""
+    if task.problem_type == "seq2seq":
+        return seq2seq_metrics(task, logits, labels, tokenizer)
     predictions = predictions_from_logits(task, logits)
     labels = np.asarray(labels)
     if task.problem_type == "token_classification":

@@ -71,6 +71,17 @@ UPCYCLING_RULES: dict[str, UpcyclingRules] = {
             r"(^|\.)task_embeddings\.", r"^heads\.",
         ),
     ),
+    # Task-level MoE over BART (Ye et al. section 5.2): every expert of layer i starts as layer i (a plain
+    # layer is `experts.0`); embeddings and LM head are kept; the router is new. `BartTaskRouted.from_dense`
+    # adds the paper's N(0, 1e-8) noise after the checked copy.
+    "taskmoe_bart_routed": UpcyclingRules(
+        rename=(
+            (r"(encoder|decoder)\.layers\.(\d+)\.experts\.\d+\.(.+)", r"\1.layers.\2.\3"),
+            (r"(shared\..+|encoder\.(?!layers\.).+|decoder\.(?!layers\.).+)", r"\1"),
+            (r"lm_head\.weight", r"shared.weight"),
+        ),
+        new=(r"^router\.", r"^final_logits_bias$"),
+    ),
 }
 
 

@@ -1,10 +1,17 @@
-"""Analysis utilities: parameter accounting, routing statistics, gate distributions and plots, covariance similarity."""
+"""Analysis utilities: parameter accounting, routing statistics, gate distributions and plots, covariance similarity,
+task-level routes (heatmaps, correlation with task features, ARG)."""
 
 from .covariance import covariance_similarity, first_layer_inputs, task_covariance_similarity
 
 from .gates import GateDistribution, gate_distribution
 from .parameters import ParameterReport, parameter_report
 from .routing import RoutingStatistics, normalised_entropy
+from .task_routing import (
+    average_relative_gain,
+    plot_route_feature_correlation,
+    plot_task_routing,
+    route_feature_correlation,
+)
 
 __all__ = [
     "covariance_similarity",
@@ -16,4 +23,8 @@ __all__ = [
     "parameter_report",
     "RoutingStatistics",
     "normalised_entropy",
+    "average_relative_gain",
+    "plot_route_feature_correlation",
+    "plot_task_routing",
+    "route_feature_correlation",
 ]

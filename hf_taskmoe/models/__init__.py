@@ -1,5 +1,7 @@
 """Model families. Each subpackage holds `configuration_<family>.py` and `modeling_<family>.py`."""
 
+from .bart_task_routed import BartTaskRouted, BartTaskRoutedConfig, TaskRoutedSeq2SeqOutput
+from .bart_task_routed.bart_from_bert import bart_from_bert
 from .bert_pals import BertPALsConfig, BertPALsModel, BertWithPALs
 from .camtl import CAMTLBertModel, CAMTLConfig, CAMTLModel
 from .bert_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
@@ -11,6 +13,7 @@ AUTO_REGISTRY = [
     (BertPALsConfig, BertWithPALs),
     (MMoEConfig, MMoEModel),
     (CAMTLConfig, CAMTLModel),
+    (BartTaskRoutedConfig, BartTaskRouted),
 ]
 
 # family name (`run_multitask.py --model_family`) -> model class with `from_dense(dense, tasks, **config_kwargs)`
@@ -18,10 +21,15 @@ MODEL_FAMILIES = {
     "bert_taskmoe": BertForTaskMoE,
     "bert_pals": BertWithPALs,
     "camtl": CAMTLModel,
+    "bart_routed": BartTaskRouted,
 }
 
 __all__ = [
     "AUTO_REGISTRY",
+    "BartTaskRouted",
+    "BartTaskRoutedConfig",
+    "TaskRoutedSeq2SeqOutput",
+    "bart_from_bert",
     "MODEL_FAMILIES",
     "BertPALsConfig",
     "BertPALsModel",

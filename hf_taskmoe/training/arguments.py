@@ -46,6 +46,18 @@ class MultiTaskTrainingArguments(TrainingArguments):
             MoE models: log each task's expert shares, routing entropy and unused experts on the training
             batches at every logging step (to every `report_to` integration), and write `routing_train.json`
             and `routing_train_heatmap.png` with each checkpoint (`RoutingAnalyticsCallback`).
+        group_learning_rates (`dict[str, float]` or `str`, *optional*):
+            Learning rates of parameter roles (the model's `_parameter_groups`), e.g. `{"router": 1e-3,
+            "task_embedding": 1e-2}` (BartTaskRouted, Ye et al. section 5.2) or, on the command line,
+            `router=1e-3,task_embedding=1e-2`. Other parameters use `learning_rate`; each group follows the
+            learning-rate schedule.
+        predict_with_generate (`bool`, *optional*, defaults to `False`):
+            Seq2seq tasks: evaluate on `generate()`'s output (beam search with `generation_num_beams`) instead of
+            the teacher-forced arg-max tokens.
+        generation_max_length (`int`, *optional*, defaults to 32):
+            `max_new_tokens` of evaluation-time generation.
+        generation_num_beams (`int`, *optional*, defaults to 1):
+            Beams of evaluation-time generation.
     """
 
     task_sampling: str = field(default="proportional", metadata={"help": f"One of {sorted(TASK_SAMPLERS)}."})
@@ -68,6 +80,12 @@ class MultiTaskTrainingArguments(TrainingArguments):
     log_routing: bool = field(
         default=False, metadata={"help": "MoE models: log per-task routing of the training batches and save its summary."}
     )
+    group_learning_rates: dict | str | None = field(
+        default=None, metadata={"help": "Learning rates per parameter role, e.g. router=1e-3,task_embedding=1e-2."}
+    )
+    predict_with_generate: bool = field(default=False, metadata={"help": "Seq2seq tasks: evaluate generated text."})
+    generation_max_length: int = field(default=32, metadata={"help": "max_new_tokens of evaluation generation."})
+    generation_num_beams: int = field(default=1, metadata={"help": "Beams of evaluation generation."})
     # Experts or heads without a row on some rank would otherwise stop DDP ("unused parameters").
     ddp_find_unused_parameters: bool | None = field(
         default=True, metadata={"help": "DDP: tolerate parameters without gradient (tasks absent from a rank's batch)."}
@@ -92,5 +110,33 @@ class MultiTaskTrainingArguments(TrainingArguments):
             check_int(self.steps_per_epoch, "steps_per_epoch", minimum=1)
         if self.training_proportion is not None:
             check_float(self.training_proportion, "training_proportion", minimum=1e-9)
+        self.group_learning_rates = parse_group_learning_rates(self.group_learning_rates)
+        check_int(self.generation_max_length, "generation_max_length", minimum=1)
+        check_int(self.generation_num_beams, "generation_num_beams", minimum=1)
         if self.steps_per_epoch is not None and self.training_proportion is not None:
             raise ValueError("Set at most one of `steps_per_epoch` and `training_proportion`.")
+
+
+def parse_group_learning_rates(value) -> dict[str, float] | None:
+    """`{"router": 1e-3}` or `"router=1e-3,task_embedding=1e-2"` (or its JSON) -> `{role: rate}`."""
+    if value is None or value == "" or value == {}:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            import json
+
+            value = json.loads(text)
+        else:
+            value = {}
+            for item in text.split(","):
+                role, sep, rate = item.partition("=")
+                if not sep:
+                    raise ValueError(f"`group_learning_rates`: expected role=rate pairs, got {item!r} in {text!r}.")
+                try:
+                    value[role.strip()] = float(rate)
+                except ValueError:
+                    raise ValueError(f"`group_learning_rates`: {rate!r} (role {role.strip()!r}) is not a number.") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"`group_learning_rates` must be a dict {{role: rate}} or 'role=rate,...', got {value!r}.")
+    return {str(k): check_float(v, f"group_learning_rates[{k!r}]", minimum=0.0) for k, v in value.items()}

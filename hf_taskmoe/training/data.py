@@ -240,6 +240,12 @@ def encode_label(spec: TaskSpec, value: Any, row: int, split: str):
         if not math.isfinite(number):
             raise ValueError(f"{where}: regression label {value!r} is not finite.")
         return number
+    if spec.problem_type == "seq2seq":  # a target text (a class name, an answer, a summary)
+        if not isinstance(value, str):
+            value = str(value)
+        if not value.strip():
+            raise ValueError(f"{where}: the target text (field {spec.label_field!r}) is empty.")
+        return value
     if spec.problem_type == "multi_label_classification":
         names = spec.label_names or []
         hot = [0] * spec.num_labels
@@ -300,10 +306,14 @@ def _join(values: list[str]) -> str:
     return " ".join(v for v in values if v)
 
 
-def tokenize_task(spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: int = 128, split: str = "train", with_labels: bool = True):
+def tokenize_task(
+    spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: int = 128, split: str = "train", with_labels: bool = True,
+    max_target_length: int = 64,
+):
     """Model columns for one task split: `input_ids`, `attention_mask`, (`token_type_ids`), `labels`, `task_ids`
     (+ `span_positions` for span tasks). A multiple-choice example keeps one row holding one sequence per choice;
-    the collator expands it."""
+    the collator expands it. A `seq2seq` task's labels are the target text's token ids (at most
+    `max_target_length`), padded with -100 by the collator."""
     labels = check_task_split(spec, dataset, split, with_labels)  # encoded once, reused below
     fields = spec.text_fields
 
@@ -330,9 +340,13 @@ def tokenize_task(spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: 
             texts = [batch[f] for f in fields]
             if len(texts) > 2:  # e.g. MultiRC: (paragraph + question, answer)
                 texts = [[_join([t[i] for t in texts[:-1]]) for i in range(n)], texts[-1]]
-            out.update(tokenizer(*texts, truncation=True, max_length=max_length))
+            seq2seq = spec.problem_type == "seq2seq"  # encoder-decoder inputs carry no segment ids
+            out.update(tokenizer(*texts, truncation=True, max_length=max_length, **({"return_token_type_ids": False} if seq2seq else {})))
         out["task_ids"] = [task_id] * n
-        if with_labels:
+        if with_labels and spec.problem_type == "seq2seq":
+            targets = [labels[i] for i in indices]
+            out["labels"] = tokenizer(text_target=targets, truncation=True, max_length=max_target_length)["input_ids"]
+        elif with_labels:
             out["labels"] = [labels[i] for i in indices]
         return out
 

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from typing import Any, Callable
 
@@ -245,7 +246,42 @@ class MultiTaskTrainer(Trainer):
         return self.accelerator.prepare(dataloader)
 
     # ------------------------------------------------------------------ training
+    def create_optimizer(self, model=None):
+        """`Trainer`'s optimizer, with one learning rate per parameter role when `args.group_learning_rates`
+        is set (roles: the model's `_parameter_groups`, e.g. BartTaskRouted's router and task embeddings)."""
+        rates = self.args.group_learning_rates
+        if self.optimizer is not None or not rates:
+            return super().create_optimizer(model)
+        opt_model = self.model if model is None else model
+        roles = getattr(self.accelerator.unwrap_model(opt_model), "_parameter_groups", {})
+        unknown = sorted(set(rates) - set(roles))
+        if unknown:
+            raise ValueError(
+                f"`group_learning_rates` names {unknown}, which {type(opt_model).__name__} does not have; its parameter "
+                f"roles are {sorted(roles)}."
+            )
+        patterns = {role: re.compile(roles[role]) for role in rates}
+        decay = set(self.get_decay_parameter_names(opt_model))
+        groups: dict[tuple[float, float], list] = {}
+        for name, param in opt_model.named_parameters():
+            if not param.requires_grad:
+                continue
+            role = next((r for r, pattern in patterns.items() if pattern.search(name)), None)
+            key = (rates[role] if role else self.args.learning_rate, self.args.weight_decay if name in decay else 0.0)
+            groups.setdefault(key, []).append(param)
+        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+        optimizer_kwargs.pop("lr", None)
+        self.optimizer = optimizer_cls(
+            [{"params": params, "lr": lr, "weight_decay": wd} for (lr, wd), params in groups.items()], lr=self.args.learning_rate,
+            **optimizer_kwargs,
+        )
+        return self.optimizer
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if model.training:  # step-dependent model state (BartTaskRouted: Gumbel temperature annealing)
+            hook = getattr(self.accelerator.unwrap_model(model), "set_training_step", None)
+            if hook is not None:
+                hook(self.state.global_step)
         strategy = self.task_sampler.strategy if self.task_sampler is not None else None
         if model.training and strategy is not None and strategy.model_aware:
             inputs = strategy.select(model, inputs, self.args.per_device_train_batch_size, self.state.global_step)
@@ -306,6 +342,9 @@ class MultiTaskTrainer(Trainer):
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
         labels = inputs.get("labels")
+        task = self.tasks[int(inputs["task_ids"][0])]
+        if task.problem_type == "seq2seq" and not prediction_loss_only:
+            return self._seq2seq_prediction_step(model, inputs, labels)
         record = self.routing_statistics is not None
         with torch.no_grad(), self.compute_loss_context_manager():
             outputs = model(**inputs, **({"output_router_logits": True} if record else {}))
@@ -316,10 +355,25 @@ class MultiTaskTrainer(Trainer):
             return loss, None, None
         if outputs.logits is None:
             raise ValueError("An evaluation batch must hold rows of one task (evaluate each task's set on its own).")
-        task = self.tasks[int(inputs["task_ids"][0])]
         if labels is not None and task.problem_type == "multiple_choice":
             labels = labels.view(-1, task.num_choices)[:, 0]  # one label per example, not per choice row
         return loss, outputs.logits.detach(), labels
+
+    def _seq2seq_prediction_step(self, model, inputs, labels):
+        """Loss (teacher-forced) and predicted token ids: `generate()`'s with `predict_with_generate`, else the
+        arg-max of the teacher-forced logits (ids, not logits: evaluation gathers them over the whole set)."""
+        with torch.no_grad(), self.compute_loss_context_manager():
+            outputs = model(**inputs) if labels is not None or not self.args.predict_with_generate else None
+            if self.args.predict_with_generate:
+                unwrapped = self.accelerator.unwrap_model(model)
+                predictions = unwrapped.generate(
+                    input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), task_ids=inputs["task_ids"],
+                    max_new_tokens=self.args.generation_max_length, num_beams=self.args.generation_num_beams, do_sample=False,
+                )
+            else:
+                predictions = outputs.logits.argmax(-1)
+        loss = outputs.loss.detach() if outputs is not None and outputs.loss is not None else None
+        return loss, predictions, labels
 
     def _eval_sets(self, eval_dataset) -> dict:
         if eval_dataset is None:
@@ -419,7 +473,7 @@ class MultiTaskTrainer(Trainer):
         )
         if output.label_ids is None:
             return output, {}
-        task_metrics = compute_task_metrics(task, output.predictions, output.label_ids)
+        task_metrics = compute_task_metrics(task, output.predictions, output.label_ids, tokenizer=self.processing_class)
         if self.task_compute_metrics is not None:
             task_metrics.update(self.task_compute_metrics(task, EvalPrediction(output.predictions, output.label_ids)))
         output.metrics.update({f"{prefix}_{k}": v for k, v in task_metrics.items()})

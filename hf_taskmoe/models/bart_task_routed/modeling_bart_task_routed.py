@@ -1,0 +1,392 @@
+"""BartTaskRouted: task-level mixture of experts over BART layers (Ye et al. 2022, sections 4-5).
+
+Every routed encoder and decoder layer of a `BartForConditionalGeneration` is forked into `m` experts (each
+a whole BART layer); a `TaskRouter` turns the task's embedding into decisions `D` and layer `i` outputs
+`sum_j D_ij E^(i,j)(h)` (eq. 1). The model is a `BartForConditionalGeneration` otherwise: same embeddings,
+LM head, loss and `generate()`, which takes `task_ids`.
+
+Layout of the weights: `model.encoder.layers.<i>.experts.<j>.*` (a plain layer is `experts.0`), the router
+under `router.*`. Decoder experts keep their own key/value cache slot (slot 0 only records the decoded
+length), so generation with beam search works with every route.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoderLayer, shift_tokens_right
+
+from ...layers.heads import IGNORE_INDEX
+from ...layers.routing import HARD_AT_EVAL, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature
+from ...modeling_utils import MultiTaskModelMixin, check_batch_dim, resolve_task_ids
+from ...tasks import TaskSpec
+from .configuration_bart_task_routed import DENSE_BART_FIELDS, BartTaskRoutedConfig
+
+
+@dataclass
+class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus, as in every family's output: `task_losses` (each task's mean token loss),
+    `task_ids`, and with `output_router_logits=True` the routing: `routing_decisions` and `router_logits`,
+    both `(batch, routed layers, experts)` (the row's task's decisions `D` and logits `L`)."""
+
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_ids: torch.LongTensor | None = None
+    routing_decisions: torch.FloatTensor | None = None
+    router_logits: torch.FloatTensor | None = None
+
+
+def _route_index(config: BartTaskRoutedConfig, layer: int | str) -> int:
+    names = config.route_names
+    if isinstance(layer, str):
+        if layer not in names:
+            raise ValueError(f"Unknown routed layer {layer!r}; the routed layers are {names}.")
+        return names.index(layer)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(names):
+        raise ValueError(f"Routed layer must be a name in {names} or an index in [0, {len(names)}), got {layer!r}.")
+    return layer
+
+
+class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
+    r"""
+    BART with task-level routing over forked layers. `forward(..., task_ids=...)` and
+    `generate(input_ids, task_ids=..., num_beams=...)` take one task id per row (index into `config.tasks`);
+    a batch may mix tasks.
+
+    Build one from a dense BART with `BartTaskRouted.from_dense("facebook/bart-base", tasks)` (experts start as
+    the dense layer plus N(0, 1e-8) noise, section 5.2), or from a BERT checkpoint through `bart_from_bert`.
+    """
+
+    config_class = BartTaskRoutedConfig
+    _no_split_modules = ["RoutedLayer"]
+    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
+    _parameter_groups = {
+        "router": r"^router\.net\.",
+        "task_embedding": r"^router\.task_embeddings\.",
+        "expert": r"\.layers\.\d+\.experts\.",
+    }
+
+    def __init__(self, config: BartTaskRoutedConfig):
+        super().__init__(config)
+        m = config.num_experts
+        encoder_routes, decoder_routes = config.encoder_route_layers, config.decoder_route_layers
+        route = 0
+        layers = []
+        for i, layer in enumerate(self.model.encoder.layers):
+            if i in encoder_routes:
+                layers.append(RoutedLayer([layer] + [BartEncoderLayer(config, layer_idx=i) for _ in range(m - 1)], route))
+                route += 1
+            else:
+                layers.append(RoutedLayer([layer], None))
+        self.model.encoder.layers = nn.ModuleList(layers)
+        slot = 1  # decoder cache slot of each expert; slot 0 records the decoded length (see `forward`)
+        layers = []
+        for i, layer in enumerate(self.model.decoder.layers):
+            experts = [layer] + ([BartDecoderLayer(config, layer_idx=i) for _ in range(m - 1)] if i in decoder_routes else [])
+            for expert in experts:
+                expert.self_attn.layer_idx = expert.encoder_attn.layer_idx = slot
+                slot += 1
+            layers.append(RoutedLayer(experts, route if i in decoder_routes else None))
+            route += int(i in decoder_routes)
+        self.model.decoder.layers = nn.ModuleList(layers)
+        self.router = TaskRouter(
+            config.num_tasks, config.task_dim, config.router_hidden, config.num_routed_layers, m,
+            router_type=config.router_type, selection=config.selection, num_heads=config.router_attention_heads,
+        )
+        self.router.temperature = config.gumbel_temperature
+        self.post_init()
+        self.apply_freezing()
+
+    def apply_freezing(self) -> None:
+        """Freeze the task representations when `config.freeze_task_embeddings` (section 5.1 (m))."""
+        self.router.task_embeddings.weight.requires_grad_(not self.config.freeze_task_embeddings)
+
+    def _init_weights(self, module):
+        super()._init_weights(module)  # BART's: Linear/Embedding N(0, init_std), LayerNorm 1/0
+        config = self.config
+        if isinstance(module, TaskEmbedding):
+            init.normal_(module.weight, mean=0.0, std=config.task_embedding_init_std)  # (h) random representations
+        elif isinstance(module, TaskRouter):
+            init.zeros_(module.disabled)  # a non-persistent buffer: loading does not fill it
+        elif (
+            isinstance(module, nn.Linear) and config.router_init_std is not None and hasattr(self, "router")
+            and any(module is m for m in self.router.net.modules())
+        ):
+            init.normal_(module.weight, mean=0.0, std=config.router_init_std)
+            init.zeros_(module.bias)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = super().from_pretrained(*args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model.apply_freezing()  # loading recreates the parameters
+        return loaded
+
+    # ------------------------------------------------------------------ routing
+    def set_training_step(self, step: int) -> None:
+        """Anneal the Gumbel temperature (`MultiTaskTrainer` calls this every step)."""
+        c = self.config
+        self.router.temperature = annealed_temperature(step, c.gumbel_temperature, c.gumbel_min_temperature, c.gumbel_anneal_rate)
+
+    @torch.no_grad()
+    def task_routing(self, tasks: list[str] | None = None) -> torch.Tensor:
+        """Evaluation-time decisions `D` of every task (or the named ones): `(tasks, routed layers, experts)`,
+        without Gumbel noise (the routes `generate` and evaluation use)."""
+        ids = None if tasks is None else self.task_ids_for(tasks)
+        return self.router.task_decisions(ids, training=False).float().cpu()
+
+    def disable_experts(self, experts: list[tuple[int | str, int]]) -> None:
+        """Disable experts at evaluation (section 6.2): their logit becomes -inf, so the next-best expert of
+        that layer is chosen. `experts` holds `(layer, expert)` pairs, the layer as a name of
+        `config.route_names` (`"E1"`, `"D3"`) or a routed-layer index. `enable_experts()` undoes it."""
+        mask = self.router.disabled.clone()
+        for layer, expert in experts:
+            index = _route_index(self.config, layer)
+            if isinstance(expert, bool) or not isinstance(expert, int) or not 0 <= expert < self.config.num_experts:
+                raise ValueError(f"Expert must be an index in [0, {self.config.num_experts}), got {expert!r}.")
+            mask[index, expert] = True
+        full = mask.all(-1)
+        if full.any():
+            raise ValueError(f"Cannot disable every expert of routed layer {self.config.route_names[int(full.nonzero()[0])]}.")
+        self.router.disabled.copy_(mask)
+
+    def enable_experts(self) -> None:
+        self.router.disabled.zero_()
+
+    @contextlib.contextmanager
+    def experts_disabled(self, experts: list[tuple[int | str, int]]):
+        """`with model.experts_disabled([("E1", 2)]): ...`: disable for the block, then restore."""
+        saved = self.router.disabled.clone()
+        self.disable_experts(experts)
+        try:
+            yield self
+        finally:
+            self.router.disabled.copy_(saved)
+
+    def set_task_embeddings(self, embeddings: torch.Tensor) -> None:
+        """Initialise the task representations (TextEmb, FT-TextEmb, TaskEmb: `hf_taskmoe.analysis.task_embeddings`)
+        with a `(tasks, task_embedding_dim)` tensor, in task-id order."""
+        weight = self.router.task_embeddings.weight
+        if tuple(embeddings.shape) != tuple(weight.shape):
+            raise ValueError(
+                f"Task embeddings must have shape (tasks, task_embedding_dim) = {tuple(weight.shape)}, got "
+                f"{tuple(embeddings.shape)}."
+            )
+        with torch.no_grad():
+            weight.copy_(embeddings.to(weight.dtype))
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.LongTensor | None = None,
+        encoder_outputs=None,
+        past_key_values=None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        task_ids: torch.LongTensor | None = None,
+        routing_weights: torch.Tensor | None = None,
+        output_router_logits: bool = False,
+        **kwargs,
+    ) -> TaskRoutedSeq2SeqOutput:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Each row's task (index into `config.tasks`); optional for a one-task model.
+        labels (`torch.LongTensor` of shape `(batch, target_length)`):
+            Target token ids, `-100` where ignored; the decoder inputs are the labels shifted right.
+        routing_weights (`torch.Tensor` of shape `(batch, routed layers, experts)`, *optional*):
+            Decisions to use instead of the router's (analysis).
+        output_router_logits (`bool`, *optional*):
+            Return `routing_decisions` and `router_logits`.
+        """
+        for flag in ("output_hidden_states", "output_attentions"):
+            if kwargs.pop(flag, None):
+                raise ValueError(f"`{flag}` is not supported by BartTaskRouted: a routed layer holds several experts.")
+        reference = next(
+            (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
+            None,
+        )
+        if reference is None and encoder_outputs is not None:
+            reference = encoder_outputs[0]
+        if reference is None:
+            raise ValueError("Pass `input_ids` (or `inputs_embeds`, or `encoder_outputs` with decoder inputs).")
+        batch = reference.shape[0]
+        check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        router_logits = None
+        if routing_weights is None:
+            routing_weights, router_logits = self.router(task_ids)
+        elif tuple(routing_weights.shape) != (batch, self.config.num_routed_layers, self.config.num_experts):
+            raise ValueError(
+                f"`routing_weights` must have shape (batch, routed layers, experts) = "
+                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got {tuple(routing_weights.shape)}."
+            )
+        if labels is not None:
+            if labels.dim() != 2:
+                raise ValueError(f"`labels` must have shape (batch, target_length), got {tuple(labels.shape)}.")
+            vocab = self.config.vocab_size
+            bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))
+            if bad.any():
+                row = int(bad.nonzero()[0, 0])
+                raise ValueError(f"`labels` row {row} holds token id {int(labels[bad][0])} outside the vocabulary [0, {vocab}).")
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+        if use_cache is None:
+            use_cache = self.config.use_cache and not self.training
+        if use_cache and past_key_values is None:
+            # grows with the slots it is given (one per decoder expert); a config-sized cache would not
+            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        out = super().forward(
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values if use_cache else None, inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing_weights=routing_weights, **kwargs,
+        )
+        cache = out.past_key_values
+        if isinstance(cache, EncoderDecoderCache):
+            # slot 0: a zero-width record of the decoded positions (BART reads the past length from slot 0)
+            steps = out.logits.shape[1]
+            cache.self_attention_cache.update(
+                out.logits.new_zeros(batch, 1, steps, 1), out.logits.new_zeros(batch, 1, steps, 1), 0
+            )
+        loss, task_losses = None, None
+        if labels is not None:
+            loss, task_losses = self._seq2seq_loss(out.logits, labels, task_ids)
+        routed = output_router_logits
+        return TaskRoutedSeq2SeqOutput(
+            loss=loss, logits=out.logits, past_key_values=cache, encoder_last_hidden_state=out.encoder_last_hidden_state,
+            task_losses=task_losses, task_ids=task_ids,
+            routing_decisions=routing_weights if routed else None, router_logits=router_logits if routed else None,
+        )
+
+    def _seq2seq_loss(self, logits, labels, task_ids):
+        """Token cross-entropy, mean over the batch's target tokens (as BART), each task's tokens weighted by
+        its `loss_weight`; plus each task's own mean."""
+        labels = labels.to(logits.device)
+        vocab = logits.shape[-1]
+        token_loss = nn.functional.cross_entropy(
+            logits.float().reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+        ).view(labels.shape)  # (batch, target)
+        counts = (labels != IGNORE_INDEX).sum(-1)  # (batch,)
+        row_sums = token_loss.sum(-1)  # (batch,)
+        specs = self.config.task_specs
+        weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
+        loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
+        task_losses = {}
+        for t in torch.unique(task_ids).tolist():
+            rows = task_ids == t
+            task_losses[specs[t].name] = row_sums[rows].sum() / counts[rows].sum().clamp_min(1)
+        return loss, task_losses
+
+    # ------------------------------------------------------------------ generation
+    def _prepare_text_encoder_decoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, generation_config):
+        # `generate` runs the encoder once, before decoding: give it the rows' routes
+        task_ids = resolve_task_ids(model_kwargs.get("task_ids"), inputs_tensor.shape[0], self.config.task_names, self.device)
+        model_kwargs["task_ids"] = task_ids
+        model_kwargs["routing_weights"] = self.router(task_ids)[0]
+        model_kwargs = super()._prepare_text_encoder_decoder_kwargs_for_generation(
+            inputs_tensor, model_kwargs, model_input_name, generation_config
+        )
+        model_kwargs.pop("routing_weights")  # each decoding step routes from `task_ids` again
+        return model_kwargs
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        given = model_kwargs.get("past_key_values")
+        result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+        cache = model_kwargs.get("past_key_values")
+        if given is None and isinstance(cache, EncoderDecoderCache) and generation_config.cache_implementation in (None, "dynamic"):
+            # transformers sizes a dynamic cache by the config's layer count; ours has one slot per decoder expert
+            model_kwargs["past_key_values"] = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        return result
+
+    # ------------------------------------------------------------------ building and exporting
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        expert_noise_variance: float = 1e-8,
+        seed: int | None = 0,
+        output_loading_info: bool = False,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Fork every routed layer of a dense BART (`BartForConditionalGeneration` or path / repo id) into
+        `num_experts` experts: expert `(i, j)` = layer `i` + Gaussian noise of variance `expert_noise_variance`
+        (section 5.2; 0 makes every expert an exact copy, so average or softmax routing computes the dense
+        model's output). Embeddings, LM head and plain layers are copied; the router is new.
+        `**config_kwargs` are fields of `BartTaskRoutedConfig`. With `output_loading_info=True` returns
+        `(model, UpcyclingReport)`."""
+        from ...upcycling import DenseCheckpoint, upcycle
+
+        if isinstance(dense, PreTrainedModel):
+            source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
+            dense_model = dense
+        else:
+            dense_model = AutoModelForSeq2SeqLM.from_pretrained(dense, **(hub_kwargs or {}))
+            source = str(dense)
+        if not isinstance(dense_model, BartForConditionalGeneration):
+            raise ValueError(
+                f"`dense` must be a BartForConditionalGeneration (or its path), got {type(dense_model).__name__}."
+            )
+        config = BartTaskRoutedConfig.from_dense_config(dense_model.config, tasks, **config_kwargs)
+        model = cls(config)
+        report = upcycle(DenseCheckpoint(dense_model.model, source), model)
+        with torch.no_grad():
+            model.final_logits_bias.copy_(dense_model.final_logits_bias)
+            if expert_noise_variance:
+                generator = torch.Generator().manual_seed(seed) if seed is not None else None
+                std = float(expert_noise_variance) ** 0.5
+                for layer in [*model.model.encoder.layers, *model.model.decoder.layers]:
+                    if layer.route_index is None:
+                        continue
+                    for p in layer.experts.parameters():
+                        p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
+        model.generation_config = dense_model.generation_config
+        return (model, report) if output_loading_info else model
+
+    def export_task(self, task: str, force_argmax: bool = False) -> BartForConditionalGeneration:
+        """A plain `BartForConditionalGeneration` holding `task`'s route: each routed layer is replaced by the
+        expert the task selects. It loads and runs without hf_taskmoe and gives this model's outputs for the
+        task. The route must be hard (one expert per layer: `gumbel_softmax_st`, or experts disabled down
+        to one); `force_argmax=True` takes the arg-max expert of a soft route (outputs then differ)."""
+        decisions = self.task_routing([task])[0]  # (routed layers, experts)
+        one_hot = bool(((decisions == 0) | (decisions == 1)).all()) and bool((decisions.sum(-1) == 1).all())
+        if not one_hot and not force_argmax:
+            raise ValueError(
+                f"Task {task!r} has a soft route (selection {self.config.selection!r}): a plain BART holds one layer "
+                "per position. Use selection='gumbel_softmax_st', or pass force_argmax=True to keep the arg-max experts."
+            )
+        chosen = decisions.argmax(-1).tolist()
+        config = BartConfig(**{name: getattr(self.config, name) for name in DENSE_BART_FIELDS})
+        config.hf_taskmoe_task = task
+        dense = BartForConditionalGeneration(config).to(self.device, self.dtype)
+        state = self.state_dict()
+        routes = {}
+        for stack in ("encoder", "decoder"):
+            for i, layer in enumerate(getattr(self.model, stack).layers):
+                routes[f"model.{stack}.layers.{i}."] = chosen[layer.route_index] if layer.route_index is not None else 0
+        mapped = {}
+        for name in dense.state_dict():
+            source = name
+            for prefix, expert in routes.items():
+                if name.startswith(prefix):
+                    source = f"{prefix}experts.{expert}.{name[len(prefix):]}"
+                    break
+            mapped[name] = state[source]
+        dense.load_state_dict(mapped, strict=True)
+        dense.generation_config = self.generation_config
+        dense.eval()
+        return dense
