@@ -302,3 +302,34 @@ def test_routed_layer_without_routing_weights_is_an_error():
     layer = RoutedLayer([torch.nn.Identity(), torch.nn.Identity()], route_index=0)
     with pytest.raises(ValueError, match="routing_weights"):
         layer(torch.zeros(2, 3, 4))
+
+
+def test_task_representations(minilm_tokenizer):
+    from hf_taskmoe.analysis.task_embeddings import fisher_task_embeddings, text_task_embeddings
+
+    vocab = minilm_tokenizer.vocab_size
+    torch.manual_seed(0)
+    dense = BartForConditionalGeneration(BartConfig(**{**TINY_BART, "vocab_size": vocab, "pad_token_id": 0})).eval()
+    tasks = {
+        "cls": [("good movie", "positive"), ("bad film", "negative"), ("great plot", "positive")],
+        "qa": [("who wrote hamlet", "shakespeare"), ("capital of france", "paris")],
+        "summ": [("the cat sat on the mat all day long", "cat sat"), ("a dog ran in the park", "dog ran")],
+    }
+    avg = text_task_embeddings(dense, minilm_tokenizer, tasks, pooling="avg")
+    bos = text_task_embeddings(dense, minilm_tokenizer, tasks, pooling="bos")
+    assert avg.shape == bos.shape == (3, 16) and not torch.allclose(avg, bos)
+    enc = minilm_tokenizer([s for s, _ in tasks["qa"]], padding=True, return_tensors="pt", return_token_type_ids=False)
+    with torch.no_grad():
+        states = dense.get_encoder()(**enc).last_hidden_state
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    expected = ((states * mask).sum(1) / mask.sum(1)).mean(0)
+    assert torch.allclose(avg[1], expected, atol=1e-5)
+    tuned = text_task_embeddings(dense, minilm_tokenizer, tasks, finetune_steps=2, learning_rate=1e-2)
+    assert not torch.allclose(tuned, avg)  # FT-TextEmb: the copy moved, the model did not
+    assert torch.equal(text_task_embeddings(dense, minilm_tokenizer, tasks), avg)
+    fisher = fisher_task_embeddings(dense, minilm_tokenizer, tasks, dim=4, probe_steps=2, lora_rank=2)
+    assert fisher.shape == (3, 4) and torch.all(fisher[:, 3] == 0)  # 3 tasks: at most 3 PCA components
+    assert fisher[:, :2].abs().sum() > 0
+    model = BartTaskRouted.from_dense(dense, [TaskSpec(name=n, problem_type="seq2seq") for n in tasks], task_embedding_dim=4)
+    model.set_task_embeddings(fisher)
+    assert torch.equal(model.router.task_embeddings.weight.detach(), fisher)

@@ -95,3 +95,33 @@ def test_roc_auc_scores_the_positive_class_probability():
     assert 0.6 < got["roc_auc"] <= 1.0
     with pytest.raises(ValueError, match="binary task"):
         compute_task_metrics(TaskSpec(name="c3", num_labels=3, metrics=["roc_auc"]), rng.normal(size=(10, 3)), np.arange(10) % 3)
+
+
+def test_rouge_against_hand_counts():
+    from hf_taskmoe.metrics import load_metric
+
+    rouge = load_metric("rouge1")
+    out = rouge.compute(predictions=["the cat sat on the mat"], references=["The cat was on the mat!"])
+    # unigrams: 5 of 6 predicted tokens match (the x2, cat, on, mat) -> P = R = 5/6
+    assert out["rouge1"] == pytest.approx(5 / 6)
+    # bigrams: (the cat), (on the), (the mat) of 5 -> 3/5
+    assert out["rouge2"] == pytest.approx(3 / 5)
+    # LCS: the cat on the mat = 5 -> 5/6
+    assert out["rougeL"] == pytest.approx(5 / 6)
+    assert rouge.compute(predictions=[""], references=["x"])["rouge1"] == 0.0
+
+
+def test_seq2seq_metrics_decode_generated_ids(minilm_tokenizer):
+    import numpy as np
+
+    from hf_taskmoe import TaskSpec
+    from hf_taskmoe.metrics import compute_task_metrics
+
+    task = TaskSpec(name="t", problem_type="seq2seq", metrics=["exact_match", "rouge1"])
+    labels = minilm_tokenizer(text_target=["fresh", "rotten tomatoes"], padding=True)["input_ids"]
+    labels = np.where(np.array(labels) == 0, -100, np.array(labels))
+    predictions = np.array(minilm_tokenizer(text_target=["fresh", "rotten"], padding=True)["input_ids"])
+    out = compute_task_metrics(task, predictions, labels, tokenizer=minilm_tokenizer)
+    assert out["exact_match"] == 0.5 and out["rouge1"] == pytest.approx((1 + 2 / 3) / 2)
+    with pytest.raises(ValueError, match="tokenizer"):
+        compute_task_metrics(task, predictions, labels)

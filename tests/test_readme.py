@@ -131,3 +131,14 @@ def test_export_snippet_runs(minilm, tmp_path, monkeypatch):
     exec(compile(code, "README export", "exec"), scope)
     assert type(scope["remote"]).__name__ == "BertForTaskMoE"  # hf_taskmoe is imported here: its class wins
     assert (tmp_path / "sst2-remote" / "modeling_taskmoe_bert.py").exists()
+
+
+def test_bart_task_routed_snippet_runs(tmp_path, monkeypatch):
+    from transformers import BartForConditionalGeneration
+
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(compile(_snippet("## BartTaskRouted"), "README BartTaskRouted", "exec"), scope)
+    assert scope["summaries"].shape[0] == 4 and scope["routes"].shape == (2, 4, 3)
+    assert type(scope["plain"]) is BartForConditionalGeneration
+    assert (tmp_path / "xsum-bart" / "model.safetensors").exists()

@@ -117,3 +117,47 @@ def test_script_builds_camtl_with_uncertainty_sampling(tmp_path, tiny_dense):
     assert "CA-MTL" in ModelCard.load(tmp_path / "out" / "README.md").content
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert any(k.startswith("sampled/") for h in state["log_history"] for k in h)
+
+
+def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
+    """--model_family bart_routed on the text-to-text mixture: BART warm-started from the (tiny) BERT, routed
+    layers, generation-based evaluation with text metrics, per-role learning rates, then the per-task export."""
+    from hf_taskmoe import BartTaskRouted
+
+    metrics = run_multitask.main(_argv(
+        tmp_path / "out", tiny_dense, "--model_family", "bart_routed", "--tasks", str(ROOT / "examples/data/text2text/tasks.json"),
+        "--max_target_length", "16", "--predict_with_generate", "--generation_max_length", "6", "--generation_num_beams", "2",
+        "--group_learning_rates", "router=1e-3,task_embedding=1e-2", "--logging_steps", "1",
+    ))
+    for key in ("eval_trec_exact_match", "eval_xsum_rouge1", "eval_xsum_rougeL", "eval_boolq_loss", "eval_average"):
+        assert key in metrics
+        assert key.endswith("loss") or 0.0 <= metrics[key] <= 1.0
+    model = AutoModel.from_pretrained(tmp_path / "out")
+    assert isinstance(model, BartTaskRouted) and model.config.num_experts == 3 and len(model.config.route_names) == 4
+    assert model.config.decoder_start_token_id == 101  # [CLS] of the BERT vocabulary
+    assert "Task-level MoE over BART" in ModelCard.load(tmp_path / "out" / "README.md").content
+    assert model.export_task("xsum").config.model_type == "bart"
+
+
+def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):
+    from hf_taskmoe import BartTaskRouted, TaskSpec, bart_from_bert
+    from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
+
+    model = BartTaskRouted.from_dense(bart_from_bert(tiny_dense), [TaskSpec(name="a", problem_type="seq2seq")])
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), learning_rate=1e-5, group_learning_rates="router=1e-3,task_embedding=1e-2",
+                                      report_to=[], use_cpu=True)
+    trainer = MultiTaskTrainer(model=model, args=args)
+    optimizer = trainer.create_optimizer()
+    rates = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            rates[id(p)] = group["lr"]
+    assert rates[id(model.router.task_embeddings.weight)] == 1e-2
+    assert rates[id(model.router.net.dense_in.weight)] == 1e-3
+    assert rates[id(model.model.encoder.layers[0].experts[1].fc1.weight)] == 1e-5
+    assert len(rates) == sum(1 for p in model.parameters() if p.requires_grad)
+    bad = MultiTaskTrainingArguments(output_dir=str(tmp_path), group_learning_rates={"gate": 1e-3}, report_to=[], use_cpu=True)
+    with pytest.raises(ValueError, match="parameter roles"):
+        MultiTaskTrainer(model=model, args=bad).create_optimizer()
+    with pytest.raises(ValueError, match="role=rate"):
+        MultiTaskTrainingArguments(output_dir=str(tmp_path), group_learning_rates="router", report_to=[], use_cpu=True)
