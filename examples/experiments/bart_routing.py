@@ -58,6 +58,7 @@ def run(seed: int, max_steps: int, extra: list[str], out: Path) -> tuple[dict, P
     started = time.time()
     metrics = run_multitask.main(argv)
     scores = {task: round(100 * metrics[f"eval_{task}_{m}"], 2) for task, m in SCORE.items()}
+    scores["dev_token_loss"] = {task: round(metrics[f"eval_{task}_loss"], 3) for task in SCORE}  # teacher-forced
     scores["xsum_rouge1"] = round(100 * metrics["eval_xsum_rouge1"], 2)
     scores["xsum_rouge2"] = round(100 * metrics["eval_xsum_rouge2"], 2)
     values = [scores[t] for t in SCORE]

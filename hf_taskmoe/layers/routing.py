@@ -222,14 +222,17 @@ class RoutedLayer(nn.Module):
         # the router needs every expert's output for its gradient (straight-through included)
         run_all = torch.is_grad_enabled() and weights.requires_grad
         used = weights != 0  # (batch, experts)
+        rows_per_expert = used.sum(0).tolist()  # one host sync per layer
         cached = kwargs.get("past_key_values") is not None
         out = None
         for j, expert in enumerate(self.experts):
             rows_j = used[:, j]
-            if not run_all and not bool(rows_j.any()):
+            if not run_all and rows_per_expert[j] == 0:
                 continue
-            if run_all or cached or bool(rows_j.all()):
-                y = expert(hidden_states, *args, **kwargs) * weights[:, j, None, None].to(hidden_states.dtype)
+            if run_all or cached or rows_per_expert[j] == batch:
+                y = expert(hidden_states, *args, **kwargs)
+                if run_all or not bool((weights[:, j] == 1).all()):  # a hard route's weight 1 needs no product
+                    y = y * weights[:, j, None, None].to(hidden_states.dtype)
                 out = y if out is None else out + y
             else:  # only the rows that use expert j
                 rows = rows_j.nonzero().squeeze(-1)
