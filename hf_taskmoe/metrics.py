@@ -97,13 +97,15 @@ def seq2seq_metrics(task: TaskSpec, predictions: np.ndarray, labels: np.ndarray,
     if predictions.ndim == 3:  # logits
         predictions = predictions.argmax(-1)
     texts, references = decode_texts(predictions, tokenizer), decode_texts(labels, tokenizer)
-    results = {}
-    for name in task.metrics:
-        module = load_metric(name)
-        kwargs, key = (SHIPPED_METRICS[name][1], SHIPPED_METRICS[name][2]) if name in SHIPPED_METRICS else ({}, None)
-        value = module.compute(predictions=texts, references=references, **kwargs)
-        results[name] = float(value[key] if key else next(iter(value.values())))
-    return results
+    return {name: _run_metric(name, {"predictions": texts, "references": references}) for name in task.metrics}
+
+
+def _run_metric(name: str, inputs: dict, config_name: str | None = None) -> float:
+    """One metric's value: its module's `compute` with the shipped kwargs, read at its result key."""
+    module = load_metric(name, config_name)
+    kwargs, key = (SHIPPED_METRICS[name][1], SHIPPED_METRICS[name][2]) if name in SHIPPED_METRICS else ({}, None)
+    value = module.compute(**inputs, **kwargs)
+    return float(value[key] if key else next(iter(value.values())))
 
 
 def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray, tokenizer=None) -> dict[str, float]:
@@ -129,10 +131,7 @@ def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray,
         else:
             inputs = {"predictions": predictions.tolist(), "references": labels.astype(np.int64).tolist()}
         config = "multilabel" if task.problem_type == "multi_label_classification" and name.startswith("f1") else None
-        module = load_metric(name, config)
-        kwargs, key = (SHIPPED_METRICS[name][1], SHIPPED_METRICS[name][2]) if name in SHIPPED_METRICS else ({}, None)
-        value = module.compute(**inputs, **kwargs)
-        results[name] = float(value[key] if key else next(iter(value.values())))
+        results[name] = _run_metric(name, inputs, config)
     return results
 
 

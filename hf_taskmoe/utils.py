@@ -56,3 +56,15 @@ def check_str_list(value: Any, field: str, allow_empty: bool = False) -> list[st
         if not isinstance(item, str) or not item:
             raise ValueError(f"`{field}` must hold non-empty strings, got {item!r}.")
     return list(value)
+
+
+def check_layer_list(value: Any, field: str, num_layers: int) -> list[int] | None:
+    """An optional list of distinct layer indices in [0, num_layers), returned sorted."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"`{field}` must be a list of layer indices or None, got {value!r}.")
+    layers = [check_int(i, f"{field}[]", 0, num_layers - 1) for i in value]
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"`{field}` must not repeat a layer, got {layers}.")
+    return sorted(layers)

@@ -177,16 +177,16 @@ class TaskRouter(nn.Module):
 
     def task_decisions(self, task_ids: torch.Tensor | None = None, training: bool | None = None) -> torch.Tensor:
         """Decisions `D (tasks, layers, experts)` of the given task ids (default: every task)."""
-        training = self.training if training is None else training
-        logits = self.task_logits(task_ids)
+        return self._decide(self.task_logits(task_ids), self.training if training is None else training)
+
+    def _decide(self, logits: torch.Tensor, training: bool) -> torch.Tensor:
         disabled = self.disabled if self.disabled.any() else None
         return self.select(logits, disabled, temperature=self.temperature, training=training)
 
     def forward(self, task_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         present, row_task = torch.unique(task_ids, return_inverse=True)  # route each task once
         logits = self.task_logits(present)  # (present tasks, layers, experts)
-        disabled = self.disabled if self.disabled.any() else None
-        decisions = self.select(logits, disabled, temperature=self.temperature, training=self.training)
+        decisions = self._decide(logits, self.training)
         return decisions[row_task], logits[row_task]  # (batch, layers, experts) each
 
 

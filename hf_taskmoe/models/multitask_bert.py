@@ -21,7 +21,7 @@ from ..modeling_utils import (
     resolve_task_ids,
 )
 from ..tasks import TaskConfigMixin, TaskSpec
-from ..utils import check_choice, check_int
+from ..utils import check_choice, check_int, check_layer_list
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
 
@@ -74,15 +74,7 @@ class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
 
     def _check_layer_list(self, name: str) -> list[int] | None:
         """Validate an optional list of layer indices (field `name`); return it sorted."""
-        value = getattr(self, name)
-        if value is None:
-            return None
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-            raise ValueError(f"`{name}` must be a list of layer indices or None, got {value!r}.")
-        layers = [check_int(i, f"{name}[]", 0, self.num_hidden_layers - 1) for i in value]
-        if len(set(layers)) != len(layers):
-            raise ValueError(f"`{name}` must not repeat a layer, got {layers}.")
-        return sorted(layers)
+        return check_layer_list(getattr(self, name), name, self.num_hidden_layers)
 
     @classmethod
     def from_dense_config(cls, dense_config: BertConfig, tasks, **kwargs: Any):

@@ -6,7 +6,7 @@ from transformers import BartConfig
 
 from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
 from ...tasks import TaskConfigMixin
-from ...utils import check_choice, check_float, check_int
+from ...utils import check_choice, check_float, check_int, check_layer_list
 
 # BartConfig fields that fix the architecture of a dense checkpoint (copied by `from_dense_config`)
 DENSE_BART_FIELDS = (
@@ -103,25 +103,14 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
             )
         if not isinstance(self.freeze_task_embeddings, bool):
             raise ValueError(f"`freeze_task_embeddings` must be a bool, got {self.freeze_task_embeddings!r}.")
-        self.routed_encoder_layers = self._check_layers("routed_encoder_layers", self.encoder_layers)
-        self.routed_decoder_layers = self._check_layers("routed_decoder_layers", self.decoder_layers)
+        self.routed_encoder_layers = check_layer_list(self.routed_encoder_layers, "routed_encoder_layers", self.encoder_layers)
+        self.routed_decoder_layers = check_layer_list(self.routed_decoder_layers, "routed_decoder_layers", self.decoder_layers)
         check_float(self.gumbel_temperature, "gumbel_temperature", minimum=1e-6)
         check_float(self.gumbel_min_temperature, "gumbel_min_temperature", minimum=1e-6)
         check_float(self.gumbel_anneal_rate, "gumbel_anneal_rate", minimum=0.0)
         if self.router_init_std is not None:
             check_float(self.router_init_std, "router_init_std", minimum=0.0)
         check_float(self.task_embedding_init_std, "task_embedding_init_std", minimum=0.0)
-
-    def _check_layers(self, name: str, count: int) -> list[int] | None:
-        value = getattr(self, name)
-        if value is None:
-            return None
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-            raise ValueError(f"`{name}` must be a list of layer indices or None, got {value!r}.")
-        layers = [check_int(i, f"{name}[]", 0, count - 1) for i in value]
-        if len(set(layers)) != len(layers):
-            raise ValueError(f"`{name}` must not repeat a layer, got {layers}.")
-        return sorted(layers)
 
     # ------------------------------------------------------------------ views
     @property
