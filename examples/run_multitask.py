@@ -31,7 +31,7 @@ import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer, HfArgumentParser, set_seed
 
 import hf_taskmoe
-from hf_taskmoe.analysis import RoutingStatistics, parameter_report
+from hf_taskmoe.analysis import RoutingStatistics, parameter_report, routed_layers
 from hf_taskmoe.models import MODEL_FAMILIES
 from hf_taskmoe.training import (
     MultiTaskTrainer,
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- evaluation
     metrics = {}
     if training_args.do_eval:
-        if getattr(model.config, "moe_layer_indices", None):
+        if routed_layers(model.config) is not None:  # MoE layers (tokens) or routed BART layers (examples)
             trainer.routing_statistics = RoutingStatistics(model)
         metrics = trainer.evaluate()
         trainer.log_metrics("eval", metrics)

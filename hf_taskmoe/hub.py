@@ -104,18 +104,19 @@ def routing_summary(stats, source: str = "evaluation") -> str:
 
     entropy = normalised_entropy(stats)  # (layers, tasks)
     unused = stats.unused_experts
+    kind = "MoE" if stats.unit == "tokens" else "routed"
     lines = [
-        f"Share of each task's {source} tokens per expert, over {len(stats.layers)} MoE layers with "
+        f"Share of each task's {source} {stats.unit} per expert, over {len(stats.layers)} {kind} layers with "
         f"{stats.num_experts} experts (normalised entropy 1 = even use of all experts, 0 = one expert).",
         "",
-        "| task | tokens | mean normalised entropy | (layer, expert) pairs never used |",
+        f"| task | {stats.unit} per layer | mean normalised entropy | (layer, expert) pairs never used |",
         "|---|---|---|---|",
     ]
     for t, name in enumerate(stats.task_names):
-        tokens = int(stats.tokens[:, t].sum())
-        if tokens == 0:
+        count = stats.tokens[0, t]  # every layer routes the same tokens (x top-k)
+        if count == 0:
             continue
-        lines.append(f"| {name} | {tokens} | {entropy[:, t].mean().item():.3f} | {int(unused[:, t].sum())} |")
+        lines.append(f"| {name} | {stats.as_number(count)} | {entropy[:, t].mean().item():.3f} | {int(unused[:, t].sum())} |")
     return "\n".join(lines)
 
 

@@ -79,3 +79,34 @@ def test_summary_counts_every_step_once_across_logs_and_checkpoints():
     callback.record(steps[2])
     callback._sync_total()  # end of training
     assert torch.equal(callback.total.counts, steps[0] + steps[1] + steps[2])
+
+
+@pytest.mark.parametrize("selection", ["softmax", "gumbel_softmax_st"])
+def test_task_level_routing_logged_values_match_decisions_by_hand(selection):
+    """BartTaskRouted: each row adds its task's routing decision; shares are per task, per routed layer."""
+    from .test_bart_routed import batch as bart_batch
+    from .test_bart_routed import routed
+
+    model = routed(selection).train()  # training: Gumbel noise per task for ST, soft weights for softmax
+    b = bart_batch(rows=7)
+    torch.manual_seed(3)
+    out = model(**b, output_router_logits=True)
+    callback = RoutingAnalyticsCallback(model)
+    callback.record(out.routing_counts)
+    logs = callback.pop_metrics()
+    decisions = out.routing_decisions.detach()  # (rows, routed layers, experts)
+    for t, task in enumerate(model.config.task_names):
+        rows = decisions[b["task_ids"] == t]
+        shares = rows.sum(0) / rows.sum(0).sum(-1, keepdim=True)  # (layers, experts)
+        for i, name in enumerate(model.config.route_names):
+            for e in range(model.config.num_experts):
+                assert logs[f"routing/{task}/{name}/expert{e}"] == pytest.approx(shares[i, e].item(), abs=1e-4)
+        assert logs[f"routing/{task}/unused_experts"] == int((shares == 0).sum())
+        p = shares.clamp(min=1e-12)
+        entropy = (-(shares * p.log()).sum(-1) / torch.log(torch.tensor(3.0))).mean()
+        assert logs[f"routing/{task}/entropy"] == pytest.approx(entropy.item(), abs=1e-4)
+    if selection == "gumbel_softmax_st":  # hard routes: one expert per (task, layer) in a batch
+        assert all(logs[f"routing/{t}/unused_experts"] == 2 * 4 for t in model.config.task_names)
+    summary = callback.total.to_dict()
+    assert summary["unit"] == "examples" and summary["layers"] == model.config.route_names
+    assert summary["tasks"]["cls"]["examples"] == pytest.approx(3.0)  # rows 0, 3, 6

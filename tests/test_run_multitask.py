@@ -127,7 +127,7 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
     metrics = run_multitask.main(_argv(
         tmp_path / "out", tiny_dense, "--model_family", "bart_routed", "--tasks", str(ROOT / "examples/data/text2text/tasks.json"),
         "--max_target_length", "16", "--predict_with_generate", "--generation_max_length", "6", "--generation_num_beams", "2",
-        "--group_learning_rates", "router=1e-3,task_embedding=1e-2", "--logging_steps", "1",
+        "--group_learning_rates", "router=1e-3,task_embedding=1e-2", "--logging_steps", "1", "--log_routing",
     ))
     for key in ("eval_trec_exact_match", "eval_xsum_rouge1", "eval_xsum_rougeL", "eval_boolq_loss", "eval_average"):
         assert key in metrics
@@ -137,6 +137,16 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
     assert model.config.decoder_start_token_id == 101  # [CLS] of the BERT vocabulary
     assert "Task-level MoE over BART" in ModelCard.load(tmp_path / "out" / "README.md").content
     assert model.export_task("xsum").config.model_type == "bart"
+    # routing analytics: training shares per (task, routed layer) in the logs; evaluation routes are the arg-max
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    logged = [h for h in history if "routing/trec/E0/expert0" in h]
+    assert logged and all(sum(h[f"routing/trec/E0/expert{e}"] for e in range(3)) == pytest.approx(1.0, abs=1e-3) for h in logged)
+    evaluated = json.loads((tmp_path / "out" / "routing.json").read_text())
+    chosen = model.task_routing().argmax(-1)  # (tasks, routed layers)
+    for t, task in enumerate(model.config.task_names):
+        for i, layer in enumerate(evaluated["tasks"][task]["per_layer"]):
+            assert layer["shares"][int(chosen[t, i])] == 1.0 and layer["unused_experts"] == 2
+    assert (tmp_path / "out" / "routing_train.json").exists() and (tmp_path / "out" / "routing_heatmap.png").exists()
 
 
 def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):

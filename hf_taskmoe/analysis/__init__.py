@@ -5,7 +5,7 @@ from .covariance import covariance_similarity, first_layer_inputs, task_covarian
 
 from .gates import GateDistribution, gate_distribution
 from .parameters import ParameterReport, parameter_report
-from .routing import RoutingStatistics, normalised_entropy
+from .routing import RoutingStatistics, layer_label, normalised_entropy, routed_layers
 from .task_routing import (
     average_relative_gain,
     plot_route_feature_correlation,
@@ -22,7 +22,9 @@ __all__ = [
     "ParameterReport",
     "parameter_report",
     "RoutingStatistics",
+    "layer_label",
     "normalised_entropy",
+    "routed_layers",
     "average_relative_gain",
     "plot_route_feature_correlation",
     "plot_task_routing",

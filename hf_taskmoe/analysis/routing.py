@@ -1,5 +1,10 @@
 """Routing statistics: which share of each task's tokens each expert receives, per MoE layer.
 
+Token-level MoE (BertForTaskMoE) counts tokens. Task-level routing (BartTaskRouted) counts examples: each row
+adds its routing decision over the experts, so a hard (Gumbel straight-through, or evaluation) route adds 1 to
+the chosen expert and a soft one (softmax, average) spreads the row's weight; its layers are the routed-layer
+names (`E0`, ..., `D0`, ...).
+
 ```python
 out = model(**batch, output_router_logits=True)
 stats = RoutingStatistics.from_output(out, model)    # or: stats = RoutingStatistics(model); stats.update(out)
@@ -17,23 +22,43 @@ from pathlib import Path
 import torch
 
 
+def routed_layers(config) -> list[int | str] | None:
+    """The layers a model routes between experts (None when it routes nothing): MoE layer indices
+    (BertForTaskMoE with num_experts > 1) or routed-layer names (BartTaskRouted)."""
+    layers = getattr(config, "moe_layer_indices", None) or getattr(config, "route_names", None)
+    return list(layers) if layers and getattr(config, "num_experts", 1) > 1 else None
+
+
+def layer_label(layer: int | str) -> str:
+    """`L3` for an MoE layer index, the name itself (`E0`, `D2`) for a routed BART layer."""
+    return f"L{layer}" if isinstance(layer, int) else str(layer)
+
+
 class RoutingStatistics:
     """Token counts per (MoE layer, task, expert), accumulated over any number of forward passes.
 
     Args:
-        task_names: names of the tasks, in task-id order (or a model, whose tasks and MoE layers are read).
-        layers: indices of the MoE layers the counts' first axis stands for.
+        task_names: names of the tasks, in task-id order (or a model, whose tasks and routed layers are read).
+        layers: the MoE layers (indices, or names) the counts' first axis stands for.
         num_experts: experts per MoE layer.
+        unit: what is counted, `"tokens"` or `"examples"` (read from a model's config `routing_unit`).
     """
 
-    def __init__(self, task_names, layers: list[int] | None = None, num_experts: int | None = None):
+    def __init__(self, task_names, layers: list[int | str] | None = None, num_experts: int | None = None,
+                 unit: str = "tokens"):
         if hasattr(task_names, "config"):  # a model
             config = task_names.config
-            task_names, layers, num_experts = config.task_names, config.moe_layer_indices, config.num_experts
+            layers = routed_layers(config)
+            if layers is None:
+                raise ValueError(f"{type(task_names).__name__} routes nothing (no MoE layers with num_experts > 1).")
+            task_names, num_experts = config.task_names, config.num_experts
+            unit = getattr(config, "routing_unit", "tokens")
         self.task_names = list(task_names)
         self.layers = list(layers) if layers is not None else None
         self.num_experts = num_experts
-        self.counts: torch.Tensor | None = None  # (layers, tasks, experts) int64 on CPU
+        self.unit = unit
+        # (layers, tasks, experts) on CPU: int64 token counts, or float64 sums of soft routing weights
+        self.counts: torch.Tensor | None = None
 
     @classmethod
     def from_output(cls, output, model) -> "RoutingStatistics":
@@ -46,7 +71,7 @@ class RoutingStatistics:
         counts = getattr(counts_or_output, "routing_counts", counts_or_output)
         if counts is None:
             raise ValueError("No routing counts: run the model with `output_router_logits=True`.")
-        counts = counts.detach().to("cpu", torch.long)
+        counts = counts.detach().to("cpu", torch.float64 if counts.is_floating_point() else torch.long)
         if counts.dim() != 3 or counts.shape[1] != len(self.task_names):
             raise ValueError(
                 f"routing counts must have shape (layers, {len(self.task_names)} tasks, experts), got {tuple(counts.shape)}."
@@ -67,7 +92,7 @@ class RoutingStatistics:
 
     @property
     def tokens(self) -> torch.Tensor:
-        """`(layers, tasks)` tokens routed per task and layer (all top-k slots)."""
+        """`(layers, tasks)` tokens (or examples, see `unit`) routed per task and layer (all top-k slots)."""
         return self._require().sum(-1)
 
     @property
@@ -89,12 +114,16 @@ class RoutingStatistics:
         unused = (counts == 0).sum(-1)
         return torch.where(counts.sum(-1) > 0, unused, torch.zeros_like(unused))
 
+    def as_number(self, value: torch.Tensor) -> int | float:
+        """A count as a plain number: an int for token counts, a float for sums of soft routing weights."""
+        return round(float(value), 4) if value.is_floating_point() else int(value)
+
     def to_dict(self) -> dict:
         shares, entropy, unused, tokens = self.shares, self.entropy, self.unused_experts, self.tokens
-        out = {"num_experts": self.num_experts, "layers": self.layers, "tasks": {}}
+        out = {"num_experts": self.num_experts, "layers": self.layers, "unit": self.unit, "tasks": {}}
         for t, name in enumerate(self.task_names):
             out["tasks"][name] = {
-                "tokens": int(tokens[:, t].sum()),
+                self.unit: self.as_number(tokens[0, t]),  # every layer routes the same tokens (x top-k)
                 "per_layer": [
                     {
                         "layer": layer,
@@ -112,13 +141,14 @@ class RoutingStatistics:
         path.write_text(json.dumps(self.to_dict(), indent=2))
         return path
 
-    def plot(self, path: str | Path, title: str = "Share of each task's tokens per expert") -> Path:
+    def plot(self, path: str | Path, title: str | None = None) -> Path:
         """Heatmap PNG: one row per task, one column block per MoE layer, one column per expert."""
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        title = title or f"Share of each task's {self.unit} per expert"
         shares = self.shares  # (layers, tasks, experts)
         num_layers, num_tasks, num_experts = shares.shape
         grid = shares.permute(1, 0, 2).reshape(num_tasks, num_layers * num_experts).numpy()
@@ -127,13 +157,13 @@ class RoutingStatistics:
         im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
         ax.set_yticks(range(num_tasks), self.task_names)
         ax.set_xticks(
-            [i * num_experts + (num_experts - 1) / 2 for i in range(num_layers)], [f"L{l}" for l in self.layers]
+            [i * num_experts + (num_experts - 1) / 2 for i in range(num_layers)], [layer_label(l) for l in self.layers]
         )
         for i in range(1, num_layers):
             ax.axvline(i * num_experts - 0.5, color="white", linewidth=1.5)
-        ax.set_xlabel(f"MoE layer (each block: experts 0..{num_experts - 1})")
+        ax.set_xlabel(f"{'MoE' if self.unit == 'tokens' else 'routed'} layer (each block: experts 0..{num_experts - 1})")
         ax.set_title(title)
-        fig.colorbar(im, ax=ax, fraction=0.03, label="share of tokens")
+        fig.colorbar(im, ax=ax, fraction=0.03, label=f"share of {self.unit}")
         fig.tight_layout()
         path = Path(path)
         fig.savefig(path, dpi=120)

@@ -1,10 +1,11 @@
-"""Routing analytics during training (MoE families).
+"""Routing analytics during training (BertForTaskMoE's token routing, BartTaskRouted's task routing).
 
 `RoutingAnalyticsCallback` keeps two `RoutingStatistics` of the training batches: a window since the last
 log and the whole run. At every logging step `MultiTaskTrainer.log` adds the window's figures to the logs,
 so they reach every `report_to` integration (TensorBoard, W&B, ...):
 
-- `routing/<task>/L<layer>/expert<e>`: share of the task's tokens that expert e received in that layer,
+- `routing/<task>/L<layer>/expert<e>`: share of the task's tokens that expert e received in that layer
+  (BartTaskRouted: `routing/<task>/E0/expert<e>`, `.../D0/...`, shares of the task's examples' routing weight),
 - `routing/<task>/entropy`: routing entropy / log(experts), mean over layers (1 = even, 0 = one expert),
 - `routing/<task>/unused_experts`: (layer, expert) pairs that received none of the task's tokens.
 
@@ -19,7 +20,7 @@ import os
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..analysis.routing import RoutingStatistics, normalised_entropy
+from ..analysis.routing import RoutingStatistics, layer_label, normalised_entropy, routed_layers
 
 ROUTING_JSON = "routing_train.json"
 ROUTING_HEATMAP = "routing_train_heatmap.png"
@@ -29,8 +30,8 @@ class RoutingAnalyticsCallback(TrainerCallback):
     """Per-task routing figures of the training batches in the logs, and a summary with every checkpoint."""
 
     def __init__(self, model, reduce=None):
-        if not getattr(model.config, "moe_layer_indices", None):
-            raise ValueError("Routing analytics need a model with MoE layers (num_experts > 1); this model routes nothing.")
+        if routed_layers(model.config) is None:
+            raise ValueError("Routing analytics need a model with MoE layers or routed layers (num_experts > 1); this model routes nothing.")
         self.window = RoutingStatistics(model)
         self.total = RoutingStatistics(model)
         # sums counts over ranks (the trainer passes accelerate's reduce); once per log, not once per step
@@ -63,11 +64,11 @@ class RoutingAnalyticsCallback(TrainerCallback):
         entropy = normalised_entropy(stats)
         logs = {}
         for t, task in enumerate(stats.task_names):
-            if int(tokens[:, t].sum()) == 0:
+            if float(tokens[:, t].sum()) == 0:
                 continue  # the task had no batch in this window
             for i, layer in enumerate(stats.layers):
                 for e in range(stats.num_experts):
-                    logs[f"routing/{task}/L{layer}/expert{e}"] = round(float(shares[i, t, e]), 4)
+                    logs[f"routing/{task}/{layer_label(layer)}/expert{e}"] = round(float(shares[i, t, e]), 4)
             logs[f"routing/{task}/entropy"] = round(float(entropy[:, t].mean()), 4)
             logs[f"routing/{task}/unused_experts"] = int(unused[:, t].sum())
         stats.reset()
@@ -79,7 +80,7 @@ class RoutingAnalyticsCallback(TrainerCallback):
         if self.total.counts is None or not os.path.isdir(folder):
             return None
         self.total.save_json(os.path.join(folder, ROUTING_JSON))
-        self.total.plot(os.path.join(folder, ROUTING_HEATMAP), title="Share of each task's training tokens per expert")
+        self.total.plot(os.path.join(folder, ROUTING_HEATMAP), title=f"Share of each task's training {self.total.unit} per expert")
         return ROUTING_HEATMAP
 
     def on_save(self, args, state, control, **kwargs):

@@ -345,11 +345,9 @@ class MultiTaskTrainer(Trainer):
         task = self.tasks[int(inputs["task_ids"][0])]
         if task.problem_type == "seq2seq" and not prediction_loss_only:
             return self._seq2seq_prediction_step(model, inputs, labels)
-        record = self.routing_statistics is not None
         with torch.no_grad(), self.compute_loss_context_manager():
-            outputs = model(**inputs, **({"output_router_logits": True} if record else {}))
-        if record and getattr(outputs, "routing_counts", None) is not None:
-            self.routing_statistics.update(self.accelerator.reduce(outputs.routing_counts, "sum"))
+            outputs = model(**inputs, **self._routing_flags())
+        self._record_eval_routing(outputs)
         loss = outputs.loss.detach() if labels is not None and outputs.loss is not None else None
         if prediction_loss_only:
             return loss, None, None
@@ -362,8 +360,10 @@ class MultiTaskTrainer(Trainer):
     def _seq2seq_prediction_step(self, model, inputs, labels):
         """Loss (teacher-forced) and predicted token ids: `generate()`'s with `predict_with_generate`, else the
         arg-max of the teacher-forced logits (ids, not logits: evaluation gathers them over the whole set)."""
+        flags = self._routing_flags()
         with torch.no_grad(), self.compute_loss_context_manager():
-            outputs = model(**inputs) if labels is not None or not self.args.predict_with_generate else None
+            needed = labels is not None or flags or not self.args.predict_with_generate
+            outputs = model(**inputs, **flags) if needed else None
             if self.args.predict_with_generate:
                 unwrapped = self.accelerator.unwrap_model(model)
                 predictions = unwrapped.generate(
@@ -372,8 +372,18 @@ class MultiTaskTrainer(Trainer):
                 )
             else:
                 predictions = outputs.logits.argmax(-1)
+        if outputs is not None:
+            self._record_eval_routing(outputs)
         loss = outputs.loss.detach() if outputs is not None and outputs.loss is not None else None
         return loss, predictions, labels
+
+    def _routing_flags(self) -> dict:
+        return {"output_router_logits": True} if self.routing_statistics is not None else {}
+
+    def _record_eval_routing(self, outputs) -> None:
+        """Add an evaluation batch's routing to `routing_statistics` (when set and the model routes)."""
+        if self.routing_statistics is not None and getattr(outputs, "routing_counts", None) is not None:
+            self.routing_statistics.update(self.accelerator.reduce(outputs.routing_counts, "sum"))
 
     def _eval_sets(self, eval_dataset) -> dict:
         if eval_dataset is None:

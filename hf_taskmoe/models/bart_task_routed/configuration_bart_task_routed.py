@@ -62,6 +62,8 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
     """
 
     model_type = "taskmoe_bart_routed"
+    #: what `RoutingStatistics` counts for this family: each task's examples (routing is per task, not per token)
+    routing_unit = "examples"
 
     tasks: list | None = None
     num_experts: int = 3

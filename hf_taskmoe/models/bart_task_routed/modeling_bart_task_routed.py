@@ -35,12 +35,15 @@ from .configuration_bart_task_routed import DENSE_BART_FIELDS, BartTaskRoutedCon
 class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
     """`Seq2SeqLMOutput` plus, as in every family's output: `task_losses` (each task's mean token loss),
     `task_ids`, and with `output_router_logits=True` the routing: `routing_decisions` and `router_logits`,
-    both `(batch, routed layers, experts)` (the row's task's decisions `D` and logits `L`)."""
+    both `(batch, routed layers, experts)` (the row's task's decisions `D` and logits `L`), and
+    `routing_counts` `(routed layers, tasks, experts)`: the sum of each task's rows' decisions (examples per
+    expert for hard routes), as `RoutingStatistics` and the routing analytics read them."""
 
     task_losses: dict[str, torch.FloatTensor] | None = None
     task_ids: torch.LongTensor | None = None
     routing_decisions: torch.FloatTensor | None = None
     router_logits: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
 
 
 def _route_index(config: BartTaskRoutedConfig, layer: int | str) -> int:
@@ -264,11 +267,14 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
         loss, task_losses = None, None
         if labels is not None:
             loss, task_losses = self._seq2seq_loss(out.logits, labels, task_ids)
-        routed = output_router_logits
+        routing = {}
+        if output_router_logits:
+            decisions = routing_weights.detach().float()
+            counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
+            routing = dict(routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1))
         return TaskRoutedSeq2SeqOutput(
             loss=loss, logits=out.logits, past_key_values=cache, encoder_last_hidden_state=out.encoder_last_hidden_state,
-            task_losses=task_losses, task_ids=task_ids,
-            routing_decisions=routing_weights if routed else None, router_logits=router_logits if routed else None,
+            task_losses=task_losses, task_ids=task_ids, **routing,
         )
 
     def _seq2seq_loss(self, logits, labels, task_ids):
