@@ -323,7 +323,8 @@ def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_
     (folder / f"{stem}.py").write_text(code)
     config = model.config
     previous = getattr(config, "auto_map", None)
-    config.auto_map = {"AutoConfig": f"{stem}.{type(config).__name__}", "AutoModel": f"{stem}.{type(model).__name__}"}
+    config.auto_map = {"AutoConfig": f"{stem}.{type(config).__name__}"}
+    config.auto_map.update({auto: f"{stem}.{type(model).__name__}" for auto in getattr(type(model), "auto_classes", ("AutoModel",))})
     try:
         model.save_pretrained(folder, max_shard_size=max_shard_size)
     finally:

@@ -57,7 +57,9 @@ def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device) -
             return torch.zeros(batch_size, dtype=torch.long, device=device)
         raise ValueError(
             f"`task_ids` is required: this model has {num_tasks} tasks {task_names}; pass a LongTensor of shape "
-            f"(batch,) holding each row's index into that list."
+            f"(batch,) holding each row's index into that list. (Wrapped with peft? Leave the LoraConfig's "
+            f"`task_type` unset: peft's task-specific wrappers, e.g. PeftModelForSeq2SeqLM, take `task_ids` for "
+            f"themselves and do not pass it on.)"
         )
     if not isinstance(task_ids, torch.Tensor):
         task_ids = torch.as_tensor(task_ids, device=device)

@@ -1,42 +1,58 @@
-"""`pipeline("multitask-text-classification", model=..., tokenizer=...)`: one pipeline for every task of a
-multi-task encoder (BertForTaskMoE, BertWithPALs, any family whose tasks are text classification or
-regression).
+"""Multi-task pipelines, registered with transformers' pipeline registry when hf_taskmoe is imported.
+
+`pipeline("multitask-text-classification", model=..., tokenizer=...)`: one pipeline for every task of a
+multi-task encoder (BertForTaskMoE, BertWithPALs, CAMTLModel: text classification, multi-label, regression).
 
     pipe("a fine film", task="sst2")                                      -> {"task", "label", "score"}
     pipe({"text": "A man plays.", "text_pair": "A man is playing."}, task="stsb")   -> {"task", "score"}
     pipe([{"text": ..., "task": "sst2"}, {"text": ..., "text_pair": ..., "task": "stsb"}], batch_size=16)
 
-A list may mix tasks: rows are tokenised and run together, `batch_size` at a time, each with its own
-`task_ids`. Results per problem type: single-label classification `label` + `score` (softmax; `top_k=n`
-gives the n best as a list), multi-label `labels` (sigmoid > 0.5) + `scores` per label, regression `score`.
-Importing hf_taskmoe registers the pipeline.
+Results per problem type: single-label classification `label` + `score` (softmax; `top_k=n` gives the n
+best as a list), multi-label `labels` (sigmoid > 0.5) + `scores` per label, regression `score`.
+
+`pipeline("multitask-text2text-generation", model=...)`: generation for every seq2seq task of a
+task-routed encoder-decoder (BartTaskRouted), each row generated with its own task's routes.
+
+    pipe("Who wrote Hamlet?", task="trec")                                -> {"task", "generated_text"}
+    pipe([{"text": ..., "task": "xsum"}, {"text": q, "text_pair": passage, "task": "boolq"}], num_beams=4)
+
+Generation keywords (`max_new_tokens`, `num_beams`, ...) go to `generate`; the rest come from the model's
+generation config. In both pipelines a list may mix tasks (and single texts with pairs): rows are
+tokenised and run together, `batch_size` at a time, each with its own `task_ids`.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModel, Pipeline
+from transformers import AutoModel, AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 PIPELINE_TASK = "multitask-text-classification"
-SUPPORTED = ("single_label_classification", "multi_label_classification", "regression")
+TEXT2TEXT_PIPELINE_TASK = "multitask-text2text-generation"
 
 
-class MultiTaskTextClassificationPipeline(Pipeline):
-    """Text (or text-pair) classification and regression for any task of a multi-task model; see the module
-    docstring. Accepts a string, a `{"text", "text_pair", "task"}` dict, or a list of them."""
+class _MultiTaskPipeline(Pipeline):
+    """Inputs shared by the multi-task pipelines: a string, a `{"text", "text_pair", "task"}` dict, or a list
+    of them; each row is routed to its task. Subclasses set `supported` (problem types) and implement
+    `_forward` / `postprocess`."""
 
+    supported: tuple[str, ...] = ()
     _load_processor = False
     _load_image_processor = False
     _load_feature_extractor = False
     _load_tokenizer = True
 
-    def _sanitize_parameters(self, task=None, top_k=None, max_length=None, **kwargs):
+    def _sanitize_parameters(self, task=None, max_length=None, **kwargs):
         preprocess = {"task": task} if task is not None else {}
         if max_length is not None:
             preprocess["max_length"] = max_length
-        postprocess = {"top_k": top_k} if top_k is not None else {}
-        return preprocess, {}, postprocess
+        return preprocess, *self._sanitize_model_parameters(**kwargs)
+
+    def _sanitize_model_parameters(self, **kwargs) -> tuple[dict, dict]:
+        """(forward parameters, postprocess parameters) from the call's remaining keywords."""
+        if kwargs:
+            raise TypeError(f"{type(self).__name__} got unexpected keyword arguments {sorted(kwargs)}.")
+        return {}, {}
 
     # ------------------------------------------------------------------ inputs
     def _normalise(self, item, task: str | None) -> tuple[str, str | None, int]:
@@ -56,17 +72,47 @@ class MultiTaskTextClassificationPipeline(Pipeline):
             name = names[0]
         task_id = self.model.task_id(name)  # raises for an unknown task, listing the model's tasks
         problem = self.model.config.task_specs[task_id].problem_type
-        if problem not in SUPPORTED:
-            raise ValueError(f"Task {name!r} is {problem}; this pipeline serves {list(SUPPORTED)}.")
+        if problem not in self.supported:
+            raise ValueError(f"Task {name!r} is {problem}; this pipeline serves {list(self.supported)}.")
         return text, pair, task_id
 
     def preprocess(self, inputs, task=None, max_length=None):
         """`inputs`: a list of normalised `(text, pair, task_id)` rows, tokenised as one padded batch."""
+        # encoder-decoders take no segment ids (as `tokenize_task` for seq2seq tasks)
+        extra = {"return_token_type_ids": False} if self.model.config.is_encoder_decoder else {}
         # rows one by one (a batch may mix single texts and pairs), then padded together
-        rows = [self.tokenizer(text, pair, truncation=True, max_length=max_length) for text, pair, _ in inputs]
+        rows = [self.tokenizer(text, pair, truncation=True, max_length=max_length, **extra) for text, pair, _ in inputs]
         encoded = self.tokenizer.pad(rows, padding=True, return_tensors="pt")
         encoded["task_ids"] = torch.tensor([i for _, _, i in inputs], dtype=torch.long)
         return encoded
+
+    # ------------------------------------------------------------------ call
+    def __call__(self, inputs, task: str | None = None, batch_size: int | None = None, **kwargs):
+        """Run on one input or a list (see the module docstring); a list may mix tasks."""
+        single = not isinstance(inputs, (list, tuple))
+        items = [self._normalise(x, task) for x in ([inputs] if single else inputs)]
+        preprocess_params, forward_params, postprocess_params = self._sanitize_parameters(**kwargs)
+        preprocess_params = {**self._preprocess_params, **preprocess_params}
+        forward_params = {**self._forward_params, **forward_params}
+        postprocess_params = {**self._postprocess_params, **postprocess_params}
+        size = batch_size or self._batch_size or 8
+        results = []
+        for start in range(0, len(items), size):
+            model_inputs = self.preprocess(items[start : start + size], **preprocess_params)
+            outputs = self.forward(model_inputs, **forward_params)
+            results.extend(self.postprocess(outputs, **postprocess_params))
+        return results[0] if single else results
+
+
+class MultiTaskTextClassificationPipeline(_MultiTaskPipeline):
+    """Text (or text-pair) classification and regression for any task of a multi-task model; see the module
+    docstring."""
+
+    supported = ("single_label_classification", "multi_label_classification", "regression")
+
+    def _sanitize_model_parameters(self, top_k=None, **kwargs):
+        super()._sanitize_model_parameters(**kwargs)
+        return {}, ({"top_k": top_k} if top_k is not None else {})
 
     def _forward(self, model_inputs):
         task_ids = model_inputs["task_ids"]
@@ -102,21 +148,30 @@ class MultiTaskTextClassificationPipeline(Pipeline):
         order = probs.argsort(descending=True)[:top_k].tolist()
         return {"task": spec.name, "top": [{"label": labels[i], "score": float(probs[i])} for i in order]}
 
-    # ------------------------------------------------------------------ call
-    def __call__(self, inputs, task: str | None = None, batch_size: int | None = None, **kwargs):
-        """Run on one input or a list (see the module docstring); a list may mix tasks."""
-        single = not isinstance(inputs, (list, tuple))
-        items = [self._normalise(x, task) for x in ([inputs] if single else inputs)]
-        preprocess_params, forward_params, postprocess_params = self._sanitize_parameters(**kwargs)
-        preprocess_params = {**self._preprocess_params, **preprocess_params}
-        postprocess_params = {**self._postprocess_params, **postprocess_params}
-        size = batch_size or self._batch_size or 8
-        results = []
-        for start in range(0, len(items), size):
-            model_inputs = self.preprocess(items[start : start + size], **preprocess_params)
-            outputs = self.forward(model_inputs, **forward_params)
-            results.extend(self.postprocess(outputs, **postprocess_params))
-        return results[0] if single else results
+
+class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
+    """Generation for any seq2seq task of a task-routed encoder-decoder (BartTaskRouted); see the module
+    docstring. Returns `{"task", "generated_text"}` per input."""
+
+    supported = ("seq2seq",)
+    # transformers sets generation keywords given to `pipeline(...)` aside and merges them per call
+    _pipeline_calls_generate = True
+
+    def _sanitize_model_parameters(self, **generate_kwargs):
+        return generate_kwargs, {}
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        task_ids = model_inputs["task_ids"]
+        generated = self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
+        return {"task_ids": task_ids, "generated": generated}
+
+    def postprocess(self, model_outputs):
+        names = self.model.config.task_names
+        texts = self.tokenizer.batch_decode(model_outputs["generated"], skip_special_tokens=True)
+        return [{"task": names[int(t)], "generated_text": text.strip()} for t, text in zip(model_outputs["task_ids"], texts)]
 
 
 PIPELINE_REGISTRY.register_pipeline(PIPELINE_TASK, pipeline_class=MultiTaskTextClassificationPipeline, pt_model=AutoModel)
+PIPELINE_REGISTRY.register_pipeline(
+    TEXT2TEXT_PIPELINE_TASK, pipeline_class=MultiTaskText2TextGenerationPipeline, pt_model=AutoModelForSeq2SeqLM
+)

@@ -97,6 +97,19 @@ def minilm_tokenizer(minilm):
     return AutoTokenizer.from_pretrained(minilm)
 
 
+@pytest.fixture(scope="session")
+def tiny_dense(tmp_path_factory, minilm):
+    """A tiny random BERT saved with the real MiniLM tokenizer (vocab 30522)."""
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm / name, folder / name)
+    return folder
+
+
 def make_hub_cache(cache_dir: Path, repo_id: str, folder: Path, revision: str = "a" * 40) -> Path:
     """Lay out `folder`'s files as the Hugging Face cache holds a downloaded repo snapshot."""
     repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))

@@ -7,6 +7,8 @@ from transformers import AutoModel
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel, MMoEModel
 
+from .test_bart_routed import batch as seq2seq_batch
+from .test_bart_routed import routed as bart_routed
 from .conftest import random_batch, tiny_config
 from .test_bert_pals import pals_config
 from .test_camtl import _model as camtl_model
@@ -22,6 +24,8 @@ FAMILIES = {
     "camtl": (lambda: camtl_model().train(), lambda m: random_batch(m.config),
               ["query", "value", "intermediate.dense", "output.dense"]),
     "mmoe": (lambda: MMoEModel(mmoe_config()), lambda m: tabular_batch(), ["gates", "click", "genre", "rating"]),
+    # every expert is a whole BART layer: LoRA on its attention and FFN reaches each expert's copy
+    "bart_routed": (lambda: bart_routed("gumbel_softmax_st"), lambda m: seq2seq_batch(), ["q_proj", "v_proj", "fc1", "fc2"]),
 }
 
 
@@ -36,7 +40,7 @@ def _labels(model, batch):
 def _outputs(model, batch):
     with torch.no_grad():
         out = model(**{k: v for k, v in batch.items() if k != "labels"})
-    return out.task_logits
+    return out.task_logits if hasattr(out, "task_logits") else {"lm": out.logits}  # seq2seq: one LM head
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -96,3 +100,20 @@ def test_sharded_safetensors_round_trip_without_unpickling(family, tmp_path, mon
     expected = _outputs(model, batch)
     for name, logits in _outputs(loaded, batch).items():
         torch.testing.assert_close(logits, expected[name], atol=1e-6, rtol=0)
+
+
+def test_lora_on_bart_routed_generates_per_task_and_explains_peft_task_type():
+    """A PeftModel without `task_type` passes `task_ids` on to `generate`; peft's task-specific wrappers keep
+    `task_ids` for themselves, and the error says so."""
+    torch.manual_seed(0)
+    model = bart_routed("gumbel_softmax_st")
+    batch = seq2seq_batch()
+    kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], task_ids=batch["task_ids"],
+                  max_new_tokens=4, num_beams=2, do_sample=False)
+    expected = model.generate(**kwargs)
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=True)).eval()
+    assert torch.equal(lora.generate(**kwargs), expected)  # LoRA B starts at zero: same tokens
+    lora = lora.unload()
+    wrapped = get_peft_model(lora, LoraConfig(r=4, target_modules=["q_proj"], task_type="SEQ_2_SEQ_LM")).eval()
+    with pytest.raises(ValueError, match="Leave the LoraConfig's `task_type` unset"):
+        wrapped(**batch)

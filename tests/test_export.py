@@ -15,6 +15,8 @@ from hf_taskmoe import BertForTaskMoE, BertWithPALs, MMoEModel
 from hf_taskmoe.hub import bundle_source, export_for_remote_code
 
 from .conftest import random_batch, tiny_config
+from .test_bart_routed import batch as seq2seq_batch
+from .test_bart_routed import routed as bart_routed
 from .test_bert_pals import pals_config
 from .test_camtl import _model as camtl_model
 from .test_mmoe import batch as tabular_batch
@@ -26,6 +28,7 @@ FAMILIES = {
     "bert_pals": (lambda: BertWithPALs(pals_config(pal_decoder_init="normal")), lambda m: random_batch(m.config)),
     "camtl": (camtl_model, lambda m: random_batch(m.config)),
     "mmoe": (lambda: MMoEModel(mmoe_config()), lambda m: {k: v for k, v in tabular_batch().items() if k != "labels"}),
+    "bart_routed": (lambda: bart_routed("gumbel_softmax_st"), lambda m: {k: v for k, v in seq2seq_batch().items() if k != "labels"}),
 }
 
 
@@ -42,7 +45,8 @@ def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, tmp
     stem = f"modeling_{model.config.model_type}"
     assert f"{stem}.py" in files and "model.safetensors" in files and "tokenizer.json" in files and "README.md" in files
     config = json.loads((folder / "config.json").read_text())
-    assert config["auto_map"] == {"AutoConfig": f"{stem}.{type(model.config).__name__}", "AutoModel": f"{stem}.{type(model).__name__}"}
+    autos = ["AutoModel"] + (["AutoModelForSeq2SeqLM"] if family == "bart_routed" else [])
+    assert config["auto_map"] == {"AutoConfig": f"{stem}.{type(model.config).__name__}", **{a: f"{stem}.{type(model).__name__}" for a in autos}}
     assert getattr(model.config, "auto_map", None) is None  # the live model's config is left as it was
     card = ModelCard.load(folder / "README.md")
     assert len(card.data.eval_results) == 1 and type(model).__name__ in card.content
@@ -51,14 +55,17 @@ def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, tmp
     torch.save(batch, tmp_path / "batch.pt")
     env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
     result = subprocess.run(
-        [sys.executable, str(LOADER), str(folder), str(tmp_path / "batch.pt"), str(tmp_path / "out.pt")],
+        [sys.executable, str(LOADER), str(folder), str(tmp_path / "batch.pt"), str(tmp_path / "out.pt"), autos[-1]],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = torch.load(tmp_path / "out.pt")
     assert loaded["class"].startswith("transformers_modules.") and loaded["class"].endswith(type(model).__name__)
     with torch.no_grad():
-        expected = model(**batch).task_logits
+        out = model(**batch)
+    expected = out.task_logits if hasattr(out, "task_logits") else {"lm": out.logits}
+    if model.config.is_encoder_decoder:  # the remote class generates with task_ids as the package's does
+        assert torch.equal(loaded["generated"], model.generate(**batch, max_new_tokens=5, num_beams=2, do_sample=False))
     assert set(loaded["task_logits"]) == set(expected)
     for name, logits in expected.items():
         torch.testing.assert_close(loaded["task_logits"][name], logits, atol=1e-6, rtol=1e-5)  # another process: BLAS may split work differently

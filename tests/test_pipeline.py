@@ -90,3 +90,67 @@ def test_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved, tmp_path, mo
     local = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))
     for inputs in ({"text": "a fine film", "task": "sst2"}, {"text": "A man plays.", "text_pair": "A man is playing.", "task": "stsb"}):
         assert pipe(inputs) == local(inputs)
+
+
+def save_routed_seq2seq(tiny_dense, folder):
+    """Save a BartTaskRouted (warm-started from a tiny BERT with the MiniLM vocabulary, tasks trec and boolq)
+    whose tasks route apart, with its tokenizer."""
+    from hf_taskmoe import BartTaskRouted, bart_from_bert
+
+    torch.manual_seed(0)
+    tasks = [TaskSpec(name="trec", problem_type="seq2seq"), TaskSpec(name="boolq", problem_type="seq2seq", text_fields=["question", "passage"])]
+    model = BartTaskRouted.from_dense(bart_from_bert(tiny_dense), tasks, num_experts=2).eval()
+    with torch.no_grad():  # distinct experts and routes, as training would leave them
+        for name, p in model.named_parameters():
+            if ".experts." in name or name.startswith("router."):
+                p.add_(torch.randn_like(p) * 0.5)
+    assert not torch.equal(model.task_routing()[0].argmax(-1), model.task_routing()[1].argmax(-1))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_dense).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def saved_seq2seq(tiny_dense, tmp_path_factory):
+    return save_routed_seq2seq(tiny_dense, tmp_path_factory.mktemp("routed"))
+
+
+def test_text2text_pipeline_single_pair_and_mixed_batch_match_generate(saved_seq2seq):
+    pipe = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(saved_seq2seq), max_new_tokens=6)
+    assert isinstance(pipe, hf_taskmoe.MultiTaskText2TextGenerationPipeline)
+    model, tok = pipe.model, pipe.tokenizer
+    assert type(model).__name__ == "BartTaskRouted"  # loaded through AutoModelForSeq2SeqLM
+
+    def direct(text, pair, task, **kwargs):
+        enc = tok(text, pair, return_tensors="pt", return_token_type_ids=False)
+        with torch.no_grad():
+            ids = model.generate(**enc, task_ids=model.task_ids_for([task]), max_new_tokens=6, **kwargs)
+        return tok.decode(ids[0], skip_special_tokens=True).strip()
+
+    single = pipe("What is the capital of France?", task="trec")
+    assert single == {"task": "trec", "generated_text": direct("What is the capital of France?", None, "trec")}
+    pair = pipe({"text": "is it raining", "text_pair": "The sky is clear today."}, task="boolq", num_beams=3)
+    assert pair["generated_text"] == direct("is it raining", "The sky is clear today.", "boolq", num_beams=3)
+
+    rows = [
+        {"text": "Who wrote Hamlet?", "task": "trec"},
+        {"text": "is water wet", "text_pair": "Water makes things wet, as everyone knows.", "task": "boolq"},
+        {"text": "How many legs does a spider have?", "task": "trec"},
+    ]
+    results = pipe(rows, batch_size=3)  # one padded batch of two tasks, a single text and a pair
+    assert [r["task"] for r in results] == ["trec", "boolq", "trec"]
+    expected = [direct(r["text"], r.get("text_pair"), r["task"]) for r in rows]
+    assert [r["generated_text"] for r in results] == expected
+    # the task matters: the same text through the other task's routes
+    assert direct("Who wrote Hamlet?", None, "boolq") != expected[0] or direct("is water wet", None, "trec") != expected[1]
+
+
+def test_pipelines_refuse_the_other_problem_types(saved, saved_seq2seq):
+    classifier = BertForTaskMoE.from_pretrained(saved)
+    text2text = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=classifier, tokenizer=AutoTokenizer.from_pretrained(saved))
+    with pytest.raises(ValueError, match=r"'sst2' is single_label_classification; this pipeline serves \['seq2seq'\]"):
+        text2text("a fine film", task="sst2")
+    with pytest.raises(ValueError, match="'trec' is seq2seq; this pipeline serves"):
+        pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved_seq2seq))("Who?", task="trec")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))("a fine film", task="sst2", num_beams=2)

@@ -110,6 +110,18 @@ def test_pipeline_snippet_runs(minilm, tmp_path):
     assert [r["task"] for r in pipe([{"text": "a", "task": "stsb"}, {"text": "b", "task": "sst2"}])] == ["stsb", "sst2"]
 
 
+def test_text2text_pipeline_snippet_runs(tiny_dense, tmp_path):
+    from .test_pipeline import save_routed_seq2seq
+
+    save_routed_seq2seq(tiny_dense, tmp_path)
+    code = _snippet("### Text-to-text pipeline").replace('"path/to/a/saved/bart-routed-model"', repr(str(tmp_path)))
+    scope = {}
+    exec(compile(code, "README text2text pipeline", "exec"), scope)
+    gen = scope["gen"]
+    out = gen([{"text": "a", "task": "boolq"}, {"text": "b", "task": "trec"}])
+    assert [r["task"] for r in out] == ["boolq", "trec"] and all(isinstance(r["generated_text"], str) for r in out)
+
+
 def test_camtl_snippet_runs(minilm, tmp_path):
     code = (
         _snippet("## CAMTLModel")

@@ -1,31 +1,19 @@
 """examples/run_multitask.py end to end on a few rows of the shipped mixture (tiny BERT, real tokenizer)."""
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import AutoModel, BertConfig, BertModel
+from transformers import AutoModel
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import run_multitask  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_dense(tmp_path_factory, minilm):
-    """A tiny random BERT saved with the real MiniLM tokenizer (vocab 30522)."""
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    torch.manual_seed(0)
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(minilm / name, folder / name)
-    return folder
 
 
 def _argv(out, model, *extra):

@@ -43,9 +43,10 @@ class MultiTaskTrainingArguments(TrainingArguments):
             Freeze every shared parameter and train only task-specific ones (heads, task gates, adapters):
             the PALs paper's second stage after joint training.
         log_routing (`bool`, *optional*, defaults to `False`):
-            MoE models: log each task's expert shares, routing entropy and unused experts on the training
-            batches at every logging step (to every `report_to` integration), and write `routing_train.json`
-            and `routing_train_heatmap.png` with each checkpoint (`RoutingAnalyticsCallback`).
+            MoE and task-routed models (BertForTaskMoE, BartTaskRouted): log each task's expert shares,
+            routing entropy and unused experts on the training batches at every logging step (to every
+            `report_to` integration), and write `routing_train.json` and `routing_train_heatmap.png` with each
+            checkpoint (`RoutingAnalyticsCallback`).
         group_learning_rates (`dict[str, float]` or `str`, *optional*):
             Learning rates of parameter roles (the model's `_parameter_groups`), e.g. `{"router": 1e-3,
             "task_embedding": 1e-2}` (BartTaskRouted, Ye et al. section 5.2) or, on the command line,
@@ -78,7 +79,7 @@ class MultiTaskTrainingArguments(TrainingArguments):
         default=False, metadata={"help": "Freeze shared parameters; train heads, gates and adapters only."}
     )
     log_routing: bool = field(
-        default=False, metadata={"help": "MoE models: log per-task routing of the training batches and save its summary."}
+        default=False, metadata={"help": "MoE and task-routed models: log per-task routing of the training batches and save its summary."}
     )
     group_learning_rates: dict | str | None = field(
         default=None, metadata={"help": "Learning rates per parameter role, e.g. router=1e-3,task_embedding=1e-2."}

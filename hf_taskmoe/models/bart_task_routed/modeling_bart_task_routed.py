@@ -68,6 +68,8 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
     """
 
     config_class = BartTaskRoutedConfig
+    #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
+    auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
     _no_split_modules = ["RoutedLayer"]
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
     _parameter_groups = {
