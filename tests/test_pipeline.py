@@ -145,6 +145,20 @@ def test_text2text_pipeline_single_pair_and_mixed_batch_match_generate(saved_seq
     assert direct("Who wrote Hamlet?", None, "boolq") != expected[0] or direct("is water wet", None, "trec") != expected[1]
 
 
+def test_text2text_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved_seq2seq, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    from .conftest import make_hub_cache
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    make_hub_cache(tmp_path / "cache", "org/routed-multitask", saved_seq2seq)
+    pipe = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model="org/routed-multitask", model_kwargs={"cache_dir": str(tmp_path / "cache")},
+                    tokenizer=AutoTokenizer.from_pretrained(saved_seq2seq), max_new_tokens=5)
+    local = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(saved_seq2seq), max_new_tokens=5)
+    rows = [{"text": "Who wrote Hamlet?", "task": "trec"}, {"text": "is it", "text_pair": "It is.", "task": "boolq"}]
+    assert pipe(rows) == local(rows)
+
+
 def test_pipelines_refuse_the_other_problem_types(saved, saved_seq2seq):
     classifier = BertForTaskMoE.from_pretrained(saved)
     text2text = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=classifier, tokenizer=AutoTokenizer.from_pretrained(saved))

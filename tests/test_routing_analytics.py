@@ -110,3 +110,74 @@ def test_task_level_routing_logged_values_match_decisions_by_hand(selection):
     summary = callback.total.to_dict()
     assert summary["unit"] == "examples" and summary["layers"] == model.config.route_names
     assert summary["tasks"]["cls"]["examples"] == pytest.approx(3.0)  # rows 0, 3, 6
+
+
+def test_routing_reaches_tensorboard_event_files(tmp_path, monkeypatch):
+    """report_to="tensorboard": the routing figures of each log are scalars in the event files, at the logged step."""
+    pytest.importorskip("tensorboard", reason="pip install -e '.[test]' installs tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # transformers 5: no `logging_dir` argument
+    torch.manual_seed(0)
+    model = BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=3))
+    trainer = make_trainer(tmp_path, model=model, log_routing=True, max_steps=4, logging_steps=2, report_to="tensorboard")
+    trainer.train()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    written = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    checked = 0
+    for entry in logged:
+        for key, value in entry.items():
+            if key.startswith("routing/"):
+                assert written[f"train/{key}"][entry["step"]] == pytest.approx(value, abs=1e-6)
+                checked += 1
+    assert checked >= 2 * (3 + 2)  # two logs, each with at least one task's 3 shares + entropy + unused
+
+
+def test_mmoe_gates_with_a_plain_trainer(tmp_path):
+    """MMoE: each task's gate weights summed over the rows; `add_to` brings the callback to a plain Trainer
+    (through the README's snippet)."""
+    import datasets
+    import numpy as np
+    from transformers import TrainingArguments
+
+    from hf_taskmoe import MMoEModel
+
+    from .test_readme import _snippet
+    from .test_mmoe import batch as tabular_batch
+    from .test_mmoe import config as mmoe_config
+
+    torch.manual_seed(0)
+    model = MMoEModel(mmoe_config()).eval()
+    out = model(**tabular_batch(), output_router_logits=True)
+    callback = RoutingAnalyticsCallback(model)
+    callback.record(out.routing_counts)
+    logs = callback.pop_metrics()
+    for t, task in enumerate(model.config.task_names):
+        mean_gate = out.gate_weights[:, t].detach().mean(0)  # every row passes every task's gate
+        for e in range(4):
+            assert logs[f"routing/{task}/gates/expert{e}"] == pytest.approx(mean_gate[e].item(), abs=1e-4)
+    with pytest.raises(ValueError, match="routes nothing"):
+        RoutingAnalyticsCallback(MMoEModel(mmoe_config(architecture="shared_bottom")))
+
+    rng = np.random.default_rng(0)
+    rows = {"age": rng.normal(size=64).tolist(), "price": rng.normal(size=64).tolist(), "city": rng.integers(0, 5, 64).tolist(),
+            "device": rng.integers(0, 3, 64).tolist(), "click": rng.integers(0, 2, 64).tolist(),
+            "genre": rng.integers(0, 3, 64).tolist(), "rating": rng.normal(size=64).tolist()}
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, max_steps=6, logging_steps=3,
+                             report_to="none", use_cpu=True, remove_unused_columns=False, save_strategy="no", disable_tqdm=True)
+    model = MMoEModel(mmoe_config())
+    scope = {"mmoe": model, "args": args, "data": datasets.Dataset.from_dict(rows)}
+    exec(compile(_snippet("### Gates of MMoEModel with a plain `Trainer`"), "README MMoE analytics", "exec"), scope)
+    trainer, analytics = scope["trainer"], scope["analytics"]
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 2
+    for entry in logged:
+        for task in model.config.task_names:
+            assert sum(entry[f"routing/{task}/gates/expert{e}"] for e in range(4)) == pytest.approx(1.0, abs=1e-3)
+    summary = json.loads((tmp_path / "routing_train.json").read_text())
+    assert summary["unit"] == "examples" and summary["tasks"]["click"]["examples"] == pytest.approx(6 * 16, abs=1e-3)
+    assert analytics.total.shares.shape == (1, 3, 4)
+    with torch.no_grad():  # the hooks only act in training
+        assert model.eval()(**tabular_batch()).routing_counts is None

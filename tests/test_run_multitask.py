@@ -123,7 +123,11 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
     model = AutoModel.from_pretrained(tmp_path / "out")
     assert isinstance(model, BartTaskRouted) and model.config.num_experts == 3 and len(model.config.route_names) == 4
     assert model.config.decoder_start_token_id == 101  # [CLS] of the BERT vocabulary
-    assert "Task-level MoE over BART" in ModelCard.load(tmp_path / "out" / "README.md").content
+    card = ModelCard.load(tmp_path / "out" / "README.md")
+    assert "Task-level MoE over BART" in card.content and "evaluation examples per expert" in card.content
+    metric_keys = [f"eval_{t.name}_{m}" for t in model.config.task_specs for m in t.metrics]
+    assert len(card.data.eval_results) == len([k for k in metric_keys if k in metrics])  # one per (task, dataset, metric)
+    assert {r.task_type for r in card.data.eval_results} == {"text2text-generation"}
     assert model.export_task("xsum").config.model_type == "bart"
     # routing analytics: training shares per (task, routed layer) in the logs; evaluation routes are the arg-max
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]

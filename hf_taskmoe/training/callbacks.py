@@ -31,12 +31,42 @@ class RoutingAnalyticsCallback(TrainerCallback):
 
     def __init__(self, model, reduce=None):
         if routed_layers(model.config) is None:
-            raise ValueError("Routing analytics need a model with MoE layers or routed layers (num_experts > 1); this model routes nothing.")
+            raise ValueError("Routing analytics need a model with MoE layers, routed layers or gates (num_experts > 1); this model routes nothing.")
         self.window = RoutingStatistics(model)
         self.total = RoutingStatistics(model)
         # sums counts over ranks (the trainer passes accelerate's reduce); once per log, not once per step
         self.reduce = reduce or (lambda counts: counts)
         self._in_total = None
+        self._hooks = []  # set by `add_to` (a plain Trainer): this callback records and logs by itself
+
+    def add_to(self, trainer) -> "RoutingAnalyticsCallback":
+        """Use with a plain `transformers.Trainer` (e.g. for MMoEModel; `MultiTaskTrainer` does this itself
+        with `log_routing=True`): forward hooks ask the model for `routing_counts` in training and record
+        them, each training log gets the figures before the `report_to` integrations see it, and the summaries
+        are written with the checkpoints. Returns the callback."""
+        if self._hooks:
+            raise ValueError("This RoutingAnalyticsCallback is already added to a trainer.")
+        model = trainer.model
+
+        def ask(module, args, kwargs):
+            return (args, {**kwargs, "output_router_logits": True}) if module.training else None
+
+        def record(module, args, kwargs, output):
+            if module.training:
+                self.record(output["routing_counts"])
+
+        self._hooks = [model.register_forward_pre_hook(ask, with_kwargs=True),
+                       model.register_forward_hook(record, with_kwargs=True)]
+        self.reduce = lambda counts: trainer.accelerator.reduce(counts, "sum")
+        trainer.callback_handler.callbacks.insert(0, self)  # before the integrations' on_log
+        return self
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._hooks and logs is not None and "loss" in logs:  # a training log of a plain Trainer
+            figures = self.pop_metrics()
+            logs.update(figures)
+            if state.log_history:
+                state.log_history[-1].update(figures)
 
     def record(self, routing_counts) -> None:
         """Add one training batch's `(layers, tasks, experts)` counts of this rank."""

@@ -56,6 +56,8 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
     """
 
     model_type = "taskmoe_mmoe"
+    #: what `RoutingStatistics` counts for this family: rows (every row passes every task's gate)
+    routing_unit = "examples"
 
     tasks: list | None = None
     numeric_features: list | None = None
@@ -117,6 +119,11 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
                 raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
 
     # ------------------------------------------------------------------ views
+    @property
+    def route_names(self) -> list[str]:
+        """The routed "layers" for `RoutingStatistics`: the gate layer (MMoE/OMoE), none for Shared-Bottom."""
+        return [] if self.architecture == "shared_bottom" else ["gates"]
+
     @property
     def label_columns(self) -> list[str]:
         """Data column holding each task's label."""

@@ -39,6 +39,9 @@ class MMoEOutput(ModelOutput):
         task_logits (`dict[str, torch.FloatTensor]`): each task's `(batch, output size)` logits.
         gate_weights (`torch.FloatTensor` of shape `(batch, num_tasks, num_experts)`, when `output_gates=True` and
             the architecture has gates): each task's softmax gate (OMoE: the one gate repeated per task).
+        routing_counts (`torch.FloatTensor` of shape `(1, num_tasks, num_experts)`, when `output_router_logits=True`
+            and the architecture has gates): each task's gate weights summed over the batch's rows, as
+            `RoutingStatistics` and the routing analytics read them.
     """
 
     loss: torch.FloatTensor | None = None
@@ -46,6 +49,7 @@ class MMoEOutput(ModelOutput):
     task_losses: dict[str, torch.FloatTensor] | None = None
     task_logits: dict[str, torch.FloatTensor] | None = None
     gate_weights: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
 
 
 class StackedMLP(nn.Module):
@@ -84,7 +88,7 @@ class MMoEPreTrainedModel(PreTrainedModel):
     base_model_prefix = ""
     main_input_name = "numeric_features"
     accepts_loss_kwargs = False
-    _keys_to_ignore_at_inference = ["task_losses", "task_logits", "gate_weights"]
+    _keys_to_ignore_at_inference = ["task_losses", "task_logits", "gate_weights", "routing_counts"]
     _parameter_groups = {
         "embedding": r"^embeddings\.",
         "expert": r"^experts\.",
@@ -231,6 +235,7 @@ class MMoEModel(MMoEPreTrainedModel):
         categorical_features: torch.LongTensor | None = None,
         labels: torch.Tensor | None = None,
         output_gates: bool = False,
+        output_router_logits: bool = False,
         return_dict: bool | None = None,
         **kwargs,
     ) -> MMoEOutput | tuple:
@@ -241,6 +246,8 @@ class MMoEModel(MMoEPreTrainedModel):
         labels (`torch.FloatTensor` of shape `(batch, num_tasks)`): every task's label per row; NaN (or -100 for a
             classification task) marks a missing label, which is left out of that task's loss.
         output_gates (`bool`): also return the gate weights.
+        output_router_logits (`bool`): also return `routing_counts` (and the gate weights), the flag every
+            routed family takes (`MultiTaskTrainingArguments.log_routing`).
         """
         config = self.config
         x = self._input_vector(numeric_features, categorical_features)
@@ -248,7 +255,7 @@ class MMoEModel(MMoEPreTrainedModel):
         if labels is not None:
             labels = self._check_labels(labels, batch)
 
-        gate_weights = None
+        gate_weights = routing_counts = None
         if config.architecture == "shared_bottom":
             shared = self.bottom(x)  # (batch, 1, h)
             task_inputs = shared.expand(batch, config.num_tasks, shared.shape[-1])  # (batch, tasks, h)
@@ -258,8 +265,10 @@ class MMoEModel(MMoEPreTrainedModel):
             gates = self.gates(x).float().view(batch, -1, config.num_experts).softmax(-1).to(experts.dtype)  # (batch, gates, experts)
             mixed = torch.bmm(gates, experts)  # (batch, gates, h): f^k(x) = sum_i g^k(x)_i f_i(x)
             task_inputs = mixed.expand(batch, config.num_tasks, mixed.shape[-1])  # OMoE: the one mixture for every task
-            if output_gates:
+            if output_gates or output_router_logits:
                 gate_weights = gates.expand(batch, config.num_tasks, config.num_experts)
+            if output_router_logits:
+                routing_counts = gate_weights.detach().float().sum(0, keepdim=True)  # (1 gate layer, tasks, experts)
         towers = self.towers(task_inputs) if self.towers is not None else task_inputs  # (batch, tasks, tower)
 
         task_logits, task_losses = {}, {}
@@ -280,6 +289,7 @@ class MMoEModel(MMoEPreTrainedModel):
             task_losses=task_losses or None,
             task_logits=task_logits,
             gate_weights=gate_weights,
+            routing_counts=routing_counts,
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
         return output if return_dict else output.to_tuple()
