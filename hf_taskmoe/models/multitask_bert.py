@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 from transformers import BertConfig
+from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from ..layers.heads import HEAD_TYPES, MultiTaskHeads
 from ..modeling_utils import (
@@ -20,7 +22,7 @@ from ..modeling_utils import (
     heads_to_output_fields,
     resolve_task_ids,
 )
-from ..tasks import TaskConfigMixin, TaskSpec
+from ..tasks import TaskConfigMixin
 from ..utils import check_choice, check_int, check_layer_list
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
@@ -79,14 +81,7 @@ class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
     @classmethod
     def from_dense_config(cls, dense_config: BertConfig, tasks, **kwargs: Any):
         """Copy the architecture of a dense BERT config and add tasks and the family's settings."""
-        if getattr(dense_config, "model_type", None) != "bert":
-            raise ValueError(
-                f"{cls.__name__} starts from BERT checkpoints (model_type 'bert', MiniLM included), got model_type "
-                f"{getattr(dense_config, 'model_type', None)!r}."
-            )
-        keep = {name: getattr(dense_config, name) for name in DENSE_ARCHITECTURE_FIELDS}
-        keep.update(kwargs)
-        return cls(tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **keep)
+        return cls._from_dense_fields(dense_config, tasks, "bert", DENSE_ARCHITECTURE_FIELDS, ", MiniLM included", **kwargs)
 
 
 def pool_sequence(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str, pooler=None) -> torch.Tensor:
@@ -110,6 +105,18 @@ def build_from_dense(model_cls, dense, tasks, output_loading_info=False, strict=
     model = model_cls(config)
     report = upcycle(dense_model, model, strict=strict)
     return (model, report) if output_loading_info else model
+
+
+class MultiTaskBertInitMixin:
+    """Put before `PreTrainedModel` in a BERT family's pre-trained base: transformers' init (Linear/Embedding
+    N(0, initializer_range), LayerNorm 1 and 0), then BertEmbeddings' position-id and token-type buffers."""
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, BertEmbeddings):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            init.zeros_(module.token_type_ids)
 
 
 class MultiTaskBertEncoderMixin:
@@ -138,6 +145,17 @@ class MultiTaskBertEncoderMixin:
 
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
+
+    def _embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states):
+        """The start of every family's `_encode`: the BERT embeddings `(batch, seq, hidden)` and the output flags
+        resolved against the config."""
+        config = self.config
+        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
+        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        hidden = self.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        )
+        return hidden, output_attentions, output_hidden_states
 
     def _checked_encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs):
         """`forward` of the encoder: check the input shapes and task ids, then `_encode`."""

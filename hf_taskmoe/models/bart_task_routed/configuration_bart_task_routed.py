@@ -143,13 +143,6 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
     @classmethod
     def from_dense_config(cls, dense_config: BartConfig, tasks, **kwargs):
         """Copy the architecture of a dense BART config and add tasks and the routing settings."""
-        if getattr(dense_config, "model_type", None) != "bart":
-            raise ValueError(
-                f"{cls.__name__} starts from BART checkpoints (model_type 'bart'; see `bart_from_bert` for a BERT "
-                f"warm start), got model_type {getattr(dense_config, 'model_type', None)!r}."
-            )
-        from ...tasks import TaskSpec
-
-        keep = {name: getattr(dense_config, name) for name in DENSE_BART_FIELDS}
-        keep.update(kwargs)
-        return cls(tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **keep)
+        return cls._from_dense_fields(
+            dense_config, tasks, "bart", DENSE_BART_FIELDS, "; see `bart_from_bert` for a BERT warm start", **kwargs
+        )

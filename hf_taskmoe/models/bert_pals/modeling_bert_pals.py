@@ -24,6 +24,7 @@ from ...tasks import TaskSpec
 from ..multitask_bert import (
     MultiTaskBertEncoderMixin,
     MultiTaskBertHeadsMixin,
+    MultiTaskBertInitMixin,
     build_from_dense,
     pool_sequence,
 )
@@ -53,7 +54,7 @@ class PALBertEncoder(nn.Module):
         self.layer = nn.ModuleList([PALBertLayer(config, i) for i in range(config.num_hidden_layers)])
 
 
-class BertPALsPreTrainedModel(PreTrainedModel):
+class BertPALsPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
     config_class = BertPALsConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
@@ -76,9 +77,6 @@ class BertPALsPreTrainedModel(PreTrainedModel):
             init.zeros_(module.weight)  # GELU(D_t(...)) = 0: the fresh model is the dense one
         elif isinstance(module, BertPALsModel):
             init.copy_(module.task_to_group, torch.tensor(self.config.task_group_ids, dtype=torch.long))
-        elif isinstance(module, BertEmbeddings):
-            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
-            init.zeros_(module.token_type_ids)
 
 
 class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
@@ -102,10 +100,8 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
     ) -> BaseModelOutputWithPooling:
         """Forward on inputs already checked by the caller."""
         config = self.config
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        hidden = self.embeddings(
-            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        hidden, output_attentions, output_hidden_states = self._embed(
+            input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )  # (batch, seq, hidden)
         mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
         key_mask = pal_key_mask(attention_mask)

@@ -24,6 +24,7 @@ from ...tasks import TaskSpec
 from ..multitask_bert import (
     MultiTaskBertEncoderMixin,
     MultiTaskBertHeadsMixin,
+    MultiTaskBertInitMixin,
     build_from_dense,
     pool_sequence,
 )
@@ -105,7 +106,7 @@ class TaskMoEBertEncoder(nn.Module):
         self.layer = nn.ModuleList([TaskMoEBertLayer(config, i) for i in range(config.num_hidden_layers)])
 
 
-class BertTaskMoEPreTrainedModel(PreTrainedModel):
+class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
     config_class = BertTaskMoEConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
@@ -136,9 +137,6 @@ class BertTaskMoEPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, (TaskRouter, SharedRouter)):
             init.normal_(module.weight, mean=0.0, std=self.config.router_init_std)  # paper 4.4: N(0, 0.001)
-        elif isinstance(module, BertEmbeddings):
-            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
-            init.zeros_(module.token_type_ids)
 
 
 class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
@@ -174,11 +172,9 @@ class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
         output_attentions=None, output_hidden_states=None, output_router_logits=None, **kwargs,
     ) -> TaskMoEEncoderOutput:
         """Forward on inputs already checked by the caller."""
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         config = self.config
-        hidden = self.embeddings(
-            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        hidden, output_attentions, output_hidden_states = self._embed(
+            input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )  # (batch, seq, hidden)
         mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
         token_mask = attention_mask.bool() if attention_mask is not None else None

@@ -33,7 +33,13 @@ from ...layers.conditional import (
 )
 from ...modeling_utils import resolve_task_ids
 from ...tasks import TaskSpec
-from ..multitask_bert import MultiTaskBertEncoderMixin, MultiTaskBertHeadsMixin, build_from_dense, pool_sequence
+from ..multitask_bert import (
+    MultiTaskBertEncoderMixin,
+    MultiTaskBertHeadsMixin,
+    MultiTaskBertInitMixin,
+    build_from_dense,
+    pool_sequence,
+)
 from .configuration_camtl import CAMTLConfig
 
 
@@ -92,7 +98,7 @@ class CAMTLEncoder(nn.Module):
         )
 
 
-class CAMTLPreTrainedModel(PreTrainedModel):
+class CAMTLPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
     config_class = CAMTLConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
@@ -133,9 +139,6 @@ class CAMTLPreTrainedModel(PreTrainedModel):
             init.normal_(module.blocks, mean=0.0, std=config.initializer_range if std is None else std)
         elif isinstance(module, ConditionalAlignment):
             init.copy_(module.weight, torch.eye(module.weight.shape[0]))
-        elif isinstance(module, BertEmbeddings):
-            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
-            init.zeros_(module.token_type_ids)
 
 
 class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
@@ -166,10 +169,8 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
     ) -> BaseModelOutputWithPooling:
         """Forward on inputs already checked by the caller."""
         config = self.config
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        hidden = self.embeddings(
-            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        hidden, output_attentions, output_hidden_states = self._embed(
+            input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )  # (batch, seq, hidden)
         batch, length = hidden.shape[:2]
         cond = Conditioning(self.task_embeddings.weight, task_ids) if self.task_embeddings is not None else None
