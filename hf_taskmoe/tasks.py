@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -50,7 +51,7 @@ DEFAULT_METRICS = {
 }
 
 # No '.': the name keys `nn.ModuleDict`s (heads, gates), whose keys cannot hold dots.
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]*$")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class TaskSpec:
             (multiple choice, taken from `choice_fields`). Derived from `label_names` when those are given.
         label_names (`list[str]`, *optional*):
             Names of the classes, in label-index order. Defaults to `LABEL_0`, `LABEL_1`, ...
+        label_values (`list[int | str]`, *optional*):
+            The labels as the data files write them, in the order of the classes (e.g. ratings `[1, 2, 3, 4, 5]`
+            beside five `label_names`): a row's label `v` is class `label_values.index(v)`. Without it a data label
+            is a class name or a class position (0-based); integers that could be either are refused.
         metrics (`list[str]`, *optional*):
             Metric names; defaults depend on the problem type (`DEFAULT_METRICS`).
         text_fields (`list[str]`, *optional*, defaults to `["sentence"]`):
@@ -80,6 +85,10 @@ class TaskSpec:
         span_fields (`list[list[str]]`, *optional*):
             Span classification only: `[start_field, end_field]` character offsets of each span, the i-th span
             inside the i-th text field (WiC: `[["start1", "end1"], ["start2", "end2"]]`).
+        target_range (`list[float]`, *optional*):
+            Regression only: `[low, high]`, the scale of the targets (e.g. `[-4, 4]` for VADER ratings). Pipelines
+            return it with each score and model cards show it; `run_multitask.py` fills it from the training
+            targets when the task file does not give it.
         loss_weight (`float`, *optional*, defaults to 1.0):
             Multiplies the task's loss in the total loss.
         dataset (`str`, *optional*):
@@ -94,11 +103,13 @@ class TaskSpec:
     problem_type: str = "single_label_classification"
     num_labels: int | None = None
     label_names: list[str] | None = None
+    label_values: list[int | str] | None = None
     metrics: list[str] | None = None
     text_fields: list[str] = field(default_factory=lambda: ["sentence"])
     label_field: str = "label"
     choice_fields: list[str] | None = None
     span_fields: list[list[str]] | None = None
+    target_range: list[float] | None = None
     loss_weight: float = 1.0
     dataset: str | None = None
     dataset_config: str | None = None
@@ -106,7 +117,7 @@ class TaskSpec:
 
     def __post_init__(self):
         prefix = f"TaskSpec({self.name!r})" if isinstance(self.name, str) else "TaskSpec"
-        if not isinstance(self.name, str) or not _NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):  # fullmatch: `$` lets "sst2\n" through
             raise ValueError(
                 f"{prefix}: `name` must be a non-empty string of letters, digits, '_' or '-' starting with a "
                 f"letter or digit, got {self.name!r}."
@@ -128,6 +139,18 @@ class TaskSpec:
             raise ValueError(
                 f"{prefix}: `label_names` has {len(self.label_names)} names but `num_labels` is {self.num_labels}."
             )
+        if self.label_values is not None:
+            self._check_label_values(prefix)
+        if self.target_range is not None:
+            if self.problem_type != "regression":
+                raise ValueError(f"{prefix}: `target_range` is for regression tasks, not {self.problem_type!r}.")
+            low_high = self.target_range
+            if isinstance(low_high, (str, bytes)) or not isinstance(low_high, (list, tuple)) or len(low_high) != 2:
+                raise ValueError(f"{prefix}: `target_range` must be [low, high], got {low_high!r}.")
+            low, high = (check_float(v, f"{prefix}.target_range[]") for v in low_high)
+            if not low < high:
+                raise ValueError(f"{prefix}: `target_range` must have low < high, got {low_high!r}.")
+            set_("target_range", [low, high])
         if self.metrics is None:
             set_("metrics", list(DEFAULT_METRICS[self.problem_type]))
         else:
@@ -137,6 +160,21 @@ class TaskSpec:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{prefix}: `{name}` must be a string or None, got {value!r}.")
+
+    def _check_label_values(self, prefix: str) -> None:
+        values = self.label_values
+        if self.problem_type not in ("single_label_classification", "multi_label_classification", "span_classification",
+                                     "token_classification"):
+            raise ValueError(f"{prefix}: `label_values` maps class labels; problem_type {self.problem_type!r} has none.")
+        if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not all(
+            isinstance(v, (int, str)) and not isinstance(v, bool) for v in values
+        ):
+            raise ValueError(f"{prefix}: `label_values` must be a list of integers or strings, got {values!r}.")
+        if len({str(v) for v in values}) != len(values):
+            raise ValueError(f"{prefix}: `label_values` must be unique, got {values!r}.")
+        if len(values) != self.num_labels:
+            raise ValueError(f"{prefix}: `label_values` has {len(values)} values but the task has {self.num_labels} classes.")
+        object.__setattr__(self, "label_values", list(values))
 
     def _check_choice_and_span_fields(self, prefix: str) -> None:
         if self.problem_type == "multiple_choice":
@@ -201,15 +239,6 @@ class TaskSpec:
         return len(self.span_fields) if self.span_fields is not None else 0
 
     @property
-    def is_classification(self) -> bool:
-        return self.problem_type in (
-            "single_label_classification",
-            "span_classification",
-            "token_classification",
-            "multiple_choice",
-        )
-
-    @property
     def id2label(self) -> dict[int, str]:
         if self.label_names is not None:
             return dict(enumerate(self.label_names))
@@ -267,6 +296,11 @@ def parse_tasks(tasks, field_name: str = "tasks") -> list[TaskSpec]:
     return specs
 
 
+# id(config) -> (the tasks' JSON, their parsed TaskSpecs): kept outside the config, whose attributes are all
+# serialised to config.json; an entry goes when its config is garbage-collected
+_SPEC_CACHE: dict[int, tuple[str, tuple[TaskSpec, ...]]] = {}
+
+
 class TaskConfigMixin:
     """For the families' `PreTrainedConfig` subclasses, which hold `tasks`: field errors as `ValueError`, the
     task list checked and stored as JSON dicts, and the views every family reads."""
@@ -283,8 +317,8 @@ class TaskConfigMixin:
 
     def _validate_tasks(self, allowed: tuple[str, ...], refusal: str) -> list[TaskSpec]:
         """Parse `tasks`, refuse problem types outside `allowed` ("Task 'x': problem_type 'y' <refusal> [...]")."""
-        if self.tasks is None:
-            raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
+        if self.tasks is None:  # a config without tasks describes the architecture only (transformers builds
+            return []  # default configs to compare against); a model needs tasks (`task_specs` says so)
         specs = parse_tasks(self.tasks)
         for spec in specs:
             if spec.problem_type not in allowed:
@@ -292,17 +326,30 @@ class TaskConfigMixin:
         self.tasks = [s.to_dict() for s in specs]  # stored as plain dicts: the config is JSON
         return specs
 
+    def _tasks_or_raise(self) -> list:
+        if self.tasks is None:
+            raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
+        return self.tasks
+
     @property
     def task_specs(self) -> list[TaskSpec]:
-        return [TaskSpec.from_dict(t) for t in self.tasks]
+        """`tasks` as `TaskSpec`s, parsed once per content of `tasks` (forward passes read them every step)."""
+        tasks = self._tasks_or_raise()
+        key = json.dumps(tasks, sort_keys=True)
+        cached = _SPEC_CACHE.get(id(self))
+        if cached is None or cached[0] != key:
+            if cached is None:
+                weakref.finalize(self, _SPEC_CACHE.pop, id(self), None)
+            cached = _SPEC_CACHE[id(self)] = (key, tuple(TaskSpec.from_dict(t) for t in tasks))
+        return list(cached[1])
 
     @property
     def task_names(self) -> list[str]:
-        return [t["name"] for t in self.tasks]
+        return [t["name"] for t in self._tasks_or_raise()]
 
     @property
     def num_tasks(self) -> int:
-        return len(self.tasks)
+        return len(self._tasks_or_raise())
 
     @classmethod
     def _from_dense_fields(cls, dense_config, tasks, model_type: str, fields, hint: str = "", **kwargs):

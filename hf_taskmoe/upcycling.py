@@ -1,8 +1,8 @@
 """Dense checkpoint -> any family, through an explicit and checked weight mapping.
 
-Each family registers `UpcyclingRules`: regexes that map every weight of the new model (relative to
-its base model, e.g. without the `bert.` prefix) to the dense checkpoint's weight it starts from, and
-the patterns of weights that are new by design (gates, heads, adapters). `upcycle` copies, checks
+Each family declares `UpcyclingRules` in its registration (`hf_taskmoe.models.registry`): regexes that map
+every weight of the new model (relative to its base model, e.g. without the `bert.` prefix) to the dense
+checkpoint's weight it starts from, and the patterns of weights that are new by design (gates, heads, adapters). `upcycle` copies, checks
 shapes, re-reads every copied tensor to verify it, and returns an `UpcyclingReport` saying what was
 copied, what is new and which checkpoint weights went unused. A weight that should have come from the
 checkpoint but is absent there is an error (or, with `strict=False`, listed as new).
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModel, PreTrainedModel
 
-from .utils import lookup
 
 logger = logging.getLogger(__name__)
 
@@ -38,51 +37,6 @@ class UpcyclingRules:
             if match:
                 return match.expand(template)
         return None
-
-
-_BERT_BACKBONE = (
-    (r"embeddings\.(.+)", r"embeddings.\1"),
-    (r"encoder\.layer\.(\d+)\.attention\.(.+)", r"encoder.layer.\1.attention.\2"),
-    (r"pooler\.(.+)", r"pooler.\1"),
-)
-
-UPCYCLING_RULES: dict[str, UpcyclingRules] = {
-    # MT-TaG section 4.3: every expert of layer i starts as a copy of layer i's FFN.
-    "taskmoe_bert": UpcyclingRules(
-        rename=_BERT_BACKBONE
-        + (
-            (r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_in\.(weight|bias)", r"encoder.layer.\1.intermediate.dense.\2"),
-            (r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_out\.(weight|bias)", r"encoder.layer.\1.output.dense.\2"),
-            (r"encoder\.layer\.(\d+)\.ffn_norm\.(weight|bias)", r"encoder.layer.\1.output.LayerNorm.\2"),
-        ),
-        new=(r"\.mlp\.router\.", r"^heads\."),
-    ),
-    # PALs: the dense BERT is kept whole (same layer names); PALs and heads are new.
-    "taskmoe_bert_pals": UpcyclingRules(
-        rename=_BERT_BACKBONE + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
-        new=(r"(^|\.)pals\.", r"^heads\."),
-    ),
-    # CA-MTL: the dense BERT is kept whole (its LayerNorms become the CLNs' gamma', beta'); the task
-    # embeddings, conditional modules and heads are new.
-    "taskmoe_camtl": UpcyclingRules(
-        rename=_BERT_BACKBONE + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
-        new=(
-            r"\.film\.", r"\.attention_bias\.", r"(^|\.)alignment\.", r"\.bottleneck\.", r"encoder\.skip\.",
-            r"(^|\.)task_embeddings\.", r"^heads\.",
-        ),
-    ),
-    # Task-level MoE over BART (Ye et al. section 5.2): every expert of layer i starts as layer i (a plain
-    # layer is `experts.0`); embeddings and LM head are kept; the router is new. `BartTaskRouted.from_dense`
-    # adds the paper's N(0, 1e-8) noise after the checked copy.
-    "taskmoe_bart_routed": UpcyclingRules(
-        rename=(
-            (r"(encoder|decoder)\.layers\.(\d+)\.experts\.\d+\.(.+)", r"\1.layers.\2.\3"),
-            (r"(shared\..+|encoder\.(?!layers\.).+|decoder\.(?!layers\.).+)", r"\1"),
-            (r"lm_head\.weight", r"shared.weight"),
-        ),
-        new=(r"^router\.", r"^final_logits_bias$"),
-    ),
-}
 
 
 @dataclass
@@ -151,7 +105,11 @@ def load_dense_model(dense: str | os.PathLike | PreTrainedModel | DenseCheckpoin
 
 def upcycle(dense: DenseCheckpoint | PreTrainedModel, target: PreTrainedModel, strict: bool = True) -> UpcyclingReport:
     """Copy the dense model's weights into `target` following the rules of `target.config.model_type`."""
-    rules = lookup(UPCYCLING_RULES, target.config.model_type, "model_type (families with upcycling rules)")
+    from .models.registry import family_of
+
+    rules = family_of(target.config).upcycling
+    if rules is None:
+        raise ValueError(f"The family of {type(target).__name__} is not built from a dense checkpoint (no upcycling rules).")
     dense = load_dense_model(dense)
     source = dense.model.state_dict()
     prefix = target.base_model_prefix + "." if target.base_model_prefix else ""
@@ -160,6 +118,8 @@ def upcycle(dense: DenseCheckpoint | PreTrainedModel, target: PreTrainedModel, s
     target_state = target.state_dict()
     with torch.no_grad():
         for name, tensor in target_state.items():
+            if name == "task_fingerprint":  # bookkeeping (the task order), not a weight
+                continue
             relative = name[len(prefix):] if prefix and name.startswith(prefix) else name
             src = rules.source_of(relative)
             if src is not None and src in source and src not in dense.missing_keys:
@@ -200,3 +160,15 @@ def _verify(target: PreTrainedModel, source: dict[str, torch.Tensor], report: Up
     for name, src in report.copied.items():
         if not torch.equal(state[name], source[src].to(state[name].dtype)):
             raise RuntimeError(f"Upcycling check failed: {name} differs from {src} after the copy.")
+
+
+def __getattr__(name):
+    if name == "UPCYCLING_RULES":  # the table the family registry replaced, kept for one release
+        import warnings
+
+        from .models.registry import FAMILIES
+
+        warnings.warn("hf_taskmoe.upcycling.UPCYCLING_RULES is deprecated; each family's rules are "
+                      "hf_taskmoe.models.FAMILIES[name].upcycling.", FutureWarning, stacklevel=2)
+        return {f.model_type: f.upcycling for f in FAMILIES.values() if f.upcycling is not None}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,8 +38,8 @@ def check_int(value: Any, field: str, minimum: int | None = None, maximum: int |
 def check_float(value: Any, field: str, minimum: float | None = None, maximum: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"`{field}` must be a number, got {value!r}.")
-    if value != value:  # NaN
-        raise ValueError(f"`{field}` must be a number, got NaN.")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"`{field}` must be a finite number, got {value}.")
     if minimum is not None and value < minimum:
         raise ValueError(f"`{field}` must be >= {minimum}, got {value}.")
     if maximum is not None and value > maximum:

@@ -174,7 +174,8 @@ def test_aux_losses_are_added_when_configured():
 
 def test_add_task_copies_the_related_gate_and_round_trips(tmp_path):
     model = _model(tiny_config(num_experts=3))
-    new_id = model.add_task(TaskSpec(name="c", num_labels=4), init_gate_from="b")
+    with pytest.warns(FutureWarning, match=r"add_task\(init_gate_from=...\)` is deprecated"):  # the old name still works
+        new_id = model.add_task(TaskSpec(name="c", num_labels=4), init_gate_from="b")
     assert new_id == 2 and model.config.task_names == ["a", "b", "c"]
     assert not model.heads["c"].training  # follows the model's eval mode
     for layer in model.bert.encoder.layer:
@@ -190,7 +191,7 @@ def test_add_task_copies_the_related_gate_and_round_trips(tmp_path):
     with pytest.raises(ValueError, match="already exists"):
         model.add_task({"name": "a", "num_labels": 2})
     with pytest.raises(ValueError, match="Unknown task 'zzz'"):
-        model.add_task({"name": "d", "num_labels": 2}, init_gate_from="zzz")
+        model.add_task({"name": "d", "num_labels": 2}, init_from="zzz")
 
 
 def test_moe_layers_subset_and_single_task_default():
@@ -239,4 +240,4 @@ def test_return_tuple():
 def test_registration_uses_prefixed_model_type():
     assert BertTaskMoEConfig.model_type.startswith("taskmoe_")
     assert isinstance(AutoConfig.for_model("taskmoe_bert", tasks=[{"name": "x", "num_labels": 2}]), BertTaskMoEConfig)
-    assert hf_taskmoe.models.AUTO_REGISTRY
+    assert hf_taskmoe.models.FAMILIES["bert_taskmoe"].model_class is BertForTaskMoE

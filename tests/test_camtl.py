@@ -229,7 +229,7 @@ def test_save_load_auto_round_trip_keeps_outputs_and_freezing(tmp_path):
 
 def test_add_task_grows_the_embedding_table():
     model = _model()
-    new = model.add_task(TaskSpec(name="new", num_labels=2), init_embedding_from="qqp")
+    new = model.add_task(TaskSpec(name="new", num_labels=2), init_from="qqp")
     assert new == 3 and model.bert.task_embeddings.num_embeddings == 4
     torch.testing.assert_close(model.bert.task_embeddings.weight[3], model.bert.task_embeddings.weight[1])
     batch = random_batch(model.config, batch=2)
@@ -241,7 +241,7 @@ def test_add_task_grows_the_embedding_table():
     out = model(**{**batch, "task_ids": torch.tensor([4, 3])}, labels=torch.tensor([0.5, 1.0]))
     assert torch.isfinite(out.loss)
     with pytest.raises(ValueError, match="Unknown task 'zz'"):
-        model.add_task(TaskSpec(name="other", num_labels=2), init_embedding_from="zz")
+        model.add_task(TaskSpec(name="other", num_labels=2), init_from="zz")
 
 
 def test_bad_config_values_name_the_field():
@@ -308,4 +308,4 @@ def test_covariance_similarity():
 
 
 def test_readme_names_are_exported():
-    assert hf_taskmoe.CAMTLModel is CAMTLModel and "camtl" in hf_taskmoe.models.MODEL_FAMILIES
+    assert hf_taskmoe.CAMTLModel is CAMTLModel and hf_taskmoe.models.FAMILIES["camtl"].model_class is CAMTLModel

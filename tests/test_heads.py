@@ -27,7 +27,7 @@ def _run(heads, task_ids, labels=None, spans=None, seed=1):
     task_ids = torch.tensor(task_ids)
     rows = heads.split_rows(task_ids)
     prepared = heads.check_inputs(rows, S, labels, spans)
-    return heads(seq, pooled, rows, prepared if labels is not None else None, None, spans), seq, pooled
+    return heads(seq, pooled, rows, prepared if labels is not None else None, spans), seq, pooled
 
 
 def test_classification_and_regression_losses_match_formulas():

@@ -1,20 +1,25 @@
 """Family-agnostic building blocks."""
 
 from .heads import HEAD_TYPES, MultiTaskHeads, TaskHead, build_head
+from .moe import GATING_TYPES, ExpertFFN, MoEOutput, SharedGate, TaskGate, TaskMoE
 from .pals import PALAttention, ProjectedAttentionLayers
-from .moe import ROUTER_TYPES, ExpertFFN, MoEOutput, SharedRouter, TaskMoE, TaskRouter
+from .routing import ROUTER_TYPES, SELECTION_FUNCTIONS, RoutedLayer, TaskRouter
 
 __all__ = [
     "HEAD_TYPES",
     "MultiTaskHeads",
     "TaskHead",
     "build_head",
-    "ROUTER_TYPES",
+    "GATING_TYPES",
     "ExpertFFN",
     "MoEOutput",
-    "SharedRouter",
+    "SharedGate",
+    "TaskGate",
     "TaskMoE",
-    "TaskRouter",
     "PALAttention",
     "ProjectedAttentionLayers",
+    "ROUTER_TYPES",
+    "SELECTION_FUNCTIONS",
+    "RoutedLayer",
+    "TaskRouter",
 ]

@@ -105,7 +105,7 @@ class SequenceClassificationHead(TaskHead):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
         self.classifier = nn.Linear(hidden_size, task.num_labels)
 
-    def forward(self, sequence_output, pooled_output, attention_mask=None, span_positions=None):
+    def forward(self, sequence_output, pooled_output, span_positions=None):
         return self.classifier(self.dropout(pooled_output))  # (rows, num_labels)
 
     def prepare_labels(self, labels, rows, seq_len):
@@ -144,7 +144,7 @@ class RegressionHead(TaskHead):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
         self.regressor = nn.Linear(hidden_size, task.num_labels)
 
-    def forward(self, sequence_output, pooled_output, attention_mask=None, span_positions=None):
+    def forward(self, sequence_output, pooled_output, span_positions=None):
         return self.regressor(self.dropout(pooled_output))  # (rows, num_labels)
 
     def prepare_labels(self, labels, rows, seq_len):
@@ -183,7 +183,7 @@ class MultipleChoiceHead(TaskHead):
         self.num_choices = task.num_choices
         self.scorer = nn.Linear(hidden_size, 1)
 
-    def forward(self, sequence_output, pooled_output, attention_mask=None, span_positions=None):
+    def forward(self, sequence_output, pooled_output, span_positions=None):
         scores = self.scorer(self.dropout(pooled_output))  # (rows, 1)
         return scores.view(-1, self.num_choices)  # (examples, num_choices)
 
@@ -221,7 +221,7 @@ class SpanClassificationHead(TaskHead):
         self.num_spans = task.num_spans
         self.classifier = nn.Linear(hidden_size * (1 + self.num_spans), task.num_labels)
 
-    def forward(self, sequence_output, pooled_output, attention_mask=None, span_positions=None):
+    def forward(self, sequence_output, pooled_output, span_positions=None):
         rows, seq_len, _ = sequence_output.shape
         positions = torch.arange(seq_len, device=sequence_output.device)
         start = span_positions[..., 0:1]  # (rows, spans, 1)
@@ -260,7 +260,7 @@ class TokenClassificationHead(TaskHead):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
         self.classifier = nn.Linear(hidden_size, task.num_labels)
 
-    def forward(self, sequence_output, pooled_output, attention_mask=None, span_positions=None):
+    def forward(self, sequence_output, pooled_output, span_positions=None):
         return self.classifier(self.dropout(sequence_output))  # (rows, seq, num_labels)
 
     def prepare_labels(self, labels, rows, seq_len):
@@ -364,7 +364,6 @@ class MultiTaskHeads(nn.ModuleDict):
         pooled_output: torch.Tensor,
         task_rows: dict[int, torch.Tensor],
         prepared_labels: dict[int, torch.Tensor] | None = None,
-        attention_mask: torch.Tensor | None = None,
         span_positions: torch.Tensor | None = None,
     ) -> HeadsOutput:
         """Run each task's head on its rows. `task_rows` and `prepared_labels` come from `split_rows`/`check_inputs`."""
@@ -376,7 +375,6 @@ class MultiTaskHeads(nn.ModuleDict):
             logits = head(
                 sequence_output.index_select(0, rows),  # (rows, seq, hidden)
                 pooled_output.index_select(0, rows),  # (rows, hidden)
-                attention_mask.index_select(0, rows) if attention_mask is not None else None,
                 span_positions.index_select(0, rows) if span_positions is not None else None,
             )
             out.task_logits[task.name] = logits
@@ -391,6 +389,10 @@ class MultiTaskHeads(nn.ModuleDict):
         if weighted:
             # Mean over examples of the batch (each task weighted by its rows), as a single-task batch would be.
             out.loss = torch.stack(weighted).sum() / examples
+        elif prepared_labels is not None and out.task_logits:
+            # labels were given but every one is ignored (-100): a zero loss on the graph, which the Trainer can add
+            # and back-propagate (None would stop it), and which gives every head present a (zero) gradient
+            out.loss = sum((logits.float() * 0.0).sum() for logits in out.task_logits.values())
         out.logits = self._batch_logits(out, sequence_output.shape[0])
         return out
 

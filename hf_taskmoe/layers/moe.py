@@ -23,9 +23,12 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
-from ..utils import check_choice, lookup
+from ..utils import lookup
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
+#: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
+#: one grouped GEMM per projection over all slices (`F.grouped_mm`, no host sync); see `benchmarks/moe_vs_dense.py`
+EXPERT_DISPATCHES = ("sorted_loop", "grouped_mm")
 
 
 class ExpertFFN(nn.Module):
@@ -44,16 +47,13 @@ class ExpertFFN(nn.Module):
         return self.w_out(self.act(self.w_in(hidden_states)))
 
 
-class TaskRouter(nn.Module):
-    """Task-aware gate (MT-TaG): one `W_{g,t} in R^{N x d}` per task, no bias (eq. 3)."""
+class TaskGate(nn.Module):
+    """Task-aware gate (MT-TaG): one `W_{g,t} in R^{N x d}` per task, no bias (eq. 3). A token-level gate, not to
+    be confused with `layers.routing.TaskRouter`, which routes whole tasks through BART layers."""
 
     def __init__(self, hidden_size: int, num_experts: int, num_tasks: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_tasks, num_experts, hidden_size))
-
-    @property
-    def num_tasks(self) -> int:
-        return self.weight.shape[0]
 
     def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         gates = self.weight.float().index_select(0, task_ids)  # (batch, experts, hidden): each row's task gate
@@ -70,7 +70,7 @@ class TaskRouter(nn.Module):
         self.weight = nn.Parameter(torch.cat([self.weight.data, new], dim=0), requires_grad=self.weight.requires_grad)
 
 
-class SharedRouter(nn.Module):
+class SharedGate(nn.Module):
     """One gate for every task (MT-Switch): `W_g in R^{N x d}`, no bias."""
 
     def __init__(self, hidden_size: int, num_experts: int, num_tasks: int):
@@ -84,11 +84,23 @@ class SharedRouter(nn.Module):
         """The shared gate serves new tasks as it is."""
 
 
-ROUTER_TYPES: dict[str, type[nn.Module]] = {"task": TaskRouter, "shared": SharedRouter}
+#: the gating kinds (`BertTaskMoEConfig.gating`): one gate per task (MT-TaG) or one for all (MT-Switch)
+GATING_TYPES: dict[str, type[nn.Module]] = {"task": TaskGate, "shared": SharedGate}
 
 
-def build_router(gating: str, hidden_size: int, num_experts: int, num_tasks: int) -> nn.Module:
-    return lookup(ROUTER_TYPES, gating, "gating")(hidden_size, num_experts, num_tasks)
+def build_gate(gating: str, hidden_size: int, num_experts: int, num_tasks: int) -> nn.Module:
+    return lookup(GATING_TYPES, gating, "gating")(hidden_size, num_experts, num_tasks)
+
+
+def __getattr__(name):  # the names before the gates were told apart from BART's task router, kept for one release
+    old = {"TaskRouter": TaskGate, "SharedRouter": SharedGate, "ROUTER_TYPES": GATING_TYPES, "build_router": build_gate}
+    if name in old:
+        import warnings
+
+        warnings.warn(f"hf_taskmoe.layers.moe.{name} is deprecated; use {getattr(old[name], '__name__', 'GATING_TYPES')}.",
+                      FutureWarning, stacklevel=2)
+        return old[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MoEOutput(NamedTuple):
@@ -123,33 +135,24 @@ class TaskMoE(nn.Module):
       of `"gate"`. An upcycled model with identical experts computes exactly what the dense model did.
     """
 
-    def __init__(
-        self,
-        hidden_size: int,
-        intermediate_size: int,
-        num_experts: int = 4,
-        num_tasks: int = 1,
-        gating: str = "task",
-        top_k: int = 1,
-        hidden_act: str = "gelu",
-        expert_weighting: str = "gate",
-        compute_aux_loss: bool = False,
-        compute_z_loss: bool = False,
-    ):
+    def __init__(self, config, layer_idx: int | None = None):
+        """`config`: a `BertTaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
+        `top_k`, `expert_weighting`, the auxiliary-loss coefficients, the tasks). A layer outside
+        `config.moe_layer_indices` (`layer_idx`) is dense: one expert, no gate."""
         super().__init__()
-        if not 1 <= top_k <= num_experts:
-            raise ValueError(f"`top_k` must be in [1, num_experts={num_experts}], got {top_k}.")
-        self.num_experts = num_experts
-        self.num_tasks = num_tasks
-        self.top_k = top_k
-        self.gating = gating
-        self.expert_weighting = check_choice(expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
-        self.compute_aux_loss = compute_aux_loss
-        self.compute_z_loss = compute_z_loss
+        moe_layer = layer_idx is None or layer_idx in config.moe_layer_indices
+        self.num_experts = config.num_experts if moe_layer else 1
+        self.num_tasks = config.num_tasks
+        self.top_k = config.top_k if self.num_experts > 1 else 1
+        self.gating = config.gating
+        self.expert_weighting = config.expert_weighting
+        self.compute_aux_loss = config.router_aux_loss_coef > 0
+        self.compute_z_loss = config.router_z_loss_coef > 0
         self.experts = nn.ModuleList(
-            [ExpertFFN(hidden_size, intermediate_size, hidden_act) for _ in range(num_experts)]
+            [ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act) for _ in range(self.num_experts)]
         )
-        self.router = build_router(gating, hidden_size, num_experts, num_tasks) if num_experts > 1 else None
+        self.router = build_gate(config.gating, config.hidden_size, self.num_experts, self.num_tasks) if self.num_experts > 1 else None
+        self.dispatch = config.expert_dispatch
 
     def add_task(self, init_from: int | None, std: float) -> None:
         self.num_tasks += 1
@@ -193,10 +196,13 @@ class TaskMoE(nn.Module):
         counts = torch.bincount(flat_expert, minlength=self.num_experts)
         token_of_slot = order // self.top_k if self.top_k > 1 else order
         x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
-        # The one host sync of the layer. Experts with no tokens still run on their empty slice so that
-        # every parameter takes part in the graph (DDP without find_unused_parameters).
-        chunks = x_sorted.split(counts.tolist())
-        y_sorted = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])  # (tokens*k, hidden)
+        if self.dispatch == "grouped_mm":
+            y_sorted = self._grouped_experts(x_sorted, flat_expert.index_select(0, order), counts)
+        else:
+            # The one host sync of the layer. Experts with no tokens still run on their empty slice so that
+            # every parameter takes part in the graph.
+            chunks = x_sorted.split(counts.tolist())
+            y_sorted = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])  # (tokens*k, hidden)
         y_sorted = y_sorted * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
         if self.top_k == 1:
             inverse = torch.empty_like(order)
@@ -214,6 +220,21 @@ class TaskMoE(nn.Module):
             aux_loss=self._load_balancing_loss(probs, top_e, mask) if self.compute_aux_loss else None,
             z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
         )
+
+    def _grouped_experts(self, x_sorted: torch.Tensor, sorted_expert: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Every expert on its contiguous slice in one grouped GEMM per projection (`F.grouped_mm`), with no host
+        sync: the slices' ends are a device tensor. The experts' weights stay separate `nn.Linear`s (peft, the
+        upcycling rules and checkpoints see the same names) and are stacked for the call."""
+        ends = counts.cumsum(0).to(torch.int32)  # (experts,) end of each expert's slice
+        w_in = torch.stack([e.w_in.weight for e in self.experts]).transpose(1, 2)  # (experts, hidden, inter)
+        w_out = torch.stack([e.w_out.weight for e in self.experts]).transpose(1, 2)  # (experts, inter, hidden)
+        dtype = x_sorted.dtype if not torch.is_autocast_enabled(x_sorted.device.type) else \
+            torch.get_autocast_dtype(x_sorted.device.type)
+        h = F.grouped_mm(x_sorted.to(dtype), w_in.to(dtype), offs=ends)  # (slots, inter)
+        h = h + torch.stack([e.w_in.bias for e in self.experts]).to(h.dtype).index_select(0, sorted_expert)
+        h = self.experts[0].act(h)
+        y = F.grouped_mm(h, w_out.to(dtype), offs=ends)  # (slots, hidden)
+        return y + torch.stack([e.w_out.bias for e in self.experts]).to(y.dtype).index_select(0, sorted_expert)
 
     def _combine_weights(self, top_p: torch.Tensor) -> torch.Tensor:
         if self.expert_weighting == "gate":

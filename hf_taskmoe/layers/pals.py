@@ -91,11 +91,12 @@ class ProjectedAttentionLayers(nn.Module):
         if len(group_rows) == 1 and group_rows[0][1] is None:
             g = group_rows[0][0]
             return F.gelu(self.decoders[g](attention[g](self.encoders[g](x), key_mask)))
-        out = x.new_zeros(x.shape)
+        out = None
         for g, rows in group_rows:
             mask = key_mask.index_select(0, rows) if key_mask is not None else None
-            pal = self.decoders[g](attention[g](self.encoders[g](x.index_select(0, rows)), mask))  # (rows, seq, d)
-            out = out.index_copy(0, rows, F.gelu(pal))
+            pal = F.gelu(self.decoders[g](attention[g](self.encoders[g](x.index_select(0, rows)), mask)))  # (rows, seq, d)
+            # in the PAL's dtype: under autocast the projections give bf16/fp16 while `x` is fp32
+            out = (pal.new_zeros(x.shape) if out is None else out).index_copy(0, rows, pal)
         return out
 
 

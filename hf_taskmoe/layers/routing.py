@@ -8,11 +8,14 @@ how much each of its `m` experts contributes; the layer outputs `sum_j D_ij E^(i
   `L (tasks, layers, experts)`.
 - Selection functions (`SELECTION_FUNCTIONS`, (a)-(d)): `average` (`D = 1/m`, the logits are ignored),
   `softmax`, `gumbel_softmax` and `gumbel_softmax_st` (straight-through: one-hot forward values, soft
-  gradients), the Gumbel ones with an annealed temperature. At evaluation the Gumbel noise is off;
-  `gumbel_softmax_st` then picks the arg-max expert: a hard route.
-- `RoutedLayer` runs the experts of one layer, computing only what is used: with hard decisions and no
-  gradient to the router, each expert runs on the rows that chose it (one expert on the whole batch when
-  the batch is one task); with soft decisions every expert with a non-zero weight runs.
+  gradients), the Gumbel ones with an annealed temperature; plus `hard` (not in the paper): a Gumbel-max
+  route trained through the chosen expert only, with Switch Transformer's `p_k / sg(p_k)` estimator, so a
+  training step runs one expert per layer and row. At evaluation the Gumbel noise is off; `gumbel_softmax_st`
+  and `hard` then pick the arg-max expert: a hard route.
+- `RoutedLayer` runs the experts of one layer, computing only what is used: each expert runs on the rows
+  whose decision for it is not 0 (one expert on the whole batch when the batch is one task and the route is
+  hard), in training and in generation alike; only straight-through training, whose gradient reaches the
+  router through experts with decision 0, runs every expert on every row.
 
 Routing is per task, not per token: every row of a task gets the same decisions, and Gumbel noise is drawn
 once per task and step.
@@ -21,10 +24,11 @@ once per task and step.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from ..utils import lookup
 
@@ -52,6 +56,10 @@ def _gumbel(logits: torch.Tensor, generator=None) -> torch.Tensor:
     return -torch.log((-torch.log(uniform.clamp_min(1e-20))).clamp_min(1e-20)).to(logits.dtype)
 
 
+def _one_hot(choice: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return nn.functional.one_hot(choice, like.shape[-1]).to(like.dtype)
+
+
 def select_gumbel_softmax(logits, disabled=None, temperature=1.0, training=False, generator=None):
     logits = _masked(logits, disabled)
     if training:
@@ -62,11 +70,28 @@ def select_gumbel_softmax(logits, disabled=None, temperature=1.0, training=False
 def select_gumbel_softmax_st(logits, disabled=None, temperature=1.0, training=False, generator=None):
     logits = _masked(logits, disabled)
     if not training:  # evaluation: the arg-max expert, no noise
-        return nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+        return _one_hot(logits.argmax(-1), logits)
     soft = torch.softmax((logits + _gumbel(logits, generator)) / temperature, dim=-1)
-    hard = nn.functional.one_hot(soft.argmax(-1), soft.shape[-1]).to(soft.dtype)
-    # straight-through: forward values are `hard` (exactly 0/1), gradients those of `soft`
+    hard = _one_hot(soft.argmax(-1), soft)
+    # straight-through: forward values are `hard` (exactly 0/1), gradients those of `soft` -- for every
+    # expert, so every expert's output is needed in training (`DENSE_GRADIENT_SELECTIONS`)
     return hard + (soft - soft.detach())
+
+
+def select_hard(logits, disabled=None, temperature=1.0, training=False, generator=None):
+    """Hard routing that trains through the chosen expert only (Switch Transformer's estimator).
+
+    Training: the route is a Gumbel-max sample of `softmax(logits / temperature)`; its weight is
+    `p_k / sg(p_k)`, exactly 1 in value (the chosen expert's output is used as it is) with the gradient
+    `d log p_k`, so the router learns from the chosen expert alone and the others need not run.
+    Evaluation: the arg-max expert, as `gumbel_softmax_st`."""
+    logits = _masked(logits, disabled)
+    if not training:
+        return _one_hot(logits.argmax(-1), logits)
+    scaled = logits / temperature
+    hard = _one_hot((scaled + _gumbel(scaled, generator)).argmax(-1), scaled)
+    chosen = (torch.softmax(scaled, dim=-1) * hard).sum(-1, keepdim=True)  # p_k of the chosen expert
+    return hard * (chosen / chosen.detach())  # value: exactly 1 at k, 0 elsewhere (x / x == 1 in IEEE)
 
 
 SELECTION_FUNCTIONS: dict[str, Callable] = {
@@ -74,9 +99,11 @@ SELECTION_FUNCTIONS: dict[str, Callable] = {
     "softmax": select_softmax,
     "gumbel_softmax": select_gumbel_softmax,
     "gumbel_softmax_st": select_gumbel_softmax_st,
+    "hard": select_hard,
 }
-# selections whose evaluation-time decisions are one-hot: one expert per layer runs
-HARD_AT_EVAL = ("gumbel_softmax_st",)
+# selections whose training gradient reaches the router through experts with decision 0 (straight-through):
+# every expert runs on every row in training. The others run only the experts a row's decisions use.
+DENSE_GRADIENT_SELECTIONS = ("gumbel_softmax_st",)
 
 
 def annealed_temperature(step: int, start: float, minimum: float, rate: float) -> float:
@@ -165,10 +192,14 @@ class TaskRouter(nn.Module):
         self.net = lookup(ROUTER_TYPES, router_type, "router_type")(
             embedding_dim, hidden_dim, num_layers, num_experts, num_heads=num_heads
         )
-        self.num_layers, self.num_experts = num_layers, num_experts
         self.temperature = 1.0
         # (layers, experts) bool: experts disabled at evaluation (set through the model's `disable_experts`)
         self.register_buffer("disabled", torch.zeros(num_layers, num_experts, dtype=torch.bool), persistent=False)
+
+    @property
+    def needs_every_expert(self) -> bool:
+        """Whether this step's decisions need every expert's output (straight-through in training)."""
+        return self.training and torch.is_grad_enabled() and self.selection in DENSE_GRADIENT_SELECTIONS
 
     def task_logits(self, task_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Router logits `(tasks, layers, experts)` of the given task ids (default: every task)."""
@@ -180,17 +211,56 @@ class TaskRouter(nn.Module):
         return self._decide(self.task_logits(task_ids), self.training if training is None else training)
 
     def _decide(self, logits: torch.Tensor, training: bool) -> torch.Tensor:
-        disabled = self.disabled if self.disabled.any() else None
-        return self.select(logits, disabled, temperature=self.temperature, training=training)
+        # in fp32 whatever the autocast dtype: near-ties between experts must not flip with rounding
+        with torch.autocast(device_type=logits.device.type, enabled=False):
+            return self.select(logits.float(), self.disabled, temperature=self.temperature, training=training)
 
     def forward(self, task_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         present, row_task = torch.unique(task_ids, return_inverse=True)  # route each task once
-        logits = self.task_logits(present)  # (present tasks, layers, experts)
+        with torch.autocast(device_type=task_ids.device.type, enabled=False):
+            logits = self.task_logits(present).float()  # (present tasks, layers, experts)
         decisions = self._decide(logits, self.training)
         return decisions[row_task], logits[row_task]  # (batch, layers, experts) each
 
 
 # ----------------------------------------------------------------------------------------------- layers
+class PlanEntry(NamedTuple):
+    """One expert's share of a routed layer: `rows` (None = every row of the batch) and whether its output must
+    be multiplied by its decisions (not when every decision is exactly 1 and carries no gradient)."""
+
+    expert: int
+    rows: torch.Tensor | None
+    scale: bool
+
+
+def plan_routes(routing_weights: torch.Tensor, every_expert: bool = False) -> list[list[PlanEntry]]:
+    """Which experts of each routed layer run, on which rows: `plan[layer]` lists `PlanEntry`s.
+
+    An expert runs on the rows whose decision for it is not 0 (all rows when `every_expert`, which the
+    straight-through gradient needs). Computed once per forward for all layers: the decisions are copied to
+    the host once (the one device-to-host sync of the forward), the row indices go back to the device.
+    """
+    batch, layers, experts = routing_weights.shape
+    host = routing_weights.detach().float().cpu()  # (batch, layers, experts); the forward's one host sync
+    used = host != 0
+    grad = routing_weights.requires_grad and torch.is_grad_enabled()
+    plan = []
+    for layer in range(layers):
+        entries = []
+        for j in range(experts):
+            column = used[:, layer, j]
+            if every_expert or bool(column.all()):
+                rows = None
+            elif bool(column.any()):
+                rows = column.nonzero().squeeze(-1).to(routing_weights.device, non_blocking=True)
+            else:
+                continue
+            unit = bool((host[:, layer, j][column] == 1).all())
+            entries.append(PlanEntry(j, rows, scale=every_expert or grad or not unit))
+        plan.append(entries)
+    return plan
+
+
 def _rows(value, rows: torch.Tensor, batch: int):
     """`value` restricted to `rows` when it is a per-row tensor (masks, encoder states); else unchanged."""
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
@@ -200,11 +270,14 @@ def _rows(value, rows: torch.Tensor, batch: int):
 
 class RoutedLayer(nn.Module):
     """One layer forked into experts; takes the wrapped layers' call signature plus `routing_weights`
-    (`(batch, routed layers, experts)`, read at this layer's `route_index`). A layer with one expert and
-    no route is a plain layer (it ignores the routing).
+    (`(batch, routed layers, experts)`, read at this layer's `route_index`) and, from the model,
+    `routing_plan` (`plan_routes(...)`, computed once per forward). A layer with one expert and no route is
+    a plain layer (it ignores the routing).
 
-    With a key/value cache (generation) each expert keeps its own cache slot and runs on the whole batch,
-    so that every slot stays aligned with the batch (beam search reorders them together).
+    Only the experts a row's decisions use run, each on its rows (the whole batch when every row uses it),
+    in training too -- except under straight-through training, whose gradient needs every expert. With a
+    key/value cache (generation) each expert writes its own cache slot; an expert that serves only some
+    rows keeps only those rows in its slot, which `RoutedCache` records so that beam search can reorder it.
     """
 
     def __init__(self, experts: list[nn.Module], route_index: int | None):
@@ -212,35 +285,78 @@ class RoutedLayer(nn.Module):
         self.experts = nn.ModuleList(experts)
         self.route_index = route_index
 
-    def forward(self, hidden_states, *args, routing_weights=None, task_ids=None, **kwargs):
+    def forward(self, hidden_states, *args, routing_weights=None, routing_plan=None, task_ids=None, **kwargs):
         if self.route_index is None:
             return self.experts[0](hidden_states, *args, **kwargs)
         if routing_weights is None:
             raise ValueError("A routed layer needs `routing_weights`: call the model with `task_ids`.")
-        weights = routing_weights[:, self.route_index]  # (batch, experts)
+        if routing_plan is None:  # called on its own, not through the model
+            routing_plan = plan_routes(routing_weights)
+        weights = routing_weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
         batch = hidden_states.shape[0]
-        # the router needs every expert's output for its gradient (straight-through included)
-        run_all = torch.is_grad_enabled() and weights.requires_grad
-        used = weights != 0  # (batch, experts)
-        rows_per_expert = used.sum(0).tolist()  # one host sync per layer
-        cached = kwargs.get("past_key_values") is not None
+        cache = kwargs.get("past_key_values")
         out = None
-        for j, expert in enumerate(self.experts):
-            rows_j = used[:, j]
-            if not run_all and rows_per_expert[j] == 0:
-                continue
-            if run_all or cached or rows_per_expert[j] == batch:
+        for j, rows, scale in routing_plan[self.route_index]:
+            expert = self.experts[j]
+            if isinstance(cache, RoutedCache):
+                cache.set_slot_rows(expert, rows)
+            if rows is None:
                 y = expert(hidden_states, *args, **kwargs)
-                if run_all or not bool((weights[:, j] == 1).all()):  # a hard route's weight 1 needs no product
-                    y = y * weights[:, j, None, None].to(hidden_states.dtype)
+                y = y * weights[:, j, None, None] if scale else y
                 out = y if out is None else out + y
-            else:  # only the rows that use expert j
-                rows = rows_j.nonzero().squeeze(-1)
-                y = expert(
-                    hidden_states.index_select(0, rows),
-                    *[_rows(a, rows, batch) for a in args],
-                    **{k: _rows(v, rows, batch) for k, v in kwargs.items()},
-                ) * weights[rows, j, None, None].to(hidden_states.dtype)
-                out = torch.zeros_like(hidden_states) if out is None else out
-                out = out.index_add(0, rows, y)
+                continue
+            y = expert(
+                hidden_states.index_select(0, rows),
+                *[_rows(a, rows, batch) for a in args],
+                **{k: _rows(v, rows, batch) for k, v in kwargs.items()},
+            )
+            y = y * weights.index_select(0, rows)[:, j, None, None] if scale else y
+            out = (torch.zeros_like(hidden_states) if out is None else out).index_add(0, rows, y)
         return out
+
+
+class RoutedCache(EncoderDecoderCache):
+    """The key/value cache of a task-routed decoder: one slot per decoder expert (`layer_idx` of its
+    attention), slot 0 recording the decoded length. An expert that serves only some rows of the batch keeps
+    only those rows; `slot_rows[slot]` holds them (the same rows at every step: a row's task does not change
+    during generation), so that beam search's reordering, which moves rows only inside one example (one task),
+    is translated into each slot's own row positions."""
+
+    def __init__(self):
+        super().__init__(DynamicCache(), DynamicCache())
+        self.slot_rows: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def _slot(expert) -> int:
+        return expert.self_attn.layer_idx
+
+    def set_slot_rows(self, expert, rows: torch.Tensor | None) -> None:
+        if not hasattr(expert, "encoder_attn"):  # an encoder layer keeps no cache
+            return
+        slot = self._slot(expert)
+        if rows is None:
+            self.slot_rows.pop(slot, None)
+        else:
+            self.slot_rows[slot] = rows
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        for slot in range(max(len(self.self_attention_cache), len(self.cross_attention_cache))):
+            rows = self.slot_rows.get(slot)
+            index = beam_idx
+            if rows is not None:
+                position = torch.full(beam_idx.shape, -1, dtype=torch.long, device=beam_idx.device)
+                position[rows] = torch.arange(len(rows), device=rows.device)
+                index = position[beam_idx[rows]]  # each kept row's source, as a position inside the slot
+            for cache in (self.self_attention_cache, self.cross_attention_cache):
+                if slot < len(cache.layers):
+                    cache.layers[slot].reorder_cache(index)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        if self.slot_rows:
+            raise NotImplementedError("A task-routed cache with experts serving a subset of rows cannot drop rows.")
+        super().batch_select_indices(indices)
+
+    def batch_repeat_interleave(self, repeats: int):
+        if self.slot_rows:
+            raise NotImplementedError("A task-routed cache with experts serving a subset of rows cannot repeat rows.")
+        super().batch_repeat_interleave(repeats)

@@ -1,42 +1,27 @@
-"""Model families. Each subpackage holds `configuration_<family>.py` and `modeling_<family>.py`."""
+"""Model families. Each subpackage (`configuration_<family>.py`, `modeling_<family>.py`) registers itself with
+`registry.register_family` when imported; importing this package imports every subpackage, so a new family is a
+new folder here (or a `register_family` call anywhere)."""
 
-from .bart_task_routed import BartTaskRouted, BartTaskRoutedConfig, TaskRoutedSeq2SeqOutput
-from .bart_task_routed.bart_from_bert import bart_from_bert
-from .bert_pals import BertPALsConfig, BertPALsModel, BertWithPALs
-from .camtl import CAMTLBertModel, CAMTLConfig, CAMTLModel
-from .bert_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
-from .mmoe import MMoEConfig, MMoEModel
+import importlib
+import pkgutil
+import warnings
 
-# (config class, class registered with AutoModel) of every family; `hf_taskmoe.__init__` registers them.
-AUTO_REGISTRY = [
-    (BertTaskMoEConfig, BertForTaskMoE),
-    (BertPALsConfig, BertWithPALs),
-    (MMoEConfig, MMoEModel),
-    (CAMTLConfig, CAMTLModel),
-    (BartTaskRoutedConfig, BartTaskRouted),
-]
+from .registry import FAMILIES, Family, family_of, get_family, register_family
 
-# family name (`run_multitask.py --model_family`) -> model class with `from_dense(dense, tasks, **config_kwargs)`
-MODEL_FAMILIES = {
-    "bert_taskmoe": BertForTaskMoE,
-    "bert_pals": BertWithPALs,
-    "camtl": CAMTLModel,
-    "bart_routed": BartTaskRouted,
-}
+for _module in pkgutil.iter_modules(__path__):
+    if _module.ispkg:
+        importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = [
-    "AUTO_REGISTRY",
-    "BartTaskRouted",
-    "BartTaskRoutedConfig",
-    "TaskRoutedSeq2SeqOutput",
-    "bart_from_bert",
-    "MODEL_FAMILIES",
-    "BertPALsConfig",
-    "BertPALsModel",
-    "BertWithPALs",
-    "CAMTLBertModel",
-    "CAMTLConfig",
-    "CAMTLModel",
-    "MMoEConfig",
-    "MMoEModel",
-    "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]
+
+def __getattr__(name):
+    # the tables this registry replaced, kept for one release
+    if name == "AUTO_REGISTRY":
+        warnings.warn("hf_taskmoe.models.AUTO_REGISTRY is deprecated; use hf_taskmoe.models.FAMILIES.", FutureWarning, stacklevel=2)
+        return [(f.config_class, f.model_class) for f in FAMILIES.values()]
+    if name == "MODEL_FAMILIES":
+        warnings.warn("hf_taskmoe.models.MODEL_FAMILIES is deprecated; use hf_taskmoe.models.FAMILIES.", FutureWarning, stacklevel=2)
+        return {f.name: f.model_class for f in FAMILIES.values() if f.buildable_from_dense}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["FAMILIES", "Family", "family_of", "get_family", "register_family"]

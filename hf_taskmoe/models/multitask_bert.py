@@ -16,9 +16,9 @@ from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from ..layers.heads import HEAD_TYPES, MultiTaskHeads
 from ..modeling_utils import (
-    MultiTaskModelMixin,
     MultiTaskModelOutput,
     check_input_shapes,
+    check_kwargs,
     heads_to_output_fields,
     resolve_task_ids,
 )
@@ -26,6 +26,16 @@ from ..tasks import TaskConfigMixin
 from ..utils import check_choice, check_int, check_layer_list
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
+
+# upcycling rules every BERT family shares: embeddings, attention and pooler come from the same names
+BERT_BACKBONE_RULES = (
+    (r"embeddings\.(.+)", r"embeddings.\1"),
+    (r"encoder\.layer\.(\d+)\.attention\.(.+)", r"encoder.layer.\1.attention.\2"),
+    (r"pooler\.(.+)", r"pooler.\1"),
+)
+# the problem types of the BERT families (an encoder with per-task heads: every type but seq2seq)
+ENCODER_PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression", "multiple_choice",
+                         "span_classification", "token_classification")
 
 # BertConfig fields a family copies from the dense checkpoint it starts from
 DENSE_ARCHITECTURE_FIELDS = (
@@ -159,16 +169,20 @@ class MultiTaskBertEncoderMixin:
 
     def _checked_encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs):
         """`forward` of the encoder: check the input shapes and task ids, then `_encode`."""
+        check_kwargs(kwargs, self.forward)
         batch, _ = check_input_shapes(
-            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids,
+            input_ids, inputs_embeds, self.config.max_position_embeddings, attention_mask=attention_mask,
+            token_type_ids=token_type_ids, position_ids=position_ids,
         )
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
         return self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs)
 
 
-class MultiTaskBertHeadsMixin(MultiTaskModelMixin):
-    """The task-level models of the BERT families: an encoder `self.bert` and `self.heads`."""
+class MultiTaskBertHeadsMixin:
+    """The task-level models of the BERT families: an encoder `self.bert` and `self.heads` (put before the family's
+    `MultiTaskPreTrainedModel` base)."""
+
+    records_task_order = True
 
     def forward(
         self,
@@ -224,15 +238,14 @@ class MultiTaskBertHeadsMixin(MultiTaskModelMixin):
     ):
         """Check the batch (labels before the encoder runs), encode, run each row's head.
         Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`."""
+        check_kwargs(kwargs, self.forward)
         batch, seq = check_input_shapes(
-            input_ids, inputs_embeds, attention_mask=attention_mask, token_type_ids=token_type_ids,
-            position_ids=position_ids,
+            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
+            token_type_ids=token_type_ids, position_ids=position_ids,
         )
         task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
-        encoded = self.bert._encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs
-        )
+        encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags)
         heads_out = self.heads(
-            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, attention_mask, span_positions
+            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, span_positions
         )
         return task_ids, encoded, heads_out

@@ -120,3 +120,16 @@ def _copy_layer(layer, src: dict, prefix: str) -> None:
         getattr(layer, bart_name).bias.copy_(src[f"{prefix}{bert_name}.bias"])
     layer.final_layer_norm.weight.copy_(src[f"{prefix}output.LayerNorm.weight"])
     layer.final_layer_norm.bias.copy_(src[f"{prefix}output.LayerNorm.bias"])
+
+
+def name_special_tokens(tokenizer, config) -> None:
+    """Give a BERT tokenizer the BOS and EOS of the warm-started BART ([CLS], [SEP]) when it names none.
+
+    A BERT vocabulary has no BOS/EOS, and some transformers releases align a model's special tokens to the
+    tokenizer's before training, setting the EOS that ends generation to None; named on the tokenizer (and saved
+    with it), the convention survives that and reaches every pipeline that loads the tokenizer."""
+    for name in ("bos", "eos"):
+        token_id = getattr(config, f"{name}_token_id", None)
+        if getattr(tokenizer, f"{name}_token_id") is None and token_id is not None:
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))
+

@@ -31,7 +31,11 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
             Experts `m` per routed layer (the paper's 3).
         selection (`str`, *optional*, defaults to `"gumbel_softmax_st"`):
             Selection function (section 5.1 (a)-(d)): `average`, `softmax`, `gumbel_softmax` or
-            `gumbel_softmax_st` (the paper's best).
+            `gumbel_softmax_st` (the paper's best; in training every expert runs, since the straight-through
+            gradient needs each expert's output), or `hard` (not in the paper): a Gumbel-max route trained
+            through the chosen expert only (Switch Transformer's `p / sg(p)` estimator), so a training step runs
+            one expert per layer, at about the cost of the dense model. At evaluation `gumbel_softmax_st` and
+            `hard` both take the arg-max expert.
         router_type (`str`, *optional*, defaults to `"mlp"`):
             Router network (section 5.1 (e)-(g)): `mlp`, `lstm` or `transformer`.
         router_hidden_size (`int`, *optional*):
@@ -54,7 +58,12 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
             `tau(step) = max(gumbel_min_temperature, gumbel_temperature * exp(-rate * step))`; 0 keeps the
             temperature fixed. (The paper anneals but gives no constants; these follow Jang et al. 2017.)
         router_init_std (`float`, *optional*):
-            Standard deviation of the router's weights; defaults to `init_std`.
+            Standard deviation of the router's weights; defaults to `2 / sqrt(task_embedding_dim)`, which starts
+            the router logits at a standard deviation of about 2.5 (MLP router, unit task representations). With
+            BART's `init_std` (0.02) they start at about 0.1, far below the Gumbel noise, so in training a task's
+            sampled route agreed with its arg-max route at 36% of the (task, layer) pairs (chance: 1/3) and each
+            expert got a third of the task's updates; at this default they agree at 77% (measured on
+            `bart_from_bert(MiniLM)`, 5 tasks, 3 experts), and 12 examples are learned in 50 steps instead of 75.
         task_embedding_init_std (`float`, *optional*, defaults to 1.0):
             Standard deviation of the randomly initialised task representations (section 5.1 (h)).
         upcycled_from (`str`, *optional*):
@@ -118,6 +127,10 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
     @property
     def task_dim(self) -> int:
         return self.task_embedding_dim or self.d_model
+
+    @property
+    def router_std(self) -> float:
+        return self.router_init_std if self.router_init_std is not None else 2.0 / self.task_dim**0.5
 
     @property
     def router_hidden(self) -> int:

@@ -13,6 +13,7 @@ length), so generation with beam search works with every route.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from dataclasses import dataclass
 
@@ -20,13 +21,13 @@ import torch
 from torch import nn
 from transformers import AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoderLayer, shift_tokens_right
 
 from ...layers.heads import IGNORE_INDEX
-from ...layers.routing import HARD_AT_EVAL, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature
-from ...modeling_utils import MultiTaskModelMixin, check_batch_dim, resolve_task_ids
+from ...layers.routing import RoutedCache, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature, plan_routes
+from ...modeling_utils import MultiTaskPreTrainedModel, check_batch_dim, check_kwargs, check_lengths, resolve_task_ids
 from ...tasks import TaskSpec
 from .configuration_bart_task_routed import DENSE_BART_FIELDS, BartTaskRoutedConfig
 
@@ -46,6 +47,38 @@ class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
     routing_counts: torch.FloatTensor | None = None
 
 
+#: tokens `generate()` produces by default after the decoder start token: XSum summaries run to 30-60 tokens,
+#: and transformers' own default of 20 positions cuts them off.
+DEFAULT_MAX_NEW_TOKENS = 64
+
+
+# keyword arguments transformers passes to a model's forward (generation, attention back-ends); anything else is refused
+_TRANSFORMERS_KWARGS = frozenset({
+    "cache_position", "return_dict", "position_ids", "decoder_position_ids", "is_causal", "cu_seq_lens_q", "cu_seq_lens_k",
+    "max_length_q", "max_length_k", "seq_idx", "head_mask", "decoder_head_mask", "cross_attn_head_mask",
+})
+
+
+def apply_generation_convention(generation_config, config, max_new_tokens: int | None = None):
+    """The one target / generation convention of this family, written into a `GenerationConfig`.
+
+    Targets are the text's tokens and the end token, with no leading BOS or [CLS] (`target_token_ids`); the
+    decoder starts from `decoder_start_token_id` (BART: `</s>`; `bart_from_bert`: [CLS]) in training (labels
+    shifted right) and in `generate()`, which stops at `eos_token_id` (BART: `</s>`; BERT vocabularies: [SEP]).
+    So no BOS is forced after the start token (pretrained BART forces `<s>`; its targets began with `<s>`)."""
+    generation_config.decoder_start_token_id = config.decoder_start_token_id
+    generation_config.eos_token_id = config.eos_token_id
+    generation_config.pad_token_id = config.pad_token_id
+    generation_config.bos_token_id = config.bos_token_id
+    generation_config.forced_bos_token_id = None
+    # as max_new_tokens, not max_length: a user's `generate(max_new_tokens=...)` then replaces it without a warning
+    if max_new_tokens is not None or generation_config.max_new_tokens is None:
+        generation_config.max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
+        generation_config.max_length = None
+    return generation_config
+
+
 def _route_index(config: BartTaskRoutedConfig, layer: int | str) -> int:
     names = config.route_names
     if isinstance(layer, str):
@@ -57,7 +90,7 @@ def _route_index(config: BartTaskRoutedConfig, layer: int | str) -> int:
     return layer
 
 
-class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
+class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
     r"""
     BART with task-level routing over forked layers. `forward(..., task_ids=...)` and
     `generate(input_ids, task_ids=..., num_beams=...)` take one task id per row (index into `config.tasks`);
@@ -68,10 +101,12 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
     """
 
     config_class = BartTaskRoutedConfig
+    records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
     _no_split_modules = ["RoutedLayer"]
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
+    _task_specific_parameters = (r"^router\.task_embeddings\.",)
     _parameter_groups = {
         "router": r"^router\.net\.",
         "task_embedding": r"^router\.task_embeddings\.",
@@ -107,6 +142,7 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
         )
         self.router.temperature = config.gumbel_temperature
         self.post_init()
+        apply_generation_convention(self.generation_config, config)
         self.apply_freezing()
 
     def apply_freezing(self) -> None:
@@ -120,19 +156,12 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
             init.normal_(module.weight, mean=0.0, std=config.task_embedding_init_std)  # (h) random representations
         elif isinstance(module, TaskRouter):
             init.zeros_(module.disabled)  # a non-persistent buffer: loading does not fill it
-        elif (
-            isinstance(module, nn.Linear) and config.router_init_std is not None and hasattr(self, "router")
-            and any(module is m for m in self.router.net.modules())
-        ):
-            init.normal_(module.weight, mean=0.0, std=config.router_init_std)
+        elif isinstance(module, nn.Linear) and hasattr(self, "router") and any(module is m for m in self.router.net.modules()):
+            init.normal_(module.weight, mean=0.0, std=config.router_std)
             init.zeros_(module.bias)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        model.apply_freezing()  # loading recreates the parameters
-        return loaded
+    def _after_load(self) -> None:
+        self.apply_freezing()  # loading recreates the parameters
 
     # ------------------------------------------------------------------ routing
     def set_training_step(self, step: int) -> None:
@@ -175,6 +204,19 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
         finally:
             self.router.disabled.copy_(saved)
 
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """A task representation for the new task (the router and experts are shared): task `source`'s, or drawn
+        like at construction (N(0, task_embedding_init_std)); its routes are what the router makes of it."""
+        old = self.router.task_embeddings
+        table = TaskEmbedding(old.num_embeddings + 1, old.embedding_dim).to(old.weight.device, old.weight.dtype)
+        with torch.no_grad():
+            init.normal_(table.weight, mean=0.0, std=self.config.task_embedding_init_std)
+            table.weight[: old.num_embeddings] = old.weight
+            if source is not None:
+                table.weight[new_id] = old.weight[source]
+        table.weight.requires_grad_(old.weight.requires_grad)
+        self.router.task_embeddings = table
+
     def set_task_embeddings(self, embeddings: torch.Tensor) -> None:
         """Initialise the task representations (TextEmb, FT-TextEmb, TaskEmb: `hf_taskmoe.analysis.task_embeddings`)
         with a `(tasks, task_embedding_dim)` tensor, in task-id order."""
@@ -215,9 +257,11 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
         output_router_logits (`bool`, *optional*):
             Return `routing_decisions` and `router_logits`.
         """
+        kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: BART has no segment embeddings
         for flag in ("output_hidden_states", "output_attentions"):
             if kwargs.pop(flag, None):
                 raise ValueError(f"`{flag}` is not supported by BartTaskRouted: a routed layer holds several experts.")
+        check_kwargs({k: v for k, v in kwargs.items() if k not in _TRANSFORMERS_KWARGS}, self.forward)
         reference = next(
             (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
             None,
@@ -227,6 +271,11 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
         if reference is None:
             raise ValueError("Pass `input_ids` (or `inputs_embeds`, or `encoder_outputs` with decoder inputs).")
         batch = reference.shape[0]
+        limit = self.config.max_position_embeddings
+        for name, tensor in (("input", input_ids if input_ids is not None else inputs_embeds), ("target", labels),
+                             ("decoder input", decoder_input_ids if past_key_values is None else None)):
+            if tensor is not None:
+                check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, limit, name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
         router_logits = None
@@ -252,12 +301,15 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
             use_cache = self.config.use_cache and not self.training
         if use_cache and past_key_values is None:
             # grows with the slots it is given (one per decoder expert); a config-sized cache would not
-            past_key_values = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            past_key_values = RoutedCache()
+        # which experts run on which rows, for every routed layer at once (the forward's one host sync)
+        plan = plan_routes(routing_weights, every_expert=router_logits is not None and self.router.needs_every_expert)
         out = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
             past_key_values=past_key_values if use_cache else None, inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing_weights=routing_weights, **kwargs,
+            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing_weights=routing_weights,
+            routing_plan=plan, **kwargs,
         )
         cache = out.past_key_values
         if isinstance(cache, EncoderDecoderCache):
@@ -299,25 +351,41 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
         return loss, task_losses
 
     # ------------------------------------------------------------------ generation
-    def _prepare_text_encoder_decoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, model_input_name, generation_config):
+    def _encode_with_routes(self, encode, inputs_tensor, model_kwargs, *args, **kwargs):
         # `generate` runs the encoder once, before decoding: give it the rows' routes
         task_ids = resolve_task_ids(model_kwargs.get("task_ids"), inputs_tensor.shape[0], self.config.task_names, self.device)
         model_kwargs["task_ids"] = task_ids
-        model_kwargs["routing_weights"] = self.router(task_ids)[0]
-        model_kwargs = super()._prepare_text_encoder_decoder_kwargs_for_generation(
-            inputs_tensor, model_kwargs, model_input_name, generation_config
-        )
-        model_kwargs.pop("routing_weights")  # each decoding step routes from `task_ids` again
+        model_kwargs["routing_weights"] = weights = self.router(task_ids)[0]
+        model_kwargs["routing_plan"] = plan_routes(weights)
+        model_kwargs = encode(inputs_tensor, model_kwargs, *args, **kwargs)
+        model_kwargs.pop("routing_weights", None)  # each decoding step routes from `task_ids` again
+        model_kwargs.pop("routing_plan", None)
         return model_kwargs
+
+    # the encoder step of `generate` (transformers >= 5.2x names it `_prepare_text_...`; earlier 5.x releases the other)
+    def _prepare_text_encoder_decoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, *args, **kwargs):
+        encode = super()._prepare_text_encoder_decoder_kwargs_for_generation
+        return self._encode_with_routes(encode, inputs_tensor, model_kwargs, *args, **kwargs)
+
+    def _prepare_encoder_decoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, *args, **kwargs):
+        encode = super()._prepare_encoder_decoder_kwargs_for_generation
+        return self._encode_with_routes(encode, inputs_tensor, model_kwargs, *args, **kwargs)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         given = model_kwargs.get("past_key_values")
         result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
         cache = model_kwargs.get("past_key_values")
         if given is None and isinstance(cache, EncoderDecoderCache) and generation_config.cache_implementation in (None, "dynamic"):
-            # transformers sizes a dynamic cache by the config's layer count; ours has one slot per decoder expert
-            model_kwargs["past_key_values"] = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            # transformers sizes a dynamic cache by the config's layer count; ours has one slot per decoder expert,
+            # and an expert serving some rows only keeps those rows (RoutedCache)
+            model_kwargs["past_key_values"] = RoutedCache()
         return result
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate` with `task_ids` (one per row); the segment ids a BERT tokenizer returns are
+        dropped (BART has no segment embeddings), so `model.generate(**tokenizer(texts), task_ids=...)` works."""
+        kwargs.pop("token_type_ids", None)
+        return super().generate(*args, **kwargs)
 
     # ------------------------------------------------------------------ building and exporting
     @classmethod
@@ -362,7 +430,7 @@ class BartTaskRouted(MultiTaskModelMixin, BartForConditionalGeneration):
                         continue
                     for p in layer.experts.parameters():
                         p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
-        model.generation_config = dense_model.generation_config
+        model.generation_config = apply_generation_convention(copy.deepcopy(dense_model.generation_config), config)
         return (model, report) if output_loading_info else model
 
     def export_task(self, task: str, force_argmax: bool = False) -> BartForConditionalGeneration:

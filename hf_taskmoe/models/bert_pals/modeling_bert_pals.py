@@ -20,6 +20,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
 
 from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, split_groups
+from ...modeling_utils import MultiTaskPreTrainedModel
 from ...tasks import TaskSpec
 from ..multitask_bert import (
     MultiTaskBertEncoderMixin,
@@ -54,7 +55,7 @@ class PALBertEncoder(nn.Module):
         self.layer = nn.ModuleList([PALBertLayer(config, i) for i in range(config.num_hidden_layers)])
 
 
-class BertPALsPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
+class BertPALsPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     config_class = BertPALsConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
@@ -147,13 +148,11 @@ class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):
         self.post_init()
 
     # ------------------------------------------------------------------ tasks
-    def add_task(self, task: TaskSpec | dict, init_pals_from: str | None = None) -> int:
-        """Add a task with PALs of its own (a new group) and a fresh head; `init_pals_from` copies the PALs of
-        an existing task's group, otherwise they are initialised like at construction (`D = 0` by default).
-        Returns the new task id. Call it before building the optimizer."""
-        source = self.config.task_group_ids[self.task_id(init_pals_from)] if init_pals_from is not None else None
-        new_id = self._register_new_task(task)
+    def _grow_for_task(self, new_id: int, source_task: int | None) -> None:
+        """PALs of the new task's own (a new group): copies of task `source_task`'s group, or initialised like at
+        construction (`D = 0` by default)."""
         pals, config = self.bert.pals, self.config
+        source = config.task_group_ids[source_task] if source_task is not None else None
         new_modules = [nn.Linear(config.hidden_size, config.pal_size, bias=False), PALDecoder(config.pal_size, config.hidden_size)]
         pals.encoders.append(new_modules[0])
         pals.decoders.append(new_modules[1])
@@ -173,7 +172,6 @@ class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):
                 for layer in pals.layers:
                     pals.attention[str(layer)][group].load_state_dict(pals.attention[str(layer)][source].state_dict())
         self.bert.task_to_group = torch.tensor(config.task_group_ids, dtype=torch.long, device=self.device)
-        return new_id
 
     # ------------------------------------------------------------------ from a dense BERT
     @classmethod

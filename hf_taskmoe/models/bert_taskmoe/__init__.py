@@ -1,3 +1,10 @@
+"""BertForTaskMoE: MT-TaG, MT-Switch and MT-Dense (Sparsely Activated Mixture-of-Experts are Robust Multi-Task
+Learners): BERT/MiniLM feed-forward blocks upcycled into experts behind task-aware or shared top-k gates."""
+
+from ...pipelines import PIPELINE_TASK
+from ...upcycling import UpcyclingRules
+from ..multitask_bert import BERT_BACKBONE_RULES, ENCODER_PROBLEM_TYPES
+from ..registry import Family, register_family
 from .configuration_bert_taskmoe import BertTaskMoEConfig
 from .modeling_bert_taskmoe import (
     BertForTaskMoE,
@@ -7,7 +14,36 @@ from .modeling_bert_taskmoe import (
     TaskMoEOutput,
 )
 
+
+def describe(c: BertTaskMoEConfig) -> str:
+    if c.num_experts == 1:
+        return "MT-Dense (one FFN per layer)"
+    kind = "MT-TaG (task-aware gates)" if c.gating == "task" else "MT-Switch (one shared gate)"
+    return (f"{kind}: {c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting "
+            f"`{c.expert_weighting}`, MoE layers {c.moe_layer_indices}")
+
+
+FAMILY = register_family(Family(
+    name="bert_taskmoe",
+    config_class=BertTaskMoEConfig,
+    model_class=BertForTaskMoE,
+    problem_types=ENCODER_PROBLEM_TYPES,
+    pipeline_task=PIPELINE_TASK,
+    describe=describe,
+    # MT-TaG section 4.3: every expert of layer i starts as a copy of layer i's FFN
+    upcycling=UpcyclingRules(
+        rename=BERT_BACKBONE_RULES + (
+            (r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_in\.(weight|bias)", r"encoder.layer.\1.intermediate.dense.\2"),
+            (r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_out\.(weight|bias)", r"encoder.layer.\1.output.dense.\2"),
+            (r"encoder\.layer\.(\d+)\.ffn_norm\.(weight|bias)", r"encoder.layer.\1.output.LayerNorm.\2"),
+        ),
+        new=(r"\.mlp\.router\.", r"^heads\."),
+    ),
+    dense_model_types=("bert",),
+))
+
 __all__ = [
+    "FAMILY",
     "BertTaskMoEConfig",
     "BertForTaskMoE",
     "BertTaskMoEModel",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...layers.moe import EXPERT_WEIGHTINGS, ROUTER_TYPES
+from ...layers.moe import EXPERT_DISPATCHES, EXPERT_WEIGHTINGS, GATING_TYPES
 from ...utils import check_choice, check_float, check_int
 from ..multitask_bert import CLASSIFIER_POOLINGS, MultiTaskBertConfig
 
@@ -31,10 +31,17 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
         moe_layers (`list[int]`, *optional*):
             Indices of the layers whose FFN is a mixture of experts; the others keep one dense FFN.
             Defaults to every layer (as in the paper).
-        expert_weighting (`str`, *optional*, defaults to `"gate"`):
-            `"gate"`: `h = g* E*(x)` (paper eq. 6). `"straight_through"`: the value of `E*(x)` with the
-            gradient of eq. 6 reaching the gate, so that an upcycled model starts exactly at the dense one.
-            See `hf_taskmoe.layers.moe.TaskMoE`.
+        expert_weighting (`str`, *optional*, defaults to `"straight_through"`):
+            `"straight_through"`: the value of `E*(x)` with the gradient of eq. 6 reaching the gate, so that an
+            upcycled model starts exactly at the dense one; `"gate"`: `h = g* E*(x)` (paper eq. 6), which scales every
+            FFN output by about 1/N at an upcycled start. The default everywhere (config, `from_dense`, the example
+            script) since straight-through scored higher on every demo task but BoolQ (README, "Upcycling"). See
+            `hf_taskmoe.layers.moe.TaskMoE`.
+        expert_dispatch (`str`, *optional*, defaults to `"sorted_loop"`):
+            How tokens reach their experts: `"sorted_loop"` (one `F.linear` per expert on its slice of the sorted
+            tokens; one host sync per layer for the slice sizes) or `"grouped_mm"` (`torch.nn.functional.grouped_mm`
+            over all slices at once, no host sync; the fast path of recent GPUs in bf16). Same values either way;
+            `benchmarks/moe_vs_dense.py` measures both.
         router_init_std (`float`, *optional*, defaults to 0.001):
             Standard deviation of the normal initialisation of the gates (paper section 4.4).
         router_aux_loss_coef (`float`, *optional*, defaults to 0.0):
@@ -56,7 +63,8 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
     gating: str = "task"
     top_k: int = 1
     moe_layers: list | None = None
-    expert_weighting: str = "gate"
+    expert_weighting: str = "straight_through"
+    expert_dispatch: str = "sorted_loop"
     router_init_std: float = 0.001
     router_aux_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0
@@ -64,9 +72,15 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
     def _validate(self) -> None:
         super()._validate()
         check_int(self.num_experts, "num_experts", minimum=1)
-        check_choice(self.gating, ROUTER_TYPES, "gating")
+        check_choice(self.gating, GATING_TYPES, "gating")
         check_int(self.top_k, "top_k", minimum=1, maximum=self.num_experts)
         check_choice(self.expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
+        check_choice(self.expert_dispatch, EXPERT_DISPATCHES, "expert_dispatch")
+        if self.expert_dispatch == "grouped_mm" and (self.hidden_size % 8 or self.intermediate_size % 8):
+            raise ValueError(
+                "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 (grouped GEMM "
+                f"strides are 16-byte aligned), got {self.hidden_size} and {self.intermediate_size}; use 'sorted_loop'."
+            )
         check_float(self.router_init_std, "router_init_std", minimum=0.0)
         check_float(self.router_aux_loss_coef, "router_aux_loss_coef", minimum=0.0)
         check_float(self.router_z_loss_coef, "router_z_loss_coef", minimum=0.0)

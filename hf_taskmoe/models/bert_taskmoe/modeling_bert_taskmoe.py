@@ -18,8 +18,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertPooler
 from transformers.utils import ModelOutput
 
-from ...layers.moe import SharedRouter, TaskMoE, TaskRouter
-from ...modeling_utils import MultiTaskModelOutput, heads_to_output_fields
+from ...layers.moe import SharedGate, TaskGate, TaskMoE
+from ...modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, heads_to_output_fields
 from ...tasks import TaskSpec
 from ..multitask_bert import (
     MultiTaskBertEncoderMixin,
@@ -78,18 +78,7 @@ class TaskMoEBertLayer(GradientCheckpointingLayer):
     def __init__(self, config: BertTaskMoEConfig, layer_idx: int):
         super().__init__()
         self.attention = BertAttention(config, layer_idx=layer_idx)
-        self.mlp = TaskMoE(
-            hidden_size=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            num_experts=config.num_experts if layer_idx in config.moe_layer_indices else 1,
-            num_tasks=config.num_tasks,
-            gating=config.gating,
-            top_k=config.top_k,
-            hidden_act=config.hidden_act,
-            expert_weighting=config.expert_weighting,
-            compute_aux_loss=config.router_aux_loss_coef > 0,
-            compute_z_loss=config.router_z_loss_coef > 0,
-        )
+        self.mlp = TaskMoE(config, layer_idx)
         self.ffn_dropout = nn.Dropout(config.hidden_dropout_prob)
         self.ffn_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -106,7 +95,7 @@ class TaskMoEBertEncoder(nn.Module):
         self.layer = nn.ModuleList([TaskMoEBertLayer(config, i) for i in range(config.num_hidden_layers)])
 
 
-class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
+class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     config_class = BertTaskMoEConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
@@ -135,7 +124,7 @@ class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
     def _init_weights(self, module):
         # Linear/Embedding: N(0, initializer_range) (heads: N(0, 0.02) in the paper); LayerNorm: 1 and 0.
         super()._init_weights(module)
-        if isinstance(module, (TaskRouter, SharedRouter)):
+        if isinstance(module, (TaskGate, SharedGate)):
             init.normal_(module.weight, mean=0.0, std=self.config.router_init_std)  # paper 4.4: N(0, 0.001)
 
 
@@ -286,16 +275,11 @@ class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
         return output if return_dict else output.to_tuple()
 
     # ------------------------------------------------------------------ tasks
-    def add_task(self, task: TaskSpec | dict, init_gate_from: str | None = None) -> int:
-        """Add a task after training (MT-TaG section 5.2): a fresh head and, with task-aware gating, a gate
-        copied from the related task `init_gate_from` (or drawn from N(0, router_init_std)). Returns the new
-        task id. Call it before building the optimizer: the gates' parameters are replaced.
-        """
-        source = self.task_id(init_gate_from) if init_gate_from is not None else None
-        new_id = self._register_new_task(task)
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """MT-TaG section 5.2: with task-aware gating, a gate per MoE layer copied from the related task `source`
+        (or drawn from N(0, router_init_std)); the shared gate of MT-Switch serves the new task as it is."""
         for layer in self.bert.encoder.layer:
             layer.mlp.add_task(source, self.config.router_init_std)
-        return new_id
 
     # ------------------------------------------------------------------ upcycling
     @classmethod

@@ -31,7 +31,7 @@ from ...layers.conditional import (
     ConditionalLayerNorm,
     FiLM,
 )
-from ...modeling_utils import resolve_task_ids
+from ...modeling_utils import MultiTaskPreTrainedModel, resolve_task_ids
 from ...tasks import TaskSpec
 from ..multitask_bert import (
     MultiTaskBertEncoderMixin,
@@ -98,7 +98,7 @@ class CAMTLEncoder(nn.Module):
         )
 
 
-class CAMTLPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
+class CAMTLPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     config_class = CAMTLConfig
     base_model_prefix = "bert"
     supports_gradient_checkpointing = True
@@ -118,13 +118,9 @@ class CAMTLPreTrainedModel(MultiTaskBertInitMixin, PreTrainedModel):
         "head": r"^heads\.",
     }
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        # Loading creates the parameters anew; freeze again what the config says is frozen.
-        loaded = super().from_pretrained(*args, **kwargs)
-        model = loaded[0] if isinstance(loaded, tuple) else loaded
-        (model.bert if hasattr(model, "bert") else model).apply_freezing()
-        return loaded
+    def _after_load(self) -> None:
+        # loading creates the parameters anew: freeze again what the config says is frozen
+        (self.bert if hasattr(self, "bert") else self).apply_freezing()
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -243,13 +239,21 @@ class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
         self.post_init()
 
     # ------------------------------------------------------------------ tasks
-    def add_task(self, task: TaskSpec | dict, init_embedding_from: str | None = None) -> int:
-        """Add a task: one more row in the task-embedding table and a fresh head (appendix A.4). The new
-        embedding copies task `init_embedding_from`'s, or is drawn like at construction
-        (`N(0, initializer_range)`). The conditional modules are shared, so nothing else grows. Returns the
-        new task id. Call it before building the optimizer."""
-        source = self.task_id(init_embedding_from) if init_embedding_from is not None else None
-        new_id = self._register_new_task(task)
+    def max_input_length(self) -> int:
+        """Conditional attention is built for `conditional_attention_max_length` tokens: longer inputs are refused."""
+        limit = self.config.max_position_embeddings
+        if self.config.conditional_attention:
+            limit = min(limit, self.config.conditional_attention_max_length)
+        return limit
+
+    def _input_limit_name(self) -> str:
+        c = self.config
+        short = c.conditional_attention and c.conditional_attention_max_length < c.max_position_embeddings
+        return "conditional_attention_max_length" if short else "max_position_embeddings"
+
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """One more row in the task-embedding table (appendix A.4): task `source`'s, or drawn like at construction
+        (`N(0, initializer_range)`). The conditional modules are shared, so nothing else grows."""
         old = self.bert.task_embeddings
         if old is not None:
             table = nn.Embedding(old.num_embeddings + 1, old.embedding_dim).to(old.weight.device, old.weight.dtype)
@@ -260,7 +264,6 @@ class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
                     table.weight[new_id] = old.weight[source]
             table.weight.requires_grad_(old.weight.requires_grad)
             self.bert.task_embeddings = table
-        return new_id
 
     # ------------------------------------------------------------------ from a dense BERT
     @classmethod

@@ -91,7 +91,7 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
             )
         self.categorical_cardinalities = [check_int(c, "categorical_cardinalities[]", minimum=1) for c in cards]
         names = self.numeric_features + self.categorical_features
-        if not names:
+        if not names and self.tasks is not None:  # without tasks: a default config (transformers compares with one)
             raise ValueError("Give at least one input column in `numeric_features` or `categorical_features`.")
         if len(set(names)) != len(names):
             raise ValueError(f"Feature names must be unique, got {names}.")
@@ -127,7 +127,7 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
     @property
     def label_columns(self) -> list[str]:
         """Data column holding each task's label."""
-        return [t["name"] if t.get("label_field", "label") == "label" else t["label_field"] for t in self.tasks]
+        return [t["name"] if t.get("label_field", "label") == "label" else t["label_field"] for t in self.tasks or []]
 
     @property
     def input_size(self) -> int:

@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from ...modeling_utils import MultiTaskPreTrainedModel, check_kwargs
 from .configuration_mmoe import MMoEConfig
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
@@ -83,9 +84,11 @@ class StackedMLP(nn.Module):
         return x
 
 
-class MMoEPreTrainedModel(PreTrainedModel):
+class MMoEPreTrainedModel(MultiTaskPreTrainedModel):
     config_class = MMoEConfig
+    records_task_order = True
     base_model_prefix = ""
+    _task_specific_parameters = (r"^heads\.", r"^towers\.", r"^gates\.")
     main_input_name = "numeric_features"
     accepts_loss_kwargs = False
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "gate_weights", "routing_counts"]
@@ -162,6 +165,39 @@ class MMoEModel(MMoEPreTrainedModel):
         )
         self.post_init()
 
+    def max_input_length(self) -> None:
+        return None  # rows of features, not token sequences
+
+    @torch.no_grad()
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """A gate (MMoE), a tower and a head for the new task: the gate's and tower's copies of task `source`'s, or
+        initialised like at construction; the head fresh (its width follows the new task's problem type)."""
+        config = self.config
+        if config.architecture == "mmoe":
+            old, experts = self.gates, config.num_experts
+            gates = nn.Linear(old.in_features, old.out_features + experts, bias=old.bias is not None).to(old.weight.device, old.weight.dtype)
+            self._init_weights(gates)
+            gates.weight[: old.out_features] = old.weight
+            if source is not None:
+                gates.weight[-experts:] = old.weight[source * experts : (source + 1) * experts]
+            if old.bias is not None:
+                gates.bias[: old.out_features] = old.bias
+                if source is not None:
+                    gates.bias[-experts:] = old.bias[source * experts : (source + 1) * experts]
+            self.gates = gates
+        if self.towers is not None:
+            fresh = StackedMLP(1, config.expert_hidden_sizes[-1] if config.architecture != "shared_bottom" else config.bottom_hidden_sizes[-1],
+                               config.tower_hidden_sizes, config.use_bias, config.hidden_act, config.dropout)
+            self._init_weights(fresh)
+            for name, param in list(self.towers.named_parameters()):
+                row = param[source : source + 1] if source is not None else getattr(fresh, name).to(param.device, param.dtype)
+                setattr(self.towers, name, nn.Parameter(torch.cat([param.data, row.clone()]), requires_grad=param.requires_grad))
+        spec = config.task_specs[new_id]
+        head_in = next(iter(self.heads.values())).in_features
+        head = nn.Linear(head_in, config.task_output_sizes[new_id], bias=config.use_bias)
+        self._init_weights(head)
+        self.heads[spec.name] = head.to(self.device, self.dtype)
+
     # ------------------------------------------------------------------ inputs
     def _input_vector(self, numeric_features, categorical_features) -> torch.Tensor:
         config = self.config
@@ -191,6 +227,14 @@ class MMoEModel(MMoEPreTrainedModel):
                 )
             if batch is not None and categorical_features.shape[0] != batch:
                 raise ValueError(f"`categorical_features` has {categorical_features.shape[0]} rows, `numeric_features` {batch}.")
+            if categorical_features.is_floating_point():
+                fractional = categorical_features != categorical_features.round()
+                if fractional.any():  # `.long()` would truncate 1.7 to category 1
+                    row, col = fractional.nonzero()[0].tolist()
+                    raise ValueError(
+                        f"`categorical_features` must hold integer codes; row {row}, feature {config.categorical_features[col]!r} "
+                        f"holds {categorical_features[row, col].item()}."
+                    )
             codes = categorical_features.long()
             limits = torch.tensor(config.categorical_cardinalities, device=codes.device)
             bad = (codes < 0) | (codes >= limits)
@@ -215,6 +259,10 @@ class MMoEModel(MMoEPreTrainedModel):
                 f"{config.task_names}), got {tuple(labels.shape)}."
             )
         labels = labels.float()
+        infinite = torch.isinf(labels)  # NaN marks a missing label; an infinite one is a bad label
+        if infinite.any():
+            row, k = infinite.nonzero()[0].tolist()
+            raise ValueError(f"Task {config.task_names[k]!r}: label {labels[row, k].item()} in row {row} is not finite.")
         for k, spec in enumerate(config.task_specs):
             if spec.problem_type != "single_label_classification":
                 continue
@@ -250,6 +298,7 @@ class MMoEModel(MMoEPreTrainedModel):
             routed family takes (`MultiTaskTrainingArguments.log_routing`).
         """
         config = self.config
+        check_kwargs(kwargs, self.forward)
         x = self._input_vector(numeric_features, categorical_features)
         batch = x.shape[0]
         if labels is not None:

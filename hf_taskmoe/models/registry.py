@@ -1,0 +1,104 @@
+"""The family registry: a family is the unit of the library's design.
+
+Each `models/<family>/` package declares, in one `register_family(Family(...))` call next to its code, everything
+the rest of the library needs: its config and model classes (registered with the Auto classes here), the name
+`run_multitask.py --model_family` takes, how it is built from a dense checkpoint (upcycling rules, the dense
+model types it starts from), the line a model card says of its method, the pipeline that serves it and the
+problem types it supports. Central modules (upcycling, model cards, pipelines, the example script) ask this
+registry and name no family; a new family is one new folder plus one line that imports it
+(`hf_taskmoe/models/__init__.py`), or, outside the package, one `register_family` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..utils import lookup
+
+if TYPE_CHECKING:
+    from ..upcycling import UpcyclingRules
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the library knows of one model family.
+
+    Args:
+        name: the family's name (`run_multitask.py --model_family <name>`), e.g. `"bert_taskmoe"`.
+        config_class / model_class: the `PreTrainedConfig` (its `model_type` starts with `taskmoe_`) and the model
+            users train (with its heads); registered with `AutoConfig` and each of `auto_classes`.
+        auto_classes: transformers Auto classes the model class is registered with (also an export's `auto_map`).
+        problem_types: the `TaskSpec.problem_type`s the family supports.
+        pipeline_task: the pipeline that serves the family's models (`"multitask-text-classification"`, ...).
+        describe: `config -> str`, the method line of a model card.
+        upcycling: `UpcyclingRules` mapping a dense checkpoint's weights into the family (None: not built from one).
+        dense_model_types: `model_type`s of the dense checkpoints `from_dense` accepts.
+        prepare_dense: optional `(path_or_model, dense_config) -> path_or_model`, turning a checkpoint of another
+            type into one `from_dense` takes (BartTaskRouted: a BERT is warm-started into a BART).
+        script_defaults: optional `(values) -> {config field: value}`: config values the example script derives
+            from its own options when the user sets none (CA-MTL: conditional attention as long as the inputs).
+    """
+
+    name: str
+    config_class: type
+    model_class: type
+    auto_classes: tuple[str, ...] = ("AutoModel",)
+    problem_types: tuple[str, ...] = ()
+    pipeline_task: str | None = None
+    describe: Callable[[Any], str] | None = None
+    upcycling: "UpcyclingRules | None" = None
+    dense_model_types: tuple[str, ...] = ()
+    prepare_dense: Callable[[Any, Any], Any] | None = None
+    script_defaults: Callable[[dict], dict] | None = None
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+    @property
+    def buildable_from_dense(self) -> bool:
+        return self.upcycling is not None and hasattr(self.model_class, "from_dense")
+
+
+#: every registered family by name, in registration order
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family, exist_ok: bool = False) -> Family:
+    """Register `family`: check its names, register its config and model with the Auto classes, keep it in
+    `FAMILIES`. Returns the family (a package's `__init__` keeps it as `FAMILY`)."""
+    import transformers
+    from transformers import AutoConfig
+
+    model_type = family.config_class.model_type
+    if not isinstance(model_type, str) or not model_type.startswith("taskmoe_"):
+        raise ValueError(f"model_type {model_type!r} of family {family.name!r} must start with 'taskmoe_'.")
+    clash = next((f for f in FAMILIES.values() if f.model_type == model_type and f.name != family.name), None)
+    if clash is not None:
+        raise ValueError(f"model_type {model_type!r} is already the family {clash.name!r}'s.")
+    if family.name in FAMILIES and not exist_ok and FAMILIES[family.name] != family:
+        raise ValueError(f"A family named {family.name!r} is already registered; pass exist_ok=True to replace it.")
+    if family.config_class is not getattr(family.model_class, "config_class", None):
+        raise ValueError(f"{family.model_class.__name__}.config_class must be {family.config_class.__name__}.")
+    AutoConfig.register(model_type, family.config_class, exist_ok=True)
+    for auto in family.auto_classes:
+        getattr(transformers, auto).register(family.config_class, family.model_class, exist_ok=True)
+    FAMILIES[family.name] = family
+    return family
+
+
+def get_family(name: str) -> Family:
+    """The family registered as `name` (`run_multitask.py --model_family`)."""
+    return lookup(FAMILIES, name, "model_family")
+
+
+def family_of(config_or_model_type) -> Family:
+    """The family of a config, model or `model_type`."""
+    model_type = getattr(getattr(config_or_model_type, "config", config_or_model_type), "model_type", config_or_model_type)
+    for family in FAMILIES.values():
+        if family.model_type == model_type:
+            return family
+    raise ValueError(f"No hf_taskmoe family has model_type {model_type!r}; the families are "
+                     f"{ {f.name: f.model_type for f in FAMILIES.values()} }.")

@@ -1,0 +1,184 @@
+"""The contract every family keeps, tested once for all of them (transformers' `ModelTesterMixin` idea).
+
+A family takes part by giving a `FamilyCase`: how to build a tiny model for some tasks and a batch for some task
+ids. `FamilyContract` holds the tests; `test_families.py` runs them for every registered family of the package,
+and a family defined elsewhere (a test's toy family) gets them by subclassing with its own case.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel
+
+import hf_taskmoe
+from hf_taskmoe import TaskSpec
+from hf_taskmoe.models import family_of
+
+
+@dataclass
+class FamilyCase:
+    """A family's tiny models for the contract tests.
+
+    build(tasks) -> a fresh model with dropout off; batch(model, task_ids) -> inputs and labels for rows of those
+    tasks (the same rows for the same ids and seed); new_task: a task `add_task` can take; dense_equivalent(): an
+    optional `(fresh model, reference fn)` pair whose outputs must agree at initialisation."""
+
+    name: str
+    tasks: list[TaskSpec]
+    build: Callable[[list[TaskSpec]], torch.nn.Module]
+    batch: Callable[..., dict]
+    new_task: TaskSpec
+    output_key: str = "logits"
+    learns_steps: int = 60
+    learns_lr: float = 3e-3
+    dense_equivalent: Callable[[], tuple] | None = None
+    bf16: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def _task_rows(out, key: str) -> torch.Tensor:
+    return getattr(out, key)
+
+
+class FamilyContract:
+    """Subclass with `case` (a `FamilyCase`) to run the contract for one family."""
+
+    case: FamilyCase
+
+    def model(self, tasks=None):
+        torch.manual_seed(0)
+        return self.case.build(tasks or self.case.tasks).eval()
+
+    def ids(self, model) -> torch.Tensor:
+        return torch.arange(6) % model.config.num_tasks
+
+    # ------------------------------------------------------------------ contract
+    def test_registered_and_auto_round_trip(self, tmp_path):
+        model = self.model()
+        family = family_of(model.config)
+        assert isinstance(model, family.model_class) and model.config.model_type.startswith("taskmoe_")
+        batch = self.case.batch(model, self.ids(model))
+        with torch.no_grad():
+            expected = model(**batch)
+        model.save_pretrained(tmp_path)
+        assert isinstance(AutoConfig.from_pretrained(tmp_path), family.config_class)
+        for auto in family.auto_classes:
+            loaded = getattr(__import__("transformers"), auto).from_pretrained(tmp_path).eval()
+            assert type(loaded) is family.model_class and loaded.config.task_names == model.config.task_names
+            with torch.no_grad():
+                got = loaded(**batch)
+            torch.testing.assert_close(_task_rows(got, self.case.output_key), _task_rows(expected, self.case.output_key), atol=1e-5, rtol=0)
+            assert torch.equal(loaded.task_fingerprint, model.task_fingerprint)
+
+    def test_reordered_tasks_in_config_json_are_refused(self, tmp_path):
+        import json
+
+        model = self.model()
+        model.save_pretrained(tmp_path)
+        config = json.loads((tmp_path / "config.json").read_text())
+        config["tasks"] = config["tasks"][::-1]
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match="the weights were saved for the tasks in the order"):
+            AutoModel.from_pretrained(tmp_path)
+
+    def _needs_task_ids(self):
+        if not self.case.extra.get("task_ids", True):
+            pytest.skip("the family's rows carry every task's label; there are no task ids")
+
+    def test_bad_task_ids_are_refused_before_compute(self):
+        self._needs_task_ids()
+        model = self.model()
+        batch = self.case.batch(model, self.ids(model))
+        batch["task_ids"] = torch.full_like(self.ids(model), model.config.num_tasks)
+        with pytest.raises(ValueError, match=r"task"):
+            model(**batch)
+
+    def test_misspelt_keyword_is_refused(self):
+        model = self.model()
+        batch = self.case.batch(model, self.ids(model))
+        batch["lables"] = batch.pop("labels")
+        with pytest.raises(ValueError, match=r"Unexpected keyword argument\(s\) \['lables'\]"):
+            model(**batch)
+
+    def test_mixed_batch_equals_per_task_batches(self):
+        self._needs_task_ids()
+        model = self.model()
+        ids = self.ids(model)
+        batch = self.case.batch(model, ids)
+        with torch.no_grad():
+            mixed = model(**batch)
+            for t in range(model.config.num_tasks):
+                rows = (ids == t).nonzero().squeeze(-1)
+                alone = model(**self.case.batch(model, ids, rows=rows))
+                name = model.config.task_names[t]
+                torch.testing.assert_close(alone.task_losses[name], mixed.task_losses[name], atol=1e-5, rtol=1e-5)
+
+    def test_gradient_reaches_every_task_specific_parameter(self):
+        """After a few steps (function-preserving starts have zero-initialised projections that pass no gradient
+        upstream on the first step: PALs' D, CA-MTL's FiLM and bottleneck), every task-specific parameter learns."""
+        model = self.model().train()
+        batch = self.case.batch(model, self.ids(model))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            model(**batch).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        model(**batch).loss.backward()
+        patterns = [re.compile(p) for p in getattr(model, "_task_specific_parameters", (r"^heads\.",))]
+        specific = [(n, p) for n, p in model.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)]
+        assert specific
+        without = [n for n, p in specific if p.grad is None or not p.grad.abs().sum() > 0]
+        assert not without, f"no gradient: {without[:5]}"
+
+    def test_add_task_then_train(self):
+        model = self.model()
+        new_id = model.add_task(self.case.new_task, init_from=model.config.task_names[0])
+        assert model.config.task_names[new_id] == self.case.new_task.name
+        model.train()
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        ids = torch.full((4,), new_id)
+        first = model(**self.case.batch(model, ids)).loss
+        first.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        assert torch.isfinite(first) and self.case.new_task.name in model(**self.case.batch(model, ids)).task_losses
+
+    def test_learns_a_few_examples(self):
+        """Plain AdamW on a fixed mixed batch: the loss falls to a small fraction of where it started."""
+        model = self.model().train()
+        batch = self.case.batch(model, self.ids(model))
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=self.case.learns_lr)
+        losses = []
+        for _ in range(self.case.learns_steps):
+            loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        assert losses[-1] < 0.25 * losses[0], losses[:: max(1, len(losses) // 6)]
+
+    def test_bf16_autocast_training_step(self):
+        if not self.case.bf16:
+            pytest.skip("the family does not run under bf16 autocast")
+        model = self.model().train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(**self.case.batch(model, self.ids(model)))
+        assert torch.isfinite(out.loss)
+        out.loss.backward()
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        assert grads and all(torch.isfinite(g).all() for g in grads)
+
+    def test_dense_equivalence_at_initialisation(self):
+        if self.case.dense_equivalent is None:
+            pytest.skip("the family does not start from a dense model")
+        fresh, reference = self.case.dense_equivalent()
+        got, expected = reference(fresh)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+    def test_package_is_imported(self):
+        assert hf_taskmoe.FAMILIES[family_of(self.model().config).name]
