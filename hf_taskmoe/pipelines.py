@@ -76,10 +76,22 @@ class _MultiTaskPipeline(Pipeline):
             raise ValueError(f"Task {name!r} is {problem}; this pipeline serves {list(self.supported)}.")
         return text, pair, task_id
 
+    def max_length(self) -> int:
+        """Where inputs are truncated: the length the model was trained with (`run_multitask.py` saves it as the
+        tokenizer's `model_max_length`), never beyond what the model takes (`max_input_length`)."""
+        limit = self.model.max_input_length() if hasattr(self.model, "max_input_length") else None
+        trained = self.tokenizer.model_max_length if self.tokenizer.model_max_length < 1_000_000 else None
+        lengths = [n for n in (limit, trained) if n]
+        return min(lengths) if lengths else 512
+
     def preprocess(self, inputs, task=None, max_length=None):
         """`inputs`: a list of normalised `(text, pair, task_id)` rows, tokenised as one padded batch."""
         # encoder-decoders take no segment ids (as `tokenize_task` for seq2seq tasks)
         extra = {"return_token_type_ids": False} if self.model.config.is_encoder_decoder else {}
+        if max_length is None:
+            max_length = self.max_length()
+        elif isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+            raise ValueError(f"`max_length` must be a positive integer, got {max_length!r}.")
         # rows one by one (a batch may mix single texts and pairs), then padded together
         rows = [self.tokenizer(text, pair, truncation=True, max_length=max_length, **extra) for text, pair, _ in inputs]
         encoded = self.tokenizer.pad(rows, padding=True, return_tensors="pt")
@@ -95,7 +107,9 @@ class _MultiTaskPipeline(Pipeline):
         preprocess_params = {**self._preprocess_params, **preprocess_params}
         forward_params = {**self._forward_params, **forward_params}
         postprocess_params = {**self._postprocess_params, **postprocess_params}
-        size = batch_size or self._batch_size or 8
+        size = batch_size if batch_size is not None else (self._batch_size or 8)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"`batch_size` must be a positive integer, got {size!r}.")
         results = []
         for start in range(0, len(items), size):
             model_inputs = self.preprocess(items[start : start + size], **preprocess_params)
@@ -112,6 +126,8 @@ class MultiTaskTextClassificationPipeline(_MultiTaskPipeline):
 
     def _sanitize_model_parameters(self, top_k=None, **kwargs):
         super()._sanitize_model_parameters(**kwargs)
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"`top_k` must be a positive integer (the number of labels to return), got {top_k!r}.")
         return {}, ({"top_k": top_k} if top_k is not None else {})
 
     def _forward(self, model_inputs):
@@ -136,7 +152,10 @@ class MultiTaskTextClassificationPipeline(_MultiTaskPipeline):
         labels = spec.label_names or [f"LABEL_{i}" for i in range(logits.shape[-1])]
         if spec.problem_type == "regression":
             value = logits.tolist()
-            return {"task": spec.name, "score": value[0] if len(value) == 1 else value}
+            result = {"task": spec.name, "score": value[0] if len(value) == 1 else value}
+            if spec.target_range:
+                result["scale"] = list(spec.target_range)  # what the score means: the range of the task's targets
+            return result
         if spec.problem_type == "multi_label_classification":
             probs = logits.sigmoid().tolist()
             return {"task": spec.name, "labels": [l for l, p in zip(labels, probs) if p > 0.5],
@@ -166,9 +185,14 @@ class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
         return {"task_ids": task_ids, "generated": generated}
 
     def postprocess(self, model_outputs):
+        from .metrics import decode_texts
+
         names = self.model.config.task_names
-        texts = self.tokenizer.batch_decode(model_outputs["generated"], skip_special_tokens=True)
-        return [{"task": names[int(t)], "generated_text": text.strip()} for t, text in zip(model_outputs["task_ids"], texts)]
+        # position 0 is the decoder start token; the text ends at the first EOS (what evaluation scores: other
+        # special tokens are kept, so a model that loops on a start token shows it)
+        generated = model_outputs["generated"][:, 1:].cpu()
+        texts = decode_texts(generated, self.tokenizer, self.model.generation_config.eos_token_id)
+        return [{"task": names[int(t)], "generated_text": text} for t, text in zip(model_outputs["task_ids"], texts)]
 
 
 PIPELINE_REGISTRY.register_pipeline(PIPELINE_TASK, pipeline_class=MultiTaskTextClassificationPipeline, pt_model=AutoModel)

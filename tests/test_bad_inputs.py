@@ -36,6 +36,20 @@ CASES = {
     "attention_mask shape": (dict(attention_mask=torch.ones(4, 6, dtype=torch.long)), r"`attention_mask` must have shape \(batch, seq\) = \(4, 7\)"),
     "token_type_ids batch": (dict(token_type_ids=torch.zeros(3, 7, dtype=torch.long)), r"`token_type_ids` must have shape"),
     "input_ids 3-D": (dict(input_ids=torch.ones(4, 2, 7, dtype=torch.long)), r"`input_ids` must have shape \(batch, seq\)"),
+    "empty batch": (
+        dict(input_ids=torch.ones(0, 7, dtype=torch.long), attention_mask=None, token_type_ids=None, task_ids=torch.zeros(0, dtype=torch.long),
+             labels=None),
+        r"batch is empty \(0 rows\)",
+    ),
+    "zero-length sequences": (
+        dict(input_ids=torch.ones(4, 0, dtype=torch.long), attention_mask=None, token_type_ids=None),
+        r"sequences are empty \(0 tokens\)",
+    ),
+    "longer than the position table": (
+        dict(input_ids=torch.ones(4, 65, dtype=torch.long), attention_mask=None, token_type_ids=None),
+        r"65 tokens; this model takes at most 64 \(`max_position_embeddings`\)",
+    ),
+    "misspelt keyword": (dict(lables=torch.tensor([1.0, 2.0, 0.5, 0.0])), r"Unexpected keyword argument\(s\) \['lables'\] \(did you mean `labels`"),
 }
 
 
@@ -56,6 +70,16 @@ def test_both_or_neither_inputs(model):
         model(task_ids=torch.tensor([0]))
 
 
+def test_a_config_without_tasks_is_an_architecture_a_model_refuses():
+    """transformers builds default configs (`Config()`) to compare with; a model needs tasks."""
+    from hf_taskmoe import BertForTaskMoE
+
+    config = BertTaskMoEConfig(**TINY)
+    assert config.tasks is None and BertTaskMoEConfig().tasks is None
+    with pytest.raises(ValueError, match="`tasks` is required"):
+        BertForTaskMoE(config)
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [
@@ -73,7 +97,6 @@ def test_both_or_neither_inputs(model):
         (dict(hidden_dropout_prob="a"), "hidden_dropout_prob"),
         (dict(tasks=[{"name": "x", "problem_type": "ranking", "num_labels": 2}]), "problem_type"),
         (dict(tasks=[{"name": "s", "problem_type": "seq2seq"}]), "needs a decoder"),
-        (dict(tasks=None), "tasks"),
     ],
 )
 def test_bad_config_values_name_the_field(overrides, field):
@@ -85,3 +108,100 @@ def test_bad_config_values_name_the_field(overrides, field):
 def test_unknown_problem_type_in_taskspec():
     with pytest.raises(ValueError, match="problem_type"):
         TaskSpec(name="x", problem_type="ranking")
+
+
+def test_all_ignored_labels_give_a_zero_loss_the_trainer_can_use(model):
+    """A batch whose labels are all -100 yields loss 0 on the graph (was None, which crashed the Trainer)."""
+    batch = _batch(model, task_ids=torch.tensor([0, 1, 0, 1]), labels=torch.full((4,), -100))
+    model.train()
+    out = model(**batch)
+    model.eval()
+    assert out.loss is not None and out.loss.item() == 0.0 and out.loss.requires_grad
+    out.loss.backward()
+    assert model.heads["sst2"].classifier.weight.grad is not None
+
+
+def test_mmoe_refuses_infinite_labels_fractional_codes_and_misspelt_keywords():
+    from hf_taskmoe import MMoEConfig, MMoEModel
+
+    tasks = [TaskSpec(name="y", problem_type="regression"), TaskSpec(name="c", num_labels=2)]
+    model = MMoEModel(MMoEConfig(tasks=tasks, numeric_features=["a"], categorical_features=["k"], categorical_cardinalities=[3]))
+    x, k = torch.zeros(2, 1), torch.tensor([[0], [2]])
+    with pytest.raises(ValueError, match=r"Task 'y': label inf in row 1 is not finite"):
+        model(numeric_features=x, categorical_features=k, labels=torch.tensor([[0.5, 1.0], [float("inf"), 0.0]]))
+    with pytest.raises(ValueError, match=r"must hold integer codes; row 0, feature 'k' holds 1.7"):
+        model(numeric_features=x, categorical_features=torch.tensor([[1.7], [2.0]]))
+    with pytest.raises(ValueError, match=r"\['label'\] \(did you mean `labels`"):
+        model(numeric_features=x, categorical_features=k, label=torch.zeros(2, 2))
+    missing = torch.tensor([[float("nan"), 1.0], [0.2, 0.0]])  # NaN: a missing label, still fine
+    assert torch.isfinite(model(numeric_features=x, categorical_features=k, labels=missing).loss)
+
+
+def test_task_names_and_weights_are_checked_whole():
+    for name in ("sst2\n", "sst2 ", "../x", "<b>", ""):
+        with pytest.raises(ValueError, match="`name` must be"):
+            TaskSpec(name=name)
+    for weight in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(ValueError, match="loss_weight"):
+            TaskSpec(name="t", num_labels=2, loss_weight=weight)
+
+
+def test_metric_names_are_data_no_code_runs_from_them(tmp_path, monkeypatch):
+    """A metric named in a task spec or a saved config that hf_taskmoe does not ship is refused before any compute;
+    `evaluate.load` would import a local folder's script (here one that writes a marker file)."""
+    from hf_taskmoe.metrics import check_metric_names, load_metric, register_metric
+    from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
+
+    marker = tmp_path / "ran.txt"
+    module = tmp_path / "evil"
+    module.mkdir()
+    (module / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('code ran')\n")
+    monkeypatch.chdir(tmp_path)
+    tasks = [TaskSpec(name="t", num_labels=2, metrics=["evil"])]
+    with pytest.raises(ValueError, match=r"Metric\(s\) 'evil' \(task 't'\) are not shipped.*trust_remote_metrics=True"):
+        check_metric_names(tasks)
+    with pytest.raises(ValueError, match="loading it would run code"):
+        load_metric("evil")
+    model = BertForTaskMoE(tiny_config(tasks=tasks))
+    with pytest.raises(ValueError, match="trust_remote_metrics"):
+        MultiTaskTrainer(model=model, args=MultiTaskTrainingArguments(output_dir=str(tmp_path / "o"), report_to=[]))
+    assert not marker.exists()
+    # a metric registered in code is fine, and so is an opt-in
+    register_metric("always_half", lambda predictions, references: 0.5, overwrite=True)
+    check_metric_names([TaskSpec(name="t", num_labels=2, metrics=["always_half"])])
+    check_metric_names(tasks, trust_remote_metrics=True)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batch_size=-1), r"`batch_size` must be a positive integer, got -1"),
+    (dict(batch_size=0), r"`batch_size` must be a positive integer, got 0"),
+    (dict(top_k=0), r"`top_k` must be a positive integer"),
+    (dict(top_k=-1), r"`top_k` must be a positive integer"),
+    (dict(max_length=0), r"`max_length` must be a positive integer"),
+])
+def test_pipeline_refuses_bad_limits(model, minilm_tokenizer, kwargs, message):
+    from transformers import pipeline
+
+    pipe = pipeline("multitask-text-classification", model=model, tokenizer=minilm_tokenizer)
+    with pytest.raises(ValueError, match=message):
+        pipe(["a fine film", "a dull one"], task="sst2", **kwargs)
+
+
+def test_pipeline_truncates_at_what_the_model_takes(minilm_tokenizer):
+    """Inputs are cut at the trained length (the tokenizer's `model_max_length`, which run_multitask saves) and never
+    beyond the model's positions; the tokenizer alone would allow 512."""
+    import copy
+
+    from transformers import pipeline
+
+    model = BertForTaskMoE(tiny_config(tasks=ALL_KINDS[:3], vocab_size=minilm_tokenizer.vocab_size)).eval()
+    lengths = []
+    model.bert.embeddings.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    long_text = " ".join(["word"] * 300)
+    pipe = pipeline("multitask-text-classification", model=model, tokenizer=minilm_tokenizer)
+    assert pipe.max_length() == 64 and pipe(long_text, task="sst2")["task"] == "sst2" and lengths[-1] == 64
+    trained = copy.deepcopy(minilm_tokenizer)
+    trained.model_max_length = 32
+    pipe = pipeline("multitask-text-classification", model=model, tokenizer=trained)
+    out = pipe(long_text, task="stsb")
+    assert lengths[-1] == 32 and set(out) == {"task", "score"}

@@ -132,7 +132,7 @@ def test_unknown_task_and_missing_files(tmp_path):
     with pytest.raises(ValueError, match="Unknown task 'glue-sst2'.*presets are"):
         load_tasks(["glue-sst2"])
     (tmp_path / "tasks.json").write_text(json.dumps({"tasks": [{"name": "t", "num_labels": 2, "train_file": "nope.jsonl"}]}))
-    with pytest.raises(ValueError, match="train file .*nope.jsonl does not exist"):
+    with pytest.raises(ValueError, match=r"Task .t. \(train\): file .*nope.jsonl does not exist"):
         load_task_config(tmp_path / "tasks.json")
     (tmp_path / "bad.json").write_text(json.dumps({"tasks": [{"name": "t", "problem_type": "ranking", "num_labels": 2}]}))
     with pytest.raises(ValueError, match=r"tasks\[0\].*problem_type"):

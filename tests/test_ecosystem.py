@@ -117,3 +117,34 @@ def test_lora_on_bart_routed_generates_per_task_and_explains_peft_task_type():
     wrapped = get_peft_model(lora, LoraConfig(r=4, target_modules=["q_proj"], task_type="SEQ_2_SEQ_LM")).eval()
     with pytest.raises(ValueError, match="Leave the LoraConfig's `task_type` unset"):
         wrapped(**batch)
+
+
+@pytest.mark.slow
+def test_bert_large_shaped_mttag_saves_sharded_and_loads_lazily_onto_a_device(tmp_path):
+    """A BERT-large-shaped MT-TaG (24 layers of 1024, 4 experts: about 0.94B parameters) saves in shards and loads
+    with `AutoModel.from_pretrained` memory-mapped (resident memory grows by far less than the weights) and straight
+    onto a device with `device_map` (accelerate)."""
+    import resource
+
+    from hf_taskmoe import BertForTaskMoE, BertTaskMoEConfig, TaskSpec
+
+    config = BertTaskMoEConfig(tasks=[TaskSpec(name="a", num_labels=2)], hidden_size=1024, num_hidden_layers=24,
+                               num_attention_heads=16, intermediate_size=4096, num_experts=4)
+    model = BertForTaskMoE._from_config(config, dtype=torch.bfloat16)
+    total = sum(p.numel() for p in model.parameters())
+    assert 0.9e9 < total < 1.0e9
+    model.save_pretrained(tmp_path, max_shard_size="500MB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) >= 4
+    probe = {n: p.detach().clone() for n, p in list(model.named_parameters())[-3:]}
+    del model
+    import gc
+
+    gc.collect()
+    before = int(open("/proc/self/statm").read().split()[1]) * 4096
+    loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.bfloat16, device_map="cpu")
+    grown = int(open("/proc/self/statm").read().split()[1]) * 4096 - before
+    assert type(loaded) is BertForTaskMoE and loaded.device.type == "cpu"
+    assert grown < 0.5 * total * 2, f"resident memory grew by {grown / 2**20:.0f} MB for {total * 2 / 2**20:.0f} MB of weights"
+    named = dict(loaded.named_parameters())
+    assert all(torch.equal(named[n], p) for n, p in probe.items())
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0

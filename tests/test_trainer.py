@@ -205,3 +205,29 @@ def test_predict_tasks_returns_each_tasks_predictions_and_metrics(tmp_path):
     assert out["a"].predictions.shape == (5, 3) and out["b"].predictions.shape == (4, 1)
     assert out["c"].label_ids.tolist() == test_sets["c"]["labels"]
     assert {"test_a_accuracy", "test_a_loss"} <= set(out["a"].metrics) and "test_b_spearmanr" in out["b"].metrics
+
+
+def test_half_precision_full_eval_leaves_the_training_weights_as_they_were(tmp_path):
+    """transformers casts the model to bf16 for `bf16_full_eval` and leaves it there: training would go on, and the
+    model be saved, in bf16. The trainer puts the exact fp32 weights back after each evaluation."""
+    trainer = make_trainer(tmp_path, bf16_full_eval=True, max_steps=2)
+    trainer.train()
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    metrics = trainer.evaluate()
+    assert "eval_average" in metrics
+    after = trainer.model.state_dict()
+    assert all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k]) for k in before)
+    trainer.save_model(str(tmp_path / "saved"))
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(tmp_path / "saved" / "model.safetensors").values() if t.is_floating_point()} == {torch.float32}
+
+
+def test_fsdp_without_a_gpu_is_refused_not_replaced_by_ddp(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("FSDP runs on a GPU")
+    for fsdp in (True, "full_shard"):
+        with pytest.raises(ValueError, match="silently falls back to DDP"):
+            MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=fsdp, use_cpu=True)

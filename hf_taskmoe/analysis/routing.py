@@ -105,7 +105,7 @@ class RoutingStatistics:
     def entropy(self) -> torch.Tensor:
         """`(layers, tasks)` entropy of the expert distribution, in nats (log(num_experts) = uniform)."""
         p = self.shares
-        return -(p * p.clamp(min=1e-12).log()).sum(-1)
+        return (p * p.clamp(min=1e-12).log()).sum(-1).neg() + 0.0  # + 0.0: one expert gives 0.0, not -0.0
 
     @property
     def unused_experts(self) -> torch.Tensor:

@@ -52,11 +52,19 @@ class MultiTaskTrainingArguments(TrainingArguments):
             "task_embedding": 1e-2}` (BartTaskRouted, Ye et al. section 5.2) or, on the command line,
             `router=1e-3,task_embedding=1e-2`. Other parameters use `learning_rate`; each group follows the
             learning-rate schedule.
+        trust_remote_metrics (`bool`, *optional*, defaults to `False`):
+            Task metric names are data (task files, saved configs). A name that hf_taskmoe neither ships nor has
+            registered in code (`hf_taskmoe.metrics.register_metric`) is refused, because `evaluate.load` would import
+            and run the code it finds under that name (a local folder or a Hub repo). Set this to allow it.
+        resume_incomplete_checkpoint (`bool`, *optional*, defaults to `False`):
+            `train(resume_from_checkpoint=...)` refuses a checkpoint without `optimizer.pt`, `scheduler.pt` or the RNG
+            state (the run would not continue as it was); set this to resume from one anyway.
         predict_with_generate (`bool`, *optional*, defaults to `False`):
             Seq2seq tasks: evaluate on `generate()`'s output (beam search with `generation_num_beams`) instead of
             the teacher-forced arg-max tokens.
-        generation_max_length (`int`, *optional*, defaults to 32):
-            `max_new_tokens` of evaluation-time generation.
+        generation_max_length (`int`, *optional*):
+            `max_new_tokens` of evaluation-time generation. Default: the model's generation config (BartTaskRouted:
+            the target length it was trained with, `run_multitask.py --max_target_length`).
         generation_num_beams (`int`, *optional*, defaults to 1):
             Beams of evaluation-time generation.
     """
@@ -84,17 +92,39 @@ class MultiTaskTrainingArguments(TrainingArguments):
     group_learning_rates: dict | str | None = field(
         default=None, metadata={"help": "Learning rates per parameter role, e.g. router=1e-3,task_embedding=1e-2."}
     )
+    trust_remote_metrics: bool = field(
+        default=False, metadata={"help": "Allow metric names that are neither shipped nor registered (evaluate.load runs their code)."}
+    )
+    resume_incomplete_checkpoint: bool = field(
+        default=False, metadata={"help": "Resume from a checkpoint without its optimizer/scheduler/RNG state anyway."}
+    )
     predict_with_generate: bool = field(default=False, metadata={"help": "Seq2seq tasks: evaluate generated text."})
-    generation_max_length: int = field(default=32, metadata={"help": "max_new_tokens of evaluation generation."})
+    generation_max_length: int | None = field(
+        default=None, metadata={"help": "max_new_tokens of evaluation generation (default: the model's generation config)."}
+    )
     generation_num_beams: int = field(default=1, metadata={"help": "Beams of evaluation generation."})
-    # Experts or heads without a row on some rank would otherwise stop DDP ("unused parameters").
+    # Heads, gates and experts of tasks absent from a rank's batch take part in every backward pass
+    # (`MultiTaskTrainer._touch_every_parameter`), so DDP runs with a static graph.
     ddp_find_unused_parameters: bool | None = field(
-        default=True, metadata={"help": "DDP: tolerate parameters without gradient (tasks absent from a rank's batch)."}
+        default=False, metadata={"help": "DDP: search for parameters without gradient each step (not needed here)."}
     )
 
     def __post_init__(self):
-        super().__post_init__()
         import torch
+
+        if self.fp16 and (self.use_cpu or not (torch.cuda.is_available() or torch.xpu.is_available())):
+            # transformers would accept it and train in fp32 while reporting fp16
+            raise ValueError(
+                "`fp16` mixed precision needs a CUDA (or XPU) device, and this run is on the CPU. On a CPU use `bf16` "
+                "(with `use_cpu`), or leave the precision at fp32."
+            )
+        if self.fsdp and (self.use_cpu or not (torch.cuda.is_available() or torch.xpu.is_available())):
+            # accelerate would wrap the model in plain DDP and say nothing
+            raise ValueError(
+                "`fsdp` needs CUDA or XPU devices; on the CPU accelerate silently falls back to DDP. On a CPU use DDP (the "
+                "default under torchrun) or DeepSpeed ZeRO (`deepspeed=examples/deepspeed/zero2.json`)."
+            )
+        super().__post_init__()
 
         if self.dataloader_pin_memory and not torch.cuda.is_available():
             self.dataloader_pin_memory = False  # pinning needs an accelerator; torch warns on every loader otherwise
@@ -112,7 +142,8 @@ class MultiTaskTrainingArguments(TrainingArguments):
         if self.training_proportion is not None:
             check_float(self.training_proportion, "training_proportion", minimum=1e-9)
         self.group_learning_rates = parse_group_learning_rates(self.group_learning_rates)
-        check_int(self.generation_max_length, "generation_max_length", minimum=1)
+        if self.generation_max_length is not None:
+            check_int(self.generation_max_length, "generation_max_length", minimum=1)
         check_int(self.generation_num_beams, "generation_num_beams", minimum=1)
         if self.steps_per_epoch is not None and self.training_proportion is not None:
             raise ValueError("Set at most one of `steps_per_epoch` and `training_proportion`.")

@@ -117,13 +117,27 @@ TASK_PRESETS: dict[str, TaskPreset] = {
 
 
 # ----------------------------------------------------------------------------------------------- loading
+class DataError(ValueError):
+    """Every problem found in the data at once: `problems` holds one line per problem (task, file, line, field,
+    value, what was expected); the message shows the first `limit` and counts the rest."""
+
+    def __init__(self, problems: list[str], limit: int = 20):
+        self.problems = list(problems)
+        shown = "\n  ".join(self.problems[:limit])
+        more = f"\n  ... and {len(self.problems) - limit} more" if len(self.problems) > limit else ""
+        super().__init__(f"{len(self.problems)} problem(s) in the data:\n  {shown}{more}")
+
+
 @dataclass
 class TaskData:
-    """A task and its raw splits (`datasets.Dataset`s; a missing split is None)."""
+    """A task and its raw splits (`datasets.Dataset`s; a missing split is None). `lines[split]` holds the file
+    line of each row (for messages), when the split was read from a text file."""
 
     spec: TaskSpec
     splits: dict = field(default_factory=dict)
     source: str = ""
+    files: dict = field(default_factory=dict)
+    lines: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -132,19 +146,108 @@ class TaskData:
     def split(self, name: str):
         return self.splits.get(name)
 
+    def where(self, split: str, row: int) -> str:
+        """`file, line N` (or `split row N`) of a row, for messages."""
+        lines = self.lines.get(split)
+        if split in self.files and lines is not None:
+            return f"{split} file {self.files[split]}, line {lines[row]}"
+        return f"{split} row {row}"
 
-_FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+_FILE_TYPES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 
 
-def _load_file(path: Path, task: str, split: str):
+def _read_text_rows(path: Path, problems: list[str], where: str) -> tuple[list[dict], list[int]]:
+    """Rows and their line numbers from a .jsonl / .json / .csv / .tsv file; each malformed row is added to
+    `problems` (all of them, not the first only)."""
+    import csv
+
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        problems.append(f"{where}: {path}, line {line}: not UTF-8 text (byte {raw[err.start]:#04x}); save the file as UTF-8.")
+        return [], []
+    if not text.strip():
+        problems.append(f"{where}: {path} is empty.")
+        return [], []
+    rows, lines = [], []
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
+        for row in reader:
+            if None in row or any(v is None for v in row.values()):
+                problems.append(f"{where}: {path}, line {reader.line_num}: {len(row)} columns, the header has {len(reader.fieldnames)}.")
+                continue
+            rows.append(row)
+            lines.append(reader.line_num)
+        return rows, lines
+    if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            problems.append(f"{where}: {path}, line {err.lineno}: not valid JSON ({err.msg}).")
+            return [], []
+        pairs = [(item, i) for i, item in enumerate(items)]
+    else:  # JSON lines
+        pairs = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                pairs.append((json.loads(line), number))
+            except json.JSONDecodeError as err:
+                problems.append(f"{where}: {path}, line {number}: not a JSON object ({err.msg}).")
+    for item, number in pairs:
+        if not isinstance(item, dict):
+            problems.append(f"{where}: {path}, line {number}: a row must be a JSON object, got {type(item).__name__}.")
+            continue
+        rows.append(item)
+        lines.append(number)
+    return rows, lines
+
+
+def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
+    """One split of a task from a local file, keeping the fields the task reads; `(dataset, lines)`, or
+    `(None, None)` after adding what is wrong to `problems`."""
     import datasets
 
+    where = f"Task {spec.name!r} ({split})"
     if not path.exists():
-        raise ValueError(f"Task {task!r}: {split} file {path} does not exist.")
+        problems.append(f"{where}: file {path} does not exist.")
+        return None, None
     suffix = path.suffix.lower()
-    builder = lookup(_FILE_BUILDERS, suffix, f"file type of {path.name} (task {task!r})")
-    kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
-    return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, **kwargs)
+    if suffix not in _FILE_TYPES:
+        problems.append(f"{where}: file type of {path.name} must be one of {list(_FILE_TYPES)}, got {suffix or 'none'!r}.")
+        return None, None
+    if suffix == ".parquet":
+        return datasets.load_dataset("parquet", data_files={split: str(path)}, split=split), None
+    count = len(problems)
+    rows, lines = _read_text_rows(path, problems, where)
+    wanted = _required_fields(spec, with_labels=True)
+    problems.extend(_check_row_types(spec, rows, lines, path, where))  # the rows that parsed, beside those that did not
+    if len(problems) > count:
+        return None, None
+    # only the fields the task reads: another column of mixed types must not stop Arrow
+    columns = {name: [row.get(name) for row in rows] for name in dict.fromkeys(wanted) if any(name in row for row in rows)}
+    return datasets.Dataset.from_dict(columns), lines
+
+
+def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str) -> list[str]:
+    """Text fields hold text (token classification: a list of words); a number where text belongs is reported."""
+    problems = []
+    words = spec.problem_type == "token_classification"
+    for row, line in zip(rows, lines):
+        for name in list(spec.text_fields) + list(spec.choice_fields or []):
+            if name not in row:
+                continue
+            value = row[name]
+            ok = (isinstance(value, list) and all(isinstance(w, str) for w in value)) if words else isinstance(value, str)
+            if not ok and value is not None:
+                expected = "a list of words" if words else "text"
+                problems.append(f"{where}: {path}, line {line}, field {name!r}: expected {expected}, got {value!r}.")
+    return problems
 
 
 def load_preset(name: str, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None, **overrides) -> TaskData:
@@ -163,21 +266,23 @@ def load_preset(name: str, splits: Sequence[str] = ("train", "validation"), cach
 
 
 def load_task_config(path: str | os.PathLike, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None) -> list[TaskData]:
-    """Load every task of a task-config JSON file (see module docstring)."""
+    """Load every task of a task-config JSON file (see module docstring). Problems in the task entries and
+    data files of all tasks are reported together (`DataError`)."""
     path = Path(path)
     try:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise ValueError(f"Task config file {path} does not exist.") from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"Task config file {path} is not valid JSON: {err}") from None
     entries = config.get("tasks") if isinstance(config, dict) else config
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"Task config file {path} must hold a non-empty list under `tasks`.")
-    tasks = []
+    tasks, problems = [], []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise ValueError(f"{path}: tasks[{i}] must be an object, got {entry!r}.")
+            problems.append(f"{path}: tasks[{i}] must be an object, got {entry!r}.")
+            continue
         entry = dict(entry)
         if "preset" in entry:
             tasks.append(load_preset(entry.pop("preset"), splits, cache_dir, **entry))
@@ -186,9 +291,18 @@ def load_task_config(path: str | os.PathLike, splits: Sequence[str] = ("train", 
         try:
             spec = TaskSpec.from_dict(entry)
         except ValueError as err:
-            raise ValueError(f"{path}: tasks[{i}]: {err}") from None
-        loaded = {s: _load_file(path.parent / f, spec.name, s) for s, f in files.items() if f is not None and s in splits}
-        tasks.append(TaskData(spec, loaded, str(path)))
+            problems.append(f"{path}: tasks[{i}]: {err}")
+            continue
+        data = TaskData(spec, source=str(path))
+        for split, name in files.items():
+            if name is None or split not in splits:
+                continue
+            dataset, lines = _load_file(path.parent / name, spec, split, problems)
+            if dataset is not None:
+                data.splits[split], data.files[split], data.lines[split] = dataset, str(path.parent / name), lines
+        tasks.append(data)
+    if problems:
+        raise DataError(problems)
     return tasks
 
 
@@ -223,23 +337,28 @@ def _required_fields(spec: TaskSpec, with_labels: bool) -> list[str]:
     return fields
 
 
-def encode_label(spec: TaskSpec, value: Any, row: int, split: str):
-    """The model label of one raw label; raises a ValueError naming task, split and row."""
-    where = f"Task {spec.name!r}, {split} row {row}"
+def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train"):
+    """The model label of one raw label; raises a ValueError naming task and row (`row`: an index, or where
+    the row is, e.g. `dev.jsonl, line 7`)."""
+    where = f"Task {spec.name!r}, {split} row {row}" if isinstance(row, int) else f"Task {spec.name!r}, {row}"
     if value is None:
         raise ValueError(f"{where}: the label (field {spec.label_field!r}) is missing.")
     if spec.problem_type == "regression":
-        if isinstance(value, (list, tuple)):
-            if len(value) != spec.num_labels:
-                raise ValueError(f"{where}: expected {spec.num_labels} regression targets, got {value!r}.")
-            return [float(v) for v in value]
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}: regression label {value!r} is not a number.") from None
-        if not math.isfinite(number):
-            raise ValueError(f"{where}: regression label {value!r} is not finite.")
-        return number
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if isinstance(value, (list, tuple)) and len(value) != spec.num_labels:
+            raise ValueError(f"{where}: expected {spec.num_labels} regression targets, got {value!r}.")
+        numbers = []
+        for v in values:
+            try:
+                number = float(v) if not isinstance(v, bool) else None
+            except (TypeError, ValueError):
+                number = None
+            if number is None:
+                raise ValueError(f"{where}: regression label {v!r} is not a number.")
+            if not math.isfinite(number):
+                raise ValueError(f"{where}: regression label {v!r} is not finite.")
+            numbers.append(number)
+        return numbers if isinstance(value, (list, tuple)) else numbers[0]
     if spec.problem_type == "seq2seq":  # a target text (a class name, an answer, a summary)
         if not isinstance(value, str):
             value = str(value)
@@ -247,58 +366,98 @@ def encode_label(spec: TaskSpec, value: Any, row: int, split: str):
             raise ValueError(f"{where}: the target text (field {spec.label_field!r}) is empty.")
         return value
     if spec.problem_type == "multi_label_classification":
-        names = spec.label_names or []
         hot = [0] * spec.num_labels
-        values = value if isinstance(value, (list, tuple)) else [value]
-        for v in values:
-            idx = _class_index(spec, v, names, spec.num_labels, where)
-            hot[idx] = 1
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            hot[_class_index(spec, v, where)] = 1
         return hot
     if spec.problem_type == "token_classification":
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{where}: token-classification labels must be a list (one per word), got {value!r}.")
-        return [_class_index(spec, v, spec.label_names or [], spec.num_labels, where) for v in value]
-    return _class_index(spec, value, spec.label_names or [], spec.num_labels, where)
+        return [_class_index(spec, v, where) for v in value]
+    return _class_index(spec, value, where)
 
 
-def _class_index(spec: TaskSpec, value: Any, names: list[str], num_classes: int, where: str) -> int:
+def _class_index(spec: TaskSpec, value: Any, where: str) -> int:
+    """A class label as written in a file -> the class position.
+
+    With `label_values` a label is one of those values. Otherwise a label is a class name or a 0-based position;
+    an integer that is also the name of another class (names "1".."5") could be either, so it is refused."""
+    names, num_classes = spec.label_names or [], spec.num_labels
+    if spec.label_values is not None:
+        by_text = {str(v): i for i, v in enumerate(spec.label_values)}
+        key = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+        if key not in by_text:
+            raise ValueError(f"{where}: label {value!r} is not one of the task's `label_values` {spec.label_values}.")
+        return by_text[key]
     if isinstance(value, str):
         if value in names:
             return names.index(value)
-        if value.lstrip("-").isdigit():
-            value = int(value)
-        else:
+        if not value.lstrip("-").isdigit():
             allowed = names if names else list(range(num_classes))
             raise ValueError(f"{where}: label {value!r} is not one of the task's labels {allowed}.")
+        value = int(value)
     if isinstance(value, bool):
         value = int(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or not 0 <= value < num_classes:
         allowed = names if names else list(range(num_classes))
-        raise ValueError(f"{where}: label {value!r} is outside the task's label set {allowed} (indices 0..{num_classes - 1}).")
+        hint = ""
+        if isinstance(value, int) and value == num_classes:
+            hint = (f" If the file counts classes from 1, say so in the task-config: \"label_values\": "
+                    f"{list(range(1, num_classes + 1))}.")
+        raise ValueError(f"{where}: label {value!r} is outside the task's label set {allowed} (positions 0..{num_classes - 1}).{hint}")
+    if str(value) in names and names.index(str(value)) != value:
+        raise ValueError(
+            f"{where}: label {value!r} could be class position {value} ({names[value]!r}) or the class named "
+            f"{str(value)!r}; add \"label_values\" (the file's labels in the order of `label_names`) to the task-config."
+        )
     return value
 
 
-def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = True) -> list | None:
-    """Stop early, naming task, field and row: empty split, missing field, missing text, bad label.
-
-    Returns the model labels of every row (`encode_label`), or None without labels."""
+def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = True, data: TaskData | None = None) -> list | None:
+    """Check a split before any compute: empty split, missing field, missing text, bad label. Every bad row is
+    reported (`DataError`: task, file and line when known, field, value). Returns the model labels of every row
+    (`encode_label`), or None without labels."""
     if dataset is None or len(dataset) == 0:
-        raise ValueError(f"Task {spec.name!r}: the {split} split is empty.")
+        raise DataError([f"Task {spec.name!r}: the {split} split is empty."])
     missing = [f for f in _required_fields(spec, with_labels) if f not in dataset.column_names]
     if missing:
-        raise ValueError(
-            f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."
-        )
+        raise DataError([f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."])
+    where = (lambda row: data.where(split, row)) if data is not None else (lambda row: f"{split} row {row}")
+    problems = []
     for name in list(spec.text_fields) + list(spec.choice_fields or []):
-        column = dataset[name]
-        for row, text in enumerate(column):
+        for row, text in enumerate(dataset[name]):
             if text is None or (isinstance(text, str) and not text.strip() and spec.problem_type != "multiple_choice"):
-                raise ValueError(f"Task {spec.name!r}, {split} row {row}: field {name!r} is empty.")
-    if not with_labels:
-        return None
-    return [encode_label(spec, value, row, split) for row, value in enumerate(dataset[spec.label_field])]
+                problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} is empty.")
+    labels = None
+    if with_labels:
+        labels = []
+        for row, value in enumerate(dataset[spec.label_field]):
+            try:
+                labels.append(encode_label(spec, value, row if data is None else where(row), split))
+            except ValueError as err:
+                problems.append(str(err))
+    if problems:
+        raise DataError(problems)
+    return labels
+
+
+def check_tasks(task_data: Sequence[TaskData], splits: Sequence[str], with_labels: bool = True) -> dict[tuple[str, str], list]:
+    """`check_task_split` for every task and split, the problems of all of them reported together; returns the
+    encoded labels `{(task, split): labels}` (for `tokenize_task(..., labels=...)`)."""
+    labels, problems = {}, []
+    for t in task_data:
+        for split in splits:
+            if t.split(split) is None:
+                continue
+            try:
+                labels[(t.name, split)] = check_task_split(t.spec, t.split(split), split, with_labels, data=t)
+            except DataError as err:
+                problems.extend(err.problems)
+    if problems:
+        raise DataError(problems)
+    return labels
 
 
 # ----------------------------------------------------------------------------------------------- tokenising
@@ -308,13 +467,14 @@ def _join(values: list[str]) -> str:
 
 def tokenize_task(
     spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: int = 128, split: str = "train", with_labels: bool = True,
-    max_target_length: int = 64,
+    max_target_length: int = 64, labels: list | None = None,
 ):
     """Model columns for one task split: `input_ids`, `attention_mask`, (`token_type_ids`), `labels`, `task_ids`
     (+ `span_positions` for span tasks). A multiple-choice example keeps one row holding one sequence per choice;
     the collator expands it. A `seq2seq` task's labels are the target text's token ids (at most
     `max_target_length`), padded with -100 by the collator."""
-    labels = check_task_split(spec, dataset, split, with_labels)  # encoded once, reused below
+    if labels is None:  # checked (and the labels encoded) once, reused below; `check_tasks` may have done it
+        labels = check_task_split(spec, dataset, split, with_labels)
     fields = spec.text_fields
 
     def encode(batch, indices):
@@ -344,8 +504,7 @@ def tokenize_task(
             out.update(tokenizer(*texts, truncation=True, max_length=max_length, **({"return_token_type_ids": False} if seq2seq else {})))
         out["task_ids"] = [task_id] * n
         if with_labels and spec.problem_type == "seq2seq":
-            targets = [labels[i] for i in indices]
-            out["labels"] = tokenizer(text_target=targets, truncation=True, max_length=max_target_length)["input_ids"]
+            out["labels"] = target_token_ids(tokenizer, [labels[i] for i in indices], max_target_length)
         elif with_labels:
             out["labels"] = [labels[i] for i in indices]
         return out
@@ -353,6 +512,21 @@ def tokenize_task(
     if spec.problem_type == "token_classification":
         return _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, labels)
     return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name} ({split})")
+
+
+def target_token_ids(tokenizer, texts: list[str], max_length: int = 64) -> list[list[int]]:
+    """Token ids of seq2seq target texts, under the library's one convention: the text's tokens and the end
+    token (EOS, or [SEP] for a BERT vocabulary), never a leading BOS or [CLS].
+
+    The model puts its `decoder_start_token_id` in front of the targets itself (decoder inputs = targets shifted
+    right), and `generate()` starts from it; a target that also began with a BOS-like token would feed the
+    decoder `[CLS] [CLS] w ...` and teach it to answer a start token with a start token, the loop a BERT warm
+    start falls into. At most `max_length` tokens, the end token included."""
+    leading = {tokenizer.bos_token_id, tokenizer.cls_token_id} - {None}
+    probe = tokenizer(text_target="a")["input_ids"]
+    strip = bool(probe) and probe[0] in leading  # does this tokenizer put a BOS / [CLS] first?
+    rows = tokenizer(text_target=list(texts), truncation=True, max_length=max_length + int(strip))["input_ids"]
+    return [row[1:] for row in rows] if strip else rows
 
 
 def _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, labels):

@@ -8,6 +8,7 @@ Overridden public hooks only: the training dataloader (task sampler + mixed-task
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -18,16 +19,17 @@ from typing import Any, Callable
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import EvalPrediction, PREFIX_CHECKPOINT_DIR, get_last_checkpoint, speed_metrics
+from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import EvalPrediction, PREFIX_CHECKPOINT_DIR, speed_metrics
 from transformers.trainer_callback import TrainerState
 
-from ..metrics import aggregate_scores, compute_task_metrics, task_score
+from ..layers.heads import IGNORE_INDEX
+from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..tasks import TaskSpec
 from .arguments import MultiTaskTrainingArguments
 from .callbacks import RoutingAnalyticsCallback
 from .data import MultiTaskCollator, MultiTaskDataset
-from .protocol import freeze_shared_parameters
+from .freezing import freeze_shared_parameters
 from .samplers import TaskBatchSampler, build_task_sampling
 
 logger = logging.getLogger(__name__)
@@ -112,6 +114,36 @@ class TaskSamplerCheckpointCallback(TrainerCallback):
                 json.dump(payload, f, indent=2)
 
 
+def missing_checkpoint_files(checkpoint: str) -> list[str]:
+    """What a checkpoint needs to continue a run exactly and does not hold (empty: complete)."""
+    files = set(os.listdir(checkpoint))
+    wanted = {
+        "model weights": any(f.startswith(("model", "adapter_model", "pytorch_model")) and f.endswith((".safetensors", ".bin", ".json"))
+                             for f in files),
+        TRAINER_STATE_NAME: TRAINER_STATE_NAME in files,
+        "optimizer.pt": "optimizer.pt" in files,
+        "scheduler.pt": "scheduler.pt" in files,
+        "rng_state.pth": any(f.startswith("rng_state") for f in files),
+    }
+    return [name for name, present in wanted.items() if not present]
+
+
+def latest_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest `checkpoint-<step>` of `output_dir` that holds everything a resume needs; newer incomplete ones
+    (a run killed while saving) are skipped with a warning."""
+    if not os.path.isdir(output_dir):
+        return None
+    pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+    found = sorted(((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := pattern.match(name))), reverse=True)
+    for _, name in found:
+        path = os.path.join(output_dir, name)
+        missing = missing_checkpoint_files(path)
+        if not missing:
+            return path
+        logger.warning(f"Skipping the incomplete checkpoint {path} ({', '.join(missing)} missing).")
+    return None
+
+
 class MultiTaskTrainer(Trainer):
     """`Trainer` for multi-task models.
 
@@ -150,6 +182,7 @@ class MultiTaskTrainer(Trainer):
             tasks = config.task_specs
         self.tasks = [TaskSpec.from_dict(t) for t in tasks]
         self.task_ids = {t.name: i for i, t in enumerate(self.tasks)}
+        check_metric_names(self.tasks, args.trust_remote_metrics)  # metric names are data: no code runs from them
 
         self.task_train_sets = self._check_task_dict(train_dataset, "train_dataset")
         self.task_eval_sets = self._check_task_dict(eval_dataset, "eval_dataset")
@@ -168,6 +201,8 @@ class MultiTaskTrainer(Trainer):
         self.routing_statistics = None
         self.routing_heatmap: str | None = None
         self._task_losses = TaskLossTracker([t.name for t in self.tasks])
+        self._examples_seen: torch.Tensor | None = None  # (tasks,) training rows per task, kept on device
+        self._trainable: list | None = None  # the parameters `_touch_every_parameter` keeps in the graph
         self.task_sampler = self._build_task_sampler() if train is not None else None
         self.add_callback(TaskSamplerCheckpointCallback(self))
         #: `RoutingAnalyticsCallback` when `args.log_routing` (routing of the training batches)
@@ -285,6 +320,9 @@ class MultiTaskTrainer(Trainer):
         strategy = self.task_sampler.strategy if self.task_sampler is not None else None
         if model.training and strategy is not None and strategy.model_aware:
             inputs = strategy.select(model, inputs, self.args.per_device_train_batch_size, self.state.global_step)
+        if model.training:
+            counts = torch.bincount(inputs["task_ids"], minlength=len(self.tasks))
+            self._examples_seen = counts if self._examples_seen is None else self._examples_seen + counts
         record_routing = model.training and self.routing_analytics is not None
         outputs = model(**inputs, **({"output_router_logits": True} if record_routing else {}))
         if record_routing:
@@ -292,7 +330,30 @@ class MultiTaskTrainer(Trainer):
         if model.training and getattr(outputs, "task_losses", None):
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
+        if model.training and loss is not None and self.args.world_size > 1:
+            loss = loss + self._touch_every_parameter(model)
         return (loss, outputs) if return_outputs else loss
+
+    def _touch_every_parameter(self, model) -> torch.Tensor:
+        """0 times one element of every trainable parameter: the heads, gates, PALs or experts of tasks absent from
+        this rank's batch then take part in the backward pass (with zero gradients), so every rank reduces the same
+        gradients each step -- what DDP with a static graph (`find_unused_parameters=False`) and DeepSpeed's
+        gradient buckets require. One tiny op per parameter tensor; only with more than one process."""
+        if self._trainable is None:
+            self._trainable = [p for p in model.parameters() if p.requires_grad]
+        return 0.0 * torch.stack([p.view(-1)[0].float() for p in self._trainable]).sum()
+
+    def examples_seen(self) -> dict[str, int]:
+        """Training examples each task contributed so far on this process (multiple-choice tasks: rows / choices)."""
+        if self._examples_seen is None:
+            return {t.name: 0 for t in self.tasks}
+        counts = self._examples_seen.tolist()
+        return {t.name: counts[i] // (t.num_choices or 1) for i, t in enumerate(self.tasks)}
+
+    def precision_used(self) -> str:
+        """The precision training really ran in: fp16/bf16 only when the Trainer's accelerator applied it."""
+        mixed = getattr(self.accelerator, "mixed_precision", "no")
+        return {"fp16": "fp16 (mixed)", "bf16": "bf16 (mixed)"}.get(str(mixed), "fp32")
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # a training log: add each task's mean loss since the last one
@@ -305,14 +366,34 @@ class MultiTaskTrainer(Trainer):
         super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """`Trainer.train`; `resume_from_checkpoint` may be a folder, True or `"latest"` (the last checkpoint in
+        `output_dir`). A checkpoint without its optimizer, scheduler or RNG state would not continue the same run
+        (the optimizer would restart): it is refused, naming what is missing, unless
+        `args.resume_incomplete_checkpoint`."""
         checkpoint = resume_from_checkpoint
-        if checkpoint is True:
-            checkpoint = get_last_checkpoint(self.args.output_dir)
+        if checkpoint is True or (isinstance(checkpoint, str) and checkpoint.lower() == "latest"):
+            checkpoint = latest_complete_checkpoint(self.args.output_dir)
             if checkpoint is None:
-                raise ValueError(f"No checkpoint found in output_dir ({self.args.output_dir}) to resume from.")
+                raise ValueError(f"No complete checkpoint found in output_dir ({self.args.output_dir}) to resume from.")
+        if checkpoint:
+            self._check_checkpoint(checkpoint)
         if checkpoint and self.task_sampler is not None:
             self._restore_task_sampler(checkpoint)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        return super().train(resume_from_checkpoint=checkpoint or None, **kwargs)
+
+    def _check_checkpoint(self, checkpoint: str) -> None:
+        if not os.path.isdir(checkpoint):
+            raise ValueError(f"Checkpoint folder {checkpoint} does not exist.")
+        missing = missing_checkpoint_files(checkpoint)
+        essential = {"model weights", TRAINER_STATE_NAME}
+        if missing and not (self.args.resume_incomplete_checkpoint and not essential & set(missing)):
+            raise ValueError(
+                f"Checkpoint {checkpoint} is incomplete: {', '.join(missing)} missing, so training would not continue the "
+                "same run (the optimizer and learning-rate schedule would restart). Resume from a complete checkpoint, or "
+                "set `resume_incomplete_checkpoint=True` (--resume_incomplete_checkpoint) to continue anyway."
+            )
+        if missing:
+            logger.warning(f"Resuming from the incomplete checkpoint {checkpoint} ({', '.join(missing)} missing), as asked.")
 
     def _restore_task_sampler(self, checkpoint: str) -> None:
         """Check the checkpoint's sampler matches this run and put the sampler on the epoch training resumes in."""
@@ -358,20 +439,25 @@ class MultiTaskTrainer(Trainer):
         return loss, outputs.logits.detach(), labels
 
     def _seq2seq_prediction_step(self, model, inputs, labels):
-        """Loss (teacher-forced) and predicted token ids: `generate()`'s with `predict_with_generate`, else the
-        arg-max of the teacher-forced logits (ids, not logits: evaluation gathers them over the whole set)."""
+        """Loss (teacher-forced) and predicted target tokens: `generate()`'s with `predict_with_generate` (without
+        the decoder start token, so that they line up with the targets), else the arg-max of the teacher-forced
+        logits at the target positions (ids, not logits: evaluation gathers them over the whole set)."""
         flags = self._routing_flags()
         with torch.no_grad(), self.compute_loss_context_manager():
             needed = labels is not None or flags or not self.args.predict_with_generate
             outputs = model(**inputs, **flags) if needed else None
             if self.args.predict_with_generate:
                 unwrapped = self.accelerator.unwrap_model(model)
-                predictions = unwrapped.generate(
+                length = {"max_new_tokens": self.args.generation_max_length} if self.args.generation_max_length else {}
+                generated = unwrapped.generate(
                     input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), task_ids=inputs["task_ids"],
-                    max_new_tokens=self.args.generation_max_length, num_beams=self.args.generation_num_beams, do_sample=False,
+                    num_beams=self.args.generation_num_beams, do_sample=False, **length,
                 )
+                predictions = generated[:, 1:]  # position 0 is the decoder start token, not a prediction
             else:
                 predictions = outputs.logits.argmax(-1)
+                if labels is not None:
+                    predictions = predictions.masked_fill(labels == IGNORE_INDEX, IGNORE_INDEX)
         if outputs is not None:
             self._record_eval_routing(outputs)
         loss = outputs.loss.detach() if outputs is not None and outputs.loss is not None else None
@@ -398,7 +484,33 @@ class MultiTaskTrainer(Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Evaluate every task on its own set with its own metrics (`{prefix}_{task}_{metric}`), then the
-        aggregates `{prefix}_average` and `{prefix}_small_tasks_average`."""
+        aggregates `{prefix}_average` and `{prefix}_small_tasks_average`.
+
+        With `bf16_full_eval` / `fp16_full_eval` transformers casts the model itself to half precision for the
+        evaluation and leaves it so; here the weights are put back as they were afterwards (kept on the CPU during
+        the evaluation), so training and saving go on in the training dtype."""
+        with self._restore_weights_after_half_precision_eval():
+            return self._evaluate_tasks(eval_dataset, ignore_keys, metric_key_prefix)
+
+    @contextlib.contextmanager
+    def _restore_weights_after_half_precision_eval(self):
+        model = self.model
+        if not (self.args.bf16_full_eval or self.args.fp16_full_eval) or model is None:
+            yield
+            return
+        saved = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items() if t.is_floating_point()}
+        dtypes = {t.dtype for t in saved.values()}
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                if len(dtypes) == 1:
+                    model.to(dtype=dtypes.pop())  # the half-precision cast is undone, then the exact values return
+                state = model.state_dict()
+                for name, original in saved.items():
+                    state[name].copy_(original)
+
+    def _evaluate_tasks(self, eval_dataset, ignore_keys, metric_key_prefix) -> dict[str, float]:
         sets = self._eval_sets(eval_dataset)
         start, num_samples = time.time(), 0
         metrics: dict[str, float] = {}
@@ -431,7 +543,9 @@ class MultiTaskTrainer(Trainer):
             "warm-up": f"{args.warmup_steps:g} of steps" if 0 < args.warmup_steps < 1 else f"{int(args.warmup_steps)} steps",
             "task sampling": args.task_sampling + (f" (alpha {args.sampling_alpha})" if args.task_sampling == "temperature" else ""),
             "batching": args.batching,
-            "precision": "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32",
+            "precision": self.precision_used(),
+            "weight decay": args.weight_decay,
+            "epochs" if args.max_steps <= 0 else "max steps": args.num_train_epochs if args.max_steps <= 0 else args.max_steps,
             "seed": args.seed,
             "device": str(args.device) + (f" x {args.world_size}" if args.world_size > 1 else ""),
         }
@@ -439,9 +553,12 @@ class MultiTaskTrainer(Trainer):
             summary["training time"] = f"{runtime:.0f} s"
         return summary
 
-    def create_model_card(self, license: str | None = None, model_name: str | None = None, **kwargs) -> None:
+    def create_model_card(self, license: str | None = None, model_name: str | None = None, base_model: str | None = None,
+                          data_provenance: list[str] | None = None, repo_id: str | None = None, **kwargs) -> None:
         """Write hf_taskmoe's card (`hf_taskmoe.hub.render_model_card`) as `README.md` in `output_dir`;
-        `push_to_hub` uploads it. Set `trainer.routing_statistics` / `trainer.routing_heatmap` to include routing."""
+        `push_to_hub` uploads it. Set `trainer.routing_statistics` / `trainer.routing_heatmap` to include routing.
+        `model_name` defaults to `hub_model_id` or the output folder's name; `base_model` (repo id or path) to the
+        config's `upcycled_from`."""
         from ..hub import render_model_card
 
         if not self.is_world_process_zero():
@@ -461,11 +578,33 @@ class MultiTaskTrainer(Trainer):
             routing=routing,
             heatmap=heatmap,
             routing_source=source,
-            repo_id=self.args.hub_model_id if self.args.push_to_hub else None,
-            model_name=model_name,
+            repo_id=repo_id or (self.args.hub_model_id if self.args.push_to_hub else None),
+            model_name=model_name or self.args.hub_model_id or os.path.basename(os.path.normpath(self.args.output_dir)),
             license=license or "apache-2.0",
+            base_model=base_model,
+            label_ranges=self._regression_ranges(),
+            data_provenance=data_provenance,
         )
         card.save(os.path.join(self.args.output_dir, "README.md"))
+
+    def _close_prediction_bars(self) -> None:
+        """One progress bar per task's evaluation: transformers' ProgressCallback sizes its bar by the first loop's
+        batches and closes it at the end of `evaluate`; with one loop per task it would count on past its total."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback) and callback.prediction_bar is not None:
+                callback.prediction_bar.close()
+                callback.prediction_bar = None
+
+    def _regression_ranges(self) -> dict[str, tuple[float, float]]:
+        """Lowest and highest training target of each regression task (the card's task table)."""
+        ranges = {}
+        for task in self.tasks:
+            dataset = self.task_train_sets.get(task.name)
+            if task.problem_type != "regression" or dataset is None or "labels" not in getattr(dataset, "column_names", []):
+                continue
+            values = torch.tensor(dataset["labels"], dtype=torch.float64).reshape(-1)
+            ranges[task.name] = (round(values.min().item(), 4), round(values.max().item(), 4))
+        return ranges
 
     def predict_tasks(self, test_dataset: dict, ignore_keys=None, metric_key_prefix: str = "test") -> dict[str, Any]:
         """`{task: PredictionOutput}` for `{task: dataset}` (metrics filled in when the sets have labels)."""
@@ -481,9 +620,12 @@ class MultiTaskTrainer(Trainer):
             self.get_eval_dataloader(dataset), description=f"{description} [{name}]", prediction_loss_only=False,
             ignore_keys=ignore_keys, metric_key_prefix=prefix,
         )
+        self._close_prediction_bars()
         if output.label_ids is None:
             return output, {}
-        task_metrics = compute_task_metrics(task, output.predictions, output.label_ids, tokenizer=self.processing_class)
+        eos = getattr(getattr(self.accelerator.unwrap_model(self.model), "generation_config", None), "eos_token_id", None)
+        task_metrics = compute_task_metrics(task, output.predictions, output.label_ids, tokenizer=self.processing_class,
+                                            eos_token_id=eos, trust_remote_metrics=self.args.trust_remote_metrics)
         if self.task_compute_metrics is not None:
             task_metrics.update(self.task_compute_metrics(task, EvalPrediction(output.predictions, output.label_ids)))
         output.metrics.update({f"{prefix}_{k}": v for k, v in task_metrics.items()})
