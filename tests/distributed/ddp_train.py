@@ -1,8 +1,9 @@
-"""Trained by tests/test_distributed.py under `torchrun --nproc_per_node 2` (gloo, CPU).
+"""Trained by tests/test_distributed.py under `torchrun --nproc_per_node 2` (gloo, CPU): `ddp_train.py OUT FAMILY`.
 
-Batches of one 3-token row over 4 experts leave at least one expert per layer without tokens on every
-rank, and homogeneous round-robin batching gives each rank one task per step: other heads get no rows.
-Each rank writes its final weights' checksum and what it saw to <out>/rank<k>.json.
+DDP runs with a static graph (`find_unused_parameters=False`, the default). Batches of one 3-token row leave
+experts without tokens, and homogeneous round-robin batching gives each rank one task per step: the other tasks'
+heads (and their PALs, gates or routes) take no part in that rank's loss. Each rank writes its final weights'
+checksum and what it saw to <out>/rank<k>.json.
 """
 
 import json
@@ -11,24 +12,43 @@ import sys
 
 import datasets
 import torch
+from transformers import BartConfig, BartForConditionalGeneration
 
-from hf_taskmoe import BertForTaskMoE, BertTaskMoEConfig, TaskSpec
+from hf_taskmoe import BartTaskRouted, BertForTaskMoE, BertTaskMoEConfig, BertWithPALs, BertPALsConfig, CAMTLConfig, CAMTLModel, TaskSpec
 from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
 
-out = sys.argv[1]
+out, family = sys.argv[1], sys.argv[2]
+engine = sys.argv[3] if len(sys.argv) > 3 else None  # a DeepSpeed config (ZeRO), or "fsdp", instead of DDP
 rank = int(os.environ["RANK"])
 torch.manual_seed(0)
-tasks = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3), TaskSpec(name="c", problem_type="regression")]
-config = BertTaskMoEConfig(tasks=tasks, vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=24, num_experts=4)
-model = BertForTaskMoE(config)
+SIZES = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
+if family == "bart_routed":
+    tasks = [TaskSpec(name=n, problem_type="seq2seq") for n in "abc"]
+    dense = BartForConditionalGeneration(BartConfig(
+        vocab_size=50, d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=24, decoder_ffn_dim=24,
+        encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=32))
+    model = BartTaskRouted.from_dense(dense, tasks, selection="hard")  # hard: only the chosen expert runs
+else:
+    tasks = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3), TaskSpec(name="c", problem_type="regression")]
+    model = {
+        "bert_taskmoe": lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=tasks, num_experts=4, **SIZES)),
+        "bert_pals": lambda: BertWithPALs(BertPALsConfig(tasks=tasks, pal_size=8, pal_num_heads=2, **SIZES)),
+        "camtl": lambda: CAMTLModel(CAMTLConfig(tasks=tasks, conditional_attention_max_length=8, **SIZES)),
+    }[family]()
 g = torch.Generator().manual_seed(1)
+
+
+def labels(task):
+    if task.problem_type == "seq2seq":
+        return torch.randint(3, 50, (12, 4), generator=g).tolist()
+    if task.problem_type == "regression":
+        return torch.randn(12, generator=g).tolist()
+    return torch.randint(0, task.num_labels, (12,), generator=g).tolist()
+
+
 train = {
     t.name: datasets.Dataset.from_dict({
-        "input_ids": torch.randint(1, 50, (12, 3), generator=g).tolist(),
-        "attention_mask": [[1, 1, 1]] * 12,
-        "labels": (torch.randn(12, generator=g).tolist() if t.problem_type == "regression"
-                   else torch.randint(0, t.num_labels, (12,), generator=g).tolist()),
+        "input_ids": torch.randint(3, 50, (12, 3), generator=g).tolist(), "attention_mask": [[1, 1, 1]] * 12, "labels": labels(t),
     })
     for t in tasks
 }
@@ -36,14 +56,19 @@ seen = []
 args = MultiTaskTrainingArguments(
     output_dir=os.path.join(out, "run"), use_cpu=True, ddp_backend="gloo", per_device_train_batch_size=1,
     max_steps=6, learning_rate=1e-2, task_sampling="round_robin", batching="homogeneous", report_to="none",
-    save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0,
+    save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **({"fsdp": True, "fsdp_config": {"reshard_after_forward": True, "transformer_layer_cls_to_wrap": model._no_split_modules}} if engine == "fsdp"
+       else {"deepspeed": engine} if engine else {}),
 )
 trainer = MultiTaskTrainer(model=model, args=args, train_dataset=train)
 collate = trainer.data_collator
 trainer.data_collator = lambda feats: (lambda b: (seen.append(b["task_ids"].tolist()), b)[1])(collate(feats))
 trainer.train()
-checksum = sum(float(p.double().sum()) for p in model.parameters())
+ddp = trainer.model_wrapped
+checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
     task_losses = [sorted(k for k in h if k[:-5] in ("a", "b", "c") and k.endswith("_loss")) for h in trainer.state.log_history if "loss" in h]
     json.dump({"checksum": checksum, "seen": seen, "world": trainer.args.world_size, "task_losses": task_losses,
+               "find_unused_parameters": getattr(ddp, "find_unused_parameters", None),
+               "wrapper": type(ddp).__name__,
+               "zero_stage": ddp.zero_optimization_stage() if hasattr(ddp, "zero_optimization_stage") else None,
                "loss": trainer.state.log_history[-1].get("train_loss")}, f)
