@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""MT-TaG's three claims (section 5), checked from the results files alone, with the suite's one rule: a difference
+of means counts only when it exceeds twice the larger standard deviation over seeds (`report.verdict`).
+
+(i) low-resource transfer: each multi-task model against single-task fine-tuning on the small tasks (main).
+(ii) unseen related task: the held-out task learnt from 1% and 10% of its data by each adapted model against
+     single-task, and MT-TaG's new gate copied from a related task against an unrelated one and a random one.
+(iii) robustness to unrelated tasks: the related tasks' scores trained alone (robustness) and beside unrelated tasks
+     (main), per model.
+
+    python examples/experiments/claims.py [--results examples/experiments/results] [--suffix ""]
+
+Prints markdown tables (differences x100 with their verdicts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import load_records, mean_std, verdict  # noqa: E402
+
+MULTI_TASK = ("mt_dense", "mt_switch", "mt_tag", "pals", "camtl")
+
+
+def per_seed(records, method, task, variant=None) -> dict[int, float]:
+    return {r["seed"]: r["scores"][task] for r in records
+            if r["method"] == method and r.get("variant") == variant and task in r.get("scores", {})}
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[float], list[float]]:
+    seeds = sorted(set(a) & set(b))
+    return [a[s] for s in seeds], [b[s] for s in seeds]
+
+
+def row(label: str, a: list[float], b: list[float]) -> str:
+    if not a or not b:
+        return f"| {label} | - | - | - | not run |"
+    (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
+    return (f"| {label} | {100 * ma:.2f} ± {100 * sa:.2f} | {100 * mb:.2f} ± {100 * sb:.2f} | {100 * (ma - mb):+.2f} | "
+            f"{verdict(a, b)} ({len(a)} seeds) |")
+
+
+def claim_low_resource(main: list[dict], small: list[str]) -> str:
+    lines = ["| model vs single-task, task | model | single-task | difference | verdict |", "|---|---|---|---|---|"]
+    for method in MULTI_TASK:
+        for task in small:
+            a, b = paired(per_seed(main, method, task), per_seed(main, "single_task", task))
+            lines.append(row(f"{method}, {task}", a, b))
+    return "\n".join(lines)
+
+
+def claim_unseen(unseen: list[dict], task: str) -> str:
+    lines = ["| comparison (data) | first | second | difference | verdict |", "|---|---|---|---|---|"]
+    for variant in ("1pct", "10pct"):
+        for method in ("mt_dense", "mt_switch", "mt_tag_related", "mt_tag_unrelated", "mt_tag_random"):
+            a, b = paired(per_seed(unseen, method, task, variant), per_seed(unseen, "single_task", task, variant))
+            lines.append(row(f"{method} vs single-task ({variant})", a, b))
+        for other in ("mt_tag_unrelated", "mt_tag_random", "mt_dense", "mt_switch"):
+            a, b = paired(per_seed(unseen, "mt_tag_related", task, variant), per_seed(unseen, other, task, variant))
+            lines.append(row(f"mt_tag_related vs {other} ({variant})", a, b))
+    return "\n".join(lines)
+
+
+def claim_robustness(main: list[dict], clean: list[dict], common: list[str]) -> str:
+    lines = ["| model, task | beside unrelated tasks | related tasks alone | difference | verdict |", "|---|---|---|---|---|"]
+    for method in ("mt_dense", "mt_switch", "mt_tag"):
+        for task in [*common, "average"]:
+            if task == "average":
+                noisy = {s: statistics.mean(per_seed(main, method, t)[s] for t in common)
+                         for s in set.intersection(*(set(per_seed(main, method, t)) for t in common))}
+                alone = {s: statistics.mean(per_seed(clean, method, t)[s] for t in common)
+                         for s in set.intersection(*(set(per_seed(clean, method, t)) for t in common))}
+            else:
+                noisy, alone = per_seed(main, method, task), per_seed(clean, method, task)
+            a, b = paired(noisy, alone)
+            lines.append(row(f"{method}, {task}", a, b))
+    return "\n".join(lines)
+
+
+def averages(main: list[dict], tasks: list[str], small: list[str]) -> str:
+    """Every multi-task model against single-task and MT-TaG against the others, on the all-task and small-task
+    averages (per seed: the mean of that seed's task scores)."""
+    def avg(method, names):
+        runs = [per_seed(main, method, t) for t in names]
+        seeds = set.intersection(*(set(r) for r in runs)) if runs else set()
+        return {s: statistics.mean(r[s] for r in runs) for s in seeds}
+
+    lines = ["| comparison, average | first | second | difference | verdict |", "|---|---|---|---|---|"]
+    pairs = [(m, "single_task") for m in MULTI_TASK] + [("mt_tag", m) for m in MULTI_TASK if m != "mt_tag"]
+    for first, second in pairs:
+        for label, names in (("all tasks", tasks), ("small tasks", small)):
+            a, b = paired(avg(first, names), avg(second, names))
+            lines.append(row(f"{first} vs {second}, {label}", a, b))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--suffix", default="", help="Results file suffix, e.g. _gpu for main_gpu.jsonl.")
+    args = parser.parse_args(argv)
+    folder = Path(args.results)
+    load = lambda name: load_records(folder / f"{name}{args.suffix}.jsonl")  # noqa: E731
+    main_records, clean, unseen = load("main"), load("robustness"), load("unseen_task")
+    print("### Averages\n")
+    print(averages(main_records, ["rotten_tomatoes", "trec", "tweet_sentiment", "amazon_sentiment", "sms_spam"],
+                   ["amazon_sentiment", "sms_spam"]))
+    print("\n### (i) Low-resource transfer: small tasks, multi-task model vs single-task\n")
+    print(claim_low_resource(main_records, ["amazon_sentiment", "sms_spam"]))
+    print("\n### (ii) Unseen related task (movie_sentiment)\n")
+    print(claim_unseen(unseen, "movie_sentiment"))
+    print("\n### (iii) Robustness to unrelated tasks: the related tasks beside trec and sms_spam vs alone\n")
+    print(claim_robustness(main_records, clean, ["rotten_tomatoes", "tweet_sentiment", "amazon_sentiment"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

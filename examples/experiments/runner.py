@@ -1,0 +1,278 @@
+#!/usr/bin/env python
+"""The experiment runner: one declarative file -> cells -> one JSONL results file, resumable.
+
+An experiment file (JSON) names a task-config, the seeds, the options every cell shares and the methods:
+
+```json
+{"name": "main", "tasks": "../../data/suite/main.json", "seeds": [1, 2, 3],
+ "common": {"max_seq_length": 64, "num_train_epochs": 3, "learning_rate": 1e-4},
+ "methods": [
+   {"name": "single_task", "single_task": true, "args": {"num_experts": 1}},
+   {"name": "mt_tag", "args": {"num_experts": 4, "gating": "task"}, "keep_model": true},
+   {"name": "mt_tag_related", "from": "main/mt_tag", "tasks": "../../data/suite/movie.json",
+    "args": {"init_gate_from": "tweet_sentiment"}, "variants": {"1pct": {"max_train_samples": 20}}}
+ ]}
+```
+
+A cell is (method, variant, task for single-task methods, seed). Every cell runs `examples/run_multitask.py`
+in its own process -- the code path users run, not a second training loop -- with the common options, the
+method's and the variant's, `--seed`, and its own `--output_dir` (`runs/experiments/<experiment>/<cell>`). A
+method with `"from": "<experiment>/<method>"` continues that method's saved model of the same seed (it must
+have `"keep_model": true`). Paths in the file are relative to it.
+
+Each finished cell is appended to the results file (`results/<experiment>.jsonl`, one JSON object per line,
+written with one `write` on a file opened for appending, then fsync'ed): experiment, method, variant, task, seed,
+status, every metric, the per-task scores, the dev curve, steps, examples seen per task, wall time, peak memory,
+library versions, git revision and the command line. A restart skips the cells whose last record is `ok`; a cell
+that fails records its error (the log's tail) and the others go on; failed cells run again on the next start.
+
+    python examples/experiments/runner.py examples/experiments/configs/main.json [--threads 1] [--only mt_tag]
+    python examples/experiments/report.py examples/experiments/results/main.jsonl     # tables and plots
+
+(`--list` prints the cells and whether they are done.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "run_multitask.py"
+RESULTS = Path(__file__).resolve().parent / "results"
+RUNS = ROOT / "runs" / "experiments"
+
+
+@dataclass
+class Cell:
+    experiment: str
+    method: str
+    seed: int
+    argv: list[str]
+    variant: str | None = None
+    task: str | None = None
+    keep_model: bool = False
+    depends_on: str | None = None  # output folder of the cell whose model this one continues
+    runs: Path = RUNS
+
+    @property
+    def key(self) -> str:
+        return "/".join(p for p in (self.method, self.variant, self.task, f"seed{self.seed}") if p)
+
+    @property
+    def output_dir(self) -> Path:
+        return self.runs / self.experiment / self.key
+
+
+def _options(values: dict) -> list[str]:
+    """`{"learning_rate": 1e-4, "log_routing": true, "tasks": [a, b]}` -> command-line options."""
+    argv = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            argv += [f"--{name}", "false"]
+        elif isinstance(value, list):
+            argv += [f"--{name}", *map(str, value)]
+        else:
+            argv += [f"--{name}", str(value)]
+    return argv
+
+
+def _task_names(task_config: Path) -> list[str]:
+    return [t["name"] for t in json.loads(task_config.read_text())["tasks"]]
+
+
+def read_spec(path: Path) -> dict:
+    """An experiment file; `"extends": "other.json"` takes that file's `common` options (overridden by this
+    file's), `tasks`, `seeds` and `small_tasks` unless this file sets them (so that experiments share a budget)."""
+    spec = json.loads(path.read_text())
+    if "extends" in spec:
+        base_path = (path.parent / spec["extends"]).resolve()
+        base = read_spec(base_path)
+        for key in ("tasks", "seeds", "small_tasks", "report_tasks"):
+            if key not in spec and key in base:
+                spec[key] = base[key] if key != "tasks" else str((base_path.parent / base[key]).resolve())
+        spec["common"] = {**base.get("common", {}), **spec.get("common", {})}
+    return spec
+
+
+def load_experiment(path: str | os.PathLike, runs: Path = RUNS) -> tuple[dict, list[Cell]]:
+    """The experiment's definition and its cells, in the order they run (seeds outermost, so that a partial
+    run holds whole seeds of every method)."""
+    path = Path(path).resolve()
+    spec = read_spec(path)
+    for key in ("name", "tasks", "seeds", "methods"):
+        if key not in spec:
+            raise ValueError(f"{path}: an experiment needs `{key}`.")
+    names = [m["name"] for m in spec["methods"]]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: method names must be unique, got {names}.")
+    cells = []
+    for seed in spec["seeds"]:
+        for method in spec["methods"]:
+            tasks = (path.parent / method.get("tasks", spec["tasks"])).resolve()
+            options = {**spec.get("common", {}), **method.get("args", {}), "tasks": [str(tasks)], "seed": seed}
+            depends_on = None
+            if "from" in method:
+                experiment, _, source = method["from"].partition("/")
+                depends_on = str(runs / experiment / f"{source}/seed{seed}")
+                options["model_name_or_path"] = depends_on
+            variants = method.get("variants") or {None: {}}
+            for variant, values in variants.items():
+                per_task = _task_names(tasks) if method.get("single_task") else [None]
+                for task in per_task:
+                    cell_options = {**options, **values}
+                    if task is not None:
+                        cell_options["task_names"] = [task]
+                    cells.append(Cell(spec["name"], method["name"], seed, _options(cell_options), variant, task,
+                                      method.get("keep_model", False), depends_on, runs))
+    return spec, cells
+
+
+# ----------------------------------------------------------------------------------------------- results
+def read_results(path: Path) -> dict[str, dict]:
+    """The last record of each cell (by key) in a results file."""
+    latest = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                latest[record["cell"]] = record
+    return latest
+
+
+def append_record(path: Path, record: dict) -> None:
+    """One line, one `write` on an O_APPEND descriptor, fsync'ed: a crash leaves the file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = (json.dumps(record, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _scores(metrics: dict, tasks: list[str]) -> dict[str, float]:
+    """Each task's score: the mean of its metrics (`eval_<task>_<metric>`), as the library aggregates them."""
+    out = {}
+    for task in tasks:
+        values = [v for k, v in metrics.items() if k.startswith(f"eval_{task}_") and not k.endswith(("loss", "runtime", "per_second"))]
+        if values:
+            out[task] = sum(values) / len(values)
+    return out
+
+
+def summarise(cell: Cell, summary: dict, tasks: list[str]) -> dict:
+    curve = []
+    for entry in summary.get("log_history", []):
+        if any(k.startswith("eval_") for k in entry) and "step" in entry:
+            scores = _scores(entry, tasks)
+            if scores:
+                curve.append({"step": entry["step"], "epoch": entry.get("epoch"), "scores": scores,
+                              "average": entry.get("eval_average")})
+    metrics = summary["metrics"]
+    return {
+        "scores": _scores(metrics, tasks),
+        "metrics": metrics,
+        "average": metrics.get("eval_average"),
+        "small_tasks_average": metrics.get("eval_small_tasks_average"),
+        "curve": curve,
+        **{k: summary.get(k) for k in ("steps", "examples_seen", "wall_time_s", "peak_rss_mb", "peak_gpu_mb", "device",
+                                        "precision", "threads", "versions", "git_revision", "samples")},
+    }
+
+
+def run_cell(cell: Cell, threads: int, python: str = sys.executable, extra_env: dict | None = None) -> dict:
+    """Run one cell in its own process; return its record (status ok or error)."""
+    record = {"experiment": cell.experiment, "cell": cell.key, "method": cell.method, "variant": cell.variant,
+              "task": cell.task, "seed": cell.seed, "argv": cell.argv, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": threads}}
+    if cell.depends_on and not (Path(cell.depends_on) / "config.json").exists():
+        return {**record, "status": "error", "error": f"the model this cell continues is missing: {cell.depends_on} (run that experiment first)"}
+    out = cell.output_dir
+    if out.exists():
+        shutil.rmtree(out)  # a cell interrupted earlier starts again from scratch
+    out.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    argv = [python, str(SCRIPT), *cell.argv, "--output_dir", str(out), "--disable_tqdm", "true"]
+    started = time.time()
+    with open(out / "log.txt", "w") as log:
+        code = subprocess.call(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    record["process_wall_time_s"] = round(time.time() - started, 1)
+    summary_path = out / "run_summary.json"
+    if code != 0 or not summary_path.exists():
+        tail = (out / "log.txt").read_text(errors="replace").splitlines()[-30:]
+        return {**record, "status": "error", "exit_code": code, "error": "\n".join(tail)}
+    summary = json.loads(summary_path.read_text())
+    tasks = list(summary.get("examples_seen") or {}) or [cell.task]
+    if not cell.keep_model:  # keep the run's metrics, logs and card; drop the weights nobody continues
+        for weights in out.glob("*.safetensors"):
+            weights.unlink()
+    return {**record, "status": "ok", **summarise(cell, summary, tasks)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiment", help="An experiment file (JSON).")
+    parser.add_argument("--results", help="Results file (default: examples/experiments/results/<name>.jsonl).")
+    parser.add_argument("--threads", type=int, default=1, help="Threads per cell (OMP_NUM_THREADS).")
+    parser.add_argument("--runs", default=str(RUNS), help="Folder of the cells' output folders (default: runs/experiments).")
+    parser.add_argument("--workers", type=int, default=1, help="Cells run at once (a GPU machine: several; here: 1).")
+    parser.add_argument("--only", nargs="+", help="Run only these methods.")
+    parser.add_argument("--seeds", nargs="+", type=int, help="Run only these seeds.")
+    parser.add_argument("--list", action="store_true", help="List the cells and whether they are done; run nothing.")
+    parser.add_argument("--set", nargs="+", default=[], metavar="OPTION=VALUE",
+                        help="Add run_multitask options to every cell (e.g. bf16=true on a GPU); recorded in each record.")
+    args = parser.parse_args(argv)
+    from tqdm.auto import tqdm
+
+    spec, cells = load_experiment(args.experiment, Path(args.runs))
+    extra = []
+    for item in args.set:
+        name, _, value = item.partition("=")
+        extra += [f"--{name}", value]
+    if extra:
+        for cell in cells:
+            cell.argv += extra
+    results = Path(args.results) if args.results else RESULTS / f"{spec['name']}.jsonl"
+    done = {k for k, r in read_results(results).items() if r["status"] == "ok"}
+    chosen = [c for c in cells if (not args.only or c.method in args.only) and (not args.seeds or c.seed in args.seeds)]
+    todo = [c for c in chosen if c.key not in done]
+    if args.list:
+        for c in chosen:
+            print(f"{'done' if c.key in done else 'todo'}  {c.key}")
+        return 0
+    print(f"{spec['name']}: {len(chosen) - len(todo)} of {len(chosen)} cells done; results in {results}")
+    failed = 0
+    with tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc=spec["name"], unit="cell") as bar:
+        with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:  # each cell is its own process
+            futures = {pool.submit(run_cell, cell, args.threads): cell for cell in todo}
+            for future in as_completed(futures):
+                cell, record = futures[future], future.result()
+                append_record(results, record)
+                if record["status"] != "ok":
+                    failed += 1
+                    tqdm.write(f"cell {cell.key} failed:\n{record['error']}")
+                bar.set_postfix_str(cell.key)
+                bar.update(1)
+    print(f"{spec['name']}: {len(chosen) - failed} of {len(chosen)} cells done, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The experiment runner and its report (examples/experiments/): cells, restart, failures, tables."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples" / "experiments"))
+import report  # noqa: E402
+import runner  # noqa: E402
+
+
+def _tasks(folder: Path) -> Path:
+    """A two-task config of a few rows: a classification task and a regression task."""
+    rows = {
+        "pos": [{"text": f"good film {i}", "label": ["neg", "pos"][i % 2]} for i in range(8)],
+        "score": [{"text": f"rating {i}", "label": float(i % 3)} for i in range(8)],
+    }
+    for name, data in rows.items():
+        (folder / name).mkdir(parents=True)
+        (folder / name / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
+    config = {"tasks": [
+        {"name": "pos", "label_names": ["neg", "pos"], "text_fields": ["text"], "train_file": "pos/train.jsonl", "validation_file": "pos/train.jsonl"},
+        {"name": "score", "problem_type": "regression", "text_fields": ["text"], "train_file": "score/train.jsonl", "validation_file": "score/train.jsonl"},
+    ]}
+    (folder / "tasks.json").write_text(json.dumps(config))
+    return folder / "tasks.json"
+
+
+def _experiment(tmp_path: Path, tiny_dense, methods: list[dict]) -> Path:
+    tasks = _tasks(tmp_path / "data")
+    spec = {
+        "name": "tiny", "tasks": str(tasks), "seeds": [1, 2], "small_tasks": ["score"],
+        "common": {"model_name_or_path": str(tiny_dense), "max_steps": 2, "per_device_train_batch_size": 4,
+                   "max_seq_length": 16, "use_cpu": True, "eval_strategy": "steps", "eval_steps": 1, "logging_steps": 1},
+        "methods": methods,
+    }
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _run(path: Path, tmp_path: Path, *extra: str) -> int:
+    return runner.main([str(path), "--results", str(tmp_path / "results.jsonl"), "--runs", str(tmp_path / "runs"), *extra])
+
+
+def test_two_methods_two_seeds_restart_and_report(tmp_path, tiny_dense):
+    path = _experiment(tmp_path, tiny_dense, [
+        {"name": "mt_dense", "args": {"num_experts": 1}},
+        {"name": "mt_tag", "args": {"num_experts": 2}},
+    ])
+    assert _run(path, tmp_path) == 0
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["seed"]) for r in records] == [("mt_dense", 1), ("mt_tag", 1), ("mt_dense", 2), ("mt_tag", 2)]
+    for r in records:
+        assert r["status"] == "ok" and r["steps"] == 2 and set(r["scores"]) == {"pos", "score"}
+        assert sum(r["examples_seen"].values()) == 8  # 2 steps of 4 rows
+        assert r["curve"] and r["curve"][-1]["step"] == 2  # dev scores during training
+        assert r["versions"]["torch"] and r["wall_time_s"] > 0 and r["peak_rss_mb"] > 0
+        assert f"--seed" in r["argv"] and str(r["seed"]) == r["argv"][r["argv"].index("--seed") + 1]
+    assert not list((tmp_path / "runs").rglob("*.safetensors"))  # weights nobody continues are dropped
+    # a restart runs nothing: every cell is done
+    assert _run(path, tmp_path) == 0
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 4
+    markdown = report.report(path, tmp_path / "results.jsonl", tmp_path / "out")
+    assert "| mt_dense |" in markdown and "| mt_tag |" in markdown and "± " in markdown
+    assert (tmp_path / "out" / "tiny_scores.png").exists() and (tmp_path / "out" / "tiny_curves.png").exists()
+
+
+def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, tiny_dense):
+    path = _experiment(tmp_path, tiny_dense, [
+        {"name": "broken", "args": {"gating": "no_such_gating", "num_experts": 2}},
+        {"name": "mt_dense", "args": {"num_experts": 1}},
+    ])
+    assert _run(path, tmp_path, "--seeds", "1") == 1
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records] == ["error", "ok"]
+    assert "gating" in records[0]["error"] and records[0]["exit_code"] == 2
+    # the next start retries the failed cell only
+    assert _run(path, tmp_path, "--seeds", "1") == 1
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records] == ["broken", "mt_dense", "broken"]
+
+
+def test_single_task_method_trains_one_task_alone(tmp_path, tiny_dense):
+    path = _experiment(tmp_path, tiny_dense, [{"name": "single_task", "single_task": True, "args": {"num_experts": 1}}])
+    assert _run(path, tmp_path, "--seeds", "1") == 0
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["task"] for r in records] == ["pos", "score"]
+    for r in records:
+        assert list(r["examples_seen"]) == [r["task"]] and r["examples_seen"][r["task"]] == 8
+        assert list(r["scores"]) == [r["task"]]
+        config = json.loads((tmp_path / "runs" / "tiny" / r["cell"] / "config.json").read_text())
+        assert [t["name"] for t in config["tasks"]] == [r["task"]]
+
+
+def test_tables_render_from_a_results_file_written_by_hand(tmp_path):
+    records = []
+    for seed, (a, b) in enumerate([(0.80, 0.50), (0.82, 0.54), (0.78, 0.52)], start=1):
+        records.append({"cell": f"mt/seed{seed}", "method": "mt", "seed": seed, "status": "ok", "scores": {"x": a, "y": b}})
+        records.append({"cell": f"st/x/seed{seed}", "method": "st", "task": "x", "seed": seed, "status": "ok", "scores": {"x": 0.70}})
+        records.append({"cell": f"st/y/seed{seed}", "method": "st", "task": "y", "seed": seed, "status": "ok", "scores": {"y": 0.60}})
+    records.append({"cell": "mt/seed4", "method": "mt", "seed": 4, "status": "error", "error": "boom"})
+    results = tmp_path / "hand.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = tmp_path / "hand.json"
+    spec.write_text(json.dumps({"name": "hand", "tasks": "-", "seeds": [1, 2, 3], "methods": [], "small_tasks": ["y"]}))
+    markdown = report.report(spec, results, tmp_path)
+    lines = {line.split("|")[1].strip(): line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line}
+    # mt: x 80.00 ± 2.00, y 52.00 ± 2.00, per-seed averages 65, 68, 65 -> 66.00 ± 1.73; st: 70, 60, avg 65, std 0
+    assert lines["mt"] == "| mt | **80.00 ± 2.00** | 52.00 ± 2.00 | 52.00 ± 2.00 | **66.00 ± 1.73** | 3 |"
+    assert lines["st"] == "| st | 70.00 ± 0.00 | **60.00 ± 0.00** | **60.00 ± 0.00** | 65.00 ± 0.00 | 3 |"
+    # (the failed seed-4 cell is not counted)
+    assert report.verdict([0.80, 0.82, 0.78], [0.70, 0.70, 0.70]) == "higher"  # 0.10 > 2 x 0.02
+    assert report.verdict([0.52, 0.54, 0.50], [0.60, 0.60, 0.60]) == "lower"
+    assert report.verdict([0.52, 0.54, 0.50], [0.55, 0.55, 0.55]) == "no difference"  # 0.03 <= 2 x 0.02
+
+
+def test_experiment_files_in_the_repository_are_valid():
+    for path in sorted((ROOT / "examples" / "experiments" / "configs").glob("*.json")):
+        spec, cells = runner.load_experiment(path)
+        assert cells, path
+        assert len({c.key for c in cells}) == len(cells), path
+        for cell in cells:
+            tasks = Path(cell.argv[cell.argv.index("--tasks") + 1])
+            assert tasks.exists(), (path, tasks)
