@@ -19,15 +19,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("family", ["bert_taskmoe", "bert_pals", "camtl", "bart_routed"])
-def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, family):
+@pytest.mark.parametrize("family, find_unused", [
+    ("bert_taskmoe", False), ("bert_pals", False), ("camtl", False), ("bart_routed", False),
+    ("bert_pals", True),  # the user's old setting still works (DDP marks idle parameters itself)
+])
+def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, family, find_unused):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path), family]
+           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path), family] + (["find_unused"] if find_unused else [])
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert all(r["world"] == 2 and r["find_unused_parameters"] is False for r in ranks)
+    assert all(r["world"] == 2 and r["find_unused_parameters"] is find_unused for r in ranks)
     # one task per rank and step (the other heads got no rows there), and the ranks saw different batches
     assert all(len(set(batch)) == 1 for r in ranks for batch in r["seen"])
     assert ranks[0]["seen"] != ranks[1]["seen"]
@@ -53,3 +56,18 @@ def test_deepspeed_zero2_on_a_task_mixture(tmp_path, family):
     assert all(r["zero_stage"] == 2 and r["world"] == 2 for r in ranks)
     assert ranks[0]["seen"] != ranks[1]["seen"]  # different tasks on the two ranks
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
+
+
+def test_mt_uncertainty_selects_across_ranks(tmp_path):
+    """MT-Uncertainty under DDP takes the most uncertain candidates of all ranks' pools, not of each rank's."""
+    script = Path(__file__).parent / "distributed" / "uncertainty_select.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(_free_port()), str(script), str(tmp_path)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"select{r}.json").read_text()) for r in (0, 1)]
+    # globally: the eight uncertain candidates, six from rank 0 and two from rank 1
+    assert ranks[0]["global"] == [0] * 6 and ranks[1]["global"] == [0] * 2
+    # each rank alone: its own top 4 (rank 1 has to take two confident ones)
+    assert ranks[0]["alone"] == [0, 0, 0, 0] and sorted(ranks[1]["alone"]) == [0, 0, 9, 9]

@@ -31,6 +31,18 @@ EXPERT_WEIGHTINGS = ("gate", "straight_through")
 EXPERT_DISPATCHES = ("sorted_loop", "grouped_mm")
 
 
+
+@torch.compiler.disable
+def _expert_loop(experts: nn.ModuleList, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Each expert on its contiguous slice of the expert-sorted tokens (`counts` per expert).
+
+    The one host sync of the layer (`counts.tolist()`). Experts with no tokens still run on their empty slice so
+    that every parameter takes part in the graph. Kept out of torch.compile's graphs: traced, the slice sizes
+    would be specialised (0 and 1 are special) and every new batch composition would recompile until dynamo's
+    recompile limit; as a graph break the loop runs eagerly and the rest of the layer stays compiled."""
+    chunks = x_sorted.split(counts.tolist())
+    return torch.cat([expert(chunk) for expert, chunk in zip(experts, chunks)])
+
 class ExpertFFN(nn.Module):
     """One expert: BERT's intermediate and output projections, `w_out(act(w_in(x)))` (eq. 1).
 
@@ -199,10 +211,7 @@ class TaskMoE(nn.Module):
         if self.dispatch == "grouped_mm":
             y_sorted = self._grouped_experts(x_sorted, flat_expert.index_select(0, order), counts)
         else:
-            # The one host sync of the layer. Experts with no tokens still run on their empty slice so that
-            # every parameter takes part in the graph.
-            chunks = x_sorted.split(counts.tolist())
-            y_sorted = torch.cat([expert(chunk) for expert, chunk in zip(self.experts, chunks)])  # (tokens*k, hidden)
+            y_sorted = _expert_loop(self.experts, x_sorted, counts)  # (tokens*k, hidden)
         y_sorted = y_sorted * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
         if self.top_k == 1:
             inverse = torch.empty_like(order)

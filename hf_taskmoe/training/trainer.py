@@ -330,17 +330,27 @@ class MultiTaskTrainer(Trainer):
         if model.training and getattr(outputs, "task_losses", None):
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
-        if model.training and loss is not None and self.args.world_size > 1:
+        if model.training and loss is not None and self.args.world_size > 1 and not self.args.ddp_find_unused_parameters:
+            # (with find_unused_parameters=True DDP marks the idle parameters ready itself; touching them too would
+            # mark them twice: "Expected to mark a variable ready only once")
             loss = loss + self._touch_every_parameter(model)
         return (loss, outputs) if return_outputs else loss
 
     def _touch_every_parameter(self, model) -> torch.Tensor:
-        """0 times one element of every trainable parameter: the heads, gates, PALs or experts of tasks absent from
-        this rank's batch then take part in the backward pass (with zero gradients), so every rank reduces the same
-        gradients each step -- what DDP with a static graph (`find_unused_parameters=False`) and DeepSpeed's
-        gradient buckets require. One tiny op per parameter tensor; only with more than one process."""
+        """0 times one element of every trainable parameter that can sit out a step: the heads, PALs or routed
+        experts of tasks absent from this rank's batch then take part in the backward pass (with zero gradients), so
+        every rank reduces the same gradients each step -- what DDP with a static graph (`find_unused_parameters=False`)
+        and DeepSpeed's gradient buckets require. Only with more than one process.
+
+        Each touched parameter receives a full-size zero gradient in the backward pass, so only those a family
+        declares possibly idle (`_possibly_idle_parameters`, regexes on names) are touched; a model that declares
+        nothing has every trainable parameter touched."""
         if self._trainable is None:
-            self._trainable = [p for p in model.parameters() if p.requires_grad]
+            core = self.accelerator.unwrap_model(model)
+            patterns = [re.compile(p) for p in getattr(core, "_possibly_idle_parameters", (r"",))]
+            self._trainable = [p for n, p in core.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)]
+        if not self._trainable:
+            return torch.zeros((), device=self.args.device)
         return 0.0 * torch.stack([p.view(-1)[0].float() for p in self._trainable]).sum()
 
     def examples_seen(self) -> dict[str, int]:

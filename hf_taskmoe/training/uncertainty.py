@@ -109,7 +109,13 @@ class MTUncertaintySampling(ModelAwareSampling):
 
     # ------------------------------------------------------------------ Algorithm 1
     def uncertainty(self, model: torch.nn.Module, inputs: dict, specs, example_of_row, example_task) -> np.ndarray:
-        """`U_{t,i}` of every candidate example (eq. 4-5), from one forward pass without gradients in eval mode."""
+        """`U_{t,i}` of every candidate example (eq. 4-5), from one forward pass without gradients in eval mode
+        (`H^` of this process's candidates; `select` uses the `H^` of all processes)."""
+        ratio, h_hat = self._normalised_entropy(model, inputs, specs, example_of_row, example_task)
+        return ratio / h_hat
+
+    def _normalised_entropy(self, model, inputs, specs, example_of_row, example_task) -> tuple[np.ndarray, float]:
+        """`H/H'` of every candidate and this process's `H^` (the largest average task entropy, 1.0 if none)."""
         task_ids = inputs["task_ids"]
         was_training = model.training
         model.eval()
@@ -154,20 +160,49 @@ class MTUncertaintySampling(ModelAwareSampling):
                 error = ((y - pred) ** 2 / (variance if variance > 1e-12 else 1.0)).clamp(max=1.0)
                 ratio[examples] = error.cpu().numpy()
         h_hat = max(average_entropy) if average_entropy and max(average_entropy) > 0 else 1.0
-        return ratio / h_hat
+        return ratio, float(h_hat)
+
+    def _top(self, model, inputs, specs, example_of_row, example_task, batch_size: int, step: int) -> np.ndarray:
+        """Indices (pool order) of this process's candidates among the most uncertain.
+
+        One process: its `batch_size` most uncertain. Under DDP/DeepSpeed (`torch.distributed` initialised, world
+        size `W`), the paper's global selection: `H^` is the largest average task entropy over all processes, every
+        process's `U` is gathered, and each process trains on its own candidates among the `W x batch_size` most
+        uncertain of all `W` pools. Batch sizes then differ between processes (their sum stays `W x batch_size`);
+        a process none of whose candidates is chosen trains on its single most uncertain one, so that no rank
+        runs an empty step."""
+        ratio, h_hat = self._normalised_entropy(model, inputs, specs, example_of_row, example_task)
+        world = _world_size()
+        rank = torch.distributed.get_rank() if world > 1 else 0
+        tie_break = np.random.default_rng([self.seed, step] + ([rank] if world > 1 else [])).random(len(ratio))
+        if world == 1:
+            u = ratio / h_hat
+            self.last_uncertainty = u
+            return np.sort(np.lexsort((tie_break, -u))[:batch_size])  # top_b, pool order kept
+        # one collective per scored step (the selection is host-side: numpy arrays, pickled by all_gather_object)
+        gathered: list = [None] * world
+        torch.distributed.all_gather_object(gathered, (ratio, tie_break, h_hat))
+        h_hat = max(h for _, _, h in gathered)
+        u = np.concatenate([r for r, _, _ in gathered]) / h_hat
+        ties = np.concatenate([t for _, t, _ in gathered])
+        owner = np.concatenate([np.full(len(r), k) for k, (r, _, _) in enumerate(gathered)])
+        index = np.concatenate([np.arange(len(r)) for r, _, _ in gathered])
+        top = np.lexsort((index, owner, ties, -u))[: batch_size * world]
+        mine = np.sort(index[top[owner[top] == rank]])
+        self.last_uncertainty = u[owner == rank]
+        if not len(mine):
+            mine = np.asarray([int(np.lexsort((tie_break, -self.last_uncertainty))[0])])
+        return mine
 
     def select(self, model: torch.nn.Module, inputs: dict, batch_size: int, step: int) -> dict:
         core = getattr(model, "module", model)  # DDP / DataParallel wrap the model
         specs = core.config.task_specs
         example_of_row, example_task = example_layout(inputs["task_ids"], specs)
         num_tasks = len(specs)
-        if len(example_task) <= batch_size:
-            return inputs
+        if len(example_task) <= batch_size and _world_size() == 1:
+            return inputs  # (under DDP every process takes part in the gathered selection, even with a small pool)
         if self.last_counts is None or step % self.score_every == 0:
-            u = self.uncertainty(model, inputs, specs, example_of_row, example_task)
-            tie_break = np.random.default_rng([self.seed, step]).random(len(u))
-            chosen = np.sort(np.lexsort((tie_break, -u))[:batch_size])  # top_b, pool order kept
-            self.last_uncertainty = u
+            chosen = self._top(model, inputs, specs, example_of_row, example_task, batch_size, step)
             self.last_counts = np.bincount(example_task[chosen], minlength=num_tasks)
         else:  # keep the task composition of the last scored batch
             chosen = np.concatenate(
@@ -198,6 +233,12 @@ class MTUncertaintySampling(ModelAwareSampling):
     def load_state_dict(self, state: dict) -> None:
         counts = state.get("last_counts")
         self.last_counts = None if counts is None else np.asarray(counts)
+
+
+def _world_size() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
 
 
 register_task_sampler("uncertainty", MTUncertaintySampling, exist_ok=True)

@@ -18,7 +18,7 @@ from hf_taskmoe import BartTaskRouted, BertForTaskMoE, BertTaskMoEConfig, BertWi
 from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
 
 out, family = sys.argv[1], sys.argv[2]
-engine = sys.argv[3] if len(sys.argv) > 3 else None  # a DeepSpeed config (ZeRO), or "fsdp", instead of DDP
+engine = sys.argv[3] if len(sys.argv) > 3 else None  # a DeepSpeed config (ZeRO) instead of DDP, or "find_unused"
 rank = int(os.environ["RANK"])
 torch.manual_seed(0)
 SIZES = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
@@ -56,8 +56,7 @@ seen = []
 args = MultiTaskTrainingArguments(
     output_dir=os.path.join(out, "run"), use_cpu=True, ddp_backend="gloo", per_device_train_batch_size=1,
     max_steps=6, learning_rate=1e-2, task_sampling="round_robin", batching="homogeneous", report_to="none",
-    save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **({"fsdp": True, "fsdp_config": {"reshard_after_forward": True, "transformer_layer_cls_to_wrap": model._no_split_modules}} if engine == "fsdp"
-       else {"deepspeed": engine} if engine else {}),
+    save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **({"ddp_find_unused_parameters": True} if engine == "find_unused" else {"deepspeed": engine} if engine else {}),
 )
 trainer = MultiTaskTrainer(model=model, args=args, train_dataset=train)
 collate = trainer.data_collator

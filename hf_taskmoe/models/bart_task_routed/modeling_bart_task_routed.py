@@ -107,6 +107,8 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
     _no_split_modules = ["RoutedLayer"]
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
     _task_specific_parameters = (r"^router\.task_embeddings\.",)
+    # absent tasks' embeddings and, under hard routing, the experts no task of the batch chose
+    _possibly_idle_parameters = (r"^router\.task_embeddings\.", r"\.experts\.")
     _parameter_groups = {
         "router": r"^router\.net\.",
         "task_embedding": r"^router\.task_embeddings\.",

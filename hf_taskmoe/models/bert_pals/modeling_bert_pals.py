@@ -68,6 +68,7 @@ class BertPALsPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # Trained alone by the paper's best extension (section 3.4: task-specific training after joint training).
     _task_specific_parameters = (r"^heads\.", r"(^|\.)pals\.")
+    _possibly_idle_parameters = _task_specific_parameters  # absent tasks' heads and PALs
     _parameter_groups = {"pal": r"(^|\.)pals\.", "head": r"^heads\."}
 
     @torch.no_grad()

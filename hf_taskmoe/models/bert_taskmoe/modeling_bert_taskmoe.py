@@ -113,6 +113,8 @@ class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedMode
     ]
     # Trained alone by the PALs-style second stage (`freeze_shared_parameters`).
     _task_specific_parameters = (r"^heads\.", r"\.mlp\.router\.")
+    # what can sit out a step (absent tasks' heads; experts without tokens still run on an empty slice)
+    _possibly_idle_parameters = (r"^heads\.",)
     # Parameter roles for `hf_taskmoe.analysis.parameter_report` (regex on parameter names; the rest is shared).
     _parameter_groups = {
         "expert": r"\.mlp\.experts\.",

@@ -112,6 +112,7 @@ class CAMTLPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
         r"^heads\.", r"task_embeddings\.", r"\.film\.", r"attention_bias\.", r"alignment\.", r"bottleneck\.",
         r"encoder\.skip\.",
     )
+    _possibly_idle_parameters = (r"^heads\.",)  # the conditional modules run for every row's task embedding
     _parameter_groups = {
         "task_embedding": r"task_embeddings\.",
         "conditional": r"(\.film\.|attention_bias\.|alignment\.|bottleneck\.|encoder\.skip\.)",
