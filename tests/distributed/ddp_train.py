@@ -71,3 +71,13 @@ with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
                "wrapper": type(ddp).__name__,
                "zero_stage": ddp.zero_optimization_stage() if hasattr(ddp, "zero_optimization_stage") else None,
                "loss": trainer.state.log_history[-1].get("train_loss")}, f)
+# Leave the process group explicitly, then skip the interpreter's teardown: about one run in five under pytest on a
+# busy 2-core machine aborted *after* training and writing its results ("terminate called without an active
+# exception", SIGABRT: a native thread still joinable at interpreter exit; cause not found). What this script
+# checks is training, so it ends here; the abort is noted as an open question in the scale-out issue.
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
