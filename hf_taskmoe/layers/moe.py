@@ -31,7 +31,6 @@ EXPERT_WEIGHTINGS = ("gate", "straight_through")
 EXPERT_DISPATCHES = ("sorted_loop", "grouped_mm")
 
 
-
 @torch.compiler.disable
 def _expert_loop(experts: nn.ModuleList, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Each expert on its contiguous slice of the expert-sorted tokens (`counts` per expert).
@@ -42,6 +41,7 @@ def _expert_loop(experts: nn.ModuleList, x_sorted: torch.Tensor, counts: torch.T
     recompile limit; as a graph break the loop runs eagerly and the rest of the layer stays compiled."""
     chunks = x_sorted.split(counts.tolist())
     return torch.cat([expert(chunk) for expert, chunk in zip(experts, chunks)])
+
 
 class ExpertFFN(nn.Module):
     """One expert: BERT's intermediate and output projections, `w_out(act(w_in(x)))` (eq. 1).
