@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
+from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from .layers.heads import HeadsOutput, MultiTaskHeads
@@ -152,6 +153,19 @@ def task_fingerprint(names: list[str]) -> torch.Tensor:
     """One int64 per task name (CRC-32), saved with the weights: the task order the gates and embeddings were
     trained in."""
     return torch.tensor([zlib.crc32(n.encode()) for n in names], dtype=torch.long)
+
+
+def grow_embedding(old: torch.nn.Embedding, new_id: int, source: int | None, std: float) -> torch.nn.Embedding:
+    """`old` with one more row, for a task added at `new_id`: task `source`'s row, or drawn from `N(0, std)` like at
+    construction. Same class, device, dtype and trainability as `old` (the families' `_grow_for_task`)."""
+    table = type(old)(old.num_embeddings + 1, old.embedding_dim).to(old.weight.device, old.weight.dtype)
+    with torch.no_grad():
+        init.normal_(table.weight, mean=0.0, std=std)
+        table.weight[: old.num_embeddings] = old.weight
+        if source is not None:
+            table.weight[new_id] = old.weight[source]
+    table.weight.requires_grad_(old.weight.requires_grad)
+    return table
 
 
 class MultiTaskPreTrainedModel(PreTrainedModel):

@@ -27,7 +27,9 @@ from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoder
 
 from ...layers.heads import IGNORE_INDEX
 from ...layers.routing import RoutedCache, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature, plan_routes
-from ...modeling_utils import MultiTaskPreTrainedModel, check_batch_dim, check_kwargs, check_lengths, resolve_task_ids
+from ...modeling_utils import (
+    MultiTaskPreTrainedModel, check_batch_dim, check_kwargs, check_lengths, grow_embedding, resolve_task_ids,
+)
 from ...tasks import TaskSpec
 from .configuration_bart_task_routed import DENSE_BART_FIELDS, BartTaskRoutedConfig
 
@@ -209,15 +211,9 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
     def _grow_for_task(self, new_id: int, source: int | None) -> None:
         """A task representation for the new task (the router and experts are shared): task `source`'s, or drawn
         like at construction (N(0, task_embedding_init_std)); its routes are what the router makes of it."""
-        old = self.router.task_embeddings
-        table = TaskEmbedding(old.num_embeddings + 1, old.embedding_dim).to(old.weight.device, old.weight.dtype)
-        with torch.no_grad():
-            init.normal_(table.weight, mean=0.0, std=self.config.task_embedding_init_std)
-            table.weight[: old.num_embeddings] = old.weight
-            if source is not None:
-                table.weight[new_id] = old.weight[source]
-        table.weight.requires_grad_(old.weight.requires_grad)
-        self.router.task_embeddings = table
+        self.router.task_embeddings = grow_embedding(
+            self.router.task_embeddings, new_id, source, self.config.task_embedding_init_std
+        )
 
     def set_task_embeddings(self, embeddings: torch.Tensor) -> None:
         """Initialise the task representations (TextEmb, FT-TextEmb, TaskEmb: `hf_taskmoe.analysis.task_embeddings`)

@@ -31,7 +31,7 @@ from ...layers.conditional import (
     ConditionalLayerNorm,
     FiLM,
 )
-from ...modeling_utils import MultiTaskPreTrainedModel, resolve_task_ids
+from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding, resolve_task_ids
 from ...tasks import TaskSpec
 from ..multitask_bert import (
     MultiTaskBertEncoderMixin,
@@ -255,16 +255,8 @@ class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
     def _grow_for_task(self, new_id: int, source: int | None) -> None:
         """One more row in the task-embedding table (appendix A.4): task `source`'s, or drawn like at construction
         (`N(0, initializer_range)`). The conditional modules are shared, so nothing else grows."""
-        old = self.bert.task_embeddings
-        if old is not None:
-            table = nn.Embedding(old.num_embeddings + 1, old.embedding_dim).to(old.weight.device, old.weight.dtype)
-            with torch.no_grad():
-                init.normal_(table.weight, mean=0.0, std=self.config.initializer_range)
-                table.weight[: old.num_embeddings] = old.weight
-                if source is not None:
-                    table.weight[new_id] = old.weight[source]
-            table.weight.requires_grad_(old.weight.requires_grad)
-            self.bert.task_embeddings = table
+        if self.bert.task_embeddings is not None:
+            self.bert.task_embeddings = grow_embedding(self.bert.task_embeddings, new_id, source, self.config.initializer_range)
 
     # ------------------------------------------------------------------ from a dense BERT
     @classmethod
