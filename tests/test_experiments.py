@@ -128,3 +128,27 @@ def test_experiment_files_in_the_repository_are_valid():
         for cell in cells:
             tasks = Path(cell.argv[cell.argv.index("--tasks") + 1])
             assert tasks.exists(), (path, tasks)
+
+
+def test_a_same_as_method_reuses_the_other_experiments_cell_and_refuses_another_command(tmp_path, tiny_dense):
+    path = _experiment(tmp_path, tiny_dense, [{"name": "dense_grid_point", "same_as": "main/mt_dense",
+                                               "args": {"num_experts": 1}}])
+    spec = json.loads(path.read_text())
+    spec["tasks"] = str(_tasks(tmp_path / "checkout" / "examples" / "data"))  # a task-config inside a checkout
+    path.write_text(json.dumps(spec))
+    _, cells = runner.load_experiment(path, tmp_path / "runs")
+    # main's records, written by hand as if run in another checkout of the project
+    moved = [arg.replace(str(tmp_path / "checkout"), "/elsewhere/checkout") for arg in cells[0].argv]
+    assert moved != cells[0].argv
+    source = {"cell": "mt_dense/seed1", "method": "mt_dense", "experiment": "main", "seed": 1, "status": "ok",
+              "argv": moved, "scores": {"pos": 75.0, "score": 0.5}}
+    (tmp_path / "main.jsonl").write_text(json.dumps(source) + "\n")
+    assert _run(path, tmp_path, "--seeds", "1") == 0
+    (record,) = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert record["reused_from"] == "main/mt_dense/seed1" and record["cell"] == "dense_grid_point/seed1"
+    assert record["experiment"] == "tiny" and record["scores"] == {"pos": 75.0, "score": 0.5}
+    assert not (tmp_path / "runs").exists()  # nothing trained
+    # another command line (here another seed's) is refused, not silently reused
+    (tmp_path / "main.jsonl").write_text(json.dumps({**source, "cell": "mt_dense/seed2", "seed": 2}) + "\n")
+    with pytest.raises(ValueError, match="differs"):
+        _run(path, tmp_path, "--seeds", "2")

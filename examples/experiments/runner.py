@@ -18,7 +18,10 @@ A cell is (method, variant, task for single-task methods, seed). Every cell runs
 in its own process -- the code path users run, not a second training loop -- with the common options, the
 method's and the variant's, `--seed`, and its own `--output_dir` (`runs/experiments/<experiment>/<cell>`). A
 method with `"from": "<experiment>/<method>"` continues that method's saved model of the same seed (it must
-have `"keep_model": true`). Paths in the file are relative to it.
+have `"keep_model": true`). A method with `"same_as": "<experiment>/<method>"` is a cell that experiment
+already ran with the same command line (a grid's point that is the main comparison's method): its finished
+records are copied, marked `reused_from`, instead of training again; a differing command line is refused.
+Paths in the file are relative to it.
 
 Each finished cell is appended to the results file (`results/<experiment>.jsonl`, one JSON object per line,
 written with one `write` on a file opened for appending, then fsync'ed): experiment, method, variant, task, seed,
@@ -63,6 +66,7 @@ class Cell:
     keep_model: bool = False
     depends_on: str | None = None  # output folder of the cell whose model this one continues
     runs: Path = RUNS
+    same_as: str | None = None  # "<experiment>/<method>" whose record of this seed this cell reuses
 
     @property
     def key(self) -> str:
@@ -137,11 +141,33 @@ def load_experiment(path: str | os.PathLike, runs: Path = RUNS) -> tuple[dict, l
                     if task is not None:
                         cell_options["task_names"] = [task]
                     cells.append(Cell(spec["name"], method["name"], seed, _options(cell_options), variant, task,
-                                      method.get("keep_model", False), depends_on, runs))
+                                      method.get("keep_model", False), depends_on, runs, method.get("same_as")))
     return spec, cells
 
 
 # ----------------------------------------------------------------------------------------------- results
+def _portable(argv: list[str]) -> list[str]:
+    """A command line with the checkout's location removed from paths, to compare runs made in two checkouts."""
+    anchor = os.sep + "examples" + os.sep
+    return [arg[arg.rindex(anchor) + 1:] if anchor in arg else arg for arg in argv]
+
+
+def reuse_record(cell: Cell, results_dir: Path) -> dict:
+    """The record a `same_as` cell copies from the other experiment's results, or an error if there is none
+    finished for this seed or it ran another command line."""
+    experiment, _, method = cell.same_as.partition("/")
+    source_key = "/".join(p for p in (method, cell.variant, cell.task, f"seed{cell.seed}") if p)
+    source = read_results(results_dir / f"{experiment}.jsonl").get(source_key)
+    if source is None or source["status"] != "ok":
+        raise ValueError(f"{cell.experiment}/{cell.key} reuses {experiment}/{source_key}, which has not finished "
+                         f"in {results_dir / (experiment + '.jsonl')}: run that experiment first.")
+    if _portable(source["argv"]) != _portable(cell.argv):
+        raise ValueError(f"{cell.experiment}/{cell.key} reuses {experiment}/{source_key}, but its command line "
+                         f"differs:\n  {_portable(source['argv'])}\n  {_portable(cell.argv)}")
+    return {**source, "experiment": cell.experiment, "method": cell.method, "cell": cell.key,
+            "reused_from": f"{experiment}/{source_key}"}
+
+
 def read_results(path: Path) -> dict[str, dict]:
     """The last record of each cell (by key) in a results file."""
     latest = {}
@@ -257,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         for c in chosen:
             print(f"{'done' if c.key in done else 'todo'}  {c.key}")
         return 0
-    print(f"{spec['name']}: {len(chosen) - len(todo)} of {len(chosen)} cells done; results in {results}")
+    reused = [c for c in todo if c.same_as]
+    for cell in reused:
+        append_record(results, reuse_record(cell, results.parent))
+    todo = [c for c in todo if not c.same_as]
+    print(f"{spec['name']}: {len(chosen) - len(todo)} of {len(chosen)} cells done ({len(reused)} reused just now); "
+          f"results in {results}")
     failed = 0
     with tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc=spec["name"], unit="cell") as bar:
         with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:  # each cell is its own process
