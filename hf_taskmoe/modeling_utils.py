@@ -17,6 +17,7 @@ from transformers.utils import ModelOutput
 
 from .layers.heads import HeadsOutput, MultiTaskHeads
 from .tasks import TaskSpec
+from .utils import checking_values
 
 
 @dataclass
@@ -74,6 +75,8 @@ def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device) -
             f"`task_ids` must have shape (batch,) = ({batch_size},) to match the inputs, got {tuple(task_ids.shape)}."
         )
     task_ids = task_ids.long()
+    if not checking_values():
+        return task_ids
     bad = (task_ids < 0) | (task_ids >= num_tasks)
     if bad.any():
         raise ValueError(
@@ -144,6 +147,65 @@ def check_batch_dim(batch: int, **tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and (tensor.dim() == 0 or tensor.shape[0] != batch):
             raise ValueError(f"`{name}` must have {batch} rows (the batch size of the inputs), got shape {tuple(tensor.shape)}.")
+
+
+class BatchChecker:
+    """Checks a collated batch on the host, before it moves to a device: the task ids and, for models with
+    per-task heads, labels, spans and multiple-choice grouping -- the value checks `forward` skips inside
+    `values_checked()` (each would be a host sync there). Raises the `ValueError` `forward` would.
+
+    It holds the task specs and heads of hidden size 1 (their checks, not the model's weights), so a collator that
+    calls it stays small when a `DataLoader` sends it to worker processes."""
+
+    def __init__(self, tasks: list[TaskSpec], with_heads: bool):
+        self.task_names = [t.name for t in tasks]
+        self.heads = MultiTaskHeads(tasks, hidden_size=1, dropout=0.0) if with_heads else None
+
+    @classmethod
+    def for_model(cls, model) -> "BatchChecker":
+        return cls([TaskSpec.from_dict(t) for t in model.config.tasks], isinstance(getattr(model, "heads", None), MultiTaskHeads))
+
+    def __call__(self, batch) -> None:
+        first = batch.get("input_ids")
+        if first is None:
+            first = batch.get("inputs_embeds")
+        if first is None or first.dim() < 2:
+            return  # nothing to size the batch by: `forward` reports it
+        rows, seq = first.shape[0], first.shape[1]
+        task_ids = resolve_task_ids(batch.get("task_ids"), rows, self.task_names, first.device)
+        if self.heads is not None:
+            labels, spans = batch.get("labels"), batch.get("span_positions")
+            check_batch_dim(rows, labels=labels, span_positions=spans)
+            self.heads.check_inputs(self.heads.split_rows(task_ids), seq, labels, spans)
+
+
+class HostCheckedCollator:
+    """A collator followed by a `BatchChecker`: every batch is checked on the CPU where it is made. Other attributes
+    read and write through to the wrapped collator (`trainer.data_collator.pad_to_multiple_of = 8` works)."""
+
+    _OWN = ("collator", "checker")
+
+    def __init__(self, collator, checker: BatchChecker):
+        object.__setattr__(self, "collator", collator)
+        object.__setattr__(self, "checker", checker)
+
+    def __getattr__(self, name):
+        try:
+            collator = self.__dict__["collator"]
+        except KeyError:  # while unpickling
+            raise AttributeError(name) from None
+        return getattr(collator, name)
+
+    def __setattr__(self, name, value):
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.collator, name, value)
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        self.checker(batch)
+        return batch
 
 
 _DEPRECATED_INIT_NAMES = ("init_gate_from", "init_pals_from", "init_embedding_from")

@@ -101,15 +101,32 @@ class ProjectedAttentionLayers(nn.Module):
 
 
 def split_groups(group_ids: torch.LongTensor) -> list[tuple[int, torch.Tensor | None]]:
-    """`[(group, row indices)]` of the groups present in a batch; one group -> `[(group, None)]` (no gather)."""
-    present = torch.unique(group_ids).tolist()  # one host sync per forward, not per layer
+    """`[(group, row indices)]` of the groups present in a batch; one group -> `[(group, None)]` (no gather).
+    Host syncs (`unique`, `nonzero`): the encoder on its own uses it; the task models pass `rows_by_group`'s."""
+    present = torch.unique(group_ids).tolist()
     if len(present) == 1:
         return [(present[0], None)]
     return [(g, (group_ids == g).nonzero(as_tuple=True)[0]) for g in present]
 
 
-def pal_key_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """`(batch, seq)` 0/1 padding mask -> `(batch, 1, 1, seq)` bool for the PALs' attention (None: no padding)."""
-    if attention_mask is None or bool(attention_mask.all()):
+def rows_by_group(task_rows: dict[int, torch.Tensor], task_groups: list[int], batch: int) -> list[tuple[int, torch.Tensor | None]]:
+    """`split_groups` from the rows of each task present (host-side structure, no sync): each group's rows are its
+    tasks' rows concatenated; a group holding every row -> `[(group, None)]` (no gather)."""
+    groups: dict[int, list[torch.Tensor]] = {}
+    for t, rows in task_rows.items():
+        groups.setdefault(task_groups[t], []).append(rows)
+    if len(groups) == 1:
+        (g, parts), = groups.items()
+        if sum(len(r) for r in parts) == batch:
+            return [(g, None)]
+    return [(g, parts[0] if len(parts) == 1 else torch.cat(parts)) for g, parts in sorted(groups.items())]
+
+
+def pal_key_mask(attention_mask: torch.Tensor | None, encoder_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`(batch, seq)` 0/1 padding mask -> `(batch, 1, 1, seq)` bool for the PALs' attention, None when nothing is
+    padded. Whether anything is padded is read from `encoder_mask`, the BERT layers' own mask from
+    `create_bidirectional_mask` (None when no key is masked; finding that out is transformers' host sync), so the
+    PALs add none."""
+    if attention_mask is None or encoder_mask is None:
         return None
     return attention_mask.bool()[:, None, None, :]

@@ -244,7 +244,8 @@ class MultiTaskBertHeadsMixin:
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
         task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
-        encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags)
+        encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags,
+                                    task_rows=task_rows)
         heads_out = self.heads(
             encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, span_positions
         )

@@ -24,8 +24,10 @@ from transformers.trainer_utils import EvalPrediction, PREFIX_CHECKPOINT_DIR, sp
 from transformers.trainer_callback import TrainerState
 
 from ..layers.heads import IGNORE_INDEX
+from ..modeling_utils import BatchChecker, HostCheckedCollator
 from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..tasks import TaskSpec
+from ..utils import values_checked
 from .arguments import MultiTaskTrainingArguments
 from .callbacks import RoutingAnalyticsCallback
 from .data import MultiTaskCollator, MultiTaskDataset
@@ -195,6 +197,11 @@ class MultiTaskTrainer(Trainer):
         if data_collator is None:
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
             data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0)
+        #: every batch's task ids and labels are checked on the CPU by the collator, so the forward passes run inside
+        #: `values_checked()`, without the per-head checks' host syncs (models of this library only)
+        self._checked_on_host = hasattr(getattr(model, "config", None), "tasks") and hasattr(model, "task_ids_for")
+        if self._checked_on_host and not isinstance(data_collator, HostCheckedCollator):
+            data_collator = HostCheckedCollator(data_collator, BatchChecker.for_model(model))
         super().__init__(model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=data_collator, **kwargs)
         self.task_compute_metrics = compute_metrics
         #: set to a `RoutingStatistics` to record expert use during evaluation (MoE families)
@@ -311,6 +318,17 @@ class MultiTaskTrainer(Trainer):
             **optimizer_kwargs,
         )
         return self.optimizer
+
+    def compute_loss_context_manager(self):
+        """The Trainer's (autocast) and, when the collator checked the batch on the host, `values_checked()`: the
+        forward passes of training and evaluation skip the value checks' host syncs."""
+        context = super().compute_loss_context_manager()
+        if not self._checked_on_host:
+            return context
+        stack = contextlib.ExitStack()
+        stack.enter_context(context)
+        stack.enter_context(values_checked())
+        return stack
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:  # step-dependent model state (BartTaskRouted: Gumbel temperature annealing)

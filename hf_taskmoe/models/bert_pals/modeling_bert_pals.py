@@ -19,7 +19,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
 
-from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, split_groups
+from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, rows_by_group, split_groups
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ...tasks import TaskSpec
 from ..multitask_bert import (
@@ -98,16 +98,20 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
 
     def _encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-        output_attentions=None, output_hidden_states=None, **kwargs,
+        output_attentions=None, output_hidden_states=None, task_rows=None, **kwargs,
     ) -> BaseModelOutputWithPooling:
-        """Forward on inputs already checked by the caller."""
+        """Forward on inputs already checked by the caller. `task_rows` (`{task id: batch rows}`, from the heads'
+        `split_rows`) spares the grouping its own host sync."""
         config = self.config
         hidden, output_attentions, output_hidden_states = self._embed(
             input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )  # (batch, seq, hidden)
         mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
-        key_mask = pal_key_mask(attention_mask)
-        group_rows = split_groups(self.task_to_group[task_ids])
+        key_mask = pal_key_mask(attention_mask, mask)
+        if task_rows is not None:
+            group_rows = rows_by_group(task_rows, self.config.task_group_ids, hidden.shape[0])
+        else:
+            group_rows = split_groups(self.task_to_group[task_ids])
 
         all_hidden = (hidden,) if output_hidden_states else None
         all_attn = () if output_attentions else None

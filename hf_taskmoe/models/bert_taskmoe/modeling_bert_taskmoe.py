@@ -160,9 +160,9 @@ class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
 
     def _encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-        output_attentions=None, output_hidden_states=None, output_router_logits=None, **kwargs,
+        output_attentions=None, output_hidden_states=None, output_router_logits=None, task_rows=None, **kwargs,
     ) -> TaskMoEEncoderOutput:
-        """Forward on inputs already checked by the caller."""
+        """Forward on inputs already checked by the caller (`task_rows`: for PALs' grouping; unused here)."""
         config = self.config
         hidden, output_attentions, output_hidden_states = self._embed(
             input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states

@@ -162,9 +162,9 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
 
     def _encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-        output_attentions=None, output_hidden_states=None, **kwargs,
+        output_attentions=None, output_hidden_states=None, task_rows=None, **kwargs,
     ) -> BaseModelOutputWithPooling:
-        """Forward on inputs already checked by the caller."""
+        """Forward on inputs already checked by the caller (`task_rows`: for PALs' grouping; unused here)."""
         config = self.config
         hidden, output_attentions, output_hidden_states = self._embed(
             input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
