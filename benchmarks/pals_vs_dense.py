@@ -5,11 +5,14 @@ Both start from the same MiniLM-L6-H384 weights (the real checkpoint when `gt-al
 installed, else random weights of the same shapes) with the same heads; "dense" is `BertForTaskMoE` with
 one expert (MT-Dense, which computes exactly transformers' BertModel). Mixed-task batches of 32 x 128
 tokens over 5 tasks (each task's rows run through their own PALs); PALs of size 204 with 12 heads at
-every layer, as in the paper. Runs alternate between the models; each figure is a median.
+every layer, as in the paper; "pals_no_pal_dropout" is the same with `pal_attention_dropout=0` (no dropout on
+the attention probabilities inside the PALs, which the paper does not specify). Runs alternate between the models;
+each figure is a median.
 
     python benchmarks/pals_vs_dense.py [--rounds 11] [--threads 2] [--pal-size 204]
 
-Prints a table, then one JSON line: {"train_ratio": PALs/dense fwd+bwd, "inference_ratio": ..., "parameter_ratio": ...}.
+Prints a table, then one JSON line: {"train_ratio": PALs/dense fwd+bwd, "inference_ratio": ...,
+"train_ratio_no_pal_dropout": ..., "parameter_ratio": ...}.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ def main():
     models = {
         "dense": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=1),
         "pals": BertWithPALs.from_dense(source, tasks=tasks, pal_size=args.pal_size, pal_decoder_init="normal"),
+        "pals_no_pal_dropout": BertWithPALs.from_dense(source, tasks=tasks, pal_size=args.pal_size, pal_decoder_init="normal",
+                                                       pal_attention_dropout=0.0),
     }
     batch = make_batch(args.batch, args.seq, args.num_tasks, models["dense"].config.vocab_size)
     results = side_by_side(models, batch, args.rounds, args.warmup)
     for phase, medians in results.items():
         print(f"{phase:<9}  dense {medians['dense'] * 1000:8.1f} ms   PALs {medians['pals'] * 1000:8.1f} ms   "
-              f"ratio {medians['pals'] / medians['dense']:.3f}")
+              f"ratio {medians['pals'] / medians['dense']:.3f}   without PAL dropout "
+              f"{medians['pals_no_pal_dropout'] * 1000:8.1f} ms  ratio {medians['pals_no_pal_dropout'] / medians['dense']:.3f}")
     dense_params = parameter_report(models["dense"]).total
     report = parameter_report(models["pals"], dense_equivalent=dense_params)
     print(f"parameters: dense {dense_params:,}, with PALs {report.total:,} (PALs {report.pal:,}; "
@@ -42,6 +48,7 @@ def main():
     print(json.dumps({
         "train_ratio": round(results["train"]["pals"] / results["train"]["dense"], 3),
         "inference_ratio": round(results["inference"]["pals"] / results["inference"]["dense"], 3),
+        "train_ratio_no_pal_dropout": round(results["train"]["pals_no_pal_dropout"] / results["train"]["dense"], 3),
         "parameter_ratio": round(report.ratio_to_dense, 4),
         "pal_parameters_per_task": report.pal // args.num_tasks,
         "train_ms": {k: round(v * 1000, 1) for k, v in results["train"].items()},

@@ -152,6 +152,9 @@ class ModelArguments:
     pal_size: int | None = field(default=None, metadata={"help": "bert_pals: PAL dimension s (default 204)."})
     pal_num_heads: int | None = field(default=None, metadata={"help": "bert_pals: heads per PAL (default 12)."})
     pal_layers: list[int] | None = field(default=None, metadata={"help": "bert_pals: layers with PALs (default: all)."})
+    pal_attention_dropout: float | None = field(
+        default=None, metadata={"help": "bert_pals: dropout on the PALs' attention probabilities (default: BERT's)."}
+    )
     pal_task_groups: list[str] | None = field(
         default=None, metadata={"help": "bert_pals: groups of tasks sharing PALs, each comma-separated, e.g. qqp,stsb."}
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...utils import check_choice, check_int
+from ...utils import check_choice, check_float, check_int
 from ..multitask_bert import MultiTaskBertConfig
 
 PAL_DECODER_INITS = ("zeros", "normal")
@@ -29,6 +29,11 @@ class BertPALsConfig(MultiTaskBertConfig):
             `"zeros"`: `D_t = 0`, so `GELU(PAL(x)) = 0` and a model built from a dense BERT computes exactly
             the dense BERT until training moves `D_t` (the gradient reaches `D_t` at once, `E_t` and the PAL
             attention from the second step). `"normal"`: `N(0, initializer_range)` like the other weights.
+        pal_attention_dropout (`float`, *optional*):
+            Dropout on the attention probabilities inside each PAL; defaults to `attention_probs_dropout_prob`
+            (as BERT's own attention). The paper places dropout on BERT's attention and FFN outputs and says
+            nothing of the PAL's inside; 0 saves one random mask of `(batch, heads, seq, seq)` per PAL layer, about
+            half the PALs' extra training time on MiniLM (`benchmarks/pals_vs_dense.py`).
     """
 
     model_type = "taskmoe_bert_pals"
@@ -38,6 +43,7 @@ class BertPALsConfig(MultiTaskBertConfig):
     pal_layers: list | None = None
     pal_task_groups: list | None = None
     pal_decoder_init: str = "zeros"
+    pal_attention_dropout: float | None = None
 
     def _validate(self) -> None:
         super()._validate()
@@ -46,9 +52,16 @@ class BertPALsConfig(MultiTaskBertConfig):
         if self.pal_size % self.pal_num_heads:
             raise ValueError(f"`pal_size` ({self.pal_size}) must be a multiple of `pal_num_heads` ({self.pal_num_heads}).")
         check_choice(self.pal_decoder_init, PAL_DECODER_INITS, "pal_decoder_init")
+        if self.pal_attention_dropout is not None:
+            check_float(self.pal_attention_dropout, "pal_attention_dropout", minimum=0.0, maximum=1.0)
         self.pal_layers = self._check_layer_list("pal_layers")
         if self.pal_task_groups is not None:
             self.pal_task_groups = self._check_groups(self.pal_task_groups)
+
+    @property
+    def pal_attention_dropout_rate(self) -> float:
+        """`pal_attention_dropout`, or BERT's `attention_probs_dropout_prob` when unset."""
+        return self.attention_probs_dropout_prob if self.pal_attention_dropout is None else self.pal_attention_dropout
 
     def _check_groups(self, groups) -> list[list[str]]:
         if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):

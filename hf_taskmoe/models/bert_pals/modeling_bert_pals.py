@@ -90,7 +90,7 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
         self.encoder = PALBertEncoder(config)
         self.pals = ProjectedAttentionLayers(
             config.hidden_size, config.pal_size, config.pal_num_heads, max(config.task_group_ids) + 1,
-            config.pal_layer_indices, config.attention_probs_dropout_prob,
+            config.pal_layer_indices, config.pal_attention_dropout_rate,
         )
         self.pooler = BertPooler(config) if config.classifier_pooling == "pooler" else None
         self.register_buffer("task_to_group", torch.tensor(config.task_group_ids, dtype=torch.long), persistent=False)
@@ -162,7 +162,7 @@ class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):
         pals.encoders.append(new_modules[0])
         pals.decoders.append(new_modules[1])
         for layer in pals.layers:
-            attention = PALAttention(config.pal_size, config.pal_num_heads, config.attention_probs_dropout_prob)
+            attention = PALAttention(config.pal_size, config.pal_num_heads, config.pal_attention_dropout_rate)
             pals.attention[str(layer)].append(attention)
             new_modules.append(attention)
         group = pals.num_groups - 1
