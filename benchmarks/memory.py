@@ -7,9 +7,10 @@ MT-TaG holds 3 more copies of every FFN: their parameters, gradients and AdamW's
 dispatch. Prints the peaks, the extra parameters, the bound, the ratios to it and the step times; last line JSON.
 
 What the sorted loop holds beyond the bound is glibc heap fragmentation, not tensors: its per-expert tensors change
-size every step, and freed blocks of varying size stay in the heap (run with MALLOC_MMAP_THRESHOLD_=131072 and the
-peak falls to about MT-Dense's, at a third more time per step; thresholds of 4 or 16 MB do not lower it: the
-fragmenting blocks are one expert's activations, 0.4-1.5 MB). The grouped GEMM allocates the same sizes every step.
+size every step, and freed blocks of varying size stay in the heap (MALLOC_MMAP_THRESHOLD_=131072 removed it, at a
+third more time per step; thresholds of 4 or 16 MB did not: the fragmenting blocks are one expert's activations,
+0.4-1.5 MB). It also runs with `--release_freed_memory_every 1` and `10` (the Trainer calls glibc's `malloc_trim`
+after every / every 10th step). The grouped GEMM allocates the same sizes every step.
 
     python benchmarks/memory.py [--max_steps 30] [--threads 2]
 """
@@ -27,10 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(num_experts: int, steps: int, threads: int, folder: Path, dispatch: str = "sorted_loop") -> dict:
-    out = folder / f"experts{num_experts}-{dispatch}"
+def run(num_experts: int, steps: int, threads: int, folder: Path, dispatch: str = "sorted_loop", trim_every: int = 0) -> dict:
+    out = folder / f"experts{num_experts}-{dispatch}-{trim_every}"
     argv = [sys.executable, str(ROOT / "examples" / "run_multitask.py"), "--num_experts", str(num_experts), "--max_steps", str(steps),
-            "--max_eval_samples", "64", "--output_dir", str(out), "--disable_tqdm", "true", "--use_cpu", "--expert_dispatch", dispatch]
+            "--max_eval_samples", "64", "--output_dir", str(out), "--disable_tqdm", "true", "--use_cpu", "--expert_dispatch", dispatch,
+            "--release_freed_memory_every", str(trim_every)]
     subprocess.run(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(threads)}, check=True, capture_output=True)
     return json.loads((out / "run_summary.json").read_text())
 
@@ -47,6 +49,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         dense = run(1, args.max_steps, args.threads, Path(folder))
         moe = run(4, args.max_steps, args.threads, Path(folder))
+        trimmed = {k: run(4, args.max_steps, args.threads, Path(folder), trim_every=k) for k in (1, 10)}
         grouped = run(4, args.max_steps, args.threads, Path(folder), "grouped_mm")
     tasks = [TaskSpec(name="t", num_labels=2)]
     sizes = [sum(p.numel() for p in BertForTaskMoE(BertForTaskMoE.config_class(
@@ -55,13 +58,18 @@ def main():
     extra_mb = (sizes[1] - sizes[0]) * 4 * 4 / 2**20  # parameter, gradient, two AdamW moments, fp32
     bound = (dense["peak_rss_mb"] + extra_mb) * 1.3
     print(f"MT-Dense peak {dense['peak_rss_mb']:.0f} MB; MT-TaG peak {moe['peak_rss_mb']:.0f} MB (sorted loop), "
+          f"{trimmed[1]['peak_rss_mb']:.0f} / {trimmed[10]['peak_rss_mb']:.0f} MB (sorted loop, trimmed every 1 / 10 steps), "
           f"{grouped['peak_rss_mb']:.0f} MB (grouped GEMM); extra parameters {sizes[1] - sizes[0]:,} ({extra_mb:.0f} MB with "
           f"gradients and AdamW state); bound {bound:.0f} MB")
     time = lambda r: r["train_metrics"]["train_runtime"] / r["steps"]  # noqa: E731
     print(json.dumps({"dense_peak_mb": dense["peak_rss_mb"], "moe_peak_mb": moe["peak_rss_mb"], "grouped_peak_mb": grouped["peak_rss_mb"],
+                      "trimmed_peak_mb": {k: r["peak_rss_mb"] for k, r in trimmed.items()},
+                      "trimmed_over_bound": {k: round(r["peak_rss_mb"] / bound, 3) for k, r in trimmed.items()},
                       "extra_state_mb": round(extra_mb, 1), "bound_mb": round(bound, 1),
                       "moe_over_bound": round(moe["peak_rss_mb"] / bound, 3), "grouped_over_bound": round(grouped["peak_rss_mb"] / bound, 3),
-                      "step_s": {"dense": round(time(dense), 3), "moe": round(time(moe), 3), "grouped": round(time(grouped), 3)},
+                      "step_s": {"dense": round(time(dense), 3), "moe": round(time(moe), 3),
+                                 **{f"moe_trimmed_every_{k}": round(time(r), 3) for k, r in trimmed.items()},
+                                 "grouped": round(time(grouped), 3)},
                       "steps": args.max_steps, "threads": args.threads}))
 
 

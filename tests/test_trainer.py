@@ -1,4 +1,5 @@
 import os
+import sys
 
 import datasets
 import numpy as np
@@ -231,3 +232,17 @@ def test_fsdp_without_a_gpu_is_refused_not_replaced_by_ddp(tmp_path):
     for fsdp in (True, "full_shard"):
         with pytest.raises(ValueError, match="silently falls back to DDP"):
             MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=fsdp, use_cpu=True)
+
+
+def test_release_freed_memory_every_k_steps_trims_the_heap_on_cpu(tmp_path):
+    from hf_taskmoe.training.callbacks import ReleaseFreedMemoryCallback, glibc_malloc_trim
+
+    assert not any(isinstance(c, ReleaseFreedMemoryCallback) for c in make_trainer(tmp_path).callback_handler.callbacks)
+    trainer = make_trainer(tmp_path, release_freed_memory_every=2)
+    (callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, ReleaseFreedMemoryCallback)]
+    if sys.platform.startswith("linux"):
+        assert callback.trim.__name__ == "malloc_trim" and glibc_malloc_trim()(0) in (0, 1)  # glibc's own
+    calls = []
+    callback.trim = lambda pad: calls.append(pad) or 1
+    trainer.train()  # 6 steps
+    assert calls == [0, 0, 0]

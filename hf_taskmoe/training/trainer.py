@@ -29,7 +29,7 @@ from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics
 from ..tasks import TaskSpec
 from ..utils import values_checked
 from .arguments import MultiTaskTrainingArguments
-from .callbacks import RoutingAnalyticsCallback
+from .callbacks import ReleaseFreedMemoryCallback, RoutingAnalyticsCallback, glibc_malloc_trim
 from .data import MultiTaskCollator, MultiTaskDataset
 from .freezing import freeze_shared_parameters
 from .samplers import TaskBatchSampler, build_task_sampling
@@ -217,6 +217,9 @@ class MultiTaskTrainer(Trainer):
         if args.log_routing:
             self.routing_analytics = RoutingAnalyticsCallback(self.model, reduce=lambda t: self.accelerator.reduce(t, "sum"))
             self.add_callback(self.routing_analytics)
+        trim = glibc_malloc_trim() if args.release_freed_memory_every > 0 and args.device.type == "cpu" else None
+        if trim is not None:
+            self.add_callback(ReleaseFreedMemoryCallback(trim, args.release_freed_memory_every))
         if args.train_task_specific_only:
             counts = freeze_shared_parameters(self.model)
             logger.info(f"Training task-specific parameters only: {counts}")
