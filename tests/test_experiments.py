@@ -118,6 +118,7 @@ def test_tables_render_from_a_results_file_written_by_hand(tmp_path):
     assert report.verdict([0.80, 0.82, 0.78], [0.70, 0.70, 0.70]) == "higher"  # 0.10 > 2 x 0.02
     assert report.verdict([0.52, 0.54, 0.50], [0.60, 0.60, 0.60]) == "lower"
     assert report.verdict([0.52, 0.54, 0.50], [0.55, 0.55, 0.55]) == "no difference"  # 0.03 <= 2 x 0.02
+    assert report.verdict([0.90], [0.50, 0.52]) == "inconclusive"  # one seed has no spread to compare with
 
 
 def test_experiment_files_in_the_repository_are_valid():

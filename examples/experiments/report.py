@@ -5,13 +5,13 @@
         [--results FILE ...] [--out examples/experiments/results]
 
 For each experiment: a markdown table (`<name>.md`: one row per method and variant, one column per task, then the
-small-task and all-task averages; mean ± standard deviation over seeds, x100; the best mean of each column in
+small-task and all-task averages; mean ± standard deviation over seeds, x100 (the mean alone for one seed); the best mean of each column in
 bold; the number of seeds), a bar chart of the per-task scores with their standard deviations (`<name>_scores.png`)
 and the dev curves during training (`<name>_curves.png`, mean over seeds). A task's score is the mean of its
 metrics. Single-task methods (one cell per task) make one row.
 
 Comparisons use one rule everywhere (`verdict`): a difference of means counts only when it exceeds twice the
-larger of the two standard deviations; otherwise it is reported as "no difference".
+larger of the two standard deviations; otherwise it is reported as "no difference" ("inconclusive" with one seed).
 """
 
 from __future__ import annotations
@@ -69,7 +69,10 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def verdict(a: list[float], b: list[float]) -> str:
     """Compare two sets of per-seed scores (x1): 'higher' / 'lower' (a relative to b) when the difference of the
-    means exceeds twice the larger standard deviation, else 'no difference'."""
+    means exceeds twice the larger standard deviation, else 'no difference'; 'inconclusive' when either side has
+    fewer than two seeds (no standard deviation to compare with)."""
+    if min(len(a), len(b)) < 2:
+        return "inconclusive"
     (ma, sa), (mb, sb) = mean_std(a), mean_std(b)
     if abs(ma - mb) <= 2 * max(sa, sb):
         return "no difference"
@@ -93,8 +96,8 @@ def table(name: str, records: list[dict], tasks: list[str], small: list[str]) ->
             if (row, column) not in stats:
                 cells.append("-")
                 continue
-            mean, std, _ = stats[(row, column)]
-            text = f"{100 * mean:.2f} ± {100 * std:.2f}"
+            mean, std, n = stats[(row, column)]
+            text = f"{100 * mean:.2f} ± {100 * std:.2f}" if n > 1 else f"{100 * mean:.2f}"  # one seed: no spread
             cells.append(f"**{text}**" if best[column] is not None and mean == best[column] else text)
         lines.append(f"| {row} | {' | '.join(cells)} | {len(seeds)} |")
     return "\n".join(lines)
