@@ -174,6 +174,16 @@ class ModelArguments:
     )
     router_type: str | None = field(default=None, metadata={"help": "bart_routed: mlp (default), lstm or transformer."})
     freeze_task_embeddings: bool | None = field(default=None, metadata={"help": "bart_routed: keep task representations fixed."})
+    task_representation: str | None = field(
+        default=None,
+        metadata={"help": "bart_routed: 'text' starts each task's representation at its TextEmb (the mean last encoder "
+                          "layer over its training inputs, under the dense base model; Ye et al. 5.1 (i)); continuing a "
+                          "model made that way, tasks added get theirs from the same base, so the router picks their "
+                          "routes from their data (section 7). Default: a random draw, learned."},
+    )
+    task_representation_examples: int = field(
+        default=64, metadata={"help": "bart_routed: training examples per task that --task_representation averages over."}
+    )
 
 
 @dataclass
@@ -413,6 +423,56 @@ def check_continued_tasks(saved, tasks) -> None:
         raise UsageError("The task file contradicts the saved model's tasks:\n  " + "\n  ".join(differences))
 
 
+def representation_base(path: str, cache_dir=None):
+    """The plain seq2seq model whose encoder states make TextEmb: a BART checkpoint, or a BERT warm-started into
+    one (`bart_from_bert`; its encoder is a copy of the BERT, the same on every call)."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hf_taskmoe import bart_from_bert
+
+    config = AutoConfig.from_pretrained(path, cache_dir=cache_dir)
+    if config.model_type == "bert":
+        return bart_from_bert(path)
+    return AutoModelForSeq2SeqLM.from_pretrained(path, cache_dir=cache_dir)
+
+
+def set_text_representations(model, task_data, tokenizer, model_args, base: str, names: list[str], max_length: int) -> None:
+    """TextEmb of the tasks `names` (their first `--task_representation_examples` training pairs) under `base`, set as
+    their representations; the recipe is recorded in the config for tasks added later."""
+    from hf_taskmoe.analysis.task_embeddings import text_task_embeddings
+
+    if not names:
+        return
+    if model.config.model_type != "taskmoe_bart_routed":
+        raise UsageError("--task_representation applies to --model_family bart_routed only.")
+    encoder = representation_base(base, model_args.cache_dir)
+    size = model.router.task_embeddings.weight.shape[1]
+    if encoder.config.d_model != size:
+        raise UsageError(f"--task_representation text: TextEmb has the base's d_model = {encoder.config.d_model} "
+                         f"dimensions, the model's task representations {size}; "
+                         f"leave --task_embedding_dim unset.")
+    limit = model_args.task_representation_examples
+    pairs = {}
+    for t in task_data:
+        if t.name in names:
+            rows = t.split("train").select(range(min(limit, len(t.split("train")))))
+            pairs[t.name] = [(" ".join(str(r[f]) for f in t.spec.text_fields), str(r[t.spec.label_field])) for r in rows]
+    embeddings = text_task_embeddings(encoder.to(model.device), tokenizer, pairs, max_length=max_length)
+    for name, row in zip(pairs, embeddings):
+        model.set_task_embedding(name, row)
+    model.config.task_representation_source = {"kind": "text", "base": base, "pooling": "avg", "examples": limit}
+    logger.info(f"Task representations of {list(pairs)}: TextEmb under {base} ({limit} examples each at most)")
+
+
+def _saved_task_model_config(model_args: ModelArguments):
+    """The config of the saved hf_taskmoe model being continued, or None when building from a dense checkpoint."""
+    path = model_args.model_name_or_path or default_model_path()
+    if path is None:
+        return None
+    config = AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir)
+    return config if any(f.model_type == config.model_type for f in FAMILIES.values()) else None
+
+
 def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length: int | None = None):
     """Continue a saved hf_taskmoe model, or build the chosen family from a dense checkpoint (the registry says how)."""
     path = model_args.model_name_or_path or default_model_path()
@@ -575,6 +635,7 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = [t.spec for t in task_data]
 
     # ---- model and tokenizer
+    saved_config = _saved_task_model_config(model_args)
     model, source = build_model(model_args, tasks, training_args, data_args.max_seq_length)
     if getattr(model.config, "is_encoder_decoder", False):  # generate as long as the targets it was trained on
         model.generation_config.max_new_tokens = data_args.max_target_length
@@ -582,6 +643,20 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer.model_max_length = data_args.max_seq_length  # pipelines truncate where training did
     if getattr(model.config, "is_encoder_decoder", False):
         name_special_tokens(tokenizer, model.config)  # [CLS]/[SEP] as BOS/EOS of a BART warm-started from a BERT
+    if model_args.task_representation not in (None, "learned", "text"):
+        raise UsageError(f"--task_representation must be 'learned' or 'text', got {model_args.task_representation!r}.")
+    if model_args.task_representation == "text":
+        if saved_config is None:  # built from a dense checkpoint now: every task
+            set_text_representations(model, task_data, tokenizer, model_args, str(source), model.config.task_names,
+                                     data_args.max_seq_length)
+        else:  # continued: the tasks added, under the base the saved ones were made with
+            recipe = getattr(saved_config, "task_representation_source", None)
+            if not recipe or recipe.get("kind") != "text":
+                raise UsageError("--task_representation text: the saved model's task representations were not made "
+                                 "from text (its config has no task_representation_source), so an added task's would "
+                                 "not be comparable.")
+            added = [n for n in model.config.task_names if n not in [t["name"] for t in saved_config.tasks]]
+            set_text_representations(model, task_data, tokenizer, model_args, recipe["base"], added, data_args.max_seq_length)
     logger.info(f"Parameters:\n{parameter_report(model)}")
 
     def tokenized(split):

@@ -309,3 +309,53 @@ def test_torchrun_on_a_cpu_machine_without_use_cpu_is_refused(tmp_path, tiny_den
     with pytest.raises(ValueError, match="without --use_cpu: each process would train its own copy"):
         run_multitask.main(argv)
     assert not (tmp_path / "out").exists()
+
+
+def _text2text_tasks(folder, names):
+    """Seq2seq tasks of 6 rows each (fewer than --max_train_samples: no sampling), training file = dev file."""
+    specs = []
+    for k, name in enumerate(names):
+        rows = [{"text": f"{name} example {i} about topic {k}", "label": ["yes", "no"][i % 2]} for i in range(6)]
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        specs.append({"name": name, "problem_type": "seq2seq", "text_fields": ["text"], "metrics": ["exact_match"],
+                      "train_file": f"{name}.jsonl", "validation_file": f"{name}.jsonl"})
+    (folder / "tasks.json").write_text(json.dumps({"tasks": specs}))
+    return folder / "tasks.json"
+
+
+def test_text_task_representations_and_an_added_tasks_route_from_its_data(tmp_path, tiny_dense):
+    """--task_representation text: every task's representation is its TextEmb under the dense base (Ye et al. 5.1 (i)),
+    recorded in the config; continuing with a new task gives it the TextEmb of its own data under the same base."""
+    from transformers import AutoTokenizer
+
+    from hf_taskmoe import bart_from_bert
+    from hf_taskmoe.analysis.task_embeddings import text_task_embeddings
+
+    (tmp_path / "data").mkdir()
+    seen = _text2text_tasks(tmp_path / "data", ["alpha", "beta", "gamma"])
+    common = ["--model_family", "bart_routed", "--max_target_length", "8", "--task_representation", "text",
+              "--task_representation_examples", "4", "--do_eval", "false"]
+    run_multitask.main(_argv(tmp_path / "first", tiny_dense, "--tasks", str(seen), "--task_names", "alpha", "beta",
+                             "--freeze_task_embeddings", *common))
+    first = AutoModel.from_pretrained(tmp_path / "first")
+    assert first.config.task_representation_source == {"kind": "text", "base": str(tiny_dense), "pooling": "avg", "examples": 4}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dense)
+    base = bart_from_bert(tiny_dense)
+    pairs = {name: [(json.loads(line)["text"], json.loads(line)["label"])
+                    for line in (tmp_path / "data" / f"{name}.jsonl").read_text().splitlines()[:4]]
+             for name in ("alpha", "beta", "gamma")}
+    expected = text_task_embeddings(base, tokenizer, pairs, max_length=32)
+    weight = first.router.task_embeddings.weight.detach()
+    torch.testing.assert_close(weight, expected[:2], rtol=1e-4, atol=1e-5)  # frozen: still the TextEmb
+    assert not torch.allclose(weight[0], weight[1])
+
+    run_multitask.main(_argv(tmp_path / "second", tmp_path / "first", "--tasks", str(seen), *common))
+    second = AutoModel.from_pretrained(tmp_path / "second")
+    assert second.config.task_names == ["alpha", "beta", "gamma"]
+    torch.testing.assert_close(second.router.task_embeddings.weight.detach(), expected, rtol=1e-4, atol=1e-5)
+
+    # a model whose representations were learned has no base to compute a new task's from
+    run_multitask.main(_argv(tmp_path / "learned", tiny_dense, "--tasks", str(seen), "--task_names", "alpha",
+                             "--model_family", "bart_routed", "--max_target_length", "8", "--do_eval", "false"))
+    with pytest.raises(run_multitask.UsageError, match="task_representation_source"):
+        run_multitask.main(_argv(tmp_path / "again", tmp_path / "learned", "--tasks", str(seen), *common))

@@ -47,6 +47,12 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
             Size of the task representations; defaults to `d_model` (the paper's 768 for BART-Base).
         freeze_task_embeddings (`bool`, *optional*, defaults to `False`):
             Keep the task representations fixed during training (section 5.1 (m)).
+        task_representation_source (`dict`, *optional*):
+            How the task representations were made when not learned from a random draw, e.g.
+            `{"kind": "text", "base": <dense checkpoint>, "pooling": "avg", "examples": 64}` (TextEmb,
+            section 5.1 (i)); `run_multitask.py --task_representation text` writes it and reads it again to give a
+            task added later its representation from the same base. Data only: nothing is loaded from it unless
+            that option is given.
         routed_encoder_layers / routed_decoder_layers (`list[int]`, *optional*):
             Indices of the encoder / decoder layers that are forked into experts; default: all of them (the
             paper routes every layer). The other layers stay plain BART layers.
@@ -82,6 +88,7 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
     router_attention_heads: int = 4
     task_embedding_dim: int | None = None
     freeze_task_embeddings: bool = False
+    task_representation_source: dict | None = None
     routed_encoder_layers: list | None = None
     routed_decoder_layers: list | None = None
     gumbel_temperature: float = 1.0
@@ -112,6 +119,8 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
                 f"`router_attention_heads` ({self.router_attention_heads}) must divide `task_embedding_dim` "
                 f"({self.task_dim}) for router_type='transformer'."
             )
+        if self.task_representation_source is not None and not isinstance(self.task_representation_source, dict):
+            raise ValueError(f"`task_representation_source` must be a dict, got {self.task_representation_source!r}.")
         if not isinstance(self.freeze_task_embeddings, bool):
             raise ValueError(f"`freeze_task_embeddings` must be a bool, got {self.freeze_task_embeddings!r}.")
         self.routed_encoder_layers = check_layer_list(self.routed_encoder_layers, "routed_encoder_layers", self.encoder_layers)

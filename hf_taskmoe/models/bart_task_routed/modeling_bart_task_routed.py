@@ -227,6 +227,16 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         with torch.no_grad():
             weight.copy_(embeddings.to(weight.dtype))
 
+    def set_task_embedding(self, task: str | int, embedding: torch.Tensor) -> None:
+        """Set one task's representation (`(task_embedding_dim,)`), e.g. the TextEmb of a task added with
+        `add_task`: its routes are then what the router makes of its data (Ye et al. section 7)."""
+        weight = self.router.task_embeddings.weight
+        row = self.task_id(task) if isinstance(task, str) else task
+        if tuple(embedding.shape) != (weight.shape[1],):
+            raise ValueError(f"A task embedding must have shape ({weight.shape[1]},), got {tuple(embedding.shape)}.")
+        with torch.no_grad():
+            weight[row].copy_(embedding.to(weight.dtype))
+
     # ------------------------------------------------------------------ forward
     def forward(
         self,
