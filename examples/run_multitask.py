@@ -624,7 +624,8 @@ def main(argv: list[str] | None = None) -> dict:
     for t in task_data:
         for split, limit in (("train", data_args.max_train_samples), ("validation", data_args.max_eval_samples)):
             if limit is not None and len(t.split(split) or []) > limit:
-                keep = sorted(random.Random(training_args.seed).sample(range(len(t.split(split))), limit))
+                draw = training_args.data_seed if training_args.data_seed is not None else training_args.seed
+                keep = sorted(random.Random(draw).sample(range(len(t.split(split))), limit))
                 t.splits[split] = t.split(split).select(keep)
                 labels[(t.name, split)] = [labels[(t.name, split)][i] for i in keep]
     for t in task_data:  # a regression task's scale, for the pipelines and the card, from its training targets
