@@ -165,11 +165,14 @@ def plot_curves(path: Path, records: list[dict], tasks: list[str]) -> bool:
 
 
 def cost(records: list[dict]) -> str:
-    total = sum(r.get("process_wall_time_s") or r.get("wall_time_s") or 0 for r in records)
+    reused = [r for r in records if r.get("reused_from")]
+    ran = [r for r in records if not r.get("reused_from")]
+    total = sum(r.get("process_wall_time_s") or r.get("wall_time_s") or 0 for r in ran)
     peak = max((r.get("peak_rss_mb") or 0 for r in records), default=0)
     threads = sorted({(r.get("machine") or {}).get("threads") for r in records} - {None})
     devices = sorted({str(r.get("device")) for r in records})
-    return (f"{len(records)} cells, {total / 3600:.2f} h of wall time in all ({', '.join(devices)}, "
+    copied = f" (and {len(reused)} reused from another experiment, not counted)" if reused else ""
+    return (f"{len(ran)} cells{copied}, {total / 3600:.2f} h of wall time in all ({', '.join(devices)}, "
             f"{'/'.join(map(str, threads))} thread(s) per cell), peak memory of a cell {peak:.0f} MB")
 
 
