@@ -6,6 +6,6 @@
 set -u
 cd "$(dirname "$0")/../.."
 threads=${THREADS:-1}
-for experiment in main robustness unseen_task text2text pals_sampling camtl_ablation; do
+for experiment in main robustness unseen_task text2text text2text_unseen pals_sampling camtl_ablation; do
   python examples/experiments/runner.py "examples/experiments/configs/$experiment.json" --threads "$threads"
 done
