@@ -32,8 +32,8 @@ class BertPALsConfig(MultiTaskBertConfig):
         pal_attention_dropout (`float`, *optional*):
             Dropout on the attention probabilities inside each PAL; defaults to `attention_probs_dropout_prob`
             (as BERT's own attention). The paper places dropout on BERT's attention and FFN outputs and says
-            nothing of the PAL's inside; 0 saves one random mask of `(batch, heads, seq, seq)` per PAL layer, about
-            half the PALs' extra training time on MiniLM (`benchmarks/pals_vs_dense.py`).
+            nothing of the PAL's inside; 0 saves one random mask of `(batch, heads, seq, seq)` per PAL layer: on MiniLM
+            the training step went from 1.39x to 1.25x dense (`benchmarks/pals_vs_dense.py`).
     """
 
     model_type = "taskmoe_bert_pals"
