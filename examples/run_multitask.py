@@ -464,13 +464,9 @@ def set_text_representations(model, task_data, tokenizer, model_args, base: str,
     logger.info(f"Task representations of {list(pairs)}: TextEmb under {base} ({limit} examples each at most)")
 
 
-def _saved_task_model_config(model_args: ModelArguments):
-    """The config of the saved hf_taskmoe model being continued, or None when building from a dense checkpoint."""
-    path = model_args.model_name_or_path or default_model_path()
-    if path is None:
-        return None
-    config = AutoConfig.from_pretrained(path, cache_dir=model_args.cache_dir)
-    return config if any(f.model_type == config.model_type for f in FAMILIES.values()) else None
+def is_task_model_config(config) -> bool:
+    """Whether a checkpoint's config is a saved hf_taskmoe model (continued) rather than a dense one (upcycled)."""
+    return any(f.model_type == config.model_type for f in FAMILIES.values())
 
 
 def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length: int | None = None):
@@ -483,7 +479,7 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
     init_from = model_args.init_from or model_args.init_gate_from
     if model_args.init_gate_from:
         logger.warning("--init_gate_from is deprecated; use --init_from.")
-    if any(f.model_type == config.model_type for f in FAMILIES.values()):  # a saved hf_taskmoe model: continue it
+    if is_task_model_config(config):  # a saved hf_taskmoe model: continue it
         model = AutoModel.from_pretrained(path, **hub)
         check_continued_tasks(model.config.task_specs, tasks)
         for task in tasks:
@@ -636,7 +632,6 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = [t.spec for t in task_data]
 
     # ---- model and tokenizer
-    saved_config = _saved_task_model_config(model_args)
     model, source = build_model(model_args, tasks, training_args, data_args.max_seq_length)
     if getattr(model.config, "is_encoder_decoder", False):  # generate as long as the targets it was trained on
         model.generation_config.max_new_tokens = data_args.max_target_length
@@ -647,7 +642,8 @@ def main(argv: list[str] | None = None) -> dict:
     if model_args.task_representation not in (None, "learned", "text"):
         raise UsageError(f"--task_representation must be 'learned' or 'text', got {model_args.task_representation!r}.")
     if model_args.task_representation == "text":
-        if saved_config is None:  # built from a dense checkpoint now: every task
+        saved_config = AutoConfig.from_pretrained(source, cache_dir=model_args.cache_dir)
+        if not is_task_model_config(saved_config):  # built from a dense checkpoint now: every task
             set_text_representations(model, task_data, tokenizer, model_args, str(source), model.config.task_names,
                                      data_args.max_seq_length)
         else:  # continued: the tasks added, under the base the saved ones were made with
@@ -656,7 +652,7 @@ def main(argv: list[str] | None = None) -> dict:
                 raise UsageError("--task_representation text: the saved model's task representations were not made "
                                  "from text (its config has no task_representation_source), so an added task's would "
                                  "not be comparable.")
-            added = [n for n in model.config.task_names if n not in [t["name"] for t in saved_config.tasks]]
+            added = [n for n in model.config.task_names if n not in saved_config.task_names]
             set_text_representations(model, task_data, tokenizer, model_args, recipe["base"], added, data_args.max_seq_length)
     logger.info(f"Parameters:\n{parameter_report(model)}")
 
