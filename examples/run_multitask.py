@@ -727,6 +727,8 @@ def main(argv: list[str] | None = None) -> dict:
         generations = Path(training_args.output_dir) / "generations.json"
         if generations.exists():
             summary["samples"] = json.loads(generations.read_text())
+        if trainer.routing_statistics is not None and trainer.routing_statistics.counts is not None:
+            summary["routing"] = trainer.routing_statistics.to_dict()  # each task's route on the dev sets
         with open(os.path.join(training_args.output_dir, "run_summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
         routing = ", routing heatmap" if trainer.routing_statistics is not None else ""

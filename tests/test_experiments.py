@@ -66,9 +66,15 @@ def test_two_methods_two_seeds_restart_and_report(tmp_path, tiny_dense):
     # a restart runs nothing: every cell is done
     assert _run(path, tmp_path) == 0
     assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 4
+    # the routed cells carry each task's dev-set route (the dense ones route nothing); the report draws them
+    assert all(bool(r["routing"]) == (r["method"] == "mt_tag") for r in records)
+    routing = records[1]["routing"]
+    assert set(routing["tasks"]) == {"pos", "score"} and routing["num_experts"] == 2
+    assert all(sum(layer["shares"]) == pytest.approx(1.0, abs=1e-3) for t in routing["tasks"].values() for layer in t["per_layer"])
     markdown = report.report(path, tmp_path / "results.jsonl", tmp_path / "out")
     assert "| mt_dense |" in markdown and "| mt_tag |" in markdown and "± " in markdown
     assert (tmp_path / "out" / "tiny_scores.png").exists() and (tmp_path / "out" / "tiny_curves.png").exists()
+    assert "tiny_routes.png" in markdown and report.plot_routes(tmp_path / "r.png", records) == ["mt_tag"]
 
 
 def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, tiny_dense):

@@ -5,6 +5,7 @@ import torch
 from huggingface_hub import ModelCard
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs
+from hf_taskmoe.analysis.routing import RoutingStatistics
 from hf_taskmoe.training import RoutingAnalyticsCallback
 
 from .conftest import random_batch, tiny_config
@@ -36,6 +37,24 @@ def test_logged_values_match_routing_counted_by_hand():
         assert 0.0 <= logs[f"routing/{task}/entropy"] <= 1.0
     assert callback.pop_metrics() == {}  # the window starts afresh after each log
     assert callback.total.counts is not None
+
+
+def test_statistics_survive_their_dict_and_refuse_a_damaged_one(tmp_path):
+    torch.manual_seed(0)
+    model = BertForTaskMoE(tiny_config(num_experts=3)).eval()
+    with torch.no_grad():
+        out = model(**random_batch(model.config, task_ids=torch.tensor([0, 1, 0, 1, 0, 0]), pad_last=3),
+                    output_router_logits=True)
+    stats = RoutingStatistics.from_output(out, model)
+    back = RoutingStatistics.from_dict(json.loads(json.dumps(stats.to_dict())))
+    assert back.task_names == stats.task_names and back.layers == stats.layers and back.unit == stats.unit
+    assert torch.allclose(back.shares, stats.shares, atol=1e-4) and torch.allclose(back.entropy, stats.entropy, atol=1e-3)
+    assert torch.equal(back.tokens.round().long(), stats.tokens)
+    assert back.plot(tmp_path / "back.png").stat().st_size > 0
+    broken = stats.to_dict()
+    del broken["tasks"][model.config.task_names[0]]["per_layer"]
+    with pytest.raises(ValueError, match="missing 'per_layer'"):
+        RoutingStatistics.from_dict(broken)
 
 
 def test_training_logs_routing_and_writes_it_with_checkpoints_and_card(tmp_path):

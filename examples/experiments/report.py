@@ -6,8 +6,9 @@
 
 For each experiment: a markdown table (`<name>.md`: one row per method and variant, one column per task, then the
 small-task and all-task averages; mean ± standard deviation over seeds, x100 (the mean alone for one seed); the best mean of each column in
-bold; the number of seeds), a bar chart of the per-task scores with their standard deviations (`<name>_scores.png`)
-and the dev curves during training (`<name>_curves.png`, mean over seeds). A task's score is the mean of its
+bold; the number of seeds), a bar chart of the per-task scores with their standard deviations (`<name>_scores.png`),
+the dev curves during training (`<name>_curves.png`, mean over seeds) and, where cells routed between experts, each
+routed method's routes per task on the dev sets (`<name>_routes.png`, its lowest seed). A task's score is the mean of its
 metrics. Single-task methods (one cell per task) make one row.
 
 Comparisons use one rule everywhere (`verdict`): a difference of means counts only when it exceeds twice the
@@ -164,6 +165,35 @@ def plot_curves(path: Path, records: list[dict], tasks: list[str]) -> bool:
     return True
 
 
+def plot_routes(path: Path, records: list[dict]) -> list[str]:
+    """Each routed method's routes on the dev sets (the share of each task's examples or tokens per expert, per
+    routed layer), from its lowest seed's record, one heatmap per method; the methods drawn (none: no figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hf_taskmoe.analysis.routing import RoutingStatistics
+
+    chosen: dict[str, dict] = {}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        if r.get("routing") and row_name(r) not in chosen:
+            chosen[row_name(r)] = r
+    if not chosen:
+        return []
+    stats = {name: RoutingStatistics.from_dict(r["routing"]) for name, r in chosen.items()}
+    width = max(s.figure_size()[0] for s in stats.values())
+    heights = [s.figure_size()[1] for s in stats.values()]
+    fig, axes = plt.subplots(len(stats), 1, figsize=(width, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, s) in zip(axes[:, 0], stats.items()):
+        s.plot(None, title=f"{name}, seed {chosen[name]['seed']}", ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return list(stats)
+
+
 def cost(records: list[dict]) -> str:
     reused = [r for r in records if r.get("reused_from")]
     ran = [r for r in records if not r.get("reused_from")]
@@ -190,6 +220,8 @@ def report(experiment_file: Path, results: Path | None, out: Path) -> str:
     text.append(f"\n![scores]({spec['name']}_scores.png)")
     if plot_curves(out / f"{spec['name']}_curves.png", records, tasks):
         text.append(f"\n![dev curves]({spec['name']}_curves.png)")
+    if plot_routes(out / f"{spec['name']}_routes.png", records):
+        text.append(f"\n![routes per task]({spec['name']}_routes.png)")
     markdown = "\n".join(text) + "\n"
     (out / f"{spec['name']}.md").write_text(markdown)
     return markdown

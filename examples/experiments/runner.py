@@ -217,7 +217,7 @@ def summarise(cell: Cell, summary: dict, tasks: list[str]) -> dict:
         "small_tasks_average": metrics.get("eval_small_tasks_average"),
         "curve": curve,
         **{k: summary.get(k) for k in ("steps", "examples_seen", "wall_time_s", "peak_rss_mb", "peak_gpu_mb", "device",
-                                        "precision", "threads", "versions", "git_revision", "samples")},
+                                        "precision", "threads", "versions", "git_revision", "samples", "routing")},
     }
 
 

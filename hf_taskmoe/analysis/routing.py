@@ -61,6 +61,27 @@ class RoutingStatistics:
         self.counts: torch.Tensor | None = None
 
     @classmethod
+    def from_dict(cls, data: dict) -> "RoutingStatistics":
+        """The statistics `to_dict` wrote (a `routing.json`, or the `routing` of a run summary): the counts are
+        rebuilt from each layer's shares and the task's count, as float sums."""
+        try:
+            tasks = data["tasks"]
+            names = list(tasks)
+            layers = list(data["layers"])
+            counts = torch.zeros(len(layers), len(names), int(data["num_experts"]), dtype=torch.float64)
+            for t, name in enumerate(names):
+                entries = tasks[name]["per_layer"]
+                if [e["layer"] for e in entries] != layers:
+                    raise ValueError(f"task {name!r} lists layers {[e['layer'] for e in entries]}, not {layers}")
+                for i, entry in enumerate(entries):
+                    counts[i, t] = torch.tensor(entry["shares"], dtype=torch.float64) * float(tasks[name][data["unit"]])
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"not a routing-statistics dict (as RoutingStatistics.to_dict writes): missing {err}") from None
+        stats = cls(names, layers, int(data["num_experts"]), unit=data["unit"])
+        stats.counts = counts
+        return stats
+
+    @classmethod
     def from_output(cls, output, model) -> "RoutingStatistics":
         stats = cls(model)
         stats.update(output)
@@ -141,19 +162,28 @@ class RoutingStatistics:
         path.write_text(json.dumps(self.to_dict(), indent=2))
         return path
 
-    def plot(self, path: str | Path, title: str | None = None) -> Path:
-        """Heatmap PNG: one row per task, one column block per MoE layer, one column per expert."""
+    def figure_size(self) -> tuple[float, float]:
+        """The size (inches) of `plot`'s heatmap: wide enough for every expert column, tall enough for every task."""
+        return max(4.0, 0.35 * len(self.layers) * self.num_experts + 2.5), 0.45 * len(self.task_names) + 1.6
+
+    def plot(self, path: str | Path | None, title: str | None = None, ax=None) -> Path | None:
+        """Heatmap PNG: one row per task, one column block per MoE layer, one column per expert. With `ax` (a
+        matplotlib axes) it draws there and saves nothing (`path` may be None)."""
         import matplotlib
 
-        matplotlib.use("Agg")
+        if ax is None:
+            matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
         title = title or f"Share of each task's {self.unit} per expert"
         shares = self.shares  # (layers, tasks, experts)
         num_layers, num_tasks, num_experts = shares.shape
         grid = shares.permute(1, 0, 2).reshape(num_tasks, num_layers * num_experts).numpy()
-        fig_w = max(4.0, 0.35 * num_layers * num_experts + 2.5)
-        fig, ax = plt.subplots(figsize=(fig_w, 0.45 * num_tasks + 1.6))
+        own = ax is None
+        if own:
+            fig, ax = plt.subplots(figsize=self.figure_size())
+        else:
+            fig = ax.figure
         im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
         ax.set_yticks(range(num_tasks), self.task_names)
         ax.set_xticks(
@@ -164,6 +194,8 @@ class RoutingStatistics:
         ax.set_xlabel(f"{'MoE' if self.unit == 'tokens' else 'routed'} layer (each block: experts 0..{num_experts - 1})")
         ax.set_title(title)
         fig.colorbar(im, ax=ax, fraction=0.03, label=f"share of {self.unit}")
+        if not own:
+            return None
         fig.tight_layout()
         path = Path(path)
         fig.savefig(path, dpi=120)
