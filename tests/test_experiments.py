@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,6 +93,42 @@ def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, tiny_dense):
     assert _run(path, tmp_path, "--seeds", "1") == 1
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [r["method"] for r in records] == ["broken", "mt_dense", "broken"]
+
+
+def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_dense, capsys):
+    path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
+    _, cells = runner.load_experiment(path, tmp_path / "runs")
+    lock = runner._lock_path(cells[0])  # mt_dense/seed1
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'otherhost 4242'); print('held', flush=True); time.sleep(120)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert _run(path, tmp_path) == 0
+        records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+        assert [r["cell"] for r in records] == ["mt_dense/seed2"]  # seed 1 is the other runner's
+        printed = capsys.readouterr()
+        assert "mt_dense/seed1: running in another runner (otherhost 4242)" in printed.out + printed.err
+        assert "1 running in another runner" in printed.out
+        runner.main([str(path), "--results", str(tmp_path / "results.jsonl"), "--runs", str(tmp_path / "runs"), "--list"])
+        assert "running  mt_dense/seed1  (otherhost 4242)" in capsys.readouterr().out
+    finally:
+        holder.kill()
+        holder.wait()
+    # its runner died: the lock went with it, and the cell is free again
+    assert runner.lock_holder(cells[0]) is None
+    # a cell another runner finished after this one made its plan is not trained again (its argv could not run)
+    finished = {"cell": cells[0].key, "method": "mt_dense", "seed": 1, "status": "ok", "scores": {}}
+    runner.append_record(tmp_path / "results.jsonl", finished)
+    cells[0].argv = ["--no_such_option"]
+    assert runner.attempt(cells[0], 1, tmp_path / "results.jsonl") == "finished by another runner"
+    assert runner.lock_holder(cells[0]) is None  # attempt released it
+    assert runner.claim(cells[0]) is None and runner.lock_holder(cells[0]) == f"{socket.gethostname()} {os.getpid()}"
+    runner.release(cells[0])
+    assert runner.lock_holder(cells[0]) is None
 
 
 def test_single_task_method_trains_one_task_alone(tmp_path, tiny_dense):

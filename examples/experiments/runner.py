@@ -28,20 +28,26 @@ written with one `write` on a file opened for appending, then fsync'ed): experim
 status, every metric, the per-task scores, the dev curve, steps, examples seen per task, wall time, peak memory,
 library versions, git revision and the command line. A restart skips the cells whose last record is `ok`; a cell
 that fails records its error (the log's tail) and the others go on; failed cells run again on the next start.
+Several runners may work on one experiment at once (one per core, or a restart while the first still runs): each
+cell is claimed with an exclusive `flock` on a file beside its output folder (`<cell>.lock`, holding host and PID;
+held by the runner and the cell's process, dropped by the kernel when both have exited or died), so no cell is
+trained twice and no runner deletes another's output folder.
 
     python examples/experiments/runner.py examples/experiments/configs/main.json [--threads 1] [--only mt_tag]
     python examples/experiments/report.py examples/experiments/results/main.jsonl     # tables and plots
 
-(`--list` prints the cells and whether they are done.)
+(`--list` prints the cells and whether they are done, running in a runner, or to do.)
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -191,6 +197,76 @@ def append_record(path: Path, record: dict) -> None:
         os.close(fd)
 
 
+_LOCKS: dict[str, int] = {}  # cell key -> descriptor of its lock file, while this runner holds it
+
+
+def _lock_path(cell: Cell) -> Path:
+    return cell.output_dir.parent / f"{cell.output_dir.name}.lock"
+
+
+def _try_lock(path: Path) -> int | None:
+    """A descriptor of `path` holding an exclusive `flock`, or None when another process holds it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def lock_holder(cell: Cell) -> str | None:
+    """Who holds the cell (`host PID` of its runner), or None when no live runner does."""
+    path = _lock_path(cell)
+    if not path.exists():
+        return None
+    fd = _try_lock(path)
+    if fd is not None:
+        os.close(fd)  # nobody held it
+        return None
+    return path.read_text(errors="replace").strip() or "another runner"
+
+
+def claim(cell: Cell) -> str | None:
+    """Take the cell for this runner: an exclusive `flock` on a lock file beside its output folder (which also
+    records this host and PID). Returns None when taken, else who holds it. The kernel drops the lock when the
+    runner and the cell's process have exited or died, so a killed runner leaves nothing to clean up; the files stay (deleting one would let
+    two runners lock different files). Two runners started on the same experiment (a second core, or a restart
+    while the first still runs) thus never train one cell twice nor delete each other's output folder."""
+    fd = _try_lock(_lock_path(cell))
+    if fd is None:
+        return lock_holder(cell) or "another runner"
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
+    _LOCKS[cell.key] = fd
+    return None
+
+
+def release(cell: Cell) -> None:
+    fd = _LOCKS.pop(cell.key, None)
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.close(fd)  # closing the descriptor drops the flock
+
+
+def attempt(cell: Cell, threads: int, results: Path) -> dict | str:
+    """Run a cell unless another runner holds it or has finished it since this runner started: its record, or
+    why it was left."""
+    holder = claim(cell)
+    if holder is not None:
+        return f"running in another runner ({holder})"
+    record = read_results(results).get(cell.key)  # after the claim: a runner that just finished has released it
+    if record is not None and record["status"] == "ok":
+        release(cell)
+        return "finished by another runner"
+    try:
+        return run_cell(cell, threads)
+    except BaseException:
+        release(cell)
+        raise
+
+
 def _scores(metrics: dict, tasks: list[str]) -> dict[str, float]:
     """Each task's score: the mean of its metrics (`eval_<task>_<metric>`), as the library aggregates them."""
     out = {}
@@ -237,7 +313,9 @@ def run_cell(cell: Cell, threads: int, python: str = sys.executable, extra_env: 
     argv = [python, str(SCRIPT), *cell.argv, "--output_dir", str(out), "--disable_tqdm", "true"]
     started = time.time()
     with open(out / "log.txt", "w") as log:
-        code = subprocess.call(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # the cell's process shares the lock: a runner killed alone leaves its cell claimed until the cell ends
+        lock = (_LOCKS[cell.key],) if cell.key in _LOCKS else ()
+        code = subprocess.call(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=lock)
     record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     record["process_wall_time_s"] = round(time.time() - started, 1)
     summary_path = out / "run_summary.json"
@@ -281,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     todo = [c for c in chosen if c.key not in done]
     if args.list:
         for c in chosen:
-            print(f"{'done' if c.key in done else 'todo'}  {c.key}")
+            holder = None if c.key in done else lock_holder(c)
+            print(f"{'done' if c.key in done else 'running' if holder else 'todo'}  {c.key}"
+                  + (f"  ({holder})" if holder else ""))
         return 0
     reused = [c for c in todo if c.same_as]
     for cell in reused:
@@ -289,19 +369,25 @@ def main(argv: list[str] | None = None) -> int:
     todo = [c for c in todo if not c.same_as]
     print(f"{spec['name']}: {len(chosen) - len(todo)} of {len(chosen)} cells done ({len(reused)} reused just now); "
           f"results in {results}")
-    failed = 0
+    failed, left = 0, 0
     with tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc=spec["name"], unit="cell") as bar:
         with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:  # each cell is its own process
-            futures = {pool.submit(run_cell, cell, args.threads): cell for cell in todo}
+            futures = {pool.submit(attempt, cell, args.threads, results): cell for cell in todo}
             for future in as_completed(futures):
                 cell, record = futures[future], future.result()
-                append_record(results, record)
-                if record["status"] != "ok":
-                    failed += 1
-                    tqdm.write(f"cell {cell.key} failed:\n{record['error']}")
+                if isinstance(record, str):  # another runner has it
+                    left += record.startswith("running")
+                    tqdm.write(f"cell {cell.key}: {record}")
+                else:
+                    append_record(results, record)
+                    release(cell)
+                    if record["status"] != "ok":
+                        failed += 1
+                        tqdm.write(f"cell {cell.key} failed:\n{record['error']}")
                 bar.set_postfix_str(cell.key)
                 bar.update(1)
-    print(f"{spec['name']}: {len(chosen) - failed} of {len(chosen)} cells done, {failed} failed")
+    running = f", {left} running in another runner" if left else ""
+    print(f"{spec['name']}: {len(chosen) - failed - left} of {len(chosen)} cells done, {failed} failed{running}")
     return 1 if failed else 0
 
 
