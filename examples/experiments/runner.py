@@ -231,9 +231,10 @@ def lock_holder(cell: Cell) -> str | None:
 def claim(cell: Cell) -> str | None:
     """Take the cell for this runner: an exclusive `flock` on a lock file beside its output folder (which also
     records this host and PID). Returns None when taken, else who holds it. The kernel drops the lock when the
-    runner and the cell's process have exited or died, so a killed runner leaves nothing to clean up; the files stay (deleting one would let
-    two runners lock different files). Two runners started on the same experiment (a second core, or a restart
-    while the first still runs) thus never train one cell twice nor delete each other's output folder."""
+    runner and the cell's process have exited or died, so a killed runner leaves nothing to clean up; the files
+    stay (deleting one would let two runners lock different files). Two runners started on the same experiment (a
+    second core, or a restart while the first still runs) thus never train one cell twice nor delete each other's
+    output folder."""
     fd = _try_lock(_lock_path(cell))
     if fd is None:
         return lock_holder(cell) or "another runner"
