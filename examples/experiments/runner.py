@@ -235,9 +235,10 @@ def claim(cell: Cell) -> str | None:
     stay (deleting one would let two runners lock different files). Two runners started on the same experiment (a
     second core, or a restart while the first still runs) thus never train one cell twice nor delete each other's
     output folder."""
-    fd = _try_lock(_lock_path(cell))
-    if fd is None:
-        return lock_holder(cell) or "another runner"
+    path = _lock_path(cell)
+    fd = _try_lock(path)
+    if fd is None:  # held: the file names its holder
+        return path.read_text(errors="replace").strip() or "another runner"
     os.ftruncate(fd, 0)
     os.write(fd, f"{socket.gethostname()} {os.getpid()}".encode())
     _LOCKS[cell.key] = fd

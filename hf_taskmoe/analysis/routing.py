@@ -171,7 +171,8 @@ class RoutingStatistics:
         matplotlib axes) it draws there and saves nothing (`path` may be None)."""
         import matplotlib
 
-        if ax is None:
+        own = ax is None  # a figure of its own, saved to `path`
+        if own:
             matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
@@ -179,7 +180,6 @@ class RoutingStatistics:
         shares = self.shares  # (layers, tasks, experts)
         num_layers, num_tasks, num_experts = shares.shape
         grid = shares.permute(1, 0, 2).reshape(num_tasks, num_layers * num_experts).numpy()
-        own = ax is None
         if own:
             fig, ax = plt.subplots(figsize=self.figure_size())
         else:
