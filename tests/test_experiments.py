@@ -121,14 +121,38 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
     # its runner died: the lock went with it, and the cell is free again
     assert runner.lock_holder(cells[0]) is None
     # a cell another runner finished after this one made its plan is not trained again (its argv could not run)
-    finished = {"cell": cells[0].key, "method": "mt_dense", "seed": 1, "status": "ok", "scores": {}}
-    runner.append_record(tmp_path / "results.jsonl", finished)
     cells[0].argv = ["--no_such_option"]
+    finished = {"cell": cells[0].key, "method": "mt_dense", "seed": 1, "status": "ok", "scores": {}, "argv": cells[0].argv}
+    runner.append_record(tmp_path / "results.jsonl", finished)
     assert runner.attempt(cells[0], 1, tmp_path / "results.jsonl") == "finished by another runner"
     assert runner.lock_holder(cells[0]) is None  # attempt released it
     assert runner.claim(cells[0]) is None and runner.lock_holder(cells[0]) == f"{socket.gethostname()} {os.getpid()}"
     runner.release(cells[0])
     assert runner.lock_holder(cells[0]) is None
+
+
+def test_a_cell_whose_options_changed_since_it_ran_is_stale_and_runs_again(tmp_path, tiny_dense, capsys):
+    path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
+    _, cells = runner.load_experiment(path, tmp_path / "runs")
+    results = tmp_path / "results.jsonl"
+    # seed 1 ran this command line; seed 2 ran it with another learning rate
+    records = [{"cell": c.key, "method": "mt_dense", "seed": c.seed, "status": "ok", "scores": {"pos": 0.5}, "argv": argv}
+               for c, argv in ((cells[0], cells[0].argv), (cells[1], cells[1].argv + ["--learning_rate", "1"]))]
+    for record in records:
+        runner.append_record(results, record)
+    assert runner.finished(records[0], cells[0]) and not runner.finished(records[1], cells[1])
+    assert not runner.finished({**records[0], "status": "error"}, cells[0])
+    # the same command line made elsewhere: paths under examples/, a saved model by its last three parts, old names
+    a = ["--tasks", "/a/examples/data/t.json", "--model_name_or_path", "/a/runs/exp/m/seed1", "--init_gate_from", "x"]
+    b = ["--tasks", "/b/c/examples/data/t.json", "--model_name_or_path", "/tmp/r/exp/m/seed1", "--init_from", "x"]
+    assert runner._portable(a) == runner._portable(b)
+    _run(path, tmp_path, "--list")
+    assert capsys.readouterr().out.splitlines() == ["done  mt_dense/seed1", "stale  mt_dense/seed2"]
+    assert _run(path, tmp_path) == 0
+    assert "1 finished cell(s) ran another command line" in capsys.readouterr().out
+    latest = runner.read_results(results)
+    assert latest["mt_dense/seed2"]["argv"] == cells[1].argv and latest["mt_dense/seed2"]["steps"] == 2  # ran again
+    assert latest["mt_dense/seed1"] == records[0]  # not trained again
 
 
 def test_single_task_method_trains_one_task_alone(tmp_path, tiny_dense):
@@ -164,6 +188,24 @@ def test_tables_render_from_a_results_file_written_by_hand(tmp_path):
     assert report.verdict([0.52, 0.54, 0.50], [0.60, 0.60, 0.60]) == "lower"
     assert report.verdict([0.52, 0.54, 0.50], [0.55, 0.55, 0.55]) == "no difference"  # 0.03 <= 2 x 0.02
     assert report.verdict([0.90], [0.50, 0.52]) == "inconclusive"  # one seed has no spread to compare with
+
+
+def test_sample_generations_table_shows_each_methods_output_beside_input_and_target():
+    def record(method, seed, outputs, task=None):
+        samples = [{"task": "labels", "input": f"text {i} | piped", "target": "yes", "output": o} for i, o in enumerate(outputs)]
+        return {"cell": f"{method}/seed{seed}", "method": method, "task": task, "seed": seed, "status": "ok",
+                "scores": {"labels": 1.0}, "samples": samples}
+
+    records = [record("dense", 2, ["no", "no", "no"]), record("dense", 1, ["yes", "no", "yes"]),
+               record("routed", 1, ["yes", "yes"]), {"method": "other", "seed": 1, "status": "ok", "scores": {}}]
+    table = report.sample_generations(records, per_task=2).splitlines()
+    assert table[0] == "| task | input | target | dense | routed |"
+    # the lowest seed of each method; the pipe in the input is escaped so the row keeps its columns
+    assert table[2] == "| labels | text 0 \\| piped | yes | yes | yes |"
+    assert table[3] == "| labels | text 1 \\| piped | yes | no | yes |"
+    assert len(table) == 4  # per_task=2
+    assert report.sample_generations([records[-1]]) == ""
+    assert report.clip("a  b\nc" + "x" * 20, 8) == "a b cxx…"
 
 
 def test_experiment_files_in_the_repository_are_valid():

@@ -8,8 +8,9 @@ For each experiment: a markdown table (`<name>.md`: one row per method and varia
 small-task and all-task averages; mean ± standard deviation over seeds, x100 (the mean alone for one seed); the best mean of each column in
 bold; the number of seeds), a bar chart of the per-task scores with their standard deviations (`<name>_scores.png`),
 the dev curves during training (`<name>_curves.png`, mean over seeds) and, where cells routed between experts, each
-routed method's routes per task on the dev sets (`<name>_routes.png`, its lowest seed). A task's score is the mean of its
-metrics. Single-task methods (one cell per task) make one row.
+routed method's routes per task on the dev sets (`<name>_routes.png`, its lowest seed), and where cells generated
+text, sample generations (input, target and each method's output for the first dev examples of each task, lowest
+seed). A task's score is the mean of its metrics. Single-task methods (one cell per task) make one row.
 
 Comparisons use one rule everywhere (`verdict`): a difference of means counts only when it exceeds twice the
 larger of the two standard deviations; otherwise it is reported as "no difference" ("inconclusive" with one seed).
@@ -194,6 +195,40 @@ def plot_routes(path: Path, records: list[dict]) -> list[str]:
     return list(stats)
 
 
+def clip(text: str, width: int) -> str:
+    text = " ".join(str(text).split()).replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def sample_generations(records: list[dict], per_task: int = 2, width: int = 70) -> str:
+    """A markdown table of generated text: for each task its first `per_task` dev examples (input clipped to
+    `width` characters, target) and each method's output (its lowest seed), so a reader sees what the scores
+    count. Empty when no cell saved samples (`generations.json` of `run_multitask.py --predict_with_generate`)."""
+    outputs: dict[str, dict[tuple[str, str], str]] = {}  # method -> (task, input) -> output
+    examples: dict[str, list[tuple[str, str]]] = {}  # task -> [(input, target)] in the order the cells saved them
+    for r in sorted(records, key=lambda r: r["seed"]):
+        if not r.get("samples"):
+            continue
+        seen = outputs.setdefault(row_name(r), {})
+        for sample in r["samples"]:
+            key = (sample["task"], sample["input"])
+            if key in seen:  # a higher seed of a method already drawn, or a repeated sample
+                continue
+            seen[key] = sample["output"]
+            rows = examples.setdefault(sample["task"], [])
+            if (sample["input"], sample["target"]) not in rows:
+                rows.append((sample["input"], sample["target"]))
+    if not outputs:
+        return ""
+    methods = list(outputs)
+    lines = [f"| task | input | target | {' | '.join(methods)} |", "|---" * (len(methods) + 3) + "|"]
+    for task, rows in examples.items():
+        for text, target in rows[:per_task]:
+            cells = [clip(outputs[m].get((task, text), "-"), 40) for m in methods]
+            lines.append(f"| {task} | {clip(text, width)} | {clip(target, 40)} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def cost(records: list[dict]) -> str:
     reused = [r for r in records if r.get("reused_from")]
     ran = [r for r in records if not r.get("reused_from")]
@@ -222,6 +257,9 @@ def report(experiment_file: Path, results: Path | None, out: Path) -> str:
         text.append(f"\n![dev curves]({spec['name']}_curves.png)")
     if plot_routes(out / f"{spec['name']}_routes.png", records):
         text.append(f"\n![routes per task]({spec['name']}_routes.png)")
+    samples = sample_generations(records)
+    if samples:
+        text += ["", "Sample generations (greedy; each method's lowest seed):", "", samples]
     markdown = "\n".join(text) + "\n"
     (out / f"{spec['name']}.md").write_text(markdown)
     return markdown

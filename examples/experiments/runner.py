@@ -10,7 +10,7 @@ An experiment file (JSON) names a task-config, the seeds, the options every cell
    {"name": "single_task", "single_task": true, "args": {"num_experts": 1}},
    {"name": "mt_tag", "args": {"num_experts": 4, "gating": "task"}, "keep_model": true},
    {"name": "mt_tag_related", "from": "main/mt_tag", "tasks": "../../data/suite/movie.json",
-    "args": {"init_gate_from": "tweet_sentiment"}, "variants": {"1pct": {"max_train_samples": 20}}}
+    "args": {"init_from": "tweet_sentiment"}, "variants": {"1pct": {"max_train_samples": 20}}}
  ]}
 ```
 
@@ -26,7 +26,8 @@ Paths in the file are relative to it.
 Each finished cell is appended to the results file (`results/<experiment>.jsonl`, one JSON object per line,
 written with one `write` on a file opened for appending, then fsync'ed): experiment, method, variant, task, seed,
 status, every metric, the per-task scores, the dev curve, steps, examples seen per task, wall time, peak memory,
-library versions, git revision and the command line. A restart skips the cells whose last record is `ok`; a cell
+library versions, git revision and the command line. A restart skips the cells whose last record is `ok` and ran the
+command line the file gives them now (change a budget and its cells run again); a cell
 that fails records its error (the log's tail) and the others go on; failed cells run again on the next start.
 Several runners may work on one experiment at once (one per core, or a restart while the first still runs): each
 cell is claimed with an exclusive `flock` on a file beside its output folder (`<cell>.lock`, holding host and PID;
@@ -36,7 +37,8 @@ trained twice and no runner deletes another's output folder.
     python examples/experiments/runner.py examples/experiments/configs/main.json [--threads 1] [--only mt_tag]
     python examples/experiments/report.py examples/experiments/results/main.jsonl     # tables and plots
 
-(`--list` prints the cells and whether they are done, running in a runner, or to do.)
+(`--list` prints the cells and whether they are done, running in a runner, to do, or stale: finished with another
+command line than the experiment file now gives them, so to do again.)
 """
 
 from __future__ import annotations
@@ -152,10 +154,27 @@ def load_experiment(path: str | os.PathLike, runs: Path = RUNS) -> tuple[dict, l
 
 
 # ----------------------------------------------------------------------------------------------- results
+RENAMED_OPTIONS = {"--init_gate_from": "--init_from"}  # run_multitask options renamed since cells ran (old name kept)
+
+
 def _portable(argv: list[str]) -> list[str]:
-    """A command line with the checkout's location removed from paths, to compare runs made in two checkouts."""
+    """A command line with the machine's locations removed, to compare runs made in two checkouts or with two
+    `--runs` folders: task files from `examples/` on, and a model an earlier cell saved (`--model_name_or_path
+    <runs>/<experiment>/<method>/seed<k>`) by its last three parts; renamed options under their new name."""
     anchor = os.sep + "examples" + os.sep
-    return [arg[arg.rindex(anchor) + 1:] if anchor in arg else arg for arg in argv]
+    out = [RENAMED_OPTIONS.get(arg, arg[arg.rindex(anchor) + 1:] if anchor in arg else arg) for arg in argv]
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--model_name_or_path" and os.path.isabs(out[i + 1]):
+            out[i + 1] = "/".join(Path(out[i + 1]).parts[-3:])
+    return out
+
+
+def finished(record: dict | None, cell: Cell) -> bool:
+    """Whether `record` is this cell done: status ok and run with the command line the experiment file gives it
+    now. A cell whose options changed since (a longer budget, another learning rate) is to do again: its new
+    record supersedes the old one, so results of two budgets are never averaged together."""
+    return (record is not None and record["status"] == "ok"
+            and _portable(record.get("argv") or []) == _portable(cell.argv))
 
 
 def reuse_record(cell: Cell, results_dir: Path) -> dict:
@@ -259,7 +278,7 @@ def attempt(cell: Cell, threads: int, results: Path) -> dict | str:
     if holder is not None:
         return f"running in another runner ({holder})"
     record = read_results(results).get(cell.key)  # after the claim: a runner that just finished has released it
-    if record is not None and record["status"] == "ok":
+    if finished(record, cell):
         release(cell)
         return "finished by another runner"
     try:
@@ -356,15 +375,20 @@ def main(argv: list[str] | None = None) -> int:
         for cell in cells:
             cell.argv += extra
     results = Path(args.results) if args.results else RESULTS / f"{spec['name']}.jsonl"
-    done = {k for k, r in read_results(results).items() if r["status"] == "ok"}
+    records = read_results(results)
     chosen = [c for c in cells if (not args.only or c.method in args.only) and (not args.seeds or c.seed in args.seeds)]
+    done = {c.key for c in chosen if finished(records.get(c.key), c)}
+    stale = {c.key for c in chosen if c.key not in done and (records.get(c.key) or {}).get("status") == "ok"}
     todo = [c for c in chosen if c.key not in done]
     if args.list:
         for c in chosen:
             holder = None if c.key in done else lock_holder(c)
-            print(f"{'done' if c.key in done else 'running' if holder else 'todo'}  {c.key}"
-                  + (f"  ({holder})" if holder else ""))
+            state = "done" if c.key in done else "running" if holder else "stale" if c.key in stale else "todo"
+            print(f"{state}  {c.key}" + (f"  ({holder})" if holder else ""))
         return 0
+    if stale:
+        print(f"{len(stale)} finished cell(s) ran another command line than the experiment file now gives them "
+              f"(its options changed): they run again and their new records supersede the old: {sorted(stale)}")
     reused = [c for c in todo if c.same_as]
     for cell in reused:
         append_record(results, reuse_record(cell, results.parent))
