@@ -131,13 +131,18 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
     assert runner.lock_holder(cells[0]) is None
 
 
+def _with(argv: list[str], option: str, value: str) -> list[str]:
+    i = argv.index(option)
+    return [*argv[: i + 1], value, *argv[i + 2:]]
+
+
 def test_a_cell_whose_options_changed_since_it_ran_is_stale_and_runs_again(tmp_path, tiny_dense, capsys):
     path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
     _, cells = runner.load_experiment(path, tmp_path / "runs")
     results = tmp_path / "results.jsonl"
-    # seed 1 ran this command line; seed 2 ran it with another learning rate
-    records = [{"cell": c.key, "method": "mt_dense", "seed": c.seed, "status": "ok", "scores": {"pos": 0.5}, "argv": argv}
-               for c, argv in ((cells[0], cells[0].argv), (cells[1], cells[1].argv + ["--learning_rate", "1"]))]
+    # seed 1 ran this command line; seed 2 ran it with another budget
+    records = [{"cell": c.key, "method": "mt_dense", "seed": c.seed, "status": "ok", "scores": {"pos": 0.5, "score": 0.7}, "argv": argv}
+               for c, argv in ((cells[0], cells[0].argv), (cells[1], _with(cells[1].argv, "--max_steps", "3")))]
     for record in records:
         runner.append_record(results, record)
     assert runner.finished(records[0], cells[0]) and not runner.finished(records[1], cells[1])
@@ -146,6 +151,16 @@ def test_a_cell_whose_options_changed_since_it_ran_is_stale_and_runs_again(tmp_p
     a = ["--tasks", "/a/examples/data/t.json", "--model_name_or_path", "/a/runs/exp/m/seed1", "--init_gate_from", "x"]
     b = ["--tasks", "/b/c/examples/data/t.json", "--model_name_or_path", "/tmp/r/exp/m/seed1", "--init_from", "x"]
     assert runner._portable(a) == runner._portable(b)
+    # options in another order and numbers written otherwise are the same command; a missing or added option is not
+    assert runner.same_command(["--lr", "1e-4", "--x", "a", "b"], ["--x", "a", "b", "--lr", "0.0001"])
+    assert not runner.same_command(["--lr", "1e-4"], ["--lr", "3e-4"])
+    assert not runner.same_command(["--lr", "1e-4", "--bf16", "true"], ["--lr", "1e-4"])
+    assert runner.same_command(["--lr", "1e-4", "--bf16", "true"], ["--lr", "1e-4"], extra_allowed=True)
+    assert not runner.same_command(["--lr", "1e-4"], ["--lr", "1e-4", "--bf16", "true"], extra_allowed=True)
+    # the report leaves the stale record out of its table and says so
+    markdown = report.report(path, results, tmp_path / "report")
+    assert "| mt_dense | **50.00** | **70.00** | **70.00** | **60.00** | 1 |" in markdown  # seed 1 alone
+    assert "1 finished record(s) in that file ran other options" in markdown and "mt_dense/seed2" in markdown
     _run(path, tmp_path, "--list")
     assert capsys.readouterr().out.splitlines() == ["done  mt_dense/seed1", "stale  mt_dense/seed2"]
     assert _run(path, tmp_path) == 0

@@ -25,12 +25,30 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runner import RESULTS, read_results, read_spec  # noqa: E402
+from runner import RESULTS, load_experiment, read_results, read_spec, same_command  # noqa: E402
 
 
 def load_records(path: Path) -> list[dict]:
     """The finished cells of a results file (the last record of each cell, status ok), in file order."""
     return [r for r in read_results(path).values() if r.get("status") == "ok"]
+
+
+def current(records: list[dict], experiment_file: Path) -> tuple[list[dict], list[str]]:
+    """The records that ran the command line the experiment file gives their cells now (options a runner added
+    with `--set` allowed), and the keys of the others: a table never mixes a changed budget with the old one.
+    Records without a command line (written by hand) are kept."""
+    try:
+        cells = {c.key: c for c in load_experiment(experiment_file)[1]}
+    except (OSError, KeyError, ValueError):  # a file without runnable cells (tables written by hand)
+        return records, []
+    keep, stale = [], []
+    for r in records:
+        cell = cells.get(r.get("cell"))
+        if "argv" in r and (cell is None or not same_command(r["argv"], cell.argv, extra_allowed=True)):
+            stale.append(r.get("cell", "?"))
+        else:
+            keep.append(r)
+    return keep, stale
 
 
 def row_name(record: dict) -> str:
@@ -60,7 +78,7 @@ def per_seed(records: list[dict], tasks: list[str], small: list[str]) -> dict[st
             present = [t for t in tasks if t in scores]
             if len(present) == len(tasks):
                 scores["avg"] = statistics.mean(scores[t] for t in tasks)
-                if small:
+                if small and all(t in scores for t in small):
                     scores["small avg"] = statistics.mean(scores[t] for t in small)
     return rows
 
@@ -244,13 +262,17 @@ def cost(records: list[dict]) -> str:
 def report(experiment_file: Path, results: Path | None, out: Path) -> str:
     spec = read_spec(Path(experiment_file).resolve())
     results = results or RESULTS / f"{spec['name']}.jsonl"
-    records = ordered(load_records(results), spec)
+    records, stale = current(load_records(results), Path(experiment_file))
+    records = ordered(records, spec)
     tasks = spec.get("report_tasks") or sorted({t for r in records for t in r["scores"]})
     small = spec.get("small_tasks", [])
     out.mkdir(parents=True, exist_ok=True)
     text = [f"## {spec['name']}", "", spec.get("description", ""), "", table(spec["name"], records, tasks, small), "",
             f"Dev scores x100, mean ± std over seeds; best mean per column in bold. {cost(records)}. "
             f"Results: `{results.relative_to(Path.cwd()) if results.is_relative_to(Path.cwd()) else results}`."]
+    if stale:
+        text.append(f"\n({len(stale)} finished record(s) in that file ran other options than the experiment file now "
+                    f"gives their cells and are left out: {', '.join(stale)}.)")
     plot_scores(out / f"{spec['name']}_scores.png", records, tasks, small)
     text.append(f"\n![scores]({spec['name']}_scores.png)")
     if plot_curves(out / f"{spec['name']}_curves.png", records, tasks):

@@ -169,12 +169,43 @@ def _portable(argv: list[str]) -> list[str]:
     return out
 
 
+def options(argv: list[str]) -> dict[str, tuple[str, ...]]:
+    """A command line as `{option: values}` (portable paths, renamed options under their new names), so that two
+    command lines compare whatever the order of their options."""
+    parsed: dict[str, list[str]] = {}
+    current = None
+    for arg in _portable(argv):
+        if arg.startswith("--"):
+            current = arg
+            parsed[current] = []
+        elif current is not None:
+            parsed[current].append(arg)
+    return {k: tuple(v) for k, v in parsed.items()}
+
+
+def _same_value(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    if a == b:
+        return True
+    try:  # 1e-4 and 0.0001 are one learning rate
+        return len(a) == len(b) and all(float(x) == float(y) for x, y in zip(a, b))
+    except ValueError:
+        return False
+
+
+def same_command(record_argv: list[str], cell_argv: list[str], extra_allowed: bool = False) -> bool:
+    """Whether a record ran the cell's command line (options in any order, numbers by value); with
+    `extra_allowed`, the record may add options (a runner's `--set bf16=true`)."""
+    ran, wanted = options(record_argv), options(cell_argv)
+    if not extra_allowed and set(ran) != set(wanted):
+        return False
+    return all(k in ran and _same_value(ran[k], v) for k, v in wanted.items())
+
+
 def finished(record: dict | None, cell: Cell) -> bool:
     """Whether `record` is this cell done: status ok and run with the command line the experiment file gives it
     now. A cell whose options changed since (a longer budget, another learning rate) is to do again: its new
     record supersedes the old one, so results of two budgets are never averaged together."""
-    return (record is not None and record["status"] == "ok"
-            and _portable(record.get("argv") or []) == _portable(cell.argv))
+    return record is not None and record["status"] == "ok" and same_command(record.get("argv") or [], cell.argv)
 
 
 def reuse_record(cell: Cell, results_dir: Path) -> dict:
@@ -186,7 +217,7 @@ def reuse_record(cell: Cell, results_dir: Path) -> dict:
     if source is None or source["status"] != "ok":
         raise ValueError(f"{cell.experiment}/{cell.key} reuses {experiment}/{source_key}, which has not finished "
                          f"in {results_dir / (experiment + '.jsonl')}: run that experiment first.")
-    if _portable(source["argv"]) != _portable(cell.argv):
+    if not same_command(source["argv"], cell.argv):
         raise ValueError(f"{cell.experiment}/{cell.key} reuses {experiment}/{source_key}, but its command line "
                          f"differs:\n  {_portable(source['argv'])}\n  {_portable(cell.argv)}")
     return {**source, "experiment": cell.experiment, "method": cell.method, "cell": cell.key,
