@@ -13,6 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples" / "experiments"))
+import claims  # noqa: E402
 import report  # noqa: E402
 import runner  # noqa: E402
 
@@ -203,6 +204,42 @@ def test_tables_render_from_a_results_file_written_by_hand(tmp_path):
     assert report.verdict([0.52, 0.54, 0.50], [0.60, 0.60, 0.60]) == "lower"
     assert report.verdict([0.52, 0.54, 0.50], [0.55, 0.55, 0.55]) == "no difference"  # 0.03 <= 2 x 0.02
     assert report.verdict([0.90], [0.50, 0.52]) == "inconclusive"  # one seed has no spread to compare with
+
+
+def test_text2text_findings_follow_the_two_std_rule_on_per_seed_averages():
+    tasks = ["a", "b"]
+
+    def records(method, per_seed_scores, single=False):
+        out = []
+        for seed, (a, b) in enumerate(per_seed_scores, start=1):
+            if single:  # one cell per task, gathered by seed
+                out += [{"method": method, "task": t, "seed": seed, "status": "ok", "scores": {t: v}} for t, v in (("a", a), ("b", b))]
+            else:
+                out.append({"method": method, "seed": seed, "status": "ok", "scores": {"a": a, "b": b}})
+        return out
+
+    def outcomes(rows):
+        text = claims.claims_text2text(rows, tasks)
+        return [line.split("|")[2].strip() for line in text.splitlines()[-3:]], text
+
+    base = records("single_task", [(0.5, 0.5)] * 3, single=True) + records("mt_dense", [(0.60, 0.60), (0.62, 0.62), (0.58, 0.58)])
+    # average well above dense (0.70 vs 0.60, std 0.02); Gumbel-ST above hard; Gumbel-ST not above dense (0.61)
+    rows = base + records("average", [(0.70, 0.70)] * 3) + records("gumbel_st", [(0.61, 0.61), (0.60, 0.60), (0.62, 0.62)]) \
+        + records("hard", [(0.40, 0.40)] * 3)
+    found, text = outcomes(rows)
+    assert found == ["reproduced", "reproduced", "reproduced"], text
+    assert "| average vs mt_dense | 70.00 ± 0.00 | 60.00 ± 2.00 | +10.00 | higher (3 seeds) |" in text
+    # a routed model above dense contradicts finding 3; Gumbel-ST merely equal to hard is not "the best"
+    rows = base + records("average", [(0.50, 0.50)] * 3) + records("gumbel_st", [(0.80, 0.80)] * 3) \
+        + records("hard", [(0.80, 0.79), (0.80, 0.81), (0.80, 0.80)])
+    assert outcomes(rows)[0] == ["not reproduced", "not reproduced", "not reproduced"]
+    # one seed per side: nothing is decided; a method that did not run decides nothing either
+    found, text = outcomes(records("mt_dense", [(0.6, 0.6)]) + records("hard", [(0.9, 0.9)]))
+    assert found == ["inconclusive", "inconclusive", "inconclusive"]
+    assert "| average vs mt_dense | - | - | - | not run |" in text
+    # a seed that misses a task is left out of the averages
+    rows = base + [{"method": "average", "seed": s, "status": "ok", "scores": {"a": 0.9}} for s in (1, 2, 3)]
+    assert "| average vs mt_dense | - | - | - | not run |" in claims.claims_text2text(rows, tasks)
 
 
 def test_sample_generations_table_shows_each_methods_output_beside_input_and_target():

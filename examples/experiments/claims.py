@@ -1,6 +1,8 @@
 #!/usr/bin/env python
-"""MT-TaG's three claims (section 5), checked from the results files alone, with the suite's one rule: a difference
-of means counts only when it exceeds twice the larger standard deviation over seeds (`report.verdict`).
+"""The papers' claims, checked from the results files alone, with the suite's one rule: a difference of means counts
+only when it exceeds twice the larger standard deviation over seeds (`report.verdict`).
+
+MT-TaG's three claims (section 5; `claims.py` or `claims.py mt_tag`):
 
 (i) low-resource transfer: each multi-task model against single-task fine-tuning on the small tasks (main).
 (ii) unseen related task: the held-out task learnt from 1% and 10% of its data by each adapted model against
@@ -8,7 +10,18 @@ of means counts only when it exceeds twice the larger standard deviation over se
 (iii) robustness to unrelated tasks: the related tasks' scores trained alone (robustness) and beside unrelated tasks
      (main), per model.
 
-    python examples/experiments/claims.py [--results examples/experiments/results] [--suffix ""]
+The task-level MoE paper's three findings on the text-to-text experiment (Ye et al. section 5; `claims.py
+text2text`), on the five-task average of each seed (a task's score is the mean of its metrics):
+(1) average routing >= multi-task dense BART: reproduced when average routing is higher or no different, not
+    reproduced when it is lower;
+(2) Gumbel-softmax straight-through is the best selection function: reproduced when it is higher than every other
+    selection function that ran (hard, softmax, gumbel_softmax), not reproduced otherwise (no difference included:
+    the paper's finding is that the choice matters);
+(3) the learned routers do not beat the multi-task baseline: reproduced when no routed model (gumbel_st, hard, ...)
+    is higher than multi-task dense BART, not reproduced when one is.
+Each is "inconclusive" while a side has fewer than two seeds.
+
+    python examples/experiments/claims.py [mt_tag|text2text] [--results examples/experiments/results] [--suffix ""]
 
 Prints markdown tables (differences x100 with their verdicts).
 """
@@ -21,7 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import load_records, mean_std, verdict  # noqa: E402
+from report import current, load_records, mean_std, verdict  # noqa: E402
 
 MULTI_TASK = ("mt_dense", "mt_switch", "mt_tag", "pals", "camtl")
 
@@ -81,30 +94,84 @@ def claim_robustness(main: list[dict], clean: list[dict], common: list[str]) -> 
     return "\n".join(lines)
 
 
+def seed_averages(records: list[dict], method: str, tasks: list[str]) -> dict[int, float]:
+    """`{seed: mean of that seed's task scores}` over the seeds that scored every task (single-task methods gather
+    their per-task cells by seed)."""
+    runs = [per_seed(records, method, t) for t in tasks]
+    seeds = set.intersection(*(set(r) for r in runs)) if runs else set()
+    return {s: statistics.mean(r[s] for r in runs) for s in sorted(seeds)}
+
+
 def averages(main: list[dict], tasks: list[str], small: list[str]) -> str:
     """Every multi-task model against single-task and MT-TaG against the others, on the all-task and small-task
     averages (per seed: the mean of that seed's task scores)."""
-    def avg(method, names):
-        runs = [per_seed(main, method, t) for t in names]
-        seeds = set.intersection(*(set(r) for r in runs)) if runs else set()
-        return {s: statistics.mean(r[s] for r in runs) for s in seeds}
-
     lines = ["| comparison, average | first | second | difference | verdict |", "|---|---|---|---|---|"]
     pairs = [(m, "single_task") for m in MULTI_TASK] + [("mt_tag", m) for m in MULTI_TASK if m != "mt_tag"]
     for first, second in pairs:
         for label, names in (("all tasks", tasks), ("small tasks", small)):
-            a, b = paired(avg(first, names), avg(second, names))
+            a, b = paired(seed_averages(main, first, names), seed_averages(main, second, names))
             lines.append(row(f"{first} vs {second}, {label}", a, b))
+    return "\n".join(lines)
+
+
+TEXT2TEXT_TASKS = ["rotten_tomatoes", "trec", "sms_spam", "newsgroups", "xsum"]
+SELECTION = ("gumbel_st", "hard", "softmax", "gumbel_softmax")  # method names of the learned selection functions
+
+
+def finding(verdicts: list[str], reproduced, not_reproduced) -> str:
+    """'inconclusive' when any comparison is, else which of the two predicates over the verdicts holds."""
+    if not verdicts or "inconclusive" in verdicts:
+        return "inconclusive"
+    return "reproduced" if reproduced(verdicts) else "not reproduced" if not_reproduced(verdicts) else "inconclusive"
+
+
+def claims_text2text(records: list[dict], tasks: list[str] = TEXT2TEXT_TASKS) -> str:
+    """Ye et al.'s three findings (module docstring) on the per-seed five-task averages: one row per comparison,
+    then one line per finding with its outcome."""
+    avg = {m: seed_averages(records, m, tasks) for m in ("single_task", "mt_dense", "average", *SELECTION)}
+    ran = [m for m in SELECTION if avg[m]]
+
+    def compare(a: str, b: str) -> tuple[str, str]:
+        first, second = paired(avg[a], avg[b])
+        return row(f"{a} vs {b}", first, second), verdict(first, second) if first else "inconclusive"
+
+    lines = ["| comparison, five-task average | first | second | difference | verdict |", "|---|---|---|---|---|"]
+    results = {}
+    pairs = [("average", "mt_dense")] + [("gumbel_st", m) for m in ran if m != "gumbel_st"] + \
+        [(m, "mt_dense") for m in ran] + [(m, "single_task") for m in ("mt_dense", "average", *ran)]
+    for a, b in dict.fromkeys(pairs):
+        text, results[(a, b)] = compare(a, b)
+        lines.append(text)
+    others = [results[("gumbel_st", m)] for m in ran if m != "gumbel_st"]
+    routed = [results[(m, "mt_dense")] for m in ran]
+    outcomes = [
+        ("average routing >= multi-task dense BART",
+         finding([results[("average", "mt_dense")]], lambda v: v[0] != "lower", lambda v: v[0] == "lower")),
+        (f"Gumbel-ST is the best selection function (against {', '.join(m for m in ran if m != 'gumbel_st') or '-'})",
+         finding(others if avg["gumbel_st"] else [], lambda v: all(x == "higher" for x in v), lambda v: True)),
+        ("the learned routers do not beat multi-task dense BART",
+         finding(routed, lambda v: "higher" not in v, lambda v: "higher" in v)),
+    ]
+    lines += ["", "| finding (Ye et al. section 5) | outcome |", "|---|---|"]
+    lines += [f"| {claim} | {outcome} |" for claim, outcome in outcomes]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("claims", nargs="?", choices=["mt_tag", "text2text"], default="mt_tag")
     parser.add_argument("--results", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--suffix", default="", help="Results file suffix, e.g. _gpu for main_gpu.jsonl.")
     args = parser.parse_args(argv)
     folder = Path(args.results)
     load = lambda name: load_records(folder / f"{name}{args.suffix}.jsonl")  # noqa: E731
+    if args.claims == "text2text":
+        print("### Task-level MoE over BART: the paper's three findings (text2text)\n")
+        records, stale = current(load("text2text"), Path(__file__).resolve().parent / "configs" / "text2text.json")
+        print(claims_text2text(records))
+        if stale:
+            print(f"\n({len(stale)} record(s) ran other options than configs/text2text.json gives now; left out.)")
+        return 0
     main_records, clean, unseen = load("main"), load("robustness"), load("unseen_task")
     print("### Averages\n")
     print(averages(main_records, ["rotten_tomatoes", "trec", "tweet_sentiment", "amazon_sentiment", "sms_spam"],
