@@ -260,6 +260,25 @@ def test_sample_generations_table_shows_each_methods_output_beside_input_and_tar
     assert report.clip("a  b\nc" + "x" * 20, 8) == "a b cxx…"
 
 
+def test_route_sharing_table_averages_the_seeds_and_skips_routes_that_decide_nothing():
+    import torch
+
+    from hf_taskmoe.analysis.routing import RoutingStatistics
+
+    def routing(counts):
+        stats = RoutingStatistics(["a", "b"], layers=[0, 1], num_experts=2, unit="examples")
+        stats.counts = torch.tensor(counts, dtype=torch.float64)
+        return stats.to_dict()
+
+    same, apart = [[[4, 0], [4, 0]], [[0, 4], [0, 4]]], [[[4, 0], [0, 4]], [[0, 4], [0, 4]]]
+    records = [{"method": "hard", "seed": 1, "routing": routing(same)}, {"method": "hard", "seed": 2, "routing": routing(apart)},
+               {"method": "average", "seed": 1, "routing": routing([[[2, 2], [2, 2]]] * 2)}, {"method": "dense", "seed": 1}]
+    lines = report.route_sharing(records).splitlines()
+    assert lines[0].startswith("**hard** (2 seed(s); 2 routed layers of 2 experts: two independent random routes would share 1.0)")
+    assert lines[4:] == ["| a | 2.0 | 1.5 |", "| b | 1.5 | 2.0 |"]  # 2 shared layers under seed 1, 1 under seed 2
+    assert report.route_sharing(records[2:]) == ""
+
+
 def test_experiment_files_in_the_repository_are_valid():
     for path in sorted((ROOT / "examples" / "experiments" / "configs").glob("*.json")):
         spec, cells = runner.load_experiment(path)

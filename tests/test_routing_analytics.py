@@ -57,6 +57,18 @@ def test_statistics_survive_their_dict_and_refuse_a_damaged_one(tmp_path):
         RoutingStatistics.from_dict(broken)
 
 
+def test_shared_routes_count_the_layers_where_two_tasks_pick_the_same_expert():
+    stats = RoutingStatistics(["a", "b", "c"], layers=[0, 1, 2], num_experts=3, unit="examples")
+    stats.counts = torch.tensor([
+        [[10, 0, 0], [6, 4, 0], [0, 0, 10]],   # layer 0: a and b on expert 0 (b by 60%), c on 2
+        [[0, 10, 0], [0, 10, 0], [0, 10, 0]],  # layer 1: all three on expert 1
+        [[5, 5, 0], [5, 5, 0], [0, 0, 8]],     # layer 2: a and b undecided (no expert over half), c on 2
+    ])
+    assert stats.shared_routes().tolist() == [[2, 2, 1], [2, 2, 1], [1, 1, 3]]
+    stats.counts = torch.full((3, 3, 3), 1.0)  # average routing: every expert a third, nothing decided
+    assert stats.shared_routes().sum() == 0
+
+
 def test_training_logs_routing_and_writes_it_with_checkpoints_and_card(tmp_path):
     torch.manual_seed(0)
     model = BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=3))

@@ -8,7 +8,8 @@ For each experiment: a markdown table (`<name>.md`: one row per method and varia
 small-task and all-task averages; mean ± standard deviation over seeds, x100 (the mean alone for one seed); the best mean of each column in
 bold; the number of seeds), a bar chart of the per-task scores with their standard deviations (`<name>_scores.png`),
 the dev curves during training (`<name>_curves.png`, mean over seeds) and, where cells routed between experts, each
-routed method's routes per task on the dev sets (`<name>_routes.png`, its lowest seed), and where cells generated
+routed method's routes per task on the dev sets (`<name>_routes.png`, its lowest seed) with a table of the
+layers each pair of tasks shares (mean over seeds), and where cells generated
 text, sample generations (input, target and each method's output for the first dev examples of each task, lowest
 seed). A task's score is the mean of its metrics. Single-task methods (one cell per task) make one row.
 
@@ -213,6 +214,32 @@ def plot_routes(path: Path, records: list[dict]) -> list[str]:
     return list(stats)
 
 
+def route_sharing(records: list[dict]) -> str:
+    """Per routed method, a task x task table of the routed layers in which two tasks send most of their examples to
+    the same expert (`RoutingStatistics.shared_routes`), mean over seeds, out of the number of routed layers; the
+    diagonal is how many layers each task's route decides. Empty when no record routed or none decided a layer."""
+    from hf_taskmoe.analysis.routing import RoutingStatistics
+
+    by_method: dict[str, list] = {}
+    for r in records:
+        if r.get("routing"):
+            by_method.setdefault(row_name(r), []).append(RoutingStatistics.from_dict(r["routing"]))
+    blocks = []
+    for name, stats in by_method.items():
+        matrices = [st.shared_routes().double() for st in stats]
+        if not any(m.sum() for m in matrices):
+            continue  # soft routes that decide no layer (average routing)
+        mean = sum(matrices) / len(matrices)
+        tasks, layers, experts = stats[0].task_names, len(stats[0].layers), stats[0].num_experts
+        lines = [f"**{name}** ({len(stats)} seed(s); {layers} routed layers of {experts} experts: two independent "
+                 f"random routes would share {layers / experts:.1f})", "",
+                 f"| shared layers | {' | '.join(tasks)} |", "|---" * (len(tasks) + 1) + "|"]
+        for i, task in enumerate(tasks):
+            lines.append(f"| {task} | {' | '.join(f'{float(mean[i, j]):.1f}' for j in range(len(tasks)))} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def clip(text: str, width: int) -> str:
     text = " ".join(str(text).split()).replace("|", "\\|")
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -279,6 +306,9 @@ def report(experiment_file: Path, results: Path | None, out: Path) -> str:
         text.append(f"\n![dev curves]({spec['name']}_curves.png)")
     if plot_routes(out / f"{spec['name']}_routes.png", records):
         text.append(f"\n![routes per task]({spec['name']}_routes.png)")
+        sharing = route_sharing(records)
+        if sharing:
+            text += ["", "Routes shared between tasks (layers where both send most examples to one expert):", "", sharing]
     samples = sample_generations(records)
     if samples:
         text += ["", "Sample generations (greedy; each method's lowest seed):", "", samples]

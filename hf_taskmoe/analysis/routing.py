@@ -135,6 +135,16 @@ class RoutingStatistics:
         unused = (counts == 0).sum(-1)
         return torch.where(counts.sum(-1) > 0, unused, torch.zeros_like(unused))
 
+    def shared_routes(self) -> torch.Tensor:
+        """`(tasks, tasks)` number of routed layers in which both tasks send most (over half) of their tokens (or
+        examples) to the same expert: how much of their route two tasks share (the diagonal counts each task's
+        decided layers). Soft routes that decide nothing (no expert over half, e.g. average routing) share none."""
+        shares = self.shares  # (layers, tasks, experts)
+        top = shares.argmax(-1)
+        decided = shares.max(-1).values > 0.5
+        same = (top[:, :, None] == top[:, None, :]) & decided[:, :, None] & decided[:, None, :]
+        return same.sum(0)
+
     def as_number(self, value: torch.Tensor) -> int | float:
         """A count as a plain number: an int for token counts, a float for sums of soft routing weights."""
         return round(float(value), 4) if value.is_floating_point() else int(value)
