@@ -260,6 +260,22 @@ def test_sample_generations_table_shows_each_methods_output_beside_input_and_tar
     assert report.clip("a  b\nc" + "x" * 20, 8) == "a b cxx…"
 
 
+def test_text2text_unseen_claims_pair_seeds_and_samples_and_report_the_relative_gain():
+    def records(method, scores):
+        return [{"method": method, "variant": f"sample{k}", "seed": 1, "status": "ok", "scores": {"trec": v}}
+                for k, v in enumerate(scores, start=1)]
+
+    rows = records("fewshot_single_task", [0.4, 0.5, 0.5]) + records("fewshot_dense", [0.6, 0.75, 0.75]) \
+        + records("fewshot_routing", [0.4, 0.5])  # routing lacks sample 3: compared on samples 1-2 only
+    lines = claims.claims_text2text_unseen(rows).splitlines()
+    # dense: +50% on every sample; 70.00 ± 8.66 vs 46.67 ± 5.77 -> 23.33 > 2 x 8.66
+    assert lines[2] == ("| fewshot_dense vs fewshot_single_task | 70.00 ± 8.66 | 46.67 ± 5.77 | +23.33 | higher "
+                        "(3 seed x sample pairs) | +50.0 ± 0.0% |")
+    assert lines[3].startswith("| fewshot_routing vs fewshot_single_task | 45.00 ± 7.07 | 45.00 ± 7.07 | +0.00 | no difference (2 seed")
+    assert lines[3].endswith("| +0.0 ± 0.0% |")
+    assert lines[4].startswith("| fewshot_dense vs fewshot_routing | 67.50 ± 10.61 | 45.00 ± 7.07 | +22.50 | higher (2 seed")
+
+
 def test_route_sharing_table_averages_the_seeds_and_skips_routes_that_decide_nothing():
     import torch
 
