@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,40 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
     assert runner.claim(cells[0]) is None and runner.lock_holder(cells[0]) == f"{socket.gethostname()} {os.getpid()}"
     runner.release(cells[0])
     assert runner.lock_holder(cells[0]) is None
+
+
+def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uninterrupted_one(tmp_path, tiny_dense):
+    path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
+    spec = json.loads(path.read_text())
+    spec["common"].update(max_steps=24, eval_steps=4)
+    path.write_text(json.dumps(spec))
+    (whole,), (cell,) = (runner.load_experiment(path, tmp_path / runs)[1][:1] for runs in ("whole", "killed"))
+    expected = runner.run_cell(whole, 1)
+    assert expected["status"] == "ok" and "resumed_from" not in expected
+    assert not list(whole.output_dir.glob("checkpoint-*"))  # a finished cell keeps no checkpoint
+    # the same cell's process killed (kill -9) after its checkpoint of step 8
+    argv, resume = runner.cell_command(cell)
+    assert resume is None and argv[argv.index("--save_strategy") + 1] == "steps" and "no" not in argv[argv.index("--save_strategy"):][:2]
+    process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (cell.output_dir / "checkpoint-12").exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (cell.output_dir / "run_summary.json").exists(), "the run finished before it could be killed"
+    got = runner.run_cell(cell, 1)
+    assert got["status"] == "ok" and got["resumed_from"] in ("checkpoint-8", "checkpoint-12")
+    assert got["argv"] == expected["argv"] == cell.argv  # the record keeps the experiment's command line
+    assert got["scores"] == expected["scores"] and got["steps"] == 24
+    assert [point["step"] for point in got["curve"]] == [4, 8, 12, 16, 20, 24, 24]  # and the final evaluation
+    assert got["curve"] == expected["curve"]  # the dev curve from before the kill comes back with the checkpoint
+    assert not list(cell.output_dir.glob("checkpoint-*"))
+    # a folder left by another command line, or by a run without checkpoints, is not resumed: it starts afresh
+    cell.output_dir.joinpath("checkpoint-4").mkdir()
+    assert runner.resumable_checkpoint(cell) is None  # not complete
+    cell.argv = _with(cell.argv, "--learning_rate", "0.5") if "--learning_rate" in cell.argv else [*cell.argv, "--learning_rate", "0.5"]
+    assert runner.resumable_checkpoint(cell) is None and runner.cell_command(cell, checkpoints=False)[1] is None
+    assert not cell.output_dir.joinpath("checkpoint-4").exists()
 
 
 def _with(argv: list[str], option: str, value: str) -> list[str]:

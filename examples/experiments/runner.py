@@ -29,6 +29,10 @@ status, every metric, the per-task scores, the dev curve, steps, examples seen p
 library versions, git revision and the command line. A restart skips the cells whose last record is `ok` and ran the
 command line the file gives them now (change a budget and its cells run again); a cell
 that fails records its error (the log's tail) and the others go on; failed cells run again on the next start.
+A cell saves a checkpoint where it evaluates (the newest kept; `cell.json` in its folder names the command line
+they belong to): a cell cut off mid-run continues from its newest complete checkpoint on the next start, to the
+scores an uninterrupted run gives (its record says `resumed_from`, and its `wall_time_s` counts the last part
+only); `--no_checkpoints` saves none and starts interrupted cells afresh. Checkpoints go once the cell finishes.
 Several runners may work on one experiment at once (one per core, or a restart while the first still runs): each
 cell is claimed with an exclusive `flock` on a file beside its output folder (`<cell>.lock`, holding host and PID;
 held by the runner and the cell's process, dropped by the kernel when both have exited or died), so no cell is
@@ -302,7 +306,7 @@ def release(cell: Cell) -> None:
         os.close(fd)  # closing the descriptor drops the flock
 
 
-def attempt(cell: Cell, threads: int, results: Path) -> dict | str:
+def attempt(cell: Cell, threads: int, results: Path, checkpoints: bool = True) -> dict | str:
     """Run a cell unless another runner holds it or has finished it since this runner started: its record, or
     why it was left."""
     holder = claim(cell)
@@ -313,7 +317,7 @@ def attempt(cell: Cell, threads: int, results: Path) -> dict | str:
         release(cell)
         return "finished by another runner"
     try:
-        return run_cell(cell, threads)
+        return run_cell(cell, threads, checkpoints=checkpoints)
     except BaseException:
         release(cell)
         raise
@@ -349,22 +353,83 @@ def summarise(cell: Cell, summary: dict, tasks: list[str]) -> dict:
     }
 
 
-def run_cell(cell: Cell, threads: int, python: str = sys.executable, extra_env: dict | None = None) -> dict:
-    """Run one cell in its own process; return its record (status ok or error)."""
+CELL_FILE = "cell.json"  # in a cell's output folder: the command line its checkpoints belong to
+
+
+def checkpoint_options(argv: list[str]) -> list[str]:
+    """The cell's command line with checkpoints saved where it evaluates (every epoch, or every `--eval_steps`),
+    the newest one kept: what an interrupted cell resumes from. A cell that saves checkpoints of its own keeps
+    them. Saving changes no number (tests/test_faults.py: a run killed and resumed ends with the weights of one
+    never stopped)."""
+    given = options(argv)
+    if given.get("--save_strategy", ("no",)) != ("no",):
+        return list(argv)
+    kept, skip = [], False
+    for arg in argv:  # drop `--save_strategy no`
+        if skip:
+            skip = False
+        elif arg == "--save_strategy":
+            skip = True
+        else:
+            kept.append(arg)
+    if given.get("--eval_strategy") == ("steps",) and "--eval_steps" in given:
+        return kept + ["--save_strategy", "steps", "--save_steps", given["--eval_steps"][0], "--save_total_limit", "1"]
+    return kept + ["--save_strategy", "epoch", "--save_total_limit", "1"]
+
+
+def resumable_checkpoint(cell: Cell) -> str | None:
+    """The newest complete checkpoint that an interrupted run of this same cell (same command line) left in its
+    output folder, or None: a folder of another command line, or with no complete checkpoint, starts afresh."""
+    out = cell.output_dir
+    try:
+        ran = json.loads((out / CELL_FILE).read_text())["argv"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not same_command(ran, cell.argv) or not any(out.glob("checkpoint-*")):
+        return None
+    from hf_taskmoe.training.trainer import latest_complete_checkpoint  # torch: only when there is one to check
+
+    return latest_complete_checkpoint(str(out))
+
+
+def cell_command(cell: Cell, python: str = sys.executable, checkpoints: bool = True) -> tuple[list[str], str | None]:
+    """Prepare the cell's output folder and return its command line and the checkpoint it resumes from (None:
+    the folder was emptied and the cell starts from scratch)."""
+    out = cell.output_dir
+    resume = resumable_checkpoint(cell) if checkpoints else None
+    if resume is None:
+        if out.exists():
+            shutil.rmtree(out)  # an interrupted run with nothing to continue from starts again from scratch
+        out.mkdir(parents=True)
+        (out / CELL_FILE).write_text(json.dumps({"argv": cell.argv}))
+    cell_argv = checkpoint_options(cell.argv) if checkpoints else cell.argv
+    argv = [python, str(SCRIPT), *cell_argv, "--output_dir", str(out), "--disable_tqdm", "true"]
+    if resume is not None:
+        argv += ["--resume_from_checkpoint", resume]
+    return argv, resume
+
+
+def run_cell(cell: Cell, threads: int, python: str = sys.executable, extra_env: dict | None = None,
+             checkpoints: bool = True) -> dict:
+    """Run one cell in its own process; return its record (status ok or error). With `checkpoints`, the cell saves
+    one where it evaluates, and a cell interrupted earlier (runner killed, session ended) continues from its
+    newest complete checkpoint instead of starting again; the record then says `resumed_from`."""
     record = {"experiment": cell.experiment, "cell": cell.key, "method": cell.method, "variant": cell.variant,
               "task": cell.task, "seed": cell.seed, "argv": cell.argv, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": threads}}
     if cell.depends_on and not (Path(cell.depends_on) / "config.json").exists():
         return {**record, "status": "error", "error": f"the model this cell continues is missing: {cell.depends_on} (run that experiment first)"}
+    argv, resume = cell_command(cell, python, checkpoints)
     out = cell.output_dir
-    if out.exists():
-        shutil.rmtree(out)  # a cell interrupted earlier starts again from scratch
-    out.mkdir(parents=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-    argv = [python, str(SCRIPT), *cell.argv, "--output_dir", str(out), "--disable_tqdm", "true"]
+    if resume is not None:
+        record["resumed_from"] = Path(resume).name
     started = time.time()
-    with open(out / "log.txt", "w") as log:
+    with open(out / "log.txt", "a" if resume else "w") as log:
+        if resume:
+            log.write(f"\n=== {record['started_at']}: resumed from {Path(resume).name} ===\n")
+            log.flush()
         # the cell's process shares the lock: a runner killed alone leaves its cell claimed until the cell ends
         lock = (_LOCKS[cell.key],) if cell.key in _LOCKS else ()
         code = subprocess.call(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, pass_fds=lock)
@@ -376,6 +441,8 @@ def run_cell(cell: Cell, threads: int, python: str = sys.executable, extra_env: 
         return {**record, "status": "error", "exit_code": code, "error": "\n".join(tail)}
     summary = json.loads(summary_path.read_text())
     tasks = list(summary.get("examples_seen") or {}) or [cell.task]
+    for folder in out.glob("checkpoint-*"):  # finished: nothing left to resume
+        shutil.rmtree(folder)
     if not cell.keep_model:  # keep the run's metrics, logs and card; drop the weights nobody continues
         for weights in out.glob("*.safetensors"):
             weights.unlink()
@@ -391,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="Cells run at once (a GPU machine: several; here: 1).")
     parser.add_argument("--only", nargs="+", help="Run only these methods.")
     parser.add_argument("--seeds", nargs="+", type=int, help="Run only these seeds.")
+    parser.add_argument("--no_checkpoints", action="store_true",
+                        help="Save no checkpoints: an interrupted cell starts again from scratch (default: each cell saves "
+                             "one where it evaluates and an interrupted cell continues from it).")
     parser.add_argument("--list", action="store_true", help="List the cells and whether they are done; run nothing.")
     parser.add_argument("--set", nargs="+", default=[], metavar="OPTION=VALUE",
                         help="Add run_multitask options to every cell (e.g. bf16=true on a GPU); recorded in each record.")
@@ -429,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     failed, left = 0, 0
     with tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc=spec["name"], unit="cell") as bar:
         with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:  # each cell is its own process
-            futures = {pool.submit(attempt, cell, args.threads, results): cell for cell in todo}
+            futures = {pool.submit(attempt, cell, args.threads, results, not args.no_checkpoints): cell for cell in todo}
             for future in as_completed(futures):
                 cell, record = futures[future], future.result()
                 if isinstance(record, str):  # another runner has it
