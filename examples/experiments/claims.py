@@ -42,9 +42,11 @@ from report import current, load_records, mean_std, verdict  # noqa: E402
 MULTI_TASK = ("mt_dense", "mt_switch", "mt_tag", "pals", "camtl")
 
 
-def per_seed(records, method, task, variant=None) -> dict[int, float]:
-    return {r["seed"]: r["scores"][task] for r in records
-            if r["method"] == method and r.get("variant") == variant and task in r.get("scores", {})}
+def per_seed(records, method, task, variant=None) -> dict:
+    """A method's score on `task` by seed, for one variant; with `variant="*"`, by (seed, variant) over them all."""
+    every = variant == "*"
+    return {((r["seed"], r.get("variant")) if every else r["seed"]): r["scores"][task] for r in records
+            if r["method"] == method and (every or r.get("variant") == variant) and task in r.get("scores", {})}
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> tuple[list[float], list[float]]:
@@ -165,11 +167,7 @@ def claims_text2text_unseen(records: list[dict], task: str = "trec") -> str:
     (seed, few-shot sample) pairs both ran: scores, ARG (mean relative gain, x100, ± std over the pairs), verdict."""
     from hf_taskmoe.analysis.task_routing import average_relative_gain
 
-    def scores(method):
-        return {(r["seed"], r.get("variant")): r["scores"][task] for r in records
-                if r["method"] == method and task in r.get("scores", {})}
-
-    runs = {m: scores(m) for m in ("fewshot_single_task", "fewshot_dense", "fewshot_routing")}
+    runs = {m: per_seed(records, m, task, variant="*") for m in ("fewshot_single_task", "fewshot_dense", "fewshot_routing")}
     lines = [f"| {task}, few-shot | first | second | difference | verdict | ARG of first over second |",
              "|---|---|---|---|---|---|"]
     for a, b in (("fewshot_dense", "fewshot_single_task"), ("fewshot_routing", "fewshot_single_task"),
@@ -190,13 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.results)
     load = lambda name: load_records(folder / f"{name}{args.suffix}.jsonl")  # noqa: E731
     if args.claims == "text2text":
-        print("### Task-level MoE over BART: the paper's three findings (text2text)\n")
-        records, stale = current(load("text2text"), Path(__file__).resolve().parent / "configs" / "text2text.json")
-        print(claims_text2text(records))
-        if stale:
-            print(f"\n({len(stale)} record(s) ran other options than configs/text2text.json gives now; left out.)")
-        print("\n### Section 7 in the small: TREC unseen, 5 few-shot samples (text2text_unseen)\n")
-        print(claims_text2text_unseen(load("text2text_unseen")))
+        for title, name, claims in (("Task-level MoE over BART: the paper's three findings", "text2text", claims_text2text),
+                                    ("Section 7 in the small: TREC unseen, 5 few-shot samples", "text2text_unseen",
+                                     claims_text2text_unseen)):
+            print(f"### {title} ({name})\n")
+            records, stale = current(load(name), Path(__file__).resolve().parent / "configs" / f"{name}.json")
+            print(claims(records))
+            if stale:
+                print(f"\n({len(stale)} record(s) ran other options than configs/{name}.json gives now; left out.)")
+            print()
         return 0
     main_records, clean, unseen = load("main"), load("robustness"), load("unseen_task")
     print("### Averages\n")
