@@ -242,6 +242,14 @@ def test_tables_render_from_a_results_file_written_by_hand(tmp_path):
     assert report.verdict([0.90], [0.50, 0.52]) == "inconclusive"  # one seed has no spread to compare with
 
 
+def test_cost_adds_the_cells_wall_times_and_says_when_a_resumed_cell_counts_only_its_last_part():
+    records = [{"process_wall_time_s": 1800, "peak_rss_mb": 900, "device": "cpu", "machine": {"threads": 1}},
+               {"process_wall_time_s": 3600, "peak_rss_mb": 1200, "device": "cpu", "machine": {"threads": 1}}]
+    assert report.cost(records) == "2 cells, 1.50 h of wall time in all (cpu, 1 thread(s) per cell), peak memory of a cell 1200 MB"
+    records[1]["resumed_from"] = "checkpoint-114"
+    assert report.cost(records).startswith("2 cells, at least (for 1 cell(s) resumed from a checkpoint, the part after it) 1.50 h")
+
+
 def test_text2text_findings_follow_the_two_std_rule_on_per_seed_averages():
     tasks = ["a", "b"]
 

@@ -282,7 +282,9 @@ def cost(records: list[dict]) -> str:
     threads = sorted({(r.get("machine") or {}).get("threads") for r in records} - {None})
     devices = sorted({str(r.get("device")) for r in records})
     copied = f" (and {len(reused)} reused from another experiment, not counted)" if reused else ""
-    return (f"{len(ran)} cells{copied}, {total / 3600:.2f} h of wall time in all ({', '.join(devices)}, "
+    resumed = sum(bool(r.get("resumed_from")) for r in ran)
+    at_least = f"at least (for {resumed} cell(s) resumed from a checkpoint, the part after it) " if resumed else ""
+    return (f"{len(ran)} cells{copied}, {at_least}{total / 3600:.2f} h of wall time in all ({', '.join(devices)}, "
             f"{'/'.join(map(str, threads))} thread(s) per cell), peak memory of a cell {peak:.0f} MB")
 
 
