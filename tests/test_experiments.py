@@ -143,7 +143,7 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uni
     expected = runner.run_cell(whole, 1)
     assert expected["status"] == "ok" and "resumed_from" not in expected
     assert not list(whole.output_dir.glob("checkpoint-*"))  # a finished cell keeps no checkpoint
-    # the same cell's process killed (kill -9) after its checkpoint of step 8
+    # the same cell's process killed (kill -9) once it starts its checkpoint of step 12 (complete or not)
     argv, resume = runner.cell_command(cell)
     assert resume is None and argv[argv.index("--save_strategy") + 1] == "steps" and "no" not in argv[argv.index("--save_strategy"):][:2]
     process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
