@@ -134,7 +134,7 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
     assert runner.lock_holder(cells[0]) is None
 
 
-def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uninterrupted_one(tmp_path, tiny_dense):
+def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uninterrupted_one(tmp_path, tiny_dense, capsys):
     path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
     spec = json.loads(path.read_text())
     spec["common"].update(max_steps=24, eval_steps=4)
@@ -153,6 +153,12 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uni
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert not (cell.output_dir / "run_summary.json").exists(), "the run finished before it could be killed"
+    # --list names the checkpoint the cell will continue from; seed 2 never started
+    capsys.readouterr()
+    runner.main([str(path), "--results", str(tmp_path / "results.jsonl"), "--runs", str(tmp_path / "killed"), "--list"])
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[1] == "todo  mt_dense/seed2"
+    assert listed[0] in ("resumable  mt_dense/seed1  (checkpoint-8)", "resumable  mt_dense/seed1  (checkpoint-12)")
     got = runner.run_cell(cell, 1)
     assert got["status"] == "ok" and got["resumed_from"] in ("checkpoint-8", "checkpoint-12")
     assert got["argv"] == expected["argv"] == cell.argv  # the record keeps the experiment's command line

@@ -41,8 +41,9 @@ trained twice and no runner deletes another's output folder.
     python examples/experiments/runner.py examples/experiments/configs/main.json [--threads 1] [--only mt_tag]
     python examples/experiments/report.py examples/experiments/results/main.jsonl     # tables and plots
 
-(`--list` prints the cells and whether they are done, running in a runner, to do, or stale: finished with another
-command line than the experiment file now gives them, so to do again.)
+(`--list` prints the cells and whether they are done, running in a runner, resumable from an interrupted run's
+checkpoint (named), to do, or stale: finished with another command line than the experiment file now gives them,
+so to do again.)
 """
 
 from __future__ import annotations
@@ -484,8 +485,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for c in chosen:
             holder = None if c.key in done else lock_holder(c)
-            state = "done" if c.key in done else "running" if holder else "stale" if c.key in stale else "todo"
-            print(f"{state}  {c.key}" + (f"  ({holder})" if holder else ""))
+            resume = None if c.key in done or holder or args.no_checkpoints else resumable_checkpoint(c)
+            state = ("done" if c.key in done else "running" if holder else "resumable" if resume
+                     else "stale" if c.key in stale else "todo")
+            note = holder or (resume and Path(resume).name)
+            print(f"{state}  {c.key}" + (f"  ({note})" if note else ""))
         return 0
     if stale:
         print(f"{len(stale)} finished cell(s) ran another command line than the experiment file now gives them "
