@@ -67,7 +67,22 @@ def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device) -
             f"themselves and do not pass it on.)"
         )
     if not isinstance(task_ids, torch.Tensor):
-        task_ids = torch.as_tensor(task_ids, device=device)
+        given = [task_ids] if isinstance(task_ids, str) else task_ids
+        if isinstance(given, (list, tuple)) and any(isinstance(t, str) for t in given):
+            unknown = [t for t in given if isinstance(t, str) and t not in task_names]
+            fix = (f"pass torch.tensor({[task_names.index(t) if isinstance(t, str) else t for t in given]})"
+                   if not unknown else f"{unknown[0]!r} is not one of them")
+            raise ValueError(
+                f"`task_ids` must hold task indices (a LongTensor of shape (batch,)), got task names {list(given)!r}; "
+                f"this model's tasks are {task_names} (task id i is the i-th): {fix}."
+            )
+        try:
+            task_ids = torch.as_tensor(task_ids, device=device)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(
+                f"`task_ids` must be a LongTensor of shape (batch,) holding each row's index into the model's tasks "
+                f"{task_names}, got {task_ids!r} ({err})."
+            ) from None
     if task_ids.is_floating_point() or task_ids.dtype == torch.bool or task_ids.is_complex():
         raise ValueError(f"`task_ids` must be an integer tensor, got dtype {task_ids.dtype}.")
     if task_ids.dim() != 1 or task_ids.shape[0] != batch_size:

@@ -32,6 +32,19 @@ CASES = {
         dict(task_ids=torch.tensor([2, 2, 2, 2]), labels=torch.tensor([1, 2, 3, 4])),
         r"regression task 'stsb' must be floating point",
     ),
+    "one-hot labels for a single-label task": (
+        dict(task_ids=torch.tensor([0, 0, 0, 0]), labels=torch.tensor([[0, 1], [1, 0], [0, 1], [1, 0]])),
+        r"single-label task 'sst2' must have shape \(batch,\) or \(batch, 1\), got \(4, 2\)",
+    ),
+    "three targets for a one-output regression": (
+        dict(task_ids=torch.tensor([2, 2, 2, 2]), labels=torch.rand(4, 3)),
+        r"regression task 'stsb' must have shape \(batch,\) or \(batch, 1\), got \(4, 3\)",
+    ),
+    "task names as task_ids": (
+        dict(task_ids=["sst2", "mnli", "stsb", "sst2"]),
+        r"`task_ids` must hold task indices.*got task names.*torch.tensor\(\[0, 1, 2, 0\]\)",
+    ),
+    "unknown task name as task_ids": (dict(task_ids=["sst2", "cola", "stsb", "sst2"]), r"'cola' is not one of"),
     "labels batch mismatch": (dict(labels=torch.tensor([1.0, 2.0, 0.5])), r"`labels` must have 4 rows"),
     "attention_mask shape": (dict(attention_mask=torch.ones(4, 6, dtype=torch.long)), r"`attention_mask` must have shape \(batch, seq\) = \(4, 7\)"),
     "token_type_ids batch": (dict(token_type_ids=torch.zeros(3, 7, dtype=torch.long)), r"`token_type_ids` must have shape"),

@@ -134,3 +134,51 @@ def test_span_task_needs_valid_spans():
         heads.check_inputs(rows, S, None, None)
     with pytest.raises(ValueError, match="start < end"):
         heads.check_inputs(rows, S, None, torch.tensor([[[2, 2], [0, 1]]]))
+
+
+@pytest.mark.parametrize(
+    "task_ids, labels, match",
+    [
+        # one-hot rows for a single-label task: refused by shape (nothing in the batch takes wider labels)
+        ([0, 0], torch.tensor([[1, 0], [0, 1]]), r"single-label task 'sst2' must have shape \(batch,\) or \(batch, 1\), got \(2, 2\).*argmax"),
+        ([1, 0], torch.tensor([[0, 0, 1], [1, 0, -100]]), r"single-label task '(sst2|mnli)' must have shape"),
+        # three targets for a one-output regression
+        ([2, 2], torch.tensor([[0.1, 0.2, 0.3], [1.0, 2.0, 3.0]]), r"regression task 'stsb' must have shape \(batch,\) or \(batch, 1\), got \(2, 3\)"),
+        ([4, 4], torch.tensor([[1, 0], [1, 0]]), r"multiple-choice task 'copa' must have shape"),
+        ([5], torch.tensor([[1, 0]]), r"span-classification task 'wic' must have shape"),
+        ([3], torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]]), r"multi-label task 'tags' must have shape \(batch, 4\), got \(1, 5\)"),
+        ([0, 0], torch.zeros(2, 1, 1, dtype=torch.long), r"'sst2' must have shape"),
+        # in a mixed batch with token labels the -100 padding is fine, anything else beyond column 0 is not
+        ([0, 6], torch.tensor([[0, 1, -100], [1, 2, 3]]), r"'sst2' take 1 value\(s\) per row, but rows \[0\] hold more"),
+        ([6, 2], torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, -100.0]]), r"'stsb' take 1 value\(s\) per row, but rows \[1\]"),
+        ([3, 6], torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0, 0.0]]), r"'tags' take 4 value\(s\) per row, but rows \[0\]"),
+    ],
+)
+def test_labels_shaped_for_another_task_are_refused_not_read_in_part(task_ids, labels, match):
+    heads = _heads()
+    rows = heads.split_rows(torch.tensor(task_ids))
+    spans = torch.tensor([[[1, 2], [3, 4]]] * len(task_ids))
+    with pytest.raises(ValueError, match=match):
+        heads.check_inputs(rows, S, labels, spans)
+
+
+def test_shape_refusals_need_no_value_reads():
+    """Inside `values_checked()` (the Trainer, after the host checked the batch) the value checks are skipped, but a
+    label of the wrong shape is still refused: its shape is known without reading the device."""
+    from hf_taskmoe.utils import values_checked
+
+    heads = _heads()
+    rows = heads.split_rows(torch.tensor([0, 0]))
+    with values_checked(), pytest.raises(ValueError, match="must have shape"):
+        heads.check_inputs(rows, S, torch.tensor([[1, 0], [0, 1]]), None)
+
+
+def test_padding_of_a_mixed_batch_is_read_as_padding():
+    heads = _heads()
+    labels = torch.tensor([[1, -100, -100], [3, 0, 4], [0, -100, -100]])
+    out, _, pooled = _run(heads, [0, 6, 0], labels)
+    sst = heads["sst2"].classifier(pooled[[0, 2]])
+    torch.testing.assert_close(out.task_losses["sst2"], F.cross_entropy(sst, torch.tensor([1, 0])))
+    stsb = torch.tensor([[0.5], [0.25]])  # (batch, 1) targets of a one-output regression are its own shape
+    out, _, pooled = _run(heads, [2, 2], stsb)
+    torch.testing.assert_close(out.task_losses["stsb"], F.mse_loss(heads["stsb"].regressor(pooled), stsb))

@@ -12,6 +12,10 @@ Label format per row (the collator pads a mixed batch's labels to one 2-D tensor
 - regression: float (`num_labels` floats for a multi-output regression), dtype must be floating;
 - multi-label: multi-hot row of `num_labels` 0/1 values;
 - token classification: one class index per token, -100 for special tokens and padding.
+
+A label shaped for another task is refused, never read in part: a one-hot row for a single-label task, three
+targets for a one-output regression. Columns beyond a task's own are allowed only as the -100 padding of a
+mixed batch with wider tasks (`TaskHead.label_width`).
 """
 
 from __future__ import annotations
@@ -48,8 +52,10 @@ class TaskHead(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     # -- labels ---------------------------------------------------------------------------------
-    def prepare_labels(self, labels: torch.Tensor, rows: torch.Tensor, seq_len: int) -> torch.Tensor:
-        """Select and check this task's labels; `labels` are the task's rows of the batch labels.
+    def prepare_labels(self, labels: torch.Tensor, rows: torch.Tensor, seq_len: int, padded: bool = True) -> torch.Tensor:
+        """Select and check this task's labels; `labels` are the task's rows of the batch labels. `padded`: the
+        batch holds tasks with wider labels, so columns beyond this task's are the collator's -100 padding
+        (`MultiTaskHeads.check_inputs` knows; True, the lenient reading, when called alone).
 
         Raises `ValueError` naming the task and the batch rows at fault.
         """
@@ -78,9 +84,35 @@ class TaskHead(nn.Module):
             )
         return values
 
-    @staticmethod
-    def _first_column(labels: torch.Tensor) -> torch.Tensor:
-        return labels if labels.dim() == 1 else labels[:, 0]
+    def label_width(self) -> int | None:
+        """How many label values one row of the task takes (None: one per token, any width)."""
+        return 1
+
+    def _own_columns(self, labels: torch.Tensor, rows: torch.Tensor, width: int, padded: bool, what: str) -> torch.Tensor:
+        """The first `width` columns of a task's labels `(rows,)` or `(rows, k)`, refusing labels shaped for
+        another task: a one-hot row for a single-label task, three targets for a one-output regression.
+
+        A mixed batch holds one label tensor padded with -100 to its widest task (`padded`): only then may a row
+        carry columns beyond `width`, and those must be -100 -- a value check, made where values are checked
+        (on the host by `BatchChecker` in training). Without wider tasks in the batch it is a shape check."""
+        if labels.dim() == 1 and width == 1:
+            return labels.unsqueeze(-1)  # (rows, 1)
+        if labels.dim() != 2 or labels.shape[1] < width or (labels.shape[1] > width and not padded):
+            wanted = "(batch,) or (batch, 1)" if width == 1 else f"(batch, {width})"
+            hint = (" A one-hot or probability row is not a class index: pass `labels.argmax(-1)`."
+                    if width == 1 and labels.dim() == 2 else "")
+            raise ValueError(
+                f"Labels of {what} task {self.task_name!r} must have shape {wanted}, got {tuple(labels.shape)}.{hint}"
+            )
+        if labels.shape[1] > width and checking_values():
+            extra = labels[:, width:] != IGNORE_INDEX  # (rows, k - width): must be the collator's padding
+            if extra.any():
+                raise ValueError(
+                    f"Labels of {what} task {self.task_name!r} take {width} value(s) per row, but rows "
+                    f"{_bad_rows(extra.any(-1), rows)} hold more (columns {width}.. must be {IGNORE_INDEX}, the "
+                    "padding of a mixed batch): labels shaped for another task, e.g. a one-hot row, are not guessed at."
+                )
+        return labels[:, :width]
 
     # -- loss -----------------------------------------------------------------------------------
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
@@ -116,8 +148,9 @@ class SequenceClassificationHead(TaskHead):
     def forward(self, sequence_output, pooled_output, span_positions=None):
         return self.classifier(self.dropout(pooled_output))  # (rows, num_labels)
 
-    def prepare_labels(self, labels, rows, seq_len):
-        return self._class_indices(self._first_column(labels), rows, self.num_labels)
+    def prepare_labels(self, labels, rows, seq_len, padded=True):
+        values = self._own_columns(labels, rows, 1, padded, "single-label")[:, 0]  # (rows,)
+        return self._class_indices(values, rows, self.num_labels)
 
     def loss(self, logits, labels):
         return self._cross_entropy(logits, labels, self.num_labels)
@@ -126,13 +159,16 @@ class SequenceClassificationHead(TaskHead):
 class MultiLabelClassificationHead(SequenceClassificationHead):
     """Independent sigmoid per label, binary cross-entropy."""
 
-    def prepare_labels(self, labels, rows, seq_len):
+    def label_width(self):
+        return self.num_labels
+
+    def prepare_labels(self, labels, rows, seq_len, padded=True):
         if labels.dim() != 2 or labels.shape[1] < self.num_labels:
             raise ValueError(
                 f"Labels of multi-label task {self.task_name!r} must be multi-hot rows of {self.num_labels} values, "
                 f"got labels of shape {tuple(labels.shape)}."
             )
-        values = labels[:, : self.num_labels]
+        values = self._own_columns(labels, rows, self.num_labels, padded, "multi-label")  # (rows, num_labels)
         bad = (values != 0) & (values != 1)
         if checking_values() and bad.any():
             raise ValueError(
@@ -155,21 +191,16 @@ class RegressionHead(TaskHead):
     def forward(self, sequence_output, pooled_output, span_positions=None):
         return self.regressor(self.dropout(pooled_output))  # (rows, num_labels)
 
-    def prepare_labels(self, labels, rows, seq_len):
+    def label_width(self):
+        return self.num_labels
+
+    def prepare_labels(self, labels, rows, seq_len, padded=True):
         if not labels.is_floating_point():
             raise ValueError(
                 f"Labels of regression task {self.task_name!r} must be floating point, got dtype {labels.dtype} "
                 "(cast them with `labels.float()`; class indices belong to a classification task)."
             )
-        if self.num_labels == 1:
-            values = self._first_column(labels).unsqueeze(-1)
-        elif labels.dim() == 2 and labels.shape[1] >= self.num_labels:
-            values = labels[:, : self.num_labels]
-        else:
-            raise ValueError(
-                f"Labels of regression task {self.task_name!r} need {self.num_labels} values per row, "
-                f"got labels of shape {tuple(labels.shape)}."
-            )
+        values = self._own_columns(labels, rows, self.num_labels, padded, "regression")  # (rows, num_labels)
         bad = ~torch.isfinite(values)
         if checking_values() and bad.any():
             raise ValueError(
@@ -202,8 +233,9 @@ class MultipleChoiceHead(TaskHead):
                 f"but the batch holds {len(rows)} rows of it."
             )
 
-    def prepare_labels(self, labels, rows, seq_len):
-        values = self._class_indices(self._first_column(labels), rows, self.num_choices)
+    def prepare_labels(self, labels, rows, seq_len, padded=True):
+        values = self._own_columns(labels, rows, 1, padded, "multiple-choice")[:, 0]  # (rows,)
+        values = self._class_indices(values, rows, self.num_choices)
         grouped = values.view(-1, self.num_choices)  # (examples, num_choices)
         differs = (grouped != grouped[:, :1]).any(-1)
         if checking_values() and differs.any():
@@ -254,8 +286,9 @@ class SpanClassificationHead(TaskHead):
                 f"rows {_bad_rows(bad.any(-1), rows)} do not."
             )
 
-    def prepare_labels(self, labels, rows, seq_len):
-        return self._class_indices(self._first_column(labels), rows, self.num_labels)
+    def prepare_labels(self, labels, rows, seq_len, padded=True):
+        values = self._own_columns(labels, rows, 1, padded, "span-classification")[:, 0]  # (rows,)
+        return self._class_indices(values, rows, self.num_labels)
 
     def loss(self, logits, labels):
         return self._cross_entropy(logits, labels, self.num_labels)
@@ -271,7 +304,10 @@ class TokenClassificationHead(TaskHead):
     def forward(self, sequence_output, pooled_output, span_positions=None):
         return self.classifier(self.dropout(sequence_output))  # (rows, seq, num_labels)
 
-    def prepare_labels(self, labels, rows, seq_len):
+    def label_width(self):
+        return None
+
+    def prepare_labels(self, labels, rows, seq_len, padded=True):
         if labels.dim() != 2:
             raise ValueError(
                 f"Labels of token-classification task {self.task_name!r} must be 2-D (batch, seq), "
@@ -357,6 +393,7 @@ class MultiTaskHeads(nn.ModuleDict):
         Runs before the encoder so that bad input costs no compute.
         """
         prepared = {}
+        widths = [self[self.tasks[t].name].label_width() for t in task_rows]
         for t, rows in task_rows.items():
             head = self[self.tasks[t].name]
             if isinstance(head, MultipleChoiceHead):
@@ -364,7 +401,11 @@ class MultiTaskHeads(nn.ModuleDict):
             if isinstance(head, SpanClassificationHead):
                 head.check_spans(span_positions, rows, seq_len)
             if labels is not None:
-                prepared[t] = head.prepare_labels(labels.index_select(0, rows), rows, seq_len)
+                # padded: another task of the batch takes wider labels (token tags: any width), so -100 columns
+                # beyond this task's may be the collator's padding; otherwise a wider label is refused by its shape
+                own = head.label_width()
+                padded = own is not None and any(w is None or w > own for w in widths)
+                prepared[t] = head.prepare_labels(labels.index_select(0, rows), rows, seq_len, padded=padded)
         return prepared
 
     def forward(
