@@ -53,6 +53,24 @@ DEFAULT_METRICS = {
 # No '.': the name keys `nn.ModuleDict`s (heads, gates), whose keys cannot hold dots.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
 
+# Names a task cannot take: attributes of the `nn.ModuleDict`s keyed by task name (`MultiTaskHeads` and the families'
+# own dicts, e.g. MMoE's heads), which `ModuleDict` refuses as keys ("attribute 'training' already exists") or
+# shadows (`heads.keys`). Written out rather than read from torch so that a name valid today stays valid with
+# another torch; `tests/test_tasks.py` checks that it covers torch's `nn.ModuleDict` and `MultiTaskHeads`.
+RESERVED_TASK_NAMES = frozenset({
+    "T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "clear", "compile",
+    "cpu", "cuda", "double", "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer", "get_extra_state",
+    "get_parameter", "get_submodule", "half", "ipu", "items", "keys", "load_state_dict", "modules", "mtia",
+    "named_buffers", "named_children", "named_modules", "named_parameters", "parameters", "pop",
+    "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
+    "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
+    "register_state_dict_pre_hook", "requires_grad_", "set_extra_state", "set_submodule", "share_memory", "state_dict",
+    "to", "to_empty", "train", "training", "type", "update", "values", "xpu", "zero_grad",
+    # MultiTaskHeads' own attributes and methods
+    "add_task", "check_inputs", "dropout", "hidden_size", "scale_loss_by_num_classes", "split_rows", "tasks",
+})
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -61,7 +79,8 @@ class TaskSpec:
     Args:
         name (`str`):
             Unique task name: letters, digits, `_` and `-`. It keys the task's head, gate and metrics
-            (`eval_<name>_<metric>`).
+            (`eval_<name>_<metric>`); the attribute names of `nn.ModuleDict` (`training`, `keys`, ...: see
+            `RESERVED_TASK_NAMES`) cannot be task names.
         problem_type (`str`, *optional*, defaults to `"single_label_classification"`):
             One of `PROBLEM_TYPES` (see the module docstring for head, loss and label format of each).
         num_labels (`int`, *optional*):
@@ -121,6 +140,12 @@ class TaskSpec:
             raise ValueError(
                 f"{prefix}: `name` must be a non-empty string of letters, digits, '_' or '-' starting with a "
                 f"letter or digit, got {self.name!r}."
+            )
+        if self.name in RESERVED_TASK_NAMES:
+            raise ValueError(
+                f"{prefix}: `name` {self.name!r} is reserved: the task name keys torch `nn.ModuleDict`s (the heads, "
+                f"the gates), where {self.name!r} is already an attribute. Rename the task (e.g. "
+                f"{self.name.rstrip('_') + '_task'!r}); reserved names are {sorted(RESERVED_TASK_NAMES)}."
             )
         check_choice(self.problem_type, PROBLEM_TYPES, f"{prefix}.problem_type")
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)

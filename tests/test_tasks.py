@@ -74,3 +74,39 @@ def test_parse_tasks():
         parse_tasks([{"name": "a", "num_labels": 2}, {"name": "b"}])
     with pytest.raises(ValueError, match="at least one"):
         parse_tasks([])
+
+
+@pytest.mark.parametrize("name", ["training", "tasks", "keys", "forward", "train", "items"])
+def test_names_that_are_module_dict_attributes_are_refused_at_construction(name):
+    with pytest.raises(ValueError, match=rf"`name` '{name}' is reserved.*Rename the task.*reserved names are \[.*'training'"):
+        TaskSpec(name=name, num_labels=2)
+    with pytest.raises(ValueError, match=rf"tasks\[1\].*'{name}' is reserved"):
+        parse_tasks([{"name": "a", "num_labels": 2}, {"name": name, "num_labels": 2}])
+
+
+def test_reserved_names_cover_every_attribute_a_task_name_could_collide_with():
+    """Canary: a torch that adds an attribute to `nn.ModuleDict` (or a new `MultiTaskHeads` attribute) must be added
+    to `RESERVED_TASK_NAMES`, or a task of that name would break every ModuleDict keyed by task name."""
+    from torch import nn
+
+    from hf_taskmoe.layers.heads import MultiTaskHeads
+    from hf_taskmoe.tasks import RESERVED_TASK_NAMES
+
+    heads = MultiTaskHeads([TaskSpec(name="a", num_labels=2)], hidden_size=4, dropout=0.0)
+    attributes = {n for n in set(dir(heads)) | set(vars(heads)) | set(dir(nn.ModuleDict)) if not n.startswith("_")} - {"a"}
+    assert attributes <= RESERVED_TASK_NAMES, sorted(attributes - RESERVED_TASK_NAMES)
+
+
+def test_names_near_the_reserved_ones_key_heads_safely():
+    import torch
+
+    from hf_taskmoe.layers.heads import MultiTaskHeads
+
+    tasks = [TaskSpec(name=n, num_labels=2) for n in ("Training", "tasks_2", "keys-x")]
+    heads = MultiTaskHeads(tasks, hidden_size=4, dropout=0.0)
+    heads.add_task(TaskSpec(name="training_task", problem_type="regression"))
+    assert list(heads.keys()) == ["Training", "tasks_2", "keys-x", "training_task"]
+    assert heads.training and isinstance(heads.tasks, list)  # the module's own attributes are untouched
+    rows = heads.split_rows(torch.tensor([3, 0]))
+    out = heads(torch.zeros(2, 3, 4), torch.zeros(2, 4), rows)
+    assert set(out.task_logits) == {"Training", "training_task"}
