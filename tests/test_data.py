@@ -6,7 +6,7 @@ import torch
 
 from hf_taskmoe import TaskSpec
 from hf_taskmoe.training import MultiTaskCollator, MultiTaskDataset, load_task_config, load_tasks, tokenize_task
-from hf_taskmoe.training.data import TASK_PRESETS
+from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
 
 from .conftest import ALL_KINDS
 
@@ -137,3 +137,148 @@ def test_unknown_task_and_missing_files(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"tasks": [{"name": "t", "problem_type": "ranking", "num_labels": 2}]}))
     with pytest.raises(ValueError, match=r"tasks\[0\].*problem_type"):
         load_task_config(tmp_path / "bad.json")
+
+
+# ----------------------------------------------------------------------------------------------- issue 35: files
+def _task_file(tmp_path, name, content, **task):
+    """A task-config with one task `t` (text field `text`) reading `name`, which holds `content`."""
+    if content is not None:
+        (tmp_path / name).write_text(content, encoding="utf-8")
+    entry = {"name": "t", "text_fields": ["text"], "label_names": ["neg", "pos"], "train_file": name, **task}
+    (tmp_path / "tasks.json").write_text(json.dumps({"tasks": [entry]}))
+    return tmp_path / "tasks.json"
+
+
+def _load(config):
+    tasks = load_task_config(config, splits=("train",))
+    return tasks[0], check_tasks(tasks, ["train"])[(tasks[0].name, "train")]
+
+
+def test_json_booleans_map_to_classes_by_name(tmp_path):
+    rows = '{"text": "a", "label": true}\n{"text": "b", "label": false}\n{"text": "c", "label": true}\n'
+    task, labels = _load(_task_file(tmp_path, "b.jsonl", rows, label_names=["True", "False"]))
+    assert labels == [0, 1, 0]  # true is the class named "True" (position 0), never position 1
+    task, labels = _load(_task_file(tmp_path, "b.jsonl", rows, label_names=["False", "True"]))
+    assert labels == [1, 0, 1]
+    _, labels = _load(_task_file(tmp_path, "b.jsonl", rows, label_names=["yes", "no"], label_values=["true", "false"]))
+    assert labels == [0, 1, 0]
+    with pytest.raises(DataError, match=r"b.jsonl, line 1: label true is a boolean, matched by name.*'True'"):
+        _load(_task_file(tmp_path, "b.jsonl", rows, label_names=None, num_labels=2))
+
+
+def test_csv_keeps_quoted_line_breaks_commas_and_quotes(tmp_path):
+    content = 'text,label\r\n"two\nlines",pos\r\n"say ""hi"", then\r\nleave",neg\r\nplain,pos\r\n'
+    task, labels = _load(_task_file(tmp_path, "q.csv", content))
+    assert task.split("train")["text"] == ["two\nlines", 'say "hi", then\r\nleave', "plain"]
+    assert labels == [1, 0, 1] and task.lines["train"] == [2, 4, 6]  # the line each row starts on
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('text,label\nok,pos\n"bad"quote,neg\n', r"q.csv, line 3: not valid CSV"),
+        ('text,label\nok,pos\n"never closed,neg\n', r"q.csv, line 3: not valid CSV"),
+        ("text,label\nok,pos,extra\n", r"q.csv, line 2: 3 columns, the header has 2"),
+        ("text,text\nok,pos\n", r"q.csv, line 1: the header names column\(s\) \['text'\] twice"),
+    ],
+)
+def test_malformed_csv_is_refused_by_line(tmp_path, content, match):
+    with pytest.raises(DataError, match=match):
+        _load(_task_file(tmp_path, "q.csv", content))
+
+
+def test_jsonl_with_unicode_line_separators_inside_strings_loads(tmp_path):
+    text = "one\u2028two\u2029three\x85four\x1cfive\x0bsix"
+    rows = json.dumps({"text": text, "label": "pos"}, ensure_ascii=False) + "\n" + json.dumps({"text": "x", "label": "neg"}) + "\n"
+    task, labels = _load(_task_file(tmp_path, "u.jsonl", rows))
+    assert task.split("train")["text"] == [text, "x"] and labels == [1, 0] and task.lines["train"] == [1, 2]
+
+
+def test_json_array_rows_are_named_by_their_line(tmp_path):
+    content = '[\n  {"text": "a", "label": "pos"},\n  {"text": "b",\n   "label": "maybe"}\n]\n'
+    with pytest.raises(DataError, match=r"arr.json, line 3: label 'maybe' is not one of the task's labels"):
+        _load(_task_file(tmp_path, "arr.json", content))
+    with pytest.raises(DataError, match=r"arr.json, line 2: not valid JSON"):
+        _load(_task_file(tmp_path, "arr.json", '[{"text": "a", "label": "pos"},\n {"text": }]'))
+
+
+@pytest.mark.parametrize(
+    "rows, match",
+    [
+        (['{"text": "a", "label": "pos"}', '{"text": "b", "label": 0}'],
+         r"Task 't' \(train\): .*m.jsonl, line 2, field 'label': 0 is a number, but line 1 writes 'pos' \(text\)"),
+        (['{"text": "a", "label": 1}', '{"text": "b", "label": true}'], r"m.jsonl, line 2, field 'label': True is a boolean"),
+        (['{"text": "a", "label": ["pos"]}', '{"text": "b", "label": "neg"}'], r"line 2, field 'label': 'neg' is text, but line 1"),
+        (['{"text": "a", "label": {"x": 1}}'], r"line 1, field 'label': \{'x': 1\} is an object"),
+        (['{"text": "a", "label": ["pos", 1]}'], r"line 1, field 'label': .* is a mixed list"),
+        (['{"text": "a", "label": 100000000000000000000000}'], r"line 1, field 'label': the integer .* is too large"),
+        (['{"text": "a", "label": "\u00b2"}'], r"Task 't', train file .*m.jsonl, line 1: label '\u00b2' is not one of the task's labels"),
+        (['{"text": "a", "label": [0, 1]}'], r"line 1: a single_label_classification label is one class .* got \[0, 1\]"),
+        (['{"text": ["a", "b"], "label": "pos"}'], r"line 1, field 'text': expected text, got \['a', 'b'\]; a text pair is two fields"),
+    ],
+)
+def test_labels_and_texts_of_the_wrong_kind_are_refused_by_file_and_line(tmp_path, rows, match):
+    with pytest.raises(DataError, match=match):
+        _load(_task_file(tmp_path, "m.jsonl", "\n".join(rows) + "\n"))
+
+
+def test_regression_targets_are_plain_numbers_of_the_task_width(tmp_path):
+    spec = dict(problem_type="regression", label_names=None)
+    task, labels = _load(_task_file(tmp_path, "r.csv", "text,label\na, 2.5\nb,-1e-3\n", **spec))
+    assert labels == [2.5, -0.001]
+    for bad in ("1_000", "\u00b2", "\u0661", "true"):
+        with pytest.raises(DataError, match=rf"r.csv, line 2: regression label '{bad}' is not a number"):
+            _load(_task_file(tmp_path, "r.csv", f"text,label\na,{bad}\n", **spec))
+    with pytest.raises(DataError, match=r"r.jsonl, line 1: expected 1 regression target\(s\), got \[1.0, 2.0, 3.0\]"):
+        _load(_task_file(tmp_path, "r.jsonl", '{"text": "a", "label": [1.0, 2.0, 3.0]}\n', **spec))
+    with pytest.raises(DataError, match=r"r.jsonl, line 1: expected 2 regression target\(s\), got 0.5"):
+        _load(_task_file(tmp_path, "r.jsonl", '{"text": "a", "label": 0.5}\n', **spec, num_labels=2))
+
+
+def test_multi_label_rows_list_classes_never_a_guessed_multi_hot(tmp_path):
+    spec = dict(problem_type="multi_label_classification", label_names=["a", "b", "c"])
+    _, labels = _load(_task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": ["a", "c"]}\n{"text": "y", "label": ["c"]}\n', **spec))
+    assert labels == [[1, 0, 1], [0, 0, 1]]
+    _, labels = _load(_task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": [0, 2]}\n{"text": "y", "label": []}\n', **spec))
+    assert labels == [[1, 0, 1], [0, 0, 0]]
+    with pytest.raises(DataError, match=r"line 1: label \[1, 0, 1\] could be a multi-hot row"):
+        _load(_task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": [1, 0, 1]}\n', **spec))
+    with pytest.raises(DataError, match=r"line 1: label \['a', 'a'\] lists class 'a' twice"):
+        _load(_task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": ["a", "a"]}\n', **spec))
+
+
+def test_token_rows_need_one_tag_per_word(tmp_path, minilm_tokenizer):
+    spec = dict(problem_type="token_classification", label_names=["O", "B", "I"])
+    good = '{"text": ["Ann", "lives", "here"], "label": ["B", "O", "O"]}\n'
+    task, labels = _load(_task_file(tmp_path, "tok.jsonl", good, **spec))
+    assert labels == [[1, 0, 0]]
+    for line in ('{"text": ["Ann", "lives"], "label": ["B", "O", "O"]}', '{"text": ["Ann", "lives", "here"], "label": ["B"]}'):
+        with pytest.raises(DataError, match=r"tok.jsonl, line 2: \d label\(s\) \(field 'label'\) for \d word\(s\) \(field 'text'\)"):
+            _load(_task_file(tmp_path, "tok.jsonl", good + line + "\n", **spec))
+    with pytest.raises(DataError, match=r"line 1: field 'text' holds no words"):
+        _load(_task_file(tmp_path, "tok.jsonl", '{"text": [], "label": []}\n', **spec))
+    # labels handed to tokenize_task directly are held to the same rule
+    with pytest.raises(ValueError, match=r"train row 0: 4 label\(s\) for 3 word\(s\)"):
+        tokenize_task(task.spec, task.split("train"), minilm_tokenizer, task_id=0, labels=[[1, 0, 0, 2]])
+
+
+def test_a_text_pair_written_as_a_list_is_refused_before_the_tokenizer(minilm_tokenizer):
+    data = _ds(sentence1=[["a", "b"]], sentence2=["c"], label=[0.5])
+    with pytest.raises(DataError, match=r"Task 'stsb', train row 0: field 'sentence1' must be text, got \['a', 'b'\]; a text pair is two fields"):
+        tokenize_task(STSB, data, minilm_tokenizer, task_id=0)
+
+
+def test_paths_that_are_directories_or_numbers_are_refused_in_one_paragraph(tmp_path):
+    (tmp_path / "train.jsonl").mkdir()
+    with pytest.raises(DataError, match=r"Task 't' \(train\): .*train.jsonl is a directory, not a data file; name one .*\.jsonl"):
+        load_task_config(_task_file(tmp_path, "train.jsonl", None))
+    for value in (5, ["a.jsonl"], ""):
+        with pytest.raises(DataError, match=r"tasks\[0\] \(task 't'\): `train_file` must be the path of a data file .*, got"):
+            load_task_config(_task_file(tmp_path, value, None))
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "glue.json").write_text("{}")
+    for load in (load_task_config, load_tasks):
+        with pytest.raises(ValueError, match=r"Task config .*configs is a directory, not a task-config file; pass .*glue.json"):
+            load(tmp_path / "configs")
+    with pytest.raises(ValueError, match="preset name or the path of a task-config JSON file, got 3"):
+        load_tasks([3])

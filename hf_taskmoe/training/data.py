@@ -28,6 +28,7 @@ import bisect
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -158,10 +159,11 @@ _FILE_TYPES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 
 
 def _read_text_rows(path: Path, problems: list[str], where: str) -> tuple[list[dict], list[int]]:
-    """Rows and their line numbers from a .jsonl / .json / .csv / .tsv file; each malformed row is added to
-    `problems` (all of them, not the first only)."""
-    import csv
+    """Rows and the line each starts on, from a .jsonl / .json / .csv / .tsv file; each malformed row is added to
+    `problems` (all of them, not the first only).
 
+    Lines end at "\\n" (or "\\r\\n") only: U+2028, U+0085 and the other characters `str.splitlines` also splits at
+    are text inside a JSON string. CSV follows RFC 4180: a quoted cell keeps its commas, quotes and line breaks."""
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
@@ -172,33 +174,21 @@ def _read_text_rows(path: Path, problems: list[str], where: str) -> tuple[list[d
     if not text.strip():
         problems.append(f"{where}: {path} is empty.")
         return [], []
-    rows, lines = [], []
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
-        reader = csv.DictReader(text.splitlines(), delimiter="\t" if suffix == ".tsv" else ",")
-        for row in reader:
-            if None in row or any(v is None for v in row.values()):
-                problems.append(f"{where}: {path}, line {reader.line_num}: {len(row)} columns, the header has {len(reader.fieldnames)}.")
-                continue
-            rows.append(row)
-            lines.append(reader.line_num)
-        return rows, lines
+        return _read_csv_rows(text, path, problems, where, delimiter="\t" if suffix == ".tsv" else ",")
     if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as err:
-            problems.append(f"{where}: {path}, line {err.lineno}: not valid JSON ({err.msg}).")
-            return [], []
-        pairs = [(item, i) for i, item in enumerate(items)]
+        pairs = _read_json_array(text, path, problems, where)
     else:  # JSON lines
         pairs = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        for number, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             try:
                 pairs.append((json.loads(line), number))
             except json.JSONDecodeError as err:
                 problems.append(f"{where}: {path}, line {number}: not a JSON object ({err.msg}).")
+    rows, lines = [], []
     for item, number in pairs:
         if not isinstance(item, dict):
             problems.append(f"{where}: {path}, line {number}: a row must be a JSON object, got {type(item).__name__}.")
@@ -206,6 +196,63 @@ def _read_text_rows(path: Path, problems: list[str], where: str) -> tuple[list[d
         rows.append(item)
         lines.append(number)
     return rows, lines
+
+
+def _read_csv_rows(text: str, path: Path, problems: list[str], where: str, delimiter: str) -> tuple[list[dict], list[int]]:
+    """RFC 4180 rows (strict quoting: `"ab"c` is an error, not `abc`) and the line each row starts on."""
+    import csv
+    import io
+
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)  # newline="": csv splits lines
+    header, rows, lines, previous = None, [], [], 0
+    try:
+        for cells in reader:
+            first, previous = previous + 1, reader.line_num
+            if not cells:  # a blank line
+                continue
+            if header is None:
+                header = cells
+                duplicates = sorted({c for c in header if header.count(c) > 1})
+                if duplicates:
+                    problems.append(f"{where}: {path}, line {first}: the header names column(s) {duplicates} twice.")
+                    return [], []
+                continue
+            if len(cells) != len(header):
+                problems.append(f"{where}: {path}, line {first}: {len(cells)} columns, the header has {len(header)}.")
+                continue
+            rows.append(dict(zip(header, cells)))
+            lines.append(first)
+    except csv.Error as err:
+        problems.append(
+            f"{where}: {path}, line {previous + 1}: not valid CSV ({err}); a cell holding quotes, the delimiter or a line "
+            'break must be quoted whole, its quotes doubled ("say ""hi""").'
+        )
+        return [], []
+    return rows, lines
+
+
+def _read_json_array(text: str, path: Path, problems: list[str], where: str) -> list[tuple[Any, int]]:
+    """The items of a JSON array and the line each starts on."""
+    decoder, pairs = json.JSONDecoder(), []
+    line_of = lambda pos: text.count("\n", 0, pos) + 1  # noqa: E731
+    skip = lambda pos: len(text) - len(text[pos:].lstrip(" \t\r\n"))  # noqa: E731 (JSON whitespace only)
+    pos = skip(text.index("[") + 1)
+    try:
+        if text[pos:pos + 1] == "]":
+            return []
+        while True:
+            item, end = decoder.raw_decode(text, pos)
+            pairs.append((item, line_of(pos)))
+            pos = skip(end)
+            if text[pos:pos + 1] == ",":
+                pos = skip(pos + 1)
+                continue
+            if text[pos:pos + 1] == "]" and not text[pos + 1:].strip(" \t\r\n"):
+                return pairs
+            raise json.JSONDecodeError("expected ',' or a final ']'", text, pos)
+    except json.JSONDecodeError as err:
+        problems.append(f"{where}: {path}, line {err.lineno}: not valid JSON ({err.msg}).")
+        return []
 
 
 def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
@@ -217,21 +264,41 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
     if not path.exists():
         problems.append(f"{where}: file {path} does not exist.")
         return None, None
+    if path.is_dir():
+        problems.append(
+            f"{where}: {path} is a directory, not a data file; name one {'/'.join(_FILE_TYPES)} file in `{split}_file`."
+        )
+        return None, None
     suffix = path.suffix.lower()
     if suffix not in _FILE_TYPES:
         problems.append(f"{where}: file type of {path.name} must be one of {list(_FILE_TYPES)}, got {suffix or 'none'!r}.")
         return None, None
-    if suffix == ".parquet":
-        return datasets.load_dataset("parquet", data_files={split: str(path)}, split=split), None
-    count = len(problems)
-    rows, lines = _read_text_rows(path, problems, where)
-    wanted = _required_fields(spec, with_labels=True)
+    try:
+        if suffix == ".parquet":
+            return datasets.load_dataset("parquet", data_files={split: str(path)}, split=split), None
+        count = len(problems)
+        rows, lines = _read_text_rows(path, problems, where)
+    except OSError as err:
+        problems.append(f"{where}: {path} could not be read ({err.strerror or err}).")
+        return None, None
+    except Exception as err:  # noqa: BLE001 -- a damaged parquet file: Arrow's error, named by file
+        problems.append(f"{where}: {path} could not be read as {suffix[1:]} ({type(err).__name__}: {err}).")
+        return None, None
+    wanted = list(dict.fromkeys(_required_fields(spec, with_labels=True)))
     problems.extend(_check_row_types(spec, rows, lines, path, where))  # the rows that parsed, beside those that did not
+    problems.extend(_check_column_kinds(spec, rows, lines, path, where, wanted))
     if len(problems) > count:
         return None, None
     # only the fields the task reads: another column of mixed types must not stop Arrow
-    columns = {name: [row.get(name) for row in rows] for name in dict.fromkeys(wanted) if any(name in row for row in rows)}
-    return datasets.Dataset.from_dict(columns), lines
+    columns = {name: [row.get(name) for row in rows] for name in wanted if any(name in row for row in rows)}
+    try:
+        return datasets.Dataset.from_dict(columns), lines
+    except Exception as err:  # noqa: BLE001 -- what `_check_column_kinds` did not foresee is still named by file
+        problems.append(
+            f"{where}: {path}: the fields {list(columns)} cannot be stored as one column each ({type(err).__name__}: "
+            f"{err}); write each field with one type on every row."
+        )
+        return None, None
 
 
 def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str) -> list[str]:
@@ -246,7 +313,64 @@ def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: P
             ok = (isinstance(value, list) and all(isinstance(w, str) for w in value)) if words else isinstance(value, str)
             if not ok and value is not None:
                 expected = "a list of words" if words else "text"
-                problems.append(f"{where}: {path}, line {line}, field {name!r}: expected {expected}, got {value!r}.")
+                pair = (f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`"
+                        if not words and isinstance(value, list) else "")
+                problems.append(f"{where}: {path}, line {line}, field {name!r}: expected {expected}, got {value!r}{pair}.")
+    return problems
+
+
+_FIELD_KINDS = ("text", "number", "boolean", "list", "list of text", "list of number", "list of boolean")
+
+
+def _kind(value: Any) -> str | None:
+    """How a JSON value is written, for `_check_column_kinds`: None (null), 'text', 'number', 'boolean', 'list of
+    <kind>', 'object', or 'mixed list' (elements of several kinds)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list):
+        kinds = {_kind(v) for v in value} - {None}
+        return "list" if not kinds else f"list of {kinds.pop()}" if len(kinds) == 1 else "mixed list"
+    return "object"
+
+
+def _a(kind: str) -> str:
+    return kind if kind == "text" else f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
+def _check_column_kinds(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str, wanted: list[str]) -> list[str]:
+    """Each field the task reads is written one way on every row (a column of Arrow holds one type): a label column
+    mixing class names and positions ("pos" and 0), booleans and numbers, lists and single labels is refused at the
+    rows that differ from the first, with the kinds; so are objects, nested lists and integers beyond 64 bits."""
+    problems = []
+    for name in wanted:
+        first = None  # (kind, line, value) of the first row with a value
+        for row, line in zip(rows, lines):
+            value = row.get(name)
+            kind = _kind(value)
+            if kind is None:
+                continue
+            at = f"{where}: {path}, line {line}, field {name!r}"
+            if kind not in _FIELD_KINDS:
+                problems.append(f"{at}: {value!r} is {_a(kind)}; a field holds text, a "
+                                "number, a boolean or a list of one of them.")
+                continue
+            if any(isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63
+                   for v in (value if isinstance(value, list) else [value])):
+                problems.append(f"{at}: the integer {value!r} is too large (beyond 64 bits).")
+                continue
+            if first is None or (first[0] == "list" and kind.startswith("list")):  # [] fits any list; the next sets it
+                first = (kind, line, value)
+            elif kind != first[0] and not (kind == "list" and first[0].startswith("list")):
+                problems.append(
+                    f"{at}: {value!r} is {_a(kind)}, but line {first[1]} writes {first[2]!r} ({_a(first[0])}); write this field "
+                    "the same way on every row (e.g. every label a class name, or every label a class position)."
+                )
     return problems
 
 
@@ -269,12 +393,16 @@ def load_task_config(path: str | os.PathLike, splits: Sequence[str] = ("train", 
     """Load every task of a task-config JSON file (see module docstring). Problems in the task entries and
     data files of all tasks are reported together (`DataError`)."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(_directory_message(path))
     try:
-        config = json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"Task config file {path} does not exist.") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"Task config file {path} is not valid JSON: {err}") from None
+    except OSError as err:
+        raise ValueError(f"Task config file {path} could not be read ({err.strerror or err}).") from None
     entries = config.get("tasks") if isinstance(config, dict) else config
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"Task config file {path} must hold a non-empty list under `tasks`.")
@@ -293,6 +421,13 @@ def load_task_config(path: str | os.PathLike, splits: Sequence[str] = ("train", 
         except ValueError as err:
             problems.append(f"{path}: tasks[{i}]: {err}")
             continue
+        for split, name in files.items():
+            if name is not None and (not isinstance(name, str) or not name.strip()):
+                problems.append(
+                    f"{path}: tasks[{i}] (task {spec.name!r}): `{split}_file` must be the path of a data file (text, "
+                    f"relative to the task-config file), got {name!r}."
+                )
+                files[split] = None
         data = TaskData(spec, source=str(path))
         for split, name in files.items():
             if name is None or split not in splits:
@@ -306,12 +441,23 @@ def load_task_config(path: str | os.PathLike, splits: Sequence[str] = ("train", 
     return tasks
 
 
+def _directory_message(path: Path) -> str:
+    found = sorted(p.name for p in path.glob("*.json"))[:5]
+    hint = f" (it holds {found})" if found else ""
+    return (f"Task config {path} is a directory, not a task-config file; pass the JSON file that lists the tasks, "
+            f"e.g. {path / (found[0] if found else 'tasks.json')}{hint}.")
+
+
 def load_tasks(tasks: Sequence[str] | str, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None) -> list[TaskData]:
     """Tasks by preset name, or a path to a task-config file (or a mix of both in a list)."""
     if isinstance(tasks, (str, os.PathLike)):
         tasks = [tasks]
     loaded = []
     for item in tasks:
+        if not isinstance(item, (str, os.PathLike)):
+            raise ValueError(f"A task must be a preset name or the path of a task-config JSON file, got {item!r}.")
+        if Path(item).is_dir():
+            raise ValueError(_directory_message(Path(item)))
         if str(item).endswith(".json") or Path(item).is_file():
             loaded.extend(load_task_config(item, splits, cache_dir))
         elif item in TASK_PRESETS:
@@ -345,14 +491,11 @@ def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train
         raise ValueError(f"{where}: the label (field {spec.label_field!r}) is missing.")
     if spec.problem_type == "regression":
         values = value if isinstance(value, (list, tuple)) else [value]
-        if isinstance(value, (list, tuple)) and len(value) != spec.num_labels:
-            raise ValueError(f"{where}: expected {spec.num_labels} regression targets, got {value!r}.")
+        if len(values) != spec.num_labels:
+            raise ValueError(f"{where}: expected {spec.num_labels} regression target(s), got {value!r}.")
         numbers = []
         for v in values:
-            try:
-                number = float(v) if not isinstance(v, bool) else None
-            except (TypeError, ValueError):
-                number = None
+            number = _number(v)
             if number is None:
                 raise ValueError(f"{where}: regression label {v!r} is not a number.")
             if not math.isfinite(number):
@@ -360,21 +503,58 @@ def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train
             numbers.append(number)
         return numbers if isinstance(value, (list, tuple)) else numbers[0]
     if spec.problem_type == "seq2seq":  # a target text (a class name, an answer, a summary)
+        if isinstance(value, (list, tuple, dict)):
+            raise ValueError(f"{where}: the target (field {spec.label_field!r}) must be one text, got {value!r}.")
         if not isinstance(value, str):
-            value = str(value)
+            value = json.dumps(value)  # as the file wrote it: true, 3, 2.5
         if not value.strip():
             raise ValueError(f"{where}: the target text (field {spec.label_field!r}) is empty.")
         return value
     if spec.problem_type == "multi_label_classification":
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if (len(values) == spec.num_labels and len(values) > 1 and spec.label_values is None
+                and all(type(v) is int and v in (0, 1) for v in values)):
+            raise ValueError(
+                f"{where}: label {value!r} could be a multi-hot row or a list of class positions; a multi-label label "
+                "lists the task's classes (names, or positions), e.g. "
+                f"{[spec.id2label.get(i, i) for i, v in enumerate(values) if v][:3]}."
+            )
         hot = [0] * spec.num_labels
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            hot[_class_index(spec, v, where)] = 1
+        for v in values:
+            index = _class_index(spec, v, where)
+            if hot[index]:
+                raise ValueError(f"{where}: label {value!r} lists class {v!r} twice.")
+            hot[index] = 1
         return hot
     if spec.problem_type == "token_classification":
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"{where}: token-classification labels must be a list (one per word), got {value!r}.")
         return [_class_index(spec, v, where) for v in value]
+    if isinstance(value, (list, tuple, dict)):
+        raise ValueError(
+            f"{where}: a {spec.problem_type} label is one class (a name or a position), got {value!r}; a one-hot or "
+            "a list of classes is not guessed at."
+        )
     return _class_index(spec, value, where)
+
+
+# a number as a data file writes it: ASCII digits, one optional sign, point and exponent (no "1_000", no "²")
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_INTEGER_RE = re.compile(r"-?[0-9]+")
+
+
+def _number(value: Any) -> float | None:
+    """A regression target as a float, or None: numbers, and text that is a plain decimal number (spaces around
+    allowed, as a CSV cell may have them); never a boolean."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if _NUMBER_RE.fullmatch(text) or text.lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            return float(text)
+    return None
 
 
 def _class_index(spec: TaskSpec, value: Any, where: str) -> int:
@@ -385,18 +565,29 @@ def _class_index(spec: TaskSpec, value: Any, where: str) -> int:
     names, num_classes = spec.label_names or [], spec.num_labels
     if spec.label_values is not None:
         by_text = {str(v): i for i, v in enumerate(spec.label_values)}
-        key = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+        if isinstance(value, bool):  # JSON true/false match the label values "true"/"false" (or "True"/"False")
+            key = next((k for k in ((json.dumps(value), str(value))) if k in by_text), json.dumps(value))
+        else:
+            key = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
         if key not in by_text:
             raise ValueError(f"{where}: label {value!r} is not one of the task's `label_values` {spec.label_values}.")
         return by_text[key]
+    if isinstance(value, bool):  # JSON true/false: the class of that name, never position 1/0
+        for name in (("True", "true") if value else ("False", "false")):
+            if name in names:
+                return names.index(name)
+        allowed = names if names else list(range(num_classes))
+        raise ValueError(
+            f"{where}: label {json.dumps(value)} is a boolean, matched by name, and no class of the task's labels "
+            f"{allowed} is named {str(value)!r}; name the classes in `label_names` (e.g. [\"False\", \"True\"]) or "
+            "write class names in the file."
+        )
     if isinstance(value, str):
         if value in names:
             return names.index(value)
-        if not value.lstrip("-").isdigit():
+        if not _INTEGER_RE.fullmatch(value):  # ASCII digits only: "²".isdigit() is True but int("²") fails
             allowed = names if names else list(range(num_classes))
             raise ValueError(f"{where}: label {value!r} is not one of the task's labels {allowed}.")
-        value = int(value)
-    if isinstance(value, bool):
         value = int(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -426,9 +617,21 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
         raise DataError([f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."])
     where = (lambda row: data.where(split, row)) if data is not None else (lambda row: f"{split} row {row}")
     problems = []
+    words = spec.problem_type == "token_classification"
     for name in list(spec.text_fields) + list(spec.choice_fields or []):
         for row, text in enumerate(dataset[name]):
-            if text is None or (isinstance(text, str) and not text.strip() and spec.problem_type != "multiple_choice"):
+            if words and isinstance(text, (list, tuple)) and all(isinstance(w, str) for w in text):
+                if not text:
+                    problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} holds no words.")
+            elif words and text is not None:
+                problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} must be a list of words, got {text!r}.")
+            elif not words and text is not None and not isinstance(text, str):  # a list here is no text (nor a pair)
+                problems.append(
+                    f"Task {spec.name!r}, {where(row)}: field {name!r} must be text, got {text!r}"
+                    + (f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`."
+                       if isinstance(text, (list, tuple)) else ".")
+                )
+            elif text is None or (not words and not text.strip() and spec.problem_type != "multiple_choice"):
                 problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} is empty.")
     labels = None
     if with_labels:
@@ -438,6 +641,15 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
                 labels.append(encode_label(spec, value, row if data is None else where(row), split))
             except ValueError as err:
                 problems.append(str(err))
+                labels.append(None)
+        if words and not problems:  # one tag per word, or the row is refused (never cut or padded to fit)
+            for row, (tokens, tags) in enumerate(zip(dataset[spec.text_fields[0]], labels)):
+                if len(tokens) != len(tags):
+                    problems.append(
+                        f"Task {spec.name!r}, {where(row)}: {len(tags)} label(s) (field {spec.label_field!r}) for "
+                        f"{len(tokens)} word(s) (field {spec.text_fields[0]!r}); a token-classification row has one "
+                        "label per word."
+                    )
     if problems:
         raise DataError(problems)
     return labels
@@ -537,6 +749,12 @@ def _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, labels
         out = dict(enc)
         out["task_ids"] = [task_id] * len(indices)
         if labels is not None:
+            for words, row in zip(batch[spec.text_fields[0]], indices):
+                if len(words) != len(labels[row]):  # `check_task_split` refuses it; labels passed in are checked too
+                    raise ValueError(
+                        f"Task {spec.name!r}, {split} row {row}: {len(labels[row])} label(s) for {len(words)} word(s); a "
+                        "token-classification row has one label per word."
+                    )
             out["labels"] = [_align_word_labels(enc.word_ids(i), labels[row]) for i, row in enumerate(indices)]
         return out
 
@@ -547,7 +765,7 @@ def _align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> li
     """Label the first word piece of each word; -100 for special tokens and continuation pieces."""
     labels, previous = [], None
     for w in word_ids:
-        labels.append(word_labels[w] if w is not None and w != previous and w < len(word_labels) else IGNORE_INDEX)
+        labels.append(word_labels[w] if w is not None and w != previous else IGNORE_INDEX)
         previous = w
     return labels
 
