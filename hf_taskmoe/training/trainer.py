@@ -550,8 +550,8 @@ class MultiTaskTrainer(Trainer):
             output, task_metrics = self._run_task(name, dataset, f"{metric_key_prefix}_{name}", "Evaluation", ignore_keys)
             num_samples += output.num_samples
             metrics.update(output.metrics)
-            if task_metrics:
-                scores[name] = task_score(task_metrics)
+            if task_metrics and not self._teacher_forced(self.tasks[self.task_ids[name]]):
+                scores[name] = task_score(task_metrics)  # teacher-forced scores are not results: no average takes them
         train_sizes = {n: len(d) for n, d in self.task_train_sets.items()} or None
         metrics.update(
             {f"{metric_key_prefix}_{k}": v for k, v in aggregate_scores(scores, train_sizes, self.args.small_task_threshold).items()}
@@ -589,7 +589,8 @@ class MultiTaskTrainer(Trainer):
         """Write hf_taskmoe's card (`hf_taskmoe.hub.render_model_card`) as `README.md` in `output_dir`;
         `push_to_hub` uploads it. Set `trainer.routing_statistics` / `trainer.routing_heatmap` to include routing.
         `model_name` defaults to `hub_model_id` or the output folder's name; `base_model` (repo id or path) to the
-        config's `upcycled_from`."""
+        config's `upcycled_from`. Other keywords go to `render_model_card` (`training`: default this run's set-up,
+        None when it trained nothing; `model_path`: what the usage snippet loads, default `output_dir`)."""
         from ..hub import render_model_card
 
         if not self.is_world_process_zero():
@@ -601,10 +602,12 @@ class MultiTaskTrainer(Trainer):
         if routing is None and self.routing_analytics is not None and self.routing_analytics.total.counts is not None:
             # no evaluation routing recorded: summarise the training batches' routing instead
             routing, heatmap, source = self.routing_analytics.total, self.routing_analytics.write_summary(self.args.output_dir), "training"
+        # a run that trained nothing (evaluation only) has no training set-up to show
+        training = kwargs.pop("training", self.training_summary() if self.state.global_step > 0 else None)
         card = render_model_card(
             self.accelerator.unwrap_model(self.model),
             metrics=metrics,
-            training=self.training_summary(),
+            training=training,
             train_sizes={n: len(d) for n, d in self.task_train_sets.items()},
             routing=routing,
             heatmap=heatmap,
@@ -615,6 +618,8 @@ class MultiTaskTrainer(Trainer):
             base_model=base_model,
             label_ranges=self._regression_ranges(),
             data_provenance=data_provenance,
+            model_path=kwargs.pop("model_path", self.args.output_dir),  # the folder the card is saved in
+            **kwargs,
         )
         card.save(os.path.join(self.args.output_dir, "README.md"))
 
@@ -644,11 +649,34 @@ class MultiTaskTrainer(Trainer):
             for name, dataset in self._eval_sets(test_dataset).items()
         }
 
+    def _teacher_forced(self, task: TaskSpec) -> bool:
+        """Whether `task`'s scores come from teacher-forced arg-max tokens rather than generated text."""
+        return task.problem_type == "seq2seq" and not self.args.predict_with_generate
+
+    def _open_prediction_bar(self, dataloader, description: str) -> None:
+        """Open the evaluation progress bar with the task's name (transformers' ProgressCallback opens an unnamed one
+        on the first step; it updates the one found here)."""
+        if self.args.disable_tqdm or not self.is_world_process_zero():
+            return
+        from tqdm.auto import tqdm
+
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback) and callback.prediction_bar is None:
+                try:
+                    total = len(dataloader)
+                except TypeError:
+                    return
+                callback.prediction_bar = tqdm(total=total, desc=description, leave=callback.training_bar is None,
+                                               dynamic_ncols=True)
+
     def _run_task(self, name: str, dataset, prefix: str, description: str, ignore_keys=None):
-        """One task's evaluation loop; its metrics (`{prefix}_{metric}`) are added to the output's."""
+        """One task's evaluation loop; its metrics (`{prefix}_{metric}`) are added to the output's. Seq2seq scores of
+        teacher-forced tokens (`predict_with_generate=False`) are named `{prefix}_{metric}_teacher_forced`."""
         task = self.tasks[self.task_ids[name]]
+        dataloader = self.get_eval_dataloader(dataset)
+        self._open_prediction_bar(dataloader, f"{description} [{name}]")
         output = self.evaluation_loop(
-            self.get_eval_dataloader(dataset), description=f"{description} [{name}]", prediction_loss_only=False,
+            dataloader, description=f"{description} [{name}]", prediction_loss_only=False,
             ignore_keys=ignore_keys, metric_key_prefix=prefix,
         )
         self._close_prediction_bars()
@@ -659,5 +687,7 @@ class MultiTaskTrainer(Trainer):
                                             eos_token_id=eos, trust_remote_metrics=self.args.trust_remote_metrics)
         if self.task_compute_metrics is not None:
             task_metrics.update(self.task_compute_metrics(task, EvalPrediction(output.predictions, output.label_ids)))
+        if self._teacher_forced(task):
+            task_metrics = {f"{k}_teacher_forced": v for k, v in task_metrics.items()}
         output.metrics.update({f"{prefix}_{k}": v for k, v in task_metrics.items()})
         return output, task_metrics
