@@ -17,11 +17,12 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .tasks import TaskSpec
 
-# the Hub's task types
+# the `model-index` task type of each problem type (the Hub's pipeline tags where one fits; the Hub has none for
+# regression on text, and a regression score filed under text-classification would read as a classification result)
 HUB_TASK_TYPES = {
     "single_label_classification": "text-classification",
     "multi_label_classification": "text-classification",
-    "regression": "text-classification",
+    "regression": "text-regression",
     "multiple_choice": "multiple-choice",
     "span_classification": "text-classification",
     "token_classification": "token-classification",
@@ -42,21 +43,49 @@ def template_path(name: str = "multitask_model_card.md") -> Path:
     return path
 
 
-def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str = "eval", split: str = "validation") -> list[EvalResult]:
-    """One `EvalResult` per (task, dataset, metric) found as `{prefix}_{task}_{metric}` in `metrics`."""
+#: the `datasets` builder that reads a local data file, by its extension (what a card names local data by)
+_LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".txt": "text"}
+
+
+def local_dataset_type(files: list[str]) -> str:
+    """`json`, `csv`, `parquet` or `text`: the `datasets.load_dataset` builder of a task's local files."""
+    for name in files:
+        builder = _LOCAL_BUILDERS.get(Path(str(name)).suffix.lower())
+        if builder:
+            return builder
+    return "local"
+
+
+def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str = "eval", split: str = "validation",
+                 local_files: dict[str, list[str]] | None = None) -> list[EvalResult]:
+    """One `EvalResult` per (task, dataset, metric) found as `{prefix}_{task}_{metric}` in `metrics`.
+
+    A task in `local_files` (task name -> the data files it was read from) was read from local files, not from a Hub
+    dataset: its result names the dataset by the `datasets` builder that reads those files (`json`, `csv`, ...) and by
+    the task's description, never as a Hub id. Teacher-forced scores (`..._teacher_forced`) are not results and are
+    left out."""
     results = []
+    local_files = local_files or {}
     for task in tasks:
         for metric in task.metrics:
             key = f"{prefix}_{task.name}_{metric}"
             if key not in metrics:
                 continue
+            if task.name in local_files:
+                dataset_type = local_dataset_type(local_files[task.name])
+                dataset_name = f"{task.dataset or task.name} (local files)"
+                dataset_config = None
+            else:
+                dataset_type = task.dataset or task.name
+                dataset_name = task.dataset or task.name
+                dataset_config = task.dataset_config or task.name
             results.append(
                 EvalResult(
                     task_type=HUB_TASK_TYPES[task.problem_type],
                     task_name=task.name,
-                    dataset_type=task.dataset or task.name,
-                    dataset_name=task.dataset or task.name,
-                    dataset_config=task.dataset_config or task.name,
+                    dataset_type=dataset_type,
+                    dataset_name=dataset_name,
+                    dataset_config=dataset_config,
                     dataset_split=split,
                     metric_type=metric,
                     metric_name=metric,
@@ -86,7 +115,7 @@ def routing_summary(stats, source: str = "evaluation") -> str:
         count = stats.tokens[0, t]  # every layer routes the same tokens (x top-k)
         if count == 0:
             continue
-        lines.append(f"| {name} | {stats.as_number(count)} | {entropy[:, t].mean().item():.3f} | {int(unused[:, t].sum())} |")
+        lines.append(f"| {_escape(name)} | {stats.as_number(count)} | {entropy[:, t].mean().item():.3f} | {int(unused[:, t].sum())} |")
     return "\n".join(lines)
 
 
@@ -126,13 +155,14 @@ def describe_source(source: str | None) -> str:
     if repo_id:
         return f"[{repo_id}](https://huggingface.co/{repo_id})"
     if source:
-        return f"a local checkpoint (`{Path(str(source)).name}`)"
+        return f"a local checkpoint ({_escape(Path(str(source)).name)})"
     return "trained from the configuration"
 
 
-def task_rows(tasks: list[TaskSpec], train_sizes: dict | None = None, label_ranges: dict | None = None) -> list[dict]:
+def task_rows(tasks: list[TaskSpec], train_sizes: dict | None = None, label_ranges: dict | None = None,
+              local_files: dict | None = None) -> list[dict]:
     """The card's task table: labels for classification, the target range for regression, choices for multiple
-    choice, 'text' for seq2seq."""
+    choice, 'text' for seq2seq; the dataset as the task names it, marked `(local files)` when read from local files."""
     rows = []
     for t in tasks:
         if t.problem_type == "regression":
@@ -144,18 +174,51 @@ def task_rows(tasks: list[TaskSpec], train_sizes: dict | None = None, label_rang
             labels = "text"
         else:
             labels = ", ".join(t.label_names) if t.label_names else f"{t.num_labels} classes"
+        dataset = t.dataset or ("-" if t.name not in (local_files or {}) else t.name)
+        if t.name in (local_files or {}):
+            dataset += " (local files)"
         rows.append({
-            "name": t.name, "problem_type": t.problem_type, "labels": _escape(labels), "metrics": ", ".join(t.metrics),
-            "dataset": _escape(t.dataset or "-"), "train_size": (train_sizes or {}).get(t.name, "-"),
+            "name": _escape(t.name), "problem_type": t.problem_type, "labels": _escape(labels),
+            "metrics": _escape(", ".join(t.metrics)), "dataset": _escape(dataset),
+            "train_size": (train_sizes or {}).get(t.name, "-"),
         })
     return rows
 
 
 def _escape(text: str) -> str:
-    """Task text (labels, descriptions, dataset names) is data: no HTML or table syntax of it reaches the card."""
+    """User-supplied text (model and task names, labels, metric names, descriptions, dataset names, paths) is data:
+    no HTML, table, link or code syntax of it reaches the card."""
     import html
 
-    return html.escape(str(text)).replace("|", "&#124;").replace("\n", " ")
+    text = html.escape(str(text)).replace("|", "&#124;").replace("\r", " ").replace("\n", " ")
+    return text.replace("`", "&#96;").replace("[", "&#91;").replace("]", "&#93;")
+
+
+def _python_literal(text: str) -> str:
+    """`text` as a Python string literal for the card's code block (which no HTML escaping applies to): quotes and
+    backslashes escaped, and no backtick that could close the block."""
+    import json
+
+    return json.dumps(str(text)).replace("`", "\\u0060")
+
+
+def _provenance_line(source: str) -> str:
+    """Where a task's data was read from: a Hub dataset id as it is; a local file by its path (relative to the
+    working folder when inside it), with the provenance file beside it when there is one."""
+    path = Path(str(source))
+    if not path.exists():
+        return _escape(source)
+    try:
+        shown = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        shown = path.resolve()
+    line = f"{_escape(shown)}"
+    folder = path.parent if path.is_file() else path
+    for name in ("PROVENANCE.md", "README.md"):
+        if (folder / name).is_file():
+            line += f" (sources and licences: {_escape(shown.parent / name if path.is_file() else shown / name)})"
+            break
+    return line
 
 
 def render_model_card(
@@ -174,9 +237,19 @@ def render_model_card(
     base_model: str | None = None,
     label_ranges: dict[str, tuple[float, float]] | None = None,
     data_provenance: list[str] | None = None,
+    local_files: dict[str, list[str]] | None = None,
+    model_path: str | None = None,
+    baselines: dict[str, dict[str, float]] | None = None,
 ) -> ModelCard:
     """A `ModelCard` for a trained multi-task model (see module docstring). `base_model` (a repo id or path;
-    default: the config's `upcycled_from`) goes into the metadata when it resolves to a Hub repo id."""
+    default: the config's `upcycled_from`) goes into the metadata when it resolves to a Hub repo id.
+
+    `data_provenance`: where the data were read from (task-config files, Hub dataset ids), listed under "Training
+    data" with their paths. `local_files`: task name -> the local files its data came from (such a task's dataset is
+    never presented as a Hub dataset). `model_path`: what the usage snippet loads when there is no `repo_id` (the
+    folder the model is saved in). `baselines`: task -> {metric: score of the majority class / mean prediction},
+    shown beside each result. `training=None` (nothing trained in this run) says so instead of a set-up.
+    Every user-supplied string (names, labels, metric names, paths) is escaped."""
     from . import __version__
     from .analysis import parameter_report
 
@@ -191,20 +264,29 @@ def render_model_card(
         license=license,
         library_name="transformers",
         tags=["hf_taskmoe", "multi-task", config.model_type],
-        eval_results=eval_results(tasks, metrics) or None,
+        eval_results=eval_results(tasks, metrics, local_files=local_files) or None,
         base_model=base_repo,
     )
-    metric_names = list(dict.fromkeys(m for t in tasks for m in t.metrics))
+    # a metric's column; teacher-forced seq2seq scores (`predict_with_generate=False`) keep their own name
+    metric_names = list(dict.fromkeys(
+        name for t in tasks for m in t.metrics for name in (m, f"{m}_teacher_forced") if f"eval_{t.name}_{name}" in metrics
+    )) or list(dict.fromkeys(m for t in tasks for m in t.metrics))
     results = []
     for task in tasks:
         values = [metrics.get(f"eval_{task.name}_{m}") for m in metric_names]
         if any(v is not None for v in values):
-            results.append({"task": task.name, "cells": " | ".join("" if v is None else f"{100 * v:.2f}" for v in values)})
-    aggregates = {
-        label: f"{100 * metrics[key]:.2f}"
-        for key, label in (("eval_average", "average over tasks"), ("eval_small_tasks_average", "average over small tasks"))
-        if key in metrics
-    }
+            floor = (baselines or {}).get(task.name, {})
+            cells = []
+            for m, v in zip(metric_names, values):
+                base = floor.get(m.removesuffix("_teacher_forced")) if not m.endswith("_teacher_forced") else None
+                cells.append("" if v is None else f"{100 * v:.2f}" + ("" if base is None else f" ({100 * base:.2f})"))
+            results.append({"task": _escape(task.name), "cells": " | ".join(cells)})
+    aggregates = {}
+    if "eval_average" in metrics:
+        aggregates["average over tasks"] = f"{100 * metrics['eval_average']:.2f}"
+    small = metrics.get("eval_small_tasks_average")
+    if small is not None and small != metrics.get("eval_average"):  # equal when every task is small: said once
+        aggregates["average over small tasks"] = f"{100 * small:.2f}"
     report = parameter_report(model)
     from .models.registry import family_of
 
@@ -214,32 +296,39 @@ def render_model_card(
     if heatmap:
         summary += f"\n\n![routing heatmap: each task's share of tokens per expert and layer]({heatmap})"
     seq2seq = config.task_specs[0].problem_type == "seq2seq"  # a seq2seq family generates: its snippet calls generate()
-    provenance = sorted({_escape(Path(p).name if Path(p).exists() else p) for p in (data_provenance or []) if p})
+    provenance = sorted({_provenance_line(p) for p in (data_provenance or []) if p})
+    if training is not None:
+        training = {_escape(k): _escape(v) for k, v in training.items()}
+    eval_note = _escape(eval_note) if eval_note else eval_note
+    if baselines and results:
+        eval_note = (eval_note + "; " if eval_note else "") + (
+            "in brackets: the same metric for always predicting the training set's majority class (the mean target "
+            "for regression); a score at its bracket learned nothing")
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path()),
-        model_name=model_name,
-        summary=f"A multi-task model with {len(tasks)} tasks ({', '.join(t.name for t in tasks)}), built with hf_taskmoe.",
+        model_name=_escape(model_name),
+        summary=f"A multi-task model with {len(tasks)} tasks ({_escape(', '.join(t.name for t in tasks))}), built with hf_taskmoe.",
         family=config.model_type,
         model_class=type(model).__name__,
         method=method,
         base_model=describe_source(source),
         parameters=", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}",
-        tasks=task_rows(tasks, train_sizes, label_ranges),
+        tasks=task_rows(tasks, train_sizes, label_ranges, local_files),
         results=results,
-        results_header="| task | " + " | ".join(metric_names) + " |\n|" + "---|" * (len(metric_names) + 1),
+        results_header="| task | " + " | ".join(_escape(m) for m in metric_names) + " |\n|" + "---|" * (len(metric_names) + 1),
         aggregates=aggregates,
         eval_note=eval_note,
         routing_summary=summary,
-        training=training or {"training": "not recorded"},
+        training=training,
         provenance=provenance,
-        repo_id=repo_id or model_name,
-        first_task=tasks[0].name,
+        model_ref=_python_literal(repo_id or model_path or model_name),
+        first_task=_python_literal(tasks[0].name),
         pipeline_task=family.pipeline_task,
         auto_class=family.auto_classes[-1],
         seq2seq=seq2seq,
-        license=license,
-        data_terms=data_terms or "see each dataset's licence.",
+        license=_escape(license),
+        data_terms=_escape(data_terms) if data_terms else "see each dataset's licence.",
         library_version=__version__,
     )
 
