@@ -22,11 +22,14 @@ import logging
 import os
 import platform
 import random
+import re
 import resource
 import shutil
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -47,7 +50,8 @@ from hf_taskmoe.training import (
     load_tasks,
     tokenize_task,
 )
-from hf_taskmoe.training.data import DataError, check_tasks
+from hf_taskmoe.training.callbacks import TrainingProgressCallback
+from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
 from hf_taskmoe.training.trainer import latest_complete_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -70,6 +74,7 @@ DEMO_PRESET = {
     "max_seq_length": 96,
     "logging_steps": 20,
     "save_strategy": "no",
+    "save_total_limit": 2,  # with --save_strategy steps: the 2 newest checkpoints (about 300 MB each for the demo)
     "report_to": "none",
     "seed": 42,
 }
@@ -87,6 +92,7 @@ TASK_CONFIG_PRESET = {
     "max_seq_length": 128,
     "logging_steps": 50,
     "save_strategy": "no",
+    "save_total_limit": 2,
     "report_to": "none",
     "seed": 42,
 }
@@ -96,7 +102,23 @@ COMMON_TRAINER_OPTIONS = (
     "output_dir", "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
     "per_device_eval_batch_size", "warmup_steps", "weight_decay", "seed", "eval_strategy", "eval_steps",
     "save_strategy", "save_steps", "logging_steps", "report_to", "resume_from_checkpoint", "use_cpu", "bf16", "fp16",
-    "push_to_hub", "hub_model_id",
+    "save_total_limit", "push_to_hub", "hub_model_id",
+)
+
+# What --push_to_hub does in this script (transformers' own help describes the Trainer's push during training)
+PUSH_HELP = ("At the end, after everything is saved locally, upload the model, tokenizer, card, metrics and plots (no "
+             "checkpoints, no training_args.bin, no run_summary.json) to --hub_model_id (default: the output folder's "
+             "name). A failed upload exits with status 1 and prints the command that finishes it.")
+# Argument and environment names whose values are secrets: never written to a file of the run, never pushed
+SECRET_NAME = re.compile(r"(^|_)(token|password|passwd|secret|key|api_key|apikey|credentials?)$", re.IGNORECASE)
+# The files --push_to_hub uploads, top level of the output folder only (checkpoints, training_args.bin,
+# trainer_state.json and run_summary.json, which records the command line and the machine, stay local)
+PUSH_FILES = (
+    "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+    "vocab.json", "merges.txt", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja",
+    "README.md", "all_results.json", "train_results.json", "eval_results.json", "routing.json", "routing_train.json",
+    "generations.json", "finetune_results.json", "*.png",
 )
 
 
@@ -190,7 +212,7 @@ class ModelArguments:
 class DataArguments:
     tasks: list[str] = field(
         default_factory=lambda: [str(DEMO_TASKS)],
-        metadata={"help": "Task-config JSON files and/or presets (sst2 rte ...). Default: the demo mixture."},
+        metadata={"help": "Task-config JSON files and/or presets (sst2 rte ...; downloaded from the Hub). Default: the demo mixture."},
     )
     task_names: list[str] | None = field(
         default=None, metadata={"help": "Keep only these tasks of the task-config(s) (e.g. one task: single-task training)."}
@@ -217,6 +239,9 @@ class RunArguments:
 
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, MultiTaskTrainingArguments)
+TASKS_HELP = (f"Task-config JSON files (local data; format in the README) and/or presets ({' '.join(sorted(TASK_PRESETS))}), "
+              "which datasets.load_dataset downloads from the Hugging Face Hub on first use (cached after; offline "
+              "they fail unless cached). Default: the demo mixture.")
 # options given as comma-separated groups on the command line (a config field holding lists of names)
 GROUP_OPTIONS = {"pal_task_groups"}
 
@@ -225,9 +250,52 @@ class UsageError(ValueError):
     """A problem with the arguments, the data or the output folder: reported in one paragraph, exit status 2."""
 
 
+class PushFailed(RuntimeError):
+    """The Hub upload failed after the run was saved locally: exit status 1 (the message says what is where)."""
+
+
+def redacted_argv(argv: list[str]) -> list[str]:
+    """`argv` with the value of every option named like a secret (`--hub_token`, `--x_password`, ...) replaced by
+    `<redacted>`: what `run_summary.json` records."""
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next and not arg.startswith("--"):
+            out.append("<redacted>")
+            hide_next = False
+            continue
+        hide_next = False
+        if arg.startswith("--"):
+            name, eq, _ = arg[2:].partition("=")
+            if SECRET_NAME.search(name):
+                if eq:
+                    out.append(f"--{name}=<redacted>")
+                    continue
+                hide_next = True
+        out.append(arg)
+    return out
+
+
+def take_secrets(*argument_objects) -> dict[str, str]:
+    """Remove every secret-named field's value (`hub_token`, ...) from the parsed arguments and return them: the
+    Trainer pickles its arguments into `training_args.bin` (also in every checkpoint), so a token left there would
+    be written to disk and could be pushed."""
+    secrets = {}
+    for obj in argument_objects:
+        for f in dataclasses.fields(obj):
+            if SECRET_NAME.search(f.name) and getattr(obj, f.name, None) not in (None, ""):
+                secrets[f.name] = getattr(obj, f.name)
+                setattr(obj, f.name, None)
+    return secrets
+
+
 # ----------------------------------------------------------------------------------------------- arguments
 def build_parser() -> HfArgumentParser:
     parser = HfArgumentParser(DATACLASSES)
+    for action in parser._actions:
+        if action.dest == "push_to_hub":
+            action.help = PUSH_HELP
+        elif action.dest == "tasks":
+            action.help = TASKS_HELP
     # Optional switches (`bool | None`: None = the family's default) are flags: `--x` turns on, `--no_x` off.
     switches = {f.name for f in dataclasses.fields(ModelArguments) if f.type in ("bool | None", bool | None)}
     for action in list(parser._actions):
@@ -268,7 +336,17 @@ def _run_name(tasks: list[str]) -> str:
 
 def parse_args(argv: list[str]):
     """`(model_args, data_args, run_args, training_args)`: the preset (demo, or task-config when `--tasks` is
-    given), with every option of `argv` (or of a JSON file) replacing its value."""
+    given), with every option of `argv` (or of a JSON file) replacing its value. A value the arguments' own checks
+    refuse (theirs or transformers' `TrainingArguments`) is a `UsageError`."""
+    try:
+        return _parse_args(argv)
+    except UsageError:
+        raise
+    except ValueError as err:  # raised while the argument dataclasses check their values: the user's values
+        raise UsageError(f"Invalid arguments: {err}") from err
+
+
+def _parse_args(argv: list[str]):
     parser = build_parser()
     if len(argv) == 1 and argv[0].endswith(".json"):
         try:
@@ -289,30 +367,58 @@ def parse_args(argv: list[str]):
     return parsed
 
 
-def short_help() -> str:
+def short_help(argv: list[str] | None = None) -> str:
+    """The short help; each option's value in brackets is the one a run with `argv` uses: the preset's (the demo's,
+    or with --tasks the task-config preset's) where it sets one, else the option's default."""
+    argv = argv or []
+    preset = TASK_CONFIG_PRESET if "tasks" in _given_options(argv) else DEMO_PRESET
+    own_help = {"push_to_hub": PUSH_HELP, "tasks": TASKS_HELP.split(" (")[0] + " and/or presets (downloaded from the Hub).",
+                "hub_token": "Hub token for --push_to_hub (default: `hf auth login`'s); never written to any file.",
+                "hub_model_id": "Hub repo id for --push_to_hub, user/name (default: the output folder's name)."}
+
+    try:  # the values this command line runs with: preset, then the options given
+        parsed = parse_args([a for a in argv if a not in ("-h", "--help")])
+        values = {f.name: getattr(obj, f.name) for obj in parsed for f in dataclasses.fields(obj)}
+    except (UsageError, SystemExit):  # options that do not parse: the preset's values
+        values = {k: v for k, v in preset.items() if v is not None}
+
     def line(f) -> str:
-        default = f.default if f.default is not dataclasses.MISSING else "..."
-        help_text = f.metadata.get("help", "").split("\n")[0]
-        return f"  --{f.name:<34} {help_text}" + (f" [{default}]" if default not in (None, "...", False) else "")
+        if SECRET_NAME.search(f.name):
+            default = None  # a secret is never shown
+        elif f.name in values:
+            default = values[f.name]
+            default = getattr(default, "value", default)  # enums (save_strategy, ...) by their value
+        elif f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "..."
+        if f.name == "tasks" and default == [str(DEMO_TASKS)]:
+            default = "the demo mixture"
+        elif isinstance(default, list):
+            default = " ".join(map(str, default))
+        help_text = own_help.get(f.name, f.metadata.get("help", "")).split("\n")[0]
+        return f"  --{f.name:<34} {help_text}" + (f" [{default}]" if default not in (None, "...", False, "") else "")
 
     own = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     sections = [
-        ("model", dataclasses.fields(ModelArguments)),
+        ("model", [f for f in dataclasses.fields(ModelArguments) if not f.metadata.get("help", "").startswith("Deprecated")]),
         ("data", dataclasses.fields(DataArguments)),
-        ("run", dataclasses.fields(RunArguments)),  # and --debug: show the traceback of an error
+        ("run", dataclasses.fields(RunArguments)),
         ("multi-task training", [f for f in dataclasses.fields(MultiTaskTrainingArguments) if f.name not in own]),
         ("common Trainer options", [f for f in dataclasses.fields(MultiTaskTrainingArguments) if f.name in COMMON_TRAINER_OPTIONS]),
     ]
-    preset = ", ".join(f"{k} {v}" for k, v in TASK_CONFIG_PRESET.items() if k not in ("output_dir", "do_train", "do_eval") and v is not None)
+    preset_text = ", ".join(f"{k} {v}" for k, v in TASK_CONFIG_PRESET.items() if k not in ("output_dir", "do_train", "do_eval") and v is not None)
     text = [
         "usage: python examples/run_multitask.py [options]  |  python examples/run_multitask.py args.json",
-        "",
         "Trains one multi-task model and writes it, its metrics, routing heatmap and model card to --output_dir.",
         "No options: the demo -- MT-TaG (4 experts) upcycled from MiniLM-L6-H384 on examples/data/demo_mixture,",
         "200 steps (about 5 minutes on 2 CPU cores); output in runs/demo.",
-        f"With --tasks: the task-config preset ({preset}); output in runs/<task-config name>.",
-        "Each option you give replaces that one value and keeps the rest of the preset. No checkpoints are saved",
-        "unless you ask (--save_strategy steps); --resume_from_checkpoint latest continues the last one.",
+        f"With --tasks: the task-config preset ({preset_text}); output in runs/<task-config name>.",
+        f"Each option you give replaces one value of the preset; [values] are what these options run with ({'task-config' if preset is TASK_CONFIG_PRESET else 'demo'} preset).",
+        "No checkpoints unless asked (--save_strategy steps; the 2 newest kept); --resume_from_checkpoint latest continues.",
+        "Presets (--tasks sst2 rte ...) download from the Hugging Face Hub; task-config files read local data.",
         "",
         "examples:",
         "  python examples/run_multitask.py --max_steps 50",
@@ -320,7 +426,8 @@ def short_help() -> str:
     ]
     for title, fields_ in sections:
         text += ["", f"{title}:"] + [line(f) for f in fields_]
-    text += ["", "Every other transformers TrainingArguments option is accepted too: --help_all lists them."]
+    text += ["", "Every other TrainingArguments option is accepted too (--help_all lists them). A bare --debug shows the full",
+             "traceback of any error; exit status 2: your input was refused, 1: the push failed or an internal error."]
     return "\n".join(text)
 
 
@@ -367,8 +474,9 @@ def check_distributed(training_args) -> None:
         )
 
 
-def check_push(training_args) -> None:
-    """What can be checked before training: a token, and a well-formed repo id."""
+def check_push(training_args, token: str | None = None) -> None:
+    """What can be checked before training: a token (`token`: the one given, taken out of the arguments), and a
+    well-formed repo id."""
     if not training_args.push_to_hub:
         return
     from huggingface_hub import get_token
@@ -379,29 +487,51 @@ def check_push(training_args) -> None:
         validate_repo_id(repo_id)
     except HFValidationError as err:
         raise UsageError(f"--push_to_hub: the repo id {repo_id!r} is not valid ({err}); set --hub_model_id user/name.") from None
-    if (training_args.hub_token or get_token()) is None:
+    if (token or get_token()) is None:
         raise UsageError("--push_to_hub needs a Hugging Face token: run `hf auth login` or pass --hub_token, then start again.")
 
 
+def files_to_push(folder: str) -> list[str]:
+    """The files of `folder` that --push_to_hub uploads: the top-level files matching `PUSH_FILES` (model weights,
+    config, tokenizer, card, metrics, plots), sorted; never a checkpoint, `training_args.bin`, `trainer_state.json`
+    or `run_summary.json`."""
+    import fnmatch
+
+    return sorted(p.name for p in Path(folder).iterdir()
+                  if p.is_file() and any(fnmatch.fnmatchcase(p.name, pattern) for pattern in PUSH_FILES))
+
+
+def upload_command(folder: str, repo_id: str, files: list[str]) -> str:
+    """The `hf upload` command that uploads exactly `files` of `folder` (what the failed push tried)."""
+    import shlex
+
+    include = " ".join(f"--include {shlex.quote(name)}" for name in files)
+    return f"hf upload {shlex.quote(repo_id)} {shlex.quote(str(folder))} . {include}"
+
+
 def push(folder: str, repo_id: str, token: str | None, private: bool | None = None) -> bool:
-    """Upload the saved run folder (checkpoints left out); on failure, say in one paragraph what failed, where
-    everything is and the command that uploads it later. Returns whether the upload succeeded."""
+    """Upload the allow-listed files of the saved run folder (`files_to_push`); on failure, say in one paragraph
+    what failed, where everything is and the command that uploads the same files later. Returns whether the upload
+    succeeded."""
     from huggingface_hub import create_repo, upload_folder
 
+    files = files_to_push(folder)
     try:
         create_repo(repo_id, token=token, private=private, exist_ok=True)
-        upload_folder(repo_id=repo_id, folder_path=folder, token=token, ignore_patterns=["checkpoint-*", "checkpoint-*/**"],
+        upload_folder(repo_id=repo_id, folder_path=folder, token=token, allow_patterns=files,
                       commit_message="hf_taskmoe run_multitask.py")
     except Exception as err:  # noqa: BLE001 -- any failure of the upload leaves the local run intact
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if token:
+            reason = reason.replace(token, "<redacted>")
         print(
             f"\nThe upload to the Hub failed ({type(err).__name__}: {reason}). Nothing is lost: the model, tokenizer, "
             f"metrics and model card are saved in {folder}. Upload them later with\n"
-            f"  hf upload {repo_id} {folder} .\n",
+            f"  {upload_command(folder, repo_id, files)}\n",
             file=sys.stderr,
         )
         return False
-    print(f"Uploaded {folder} to https://huggingface.co/{repo_id}")
+    print(f"Uploaded {len(files)} files of {folder} to https://huggingface.co/{repo_id}: {', '.join(files)}")
     return True
 
 
@@ -512,19 +642,72 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
 
 
 # ----------------------------------------------------------------------------------------------- reporting
-def results_table(tasks, metrics: dict, prefix: str = "eval") -> str:
-    rows = [("task", "metric", "value (x100)")]
+#: a score within this of its baseline (0.5 points x100) is flagged as at its baseline
+BASELINE_MARGIN = 0.005
+
+
+def baseline_scores(task, train_labels: list | None, eval_labels: list) -> dict[str, float] | None:
+    """The task's metrics for always predicting its training set's majority class (multi-label: each label's
+    majority; multiple choice: the most frequent right choice) or, for regression, the mean training target; from
+    the evaluation labels when there is no training set. None where no such baseline applies (seq2seq, token
+    classification). A correlation of a constant prediction is undefined: counted as 0."""
+    import collections
+
+    import numpy as np
+
+    from hf_taskmoe.metrics import compute_task_metrics
+
+    kind = task.problem_type
+    if kind in ("seq2seq", "token_classification") or not eval_labels:
+        return None
+    source = train_labels or eval_labels
+    n = len(eval_labels)
+    if kind == "regression":
+        mean = np.asarray(source, dtype=np.float64).reshape(len(source), -1).mean(axis=0)
+        logits = np.tile(mean, (n, 1)).astype(np.float32)
+    elif kind == "multi_label_classification":
+        majority = (np.asarray(source, dtype=np.float64).mean(axis=0) > 0.5).astype(np.float32)
+        logits = np.tile(np.where(majority > 0, 1.0, -1.0), (n, 1)).astype(np.float32)
+    else:
+        width = task.num_choices if kind == "multiple_choice" else task.num_labels
+        majority = collections.Counter(int(v) for v in source).most_common(1)[0][0]
+        logits = np.zeros((n, width), dtype=np.float32)
+        logits[:, majority] = 1.0
+    with warnings.catch_warnings():  # a constant prediction's correlation: scipy warns and returns nan
+        warnings.simplefilter("ignore")
+        scores = compute_task_metrics(task, logits, np.asarray(eval_labels))
+    return {k: 0.0 if v != v else float(v) for k, v in scores.items()}
+
+
+def results_table(tasks, metrics: dict, prefix: str = "eval", baselines: dict | None = None) -> str:
+    """Each task's scores, each beside its baseline (`baseline_scores`), a score at its baseline flagged; the
+    averages (the small-task average only when it differs, i.e. when not every task is small)."""
+    baselines = baselines or {}
+    rows = [("task", "metric", "value (x100)", "baseline", "")]
     for task in tasks:
         for m in task.metrics:
-            key = f"{prefix}_{task.name}_{m}"
-            if key in metrics:
-                rows.append((task.name, m, f"{100 * metrics[key]:.2f}"))
-    for key, label in ((f"{prefix}_average", "average (all tasks)"), (f"{prefix}_small_tasks_average", "average (small tasks)")):
-        if key in metrics:
-            rows.append((label, "", f"{100 * metrics[key]:.2f}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+            for name in (m, f"{m}_teacher_forced"):
+                key = f"{prefix}_{task.name}_{name}"
+                if key not in metrics:
+                    continue
+                base = baselines.get(task.name, {}).get(m) if name == m else None
+                note = ""
+                if name != m:
+                    note = "teacher-forced (not generated): not a result"
+                elif base is not None and metrics[key] <= base + BASELINE_MARGIN:
+                    note = "<- at or below its baseline"
+                rows.append((task.name, name, f"{100 * metrics[key]:.2f}", "" if base is None else f"{100 * base:.2f}", note))
+    average, small = metrics.get(f"{prefix}_average"), metrics.get(f"{prefix}_small_tasks_average")
+    if average is not None:
+        rows.append(("average (all tasks)", "", f"{100 * average:.2f}", "", ""))
+    if small is not None and small != average:  # equal when every task is small: said once
+        rows.append(("average (small tasks)", "", f"{100 * small:.2f}", "", ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths[:4]))
+    if any(baselines.get(t.name) for t in tasks):
+        lines.append("baseline: the same metric for always predicting the training set's majority class (regression: "
+                     "its mean target; a constant has correlation 0)")
     return "\n".join(lines)
 
 
@@ -556,15 +739,24 @@ def git_revision() -> str | None:
         return None
 
 
-def run_summary(trainer, metrics: dict, train_metrics: dict, started: float, argv: list[str]) -> dict:
-    """What the experiment runner records of a run: metrics, steps, examples per task, time, memory, versions."""
+def run_summary(trainer, metrics: dict, train_metrics: dict, started: float, argv: list[str],
+                progress: dict | None = None, baselines: dict | None = None) -> dict:
+    """What the experiment runner records of a run: metrics, baselines, steps, examples per task (over the whole run
+    when it resumed: `progress`, from `TrainingProgressCallback.totals`), time, memory, versions, and the command
+    line with every secret-named option's value redacted."""
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: kilobytes
     args = trainer.args
+    progress = progress or {}
     return {
         "metrics": metrics,
         "train_metrics": train_metrics,
+        "baselines": baselines or {},
         "steps": trainer.state.global_step,
-        "examples_seen": trainer.examples_seen(),
+        "examples_seen": progress.get("examples_seen", trainer.examples_seen()),
+        "train_time_s": progress.get("train_seconds"),
+        "train_time_s_this_run": progress.get("train_seconds_this_run"),
+        "resumed_from": progress.get("resumed_from"),
+        "counts_cover_whole_run": progress.get("complete", True),
         "log_history": trainer.state.log_history,
         "wall_time_s": round(time.time() - started, 1),
         "peak_rss_mb": round(peak_kb / 1024, 1),
@@ -575,8 +767,42 @@ def run_summary(trainer, metrics: dict, train_metrics: dict, started: float, arg
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
                      "hf_taskmoe": hf_taskmoe.__version__, "datasets": datasets.__version__},
         "git_revision": git_revision(),
-        "argv": argv,
+        "argv": redacted_argv(argv),
     }
+
+
+def _network_failure(err: BaseException) -> BaseException | None:
+    """The connection error (offline, unreachable Hub) behind `err`, if any."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (ConnectionError, TimeoutError)) or type(err).__name__ in (
+                "OfflineModeIsEnabled", "ConnectError", "ConnectTimeout", "ReadTimeout", "LocalEntryNotFoundError"):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
+    """`load_tasks`, saying first which presets download from the Hub; a download that fails (offline, Hub
+    unreachable) is a one-paragraph `UsageError`."""
+    presets = [n for n in names if n in TASK_PRESETS and not Path(n).is_file()]
+    if presets:
+        print(f"Presets {' '.join(presets)}: downloading from the Hugging Face Hub (datasets.load_dataset; cached after the first run).")
+    try:
+        return load_tasks(names, splits=splits, cache_dir=cache_dir)
+    except (UsageError, DataError):
+        raise
+    except Exception as err:  # noqa: BLE001 -- only a network failure is re-worded; anything else propagates
+        cause = _network_failure(err)
+        if cause is None:
+            raise
+        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        raise UsageError(
+            f"Could not download the preset task data from the Hugging Face Hub ({type(cause).__name__}: {reason}). "
+            "Presets (and task-config entries with \"preset\") need the network on their first use, or a copy in the "
+            "datasets cache (then set HF_DATASETS_OFFLINE=1). For data on disk, write a task-config file (see the README)."
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -584,6 +810,9 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
     model_args, data_args, run_args, training_args = parse_args(argv)
+    # tokens and other secrets leave the arguments at once: the Trainer pickles them into training_args.bin
+    secrets = take_secrets(model_args, data_args, run_args, training_args)
+    hub_token = secrets.get("hub_token")
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
     log_level = training_args.get_process_log_level()
@@ -599,14 +828,14 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- checks before any compute: output folder, Hub push, data (every task, every split, every row)
     check_distributed(training_args)
     checkpoint = check_output_dir(training_args, run_args)
-    check_push(training_args)
+    check_push(training_args, hub_token)
     # the push happens at the end, after everything is saved locally (the Trainer's own would contact the Hub first)
     push_repo = (training_args.hub_model_id or Path(training_args.output_dir).name) if training_args.push_to_hub else None
     training_args.push_to_hub = False
     splits = ["train"] * training_args.do_train + ["validation"] * training_args.do_eval
     if not splits:
         raise UsageError("Nothing to do: --do_train and --do_eval are both off.")
-    task_data = load_tasks(data_args.tasks, splits=splits, cache_dir=model_args.cache_dir)
+    task_data = load_task_data(data_args.tasks, splits, model_args.cache_dir)
     if data_args.task_names:
         unknown = sorted(set(data_args.task_names) - {t.name for t in task_data})
         if unknown:
@@ -630,6 +859,12 @@ def main(argv: list[str] | None = None) -> dict:
             if min(values) < max(values):
                 t.spec = dataclasses.replace(t.spec, target_range=[min(values), max(values)])
     tasks = [t.spec for t in task_data]
+    baselines = {}
+    for t in task_data:
+        if (t.name, "validation") in labels:
+            base = baseline_scores(t.spec, labels.get((t.name, "train")), labels[(t.name, "validation")])
+            if base:
+                baselines[t.name] = base
 
     # ---- model and tokenizer
     model, source = build_model(model_args, tasks, training_args, data_args.max_seq_length)
@@ -671,6 +906,12 @@ def main(argv: list[str] | None = None) -> dict:
     if trainer.data_collator.pad_to_multiple_of is None:
         trainer.data_collator.pad_to_multiple_of = data_args.pad_to_multiple_of
 
+    progress = TrainingProgressCallback(trainer.examples_seen)  # counts and time across resumes
+    trainer.add_callback(progress)
+    if checkpoint and not progress.resume_from(checkpoint):
+        logger.warning(f"{checkpoint} records no training progress (an older or cut-off checkpoint): examples_seen and "
+                       "the training time will cover only the part after it.")
+
     # ---- training
     train_metrics = {}
     if training_args.do_train:
@@ -702,7 +943,7 @@ def main(argv: list[str] | None = None) -> dict:
             trainer.routing_statistics.plot(os.path.join(training_args.output_dir, "routing_heatmap.png"))
             trainer.routing_heatmap = "routing_heatmap.png"
         if trainer.is_world_process_zero():
-            print("\nPer-task results on the evaluation sets\n" + results_table(tasks, metrics))
+            print("\nPer-task results on the evaluation sets\n" + results_table(tasks, metrics, baselines=baselines))
             samples = generation_samples(model, tokenizer, task_data)
             if samples:
                 with open(os.path.join(training_args.output_dir, "generations.json"), "w") as f:
@@ -713,17 +954,30 @@ def main(argv: list[str] | None = None) -> dict:
                                        processing_class=tokenizer)
         merged = {k: v for m in finetuned.values() for k, v in m.items() if not k.endswith(("_average", "runtime", "per_second"))}
         if trainer.is_world_process_zero():
-            print("\nAfter per-task fine-tuning (early stopping on each dev set)\n" + results_table(tasks, merged))
+            print("\nAfter per-task fine-tuning (early stopping on each dev set)\n" + results_table(tasks, merged, baselines=baselines))
             with open(os.path.join(training_args.output_dir, "finetune_results.json"), "w") as f:
                 json.dump(finetuned, f, indent=2)
 
     # ---- model card, run summary and Hub: rank 0 only
     if trainer.is_world_process_zero():
         os.makedirs(training_args.output_dir, exist_ok=True)
-        tokenizer.save_pretrained(training_args.output_dir)
+        totals = progress.totals()
+        training = None  # an evaluation-only run trained nothing: its card says so
+        if training_args.do_train:
+            tokenizer.save_pretrained(training_args.output_dir)  # beside the model: what a pipeline loads
+            training = trainer.training_summary()
+            training["training time"] = f"{totals['train_seconds']:.0f} s"
+            if checkpoint:
+                training["training time"] += (f" ({totals['train_seconds_this_run']:.0f} s after resuming from "
+                                              f"{Path(checkpoint).name})" if totals["complete"] else
+                                              f" after resuming from {Path(checkpoint).name} (earlier part not recorded)")
+            training["examples seen per task"] = ", ".join(f"{k} {v}" for k, v in totals["examples_seen"].items())
         trainer.create_model_card(model_name=training_args.hub_model_id or Path(training_args.output_dir).name,
-                                  base_model=source, data_provenance=[t.source for t in task_data], repo_id=push_repo)
-        summary = run_summary(trainer, metrics, train_metrics, started, argv)
+                                  base_model=source, data_provenance=[t.source for t in task_data], repo_id=push_repo,
+                                  training=training, local_files={t.name: list(t.files.values()) for t in task_data if t.files},
+                                  model_path=training_args.output_dir if training_args.do_train else (model_args.model_name_or_path or str(source)),
+                                  baselines=baselines)
+        summary = run_summary(trainer, metrics, train_metrics, started, argv, totals if training_args.do_train else None, baselines)
         generations = Path(training_args.output_dir) / "generations.json"
         if generations.exists():
             summary["samples"] = json.loads(generations.read_text())
@@ -732,18 +986,40 @@ def main(argv: list[str] | None = None) -> dict:
         with open(os.path.join(training_args.output_dir, "run_summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
         routing = ", routing heatmap" if trainer.routing_statistics is not None else ""
-        print(f"\nModel, tokenizer, metrics{routing} and model card (README.md) are in {training_args.output_dir}")
-        if push_repo:
-            push(training_args.output_dir, push_repo, training_args.hub_token, training_args.hub_private_repo)
+        if training_args.do_train:
+            print(f"\nModel, tokenizer, metrics{routing} and model card (README.md) are in {training_args.output_dir}")
+        else:
+            print(f"\nEvaluation only (--do_train False): metrics{routing}, run_summary.json and model card (README.md) "
+                  f"are in {training_args.output_dir}; no model was saved (the model evaluated is {source}).")
+        if push_repo and not push(training_args.output_dir, push_repo, hub_token, training_args.hub_private_repo):
+            raise PushFailed(f"The upload to {push_repo} failed; the run is saved in {training_args.output_dir}.")
     return metrics
 
 
+#: where code raising a ValueError makes it a check of ours on the user's input (any other raiser: an internal error)
+OWN_CODE = (str(Path(hf_taskmoe.__file__).resolve().parent), str(Path(__file__).resolve()))
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether `err` is a refusal of the user's input: a `UsageError`/`DataError`, a missing file, or a `ValueError`
+    raised by hf_taskmoe's or this script's own checks. A `ValueError` raised inside transformers, torch or
+    another library (an API change, a bug) is not: it is an internal error."""
+    if isinstance(err, (UsageError, DataError, FileNotFoundError)):
+        return True
+    if not isinstance(err, ValueError):
+        return False
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(OWN_CODE)
+
+
 def cli(argv: list[str] | None = None) -> int:
-    """The command line: `--help` is the short help; a problem with the arguments, data or output folder ends
-    in a short message and exit status 2 (the traceback only with a bare `--debug`)."""
+    """The command line. `--help` is the short help (with the values this command line would run with),
+    `--help_all` every option. Exit status: 0 done; 2 a problem with the arguments, data or output folder (one
+    paragraph, no traceback); 1 the Hub upload failed after the run was saved, or an internal error (its traceback
+    and an "internal error" line). A bare `--debug` shows the full traceback of any error."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if "-h" in argv or "--help" in argv:
-        print(short_help())
+        print(short_help(argv))
         return 0
     if "--help_all" in argv:
         build_parser().print_help()
@@ -754,11 +1030,21 @@ def cli(argv: list[str] | None = None) -> int:
         del argv[i]
     try:
         main(argv)
-    except (UsageError, DataError, ValueError, FileNotFoundError) as err:
+    except PushFailed:
         if debug:
             raise
-        print(f"error: {err}\n(run with --debug for the traceback)", file=sys.stderr)
-        return 2
+        return 1  # push() has said what failed, where the run is and the command that uploads it
+    except Exception as err:  # noqa: BLE001 -- sorted into the user's mistakes and our bugs below
+        if debug:
+            raise
+        if is_user_error(err):
+            print(f"error: {err}\n(run with --debug for the traceback)", file=sys.stderr)
+            return 2
+        traceback.print_exc()
+        print(f"\ninternal error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"
+              "This is a bug in hf_taskmoe or a library it calls, not a problem with your arguments or data. Run again "
+              "with --debug for the full traceback, and report it with that output.", file=sys.stderr)
+        return 1
     return 0
 
 

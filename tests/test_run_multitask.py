@@ -251,8 +251,10 @@ def test_the_card_names_its_base_model_by_repo_id_and_passes_the_hub_checks(tmp_
     run_multitask.main(_argv(tmp_path / "my-mttag", tiny_dense, "--max_steps", "2"))
     card = ModelCard.load(tmp_path / "my-mttag" / "README.md")
     assert check_model_card(card) == []
-    assert str(tmp_path) not in card.content and str(tiny_dense) not in card.content  # never an absolute path
-    assert card.data.model_name == "my-mttag" and "a local checkpoint (`tiny_bert" in card.content
+    assert str(tiny_dense) not in card.content  # the base model: never an absolute path
+    # the usage snippet loads the folder the model was saved in, by the path the run was given (a repo id once pushed)
+    assert f'AutoModel.from_pretrained("{tmp_path / "my-mttag"}")' in card.content
+    assert card.data.model_name == "my-mttag" and "a local checkpoint (tiny_bert" in card.content
     assert "target -" in card.content and "| rotten_tomatoes | single_label_classification | rotten, fresh |" in card.content
     assert 'pipeline("multitask-text-classification"' in card.content and "AutoModel.from_pretrained" in card.content
     assert "![routing heatmap" in card.content and (tmp_path / "my-mttag" / "routing_heatmap.png").exists()
@@ -270,11 +272,12 @@ def test_the_card_names_its_base_model_by_repo_id_and_passes_the_hub_checks(tmp_
 def test_a_failed_push_says_what_happened_and_where_the_model_is(tmp_path, tiny_dense, monkeypatch, capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 34)  # the tests run offline (HF_HUB_OFFLINE=1): the upload fails at once
     out = tmp_path / "pushed"
-    run_multitask.main(_argv(out, tiny_dense, "--max_steps", "2", "--push_to_hub", "--hub_model_id", "someone/pushed"))
+    code = run_multitask.cli(_argv(out, tiny_dense, "--max_steps", "2", "--push_to_hub", "--hub_model_id", "someone/pushed"))
     err = capsys.readouterr().err
+    assert code == 1  # saved locally, then a non-zero exit: scripts and CI notice
     assert "The upload to the Hub failed" in err and str(out) in err and "hf upload someone/pushed" in err
     assert (out / "model.safetensors").exists() and (out / "README.md").exists() and (out / "tokenizer.json").exists()
-    assert len(err[err.index("The upload"):].strip().splitlines()) <= 3  # one paragraph, no traceback
+    assert len(err[err.index("The upload"):].strip().splitlines()) <= 2  # one paragraph and the command, no traceback
     assert "Traceback" not in err
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setattr("huggingface_hub.get_token", lambda: None)

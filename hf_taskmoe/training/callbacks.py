@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import sys
+import time
+from typing import Callable
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -126,6 +129,75 @@ class RoutingAnalyticsCallback(TrainerCallback):
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
             self.write_summary(args.output_dir)
+
+
+PROGRESS_JSON = "training_progress.json"
+
+
+class TrainingProgressCallback(TrainerCallback):
+    """Training examples per task and training seconds counted over the whole run, across resumes.
+
+    `Trainer` restarts its clock and the trainer's per-task counts on resume, so a resumed run would report only the
+    part after the checkpoint. This callback writes the totals so far into every checkpoint (`training_progress.json`)
+    and `resume_from(checkpoint)` reads them back before `train(resume_from_checkpoint=...)`, so `totals()` covers
+    the run from its first step. `examples_seen` is a function giving this run's counts (`MultiTaskTrainer.examples_seen`)."""
+
+    def __init__(self, examples_seen: Callable[[], dict[str, int]]):
+        self.examples_seen = examples_seen
+        self.examples_before: dict[str, int] = {}
+        self.seconds_before = 0.0
+        self.resumed_from: str | None = None
+        self.complete = True  # False when a checkpoint resumed from holds no totals (older or cut-off checkpoint)
+        self._started: float | None = None
+        self._seconds = 0.0
+
+    def resume_from(self, checkpoint: str) -> bool:
+        """Start from the totals recorded in `checkpoint`; returns False (and counts from the checkpoint on) when it
+        holds none."""
+        self.resumed_from = checkpoint
+        path = os.path.join(checkpoint, PROGRESS_JSON)
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            self.examples_before = {str(k): int(v) for k, v in saved["examples_seen"].items()}
+            self.seconds_before = float(saved["train_seconds"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.complete = False
+            return False
+        return True
+
+    def _this_run_seconds(self) -> float:
+        return self._seconds + (time.time() - self._started if self._started is not None else 0.0)
+
+    def totals(self) -> dict:
+        """`{"examples_seen": {task: n}, "train_seconds": s, "train_seconds_this_run": s, "resumed_from": path or
+        None, "complete": bool}`; `complete` is False when a resumed checkpoint held no totals (the figures then
+        start at that checkpoint)."""
+        now = self.examples_seen()
+        this_run = self._this_run_seconds()
+        return {
+            "examples_seen": {t: self.examples_before.get(t, 0) + n for t, n in now.items()},
+            "train_seconds": round(self.seconds_before + this_run, 1),
+            "train_seconds_this_run": round(this_run, 1),
+            "resumed_from": self.resumed_from,
+            "complete": self.complete,
+        }
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._started = time.time()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._started is not None:
+            self._seconds += time.time() - self._started
+            self._started = None
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+            if os.path.isdir(folder):
+                totals = self.totals()
+                with open(os.path.join(folder, PROGRESS_JSON), "w") as f:
+                    json.dump({"examples_seen": totals["examples_seen"], "train_seconds": totals["train_seconds"]}, f)
 
 
 def glibc_malloc_trim():
