@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from ..compat import CACHE_ARGS
 from ..utils import lookup
 
 
@@ -268,6 +269,50 @@ def _rows(value, rows: torch.Tensor, batch: int):
     return value
 
 
+class RouteRecorder:
+    """What `output_hidden_states` / `output_attentions` ask of one pass through a stack of `RoutedLayer`s.
+
+    transformers records a model's hidden states and attentions with hooks on its layer and attention classes; a
+    routed layer holds several copies of them (its experts), each run on some rows, so those hooks would record
+    each expert on its own. The stack's hooks switch transformers' recording off for the stack and hand a recorder
+    to its layers instead; each layer records its mixed output and the mixture of its experts' attention
+    probabilities `sum_j D_ij A^(i,j)` (for a hard route: the chosen expert's), each `(batch, heads, q, k)`.
+    """
+
+    def __init__(self, hidden_states: bool, attentions: bool, attention_kinds: dict[str, str]):
+        self.hidden_states: list[torch.Tensor] | None = [] if hidden_states else None
+        #: output field -> the attention submodule of an expert it reads (`{"attentions": "self_attn"}`)
+        self.kinds = attention_kinds if attentions else {}
+        self.attentions: dict[str, list[torch.Tensor | None]] = {kind: [] for kind in self.kinds}
+
+    def record_input(self, hidden_states: torch.Tensor) -> None:
+        if self.hidden_states is not None and not self.hidden_states:
+            self.hidden_states.append(hidden_states)  # the embedding output, as transformers records it
+
+    def record_output(self, hidden_states: torch.Tensor) -> None:
+        if self.hidden_states is not None:
+            self.hidden_states.append(hidden_states)
+
+    def watch(self, expert: nn.Module) -> tuple[dict[str, list], list]:
+        """Hooks on `expert`'s attention modules that keep their probabilities; remove the handles afterwards."""
+        seen: dict[str, list] = {kind: [] for kind in self.kinds}
+        handles = []
+        for kind, name in self.kinds.items():
+            module = getattr(expert, name, None)
+            if module is not None:
+                handles.append(module.register_forward_hook(
+                    lambda _m, _a, out, kept=seen[kind]: kept.append(out[1] if isinstance(out, tuple) and len(out) > 1 else None)
+                ))
+        return seen, handles
+
+    def outputs(self) -> dict[str, tuple | None]:
+        fields = {kind: tuple(values) if values and all(v is not None for v in values) else None
+                  for kind, values in self.attentions.items()}
+        if self.hidden_states is not None:
+            fields["hidden_states"] = tuple(self.hidden_states)
+        return fields
+
+
 class RoutedLayer(nn.Module):
     """One layer forked into experts; takes the wrapped layers' call signature plus `routing_weights`
     (`(batch, routed layers, experts)`, read at this layer's `route_index`) and, from the model,
@@ -278,6 +323,7 @@ class RoutedLayer(nn.Module):
     in training too -- except under straight-through training, whose gradient needs every expert. With a
     key/value cache (generation) each expert writes its own cache slot; an expert that serves only some
     rows keeps only those rows in its slot, which `RoutedCache` records so that beam search can reorder it.
+    With a `routing_recorder` (a `RouteRecorder`) the layer records its output and its attention probabilities.
     """
 
     def __init__(self, experts: list[nn.Module], route_index: int | None):
@@ -285,34 +331,61 @@ class RoutedLayer(nn.Module):
         self.experts = nn.ModuleList(experts)
         self.route_index = route_index
 
-    def forward(self, hidden_states, *args, routing_weights=None, routing_plan=None, task_ids=None, **kwargs):
+    def forward(self, hidden_states, *args, routing_weights=None, routing_plan=None, task_ids=None,
+                routing_recorder: RouteRecorder | None = None, **kwargs):
+        if routing_recorder is not None:
+            routing_recorder.record_input(hidden_states)
         if self.route_index is None:
-            return self.experts[0](hidden_states, *args, **kwargs)
-        if routing_weights is None:
-            raise ValueError("A routed layer needs `routing_weights`: call the model with `task_ids`.")
-        if routing_plan is None:  # called on its own, not through the model
-            routing_plan = plan_routes(routing_weights)
-        weights = routing_weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
+            entries, weights = [PlanEntry(0, None, False)], None
+        else:
+            if routing_weights is None:
+                raise ValueError("A routed layer needs `routing_weights`: call the model with `task_ids`.")
+            if routing_plan is None:  # called on its own, not through the model
+                routing_plan = plan_routes(routing_weights)
+            entries = routing_plan[self.route_index]
+            weights = routing_weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
         batch = hidden_states.shape[0]
-        cache = kwargs.get("past_key_values")
+        cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
         out = None
-        for j, rows, scale in routing_plan[self.route_index]:
+        attentions = {kind: None for kind in (routing_recorder.kinds if routing_recorder is not None else ())}
+        for j, rows, scale in entries:
             expert = self.experts[j]
             if isinstance(cache, RoutedCache):
                 cache.set_slot_rows(expert, rows)
-            if rows is None:
-                y = expert(hidden_states, *args, **kwargs)
-                y = y * weights[:, j, None, None] if scale else y
-                out = y if out is None else out + y
-                continue
-            y = expert(
-                hidden_states.index_select(0, rows),
-                *[_rows(a, rows, batch) for a in args],
-                **{k: _rows(v, rows, batch) for k, v in kwargs.items()},
-            )
-            y = y * weights.index_select(0, rows)[:, j, None, None] if scale else y
-            out = (torch.zeros_like(hidden_states) if out is None else out).index_add(0, rows, y)
+            seen, handles = routing_recorder.watch(expert) if attentions else ({}, [])
+            try:
+                if rows is None:
+                    y = expert(hidden_states, *args, **kwargs)
+                else:
+                    y = expert(
+                        hidden_states.index_select(0, rows),
+                        *[_rows(a, rows, batch) for a in args],
+                        **{k: _rows(v, rows, batch) for k, v in kwargs.items()},
+                    )
+            finally:
+                for handle in handles:
+                    handle.remove()
+            share = None if weights is None else (weights if rows is None else weights.index_select(0, rows))[:, j]  # (rows,)
+            y = y * share[:, None, None] if scale else y
+            out = _scatter_rows(out, y, rows, hidden_states)
+            for kind, probs in seen.items():
+                if probs and probs[-1] is not None:
+                    p = probs[-1] if share is None else probs[-1] * share[:, None, None, None].to(probs[-1].dtype)
+                    attentions[kind] = _scatter_rows(attentions[kind], p, rows, None, batch)  # (batch, heads, q, k)
+        if routing_recorder is not None:
+            routing_recorder.record_output(out)
+            for kind, value in attentions.items():
+                routing_recorder.attentions[kind].append(value)
         return out
+
+
+def _scatter_rows(total, y, rows, like, batch: int | None = None):
+    """`total + y`, where `y` holds the rows `rows` of the batch (all rows when None)."""
+    if rows is None:
+        return y if total is None else total + y
+    if total is None:
+        total = torch.zeros_like(like) if like is not None else y.new_zeros(batch, *y.shape[1:])
+    return total.index_add(0, rows, y)
 
 
 class RoutedCache(EncoderDecoderCache):

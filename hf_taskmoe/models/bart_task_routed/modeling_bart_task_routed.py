@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -21,12 +22,16 @@ import torch
 from torch import nn
 from transformers import AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration, PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import EncoderDecoderCache
+from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoderLayer, shift_tokens_right
 
 from ...layers.heads import IGNORE_INDEX
-from ...layers.routing import RoutedCache, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature, plan_routes
+from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...layers.routing import (
+    RouteRecorder, RoutedCache, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature, plan_routes,
+)
 from ...modeling_utils import (
     MultiTaskPreTrainedModel, check_batch_dim, check_kwargs, check_lengths, grow_embedding, resolve_task_ids,
 )
@@ -54,11 +59,16 @@ class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
 DEFAULT_MAX_NEW_TOKENS = 64
 
 
-# keyword arguments transformers passes to a model's forward (generation, attention back-ends); anything else is refused
-_TRANSFORMERS_KWARGS = frozenset({
-    "cache_position", "return_dict", "position_ids", "decoder_position_ids", "is_causal", "cu_seq_lens_q", "cu_seq_lens_k",
-    "max_length_q", "max_length_k", "seq_idx", "head_mask", "decoder_head_mask", "cross_attn_head_mask",
-})
+def _forwarded_kwargs() -> frozenset[str]:
+    """Keyword arguments transformers may hand a model's `forward` (generation, attention back-ends, the Trainer),
+    read from the installed release: BART's own `forward` and `TransformersKwargs`; anything else is refused."""
+    names = set(inspect.signature(BartForConditionalGeneration.forward).parameters) | set(TransformersKwargs.__annotations__)
+    # names earlier 5.x releases passed (the signatures above no longer list them there)
+    names |= {"cache_position", "decoder_position_ids", "head_mask", "decoder_head_mask", "cross_attn_head_mask"}
+    return frozenset(names - {"self", "kwargs"})
+
+
+_TRANSFORMERS_KWARGS = _forwarded_kwargs()
 
 
 def apply_generation_convention(generation_config, config, max_new_tokens: int | None = None):
@@ -79,6 +89,13 @@ def apply_generation_convention(generation_config, config, max_new_tokens: int |
     if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
         generation_config.max_length = None
     return generation_config
+
+
+def _named_outputs(module, args, kwargs):
+    """A forward pre-hook: the module returns a `ModelOutput` whatever `config.return_dict` says (its caller inside
+    BART reads fields by name; the model's own `forward` applies `return_dict` once, at the end)."""
+    kwargs["return_dict"] = True
+    return args, kwargs
 
 
 def _route_index(config: BartTaskRoutedConfig, layer: int | str) -> int:
@@ -145,6 +162,13 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             router_type=config.router_type, selection=config.selection, num_heads=config.router_attention_heads,
         )
         self.router.temperature = config.gumbel_temperature
+        # the encoder and decoder are BART's own modules: torch hooks (a public seam) give them the routes when
+        # `generate` runs the encoder by itself, and record hidden states and attentions per routed layer
+        for stack in (self.model.encoder, self.model.decoder):
+            stack.register_forward_pre_hook(self._stack_pre_hook, with_kwargs=True)
+            stack.register_forward_hook(self._stack_post_hook, with_kwargs=True)
+        # BartForConditionalGeneration reads BartModel's output by name: `config.return_dict=False` applies in `forward`
+        self.model.register_forward_pre_hook(_named_outputs, with_kwargs=True)
         self.post_init()
         apply_generation_convention(self.generation_config, config)
         self.apply_freezing()
@@ -245,7 +269,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.LongTensor | None = None,
         encoder_outputs=None,
-        past_key_values=None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -253,23 +277,31 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         task_ids: torch.LongTensor | None = None,
         routing_weights: torch.Tensor | None = None,
         output_router_logits: bool = False,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
-    ) -> TaskRoutedSeq2SeqOutput:
+    ) -> TaskRoutedSeq2SeqOutput | tuple:
         r"""
         task_ids (`torch.LongTensor` of shape `(batch,)`):
             Each row's task (index into `config.tasks`); optional for a one-task model.
         labels (`torch.LongTensor` of shape `(batch, target_length)`):
             Target token ids, `-100` where ignored; the decoder inputs are the labels shifted right.
+        cache (`Cache`, *optional*):
+            The key/value cache this model returned (a `RoutedCache`: one slot per decoder expert); also accepted
+            as `past_key_values`. An empty cache of another class (what `generate` makes) is replaced by one.
         routing_weights (`torch.Tensor` of shape `(batch, routed layers, experts)`, *optional*):
             Decisions to use instead of the router's (analysis).
         output_router_logits (`bool`, *optional*):
             Return `routing_decisions` and `router_logits`.
+        output_attentions / output_hidden_states (`bool`, *optional*, default from the config):
+            Per layer, as BART returns them; a routed layer gives its mixed output and the mixture of its experts'
+            attention probabilities (a hard route: the chosen expert's).
         """
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: BART has no segment embeddings
-        for flag in ("output_hidden_states", "output_attentions"):
-            if kwargs.pop(flag, None):
-                raise ValueError(f"`{flag}` is not supported by BartTaskRouted: a routed layer holds several experts.")
+        cache = pop_cache({"cache": cache, **{k: kwargs.pop(k) for k in ("past_key_values",) if k in kwargs}})
         check_kwargs({k: v for k, v in kwargs.items() if k not in _TRANSFORMERS_KWARGS}, self.forward)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         reference = next(
             (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
             None,
@@ -281,7 +313,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         batch = reference.shape[0]
         limit = self.config.max_position_embeddings
         for name, tensor in (("input", input_ids if input_ids is not None else inputs_embeds), ("target", labels),
-                             ("decoder input", decoder_input_ids if past_key_values is None else None)):
+                             ("decoder input", decoder_input_ids if cache is None else None)):
             if tensor is not None:
                 check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, limit, name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
@@ -307,19 +339,18 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
                 decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
-        if use_cache and past_key_values is None:
-            # grows with the slots it is given (one per decoder expert); a config-sized cache would not
-            past_key_values = RoutedCache()
+        cache = self._routed_cache(cache) if use_cache else None
         # which experts run on which rows, for every routed layer at once (the forward's one host sync)
         plan = plan_routes(routing_weights, every_expert=router_logits is not None and self.router.needs_every_expert)
+        flags = {k: v for k, v in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states))
+                 if v is not None}
         out = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values if use_cache else None, inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache, routing_weights=routing_weights,
-            routing_plan=plan, **kwargs,
+            inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
+            routing_weights=routing_weights, routing_plan=plan, return_dict=True, **{CACHE_ARG: cache}, **flags, **kwargs,
         )
-        cache = out.past_key_values
+        cache = output_cache(out)
         if isinstance(cache, EncoderDecoderCache):
             # slot 0: a zero-width record of the decoded positions (BART reads the past length from slot 0)
             steps = out.logits.shape[1]
@@ -334,10 +365,66 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             decisions = routing_weights.detach().float()
             counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
             routing = dict(routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1))
-        return TaskRoutedSeq2SeqOutput(
-            loss=loss, logits=out.logits, past_key_values=cache, encoder_last_hidden_state=out.encoder_last_hidden_state,
-            task_losses=task_losses, task_ids=task_ids, **routing,
+        output = TaskRoutedSeq2SeqOutput(
+            loss=loss, logits=out.logits, encoder_last_hidden_state=out.encoder_last_hidden_state,
+            encoder_hidden_states=out.encoder_hidden_states, encoder_attentions=out.encoder_attentions,
+            decoder_hidden_states=out.decoder_hidden_states, decoder_attentions=out.decoder_attentions,
+            cross_attentions=out.cross_attentions, task_losses=task_losses, task_ids=task_ids, **{CACHE_ARG: cache}, **routing,
         )
+        return output if return_dict else output.to_tuple()
+
+    def _routed_cache(self, cache: Cache | None) -> RoutedCache:
+        """The cache to decode with: the `RoutedCache` this model returned, or a new one in place of none or of an empty
+        cache of another class (`generate` makes one sized by the config's layer count; ours has a slot per decoder
+        expert, and an expert serving some rows only keeps those rows)."""
+        if cache is None or isinstance(cache, RoutedCache):
+            return cache if cache is not None else RoutedCache()
+        if getattr(cache, "is_compileable", False):
+            raise ValueError(
+                f"BartTaskRouted cannot decode with a static cache ({type(cache).__name__}, `cache_implementation="
+                f"'static'`): its decoder keeps one cache slot per expert, holding only the rows routed to it. Leave "
+                "`cache_implementation` unset (the default dynamic cache)."
+            )
+        if cache.get_seq_length() > 0:
+            raise ValueError(
+                f"BartTaskRouted continues decoding only from the cache it returned (a RoutedCache), got a filled "
+                f"{type(cache).__name__}."
+            )
+        return RoutedCache()
+
+    # ------------------------------------------------------------------ the encoder's and decoder's hooks
+    def _stack_pre_hook(self, stack, args, kwargs):
+        """Before BART's encoder or decoder runs: routes for the encoder when `generate` calls it by itself (it passes
+        the model's `task_ids` on), and a `RouteRecorder` in place of transformers' recording when hidden states or
+        attentions are asked for (its hooks would record every expert of a routed layer separately)."""
+        task_ids = kwargs.pop("task_ids", None)
+        if stack is self.model.encoder and kwargs.get("routing_weights") is None:
+            inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+            if inputs is not None:
+                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device)
+                kwargs["routing_weights"] = weights = self.router(task_ids)[0]
+                kwargs["routing_plan"] = plan_routes(weights)
+        hidden_states, attentions = (
+            kwargs.pop(flag, None) for flag in ("output_hidden_states", "output_attentions")
+        )
+        hidden_states = self.config.output_hidden_states if hidden_states is None else hidden_states
+        attentions = self.config.output_attentions if attentions is None else attentions
+        kwargs["output_hidden_states"] = kwargs["output_attentions"] = False  # BART's recording off: ours below
+        _named_outputs(stack, args, kwargs)  # BartModel reads its stacks' outputs by name
+        if hidden_states or attentions:
+            kinds = {"attentions": "self_attn"}
+            if stack is self.model.decoder:
+                kinds["cross_attentions"] = "encoder_attn"
+            kwargs["routing_recorder"] = RouteRecorder(bool(hidden_states), bool(attentions), kinds)
+        return args, kwargs
+
+    @staticmethod
+    def _stack_post_hook(stack, args, kwargs, output):
+        recorder = kwargs.get("routing_recorder")
+        if recorder is not None and isinstance(output, ModelOutput):
+            for name, value in recorder.outputs().items():
+                setattr(output, name, value)
+        return output
 
     def _seq2seq_loss(self, logits, labels, task_ids):
         """Token cross-entropy, mean over the batch's target tokens (as BART), each task's tokens weighted by
@@ -359,36 +446,6 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         return loss, task_losses
 
     # ------------------------------------------------------------------ generation
-    def _encode_with_routes(self, encode, inputs_tensor, model_kwargs, *args, **kwargs):
-        # `generate` runs the encoder once, before decoding: give it the rows' routes
-        task_ids = resolve_task_ids(model_kwargs.get("task_ids"), inputs_tensor.shape[0], self.config.task_names, self.device)
-        model_kwargs["task_ids"] = task_ids
-        model_kwargs["routing_weights"] = weights = self.router(task_ids)[0]
-        model_kwargs["routing_plan"] = plan_routes(weights)
-        model_kwargs = encode(inputs_tensor, model_kwargs, *args, **kwargs)
-        model_kwargs.pop("routing_weights", None)  # each decoding step routes from `task_ids` again
-        model_kwargs.pop("routing_plan", None)
-        return model_kwargs
-
-    # the encoder step of `generate` (transformers >= 5.2x names it `_prepare_text_...`; earlier 5.x releases the other)
-    def _prepare_text_encoder_decoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, *args, **kwargs):
-        encode = super()._prepare_text_encoder_decoder_kwargs_for_generation
-        return self._encode_with_routes(encode, inputs_tensor, model_kwargs, *args, **kwargs)
-
-    def _prepare_encoder_decoder_kwargs_for_generation(self, inputs_tensor, model_kwargs, *args, **kwargs):
-        encode = super()._prepare_encoder_decoder_kwargs_for_generation
-        return self._encode_with_routes(encode, inputs_tensor, model_kwargs, *args, **kwargs)
-
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
-        given = model_kwargs.get("past_key_values")
-        result = super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
-        cache = model_kwargs.get("past_key_values")
-        if given is None and isinstance(cache, EncoderDecoderCache) and generation_config.cache_implementation in (None, "dynamic"):
-            # transformers sizes a dynamic cache by the config's layer count; ours has one slot per decoder expert,
-            # and an expert serving some rows only keeps those rows (RoutedCache)
-            model_kwargs["past_key_values"] = RoutedCache()
-        return result
-
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate` with `task_ids` (one per row); the segment ids a BERT tokenizer returns are
         dropped (BART has no segment embeddings), so `model.generate(**tokenizer(texts), task_ids=...)` works."""

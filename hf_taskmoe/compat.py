@@ -1,0 +1,44 @@
+"""Everything hf_taskmoe knows about names that changed inside transformers 5.x, in one place.
+
+The families wrap transformers through public seams (a model's `forward`, `prepare_inputs_for_generation`,
+`Cache` objects, torch module hooks). Where those seams themselves were renamed between the releases the
+package supports, the installed release is read here, from public signatures, once. Each name below has a
+canary in `tests/test_compat.py` that fails naming the hook if an upstream release changes it.
+
+Private transformers members this package still touches, each checked by a canary:
+- `Trainer._prepare_inputs` (called, not overridden: moves a batch to the device as `Trainer` does);
+- `Pipeline._load_tokenizer` / `_load_feature_extractor` / `_load_image_processor` / `_load_processor` and
+  `_pipeline_calls_generate` (class flags a custom pipeline sets, as transformers' own pipelines do);
+- `Pipeline._sanitize_parameters` / `_forward` (the documented extension points of a custom pipeline).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from transformers import GenerationMixin
+
+#: the keyword under which generation hands the key/value cache to a model's `forward` and reads it back from
+#: the model's output: `cache` from transformers 5.24 on (`past_key_values` is deprecated there and goes in 5.40),
+#: `past_key_values` before.
+CACHE_ARG: str = (
+    "cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    else "past_key_values"
+)
+
+#: every name a cache may arrive under (a caller may still use the deprecated one)
+CACHE_ARGS: tuple[str, ...] = ("cache", "past_key_values")
+
+
+def pop_cache(kwargs: dict):
+    """Remove the key/value cache from `kwargs`, under whichever name it came; None when there is none."""
+    found = [kwargs.pop(name) for name in CACHE_ARGS if name in kwargs]
+    found = [c for c in found if c is not None]
+    if len(found) > 1:
+        raise ValueError("Pass the key/value cache once, as `cache` (or the deprecated `past_key_values`), not both.")
+    return found[0] if found else None
+
+
+def output_cache(output):
+    """The key/value cache a transformers model output carries (`output.cache` or `output.past_key_values`)."""
+    return getattr(output, CACHE_ARG, None)
