@@ -267,6 +267,16 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
             # `tasks` were reordered would silently pair them wrongly, so the order travels with the weights
             self.register_buffer("task_fingerprint", task_fingerprint(self.config.task_names), persistent=True)
 
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        self._init_task_order(module)
+
+    def _init_task_order(self, module) -> None:
+        """`task_fingerprint` is a buffer: `init_weights()` of a model built on the meta device must set it too."""
+        if module is self and getattr(self, "task_fingerprint", None) is not None:
+            init.copy_(self.task_fingerprint, task_fingerprint(self.config.task_names))
+
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         wants_info = kwargs.get("output_loading_info", False)

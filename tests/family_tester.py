@@ -180,5 +180,63 @@ class FamilyContract:
         got, expected = reference(fresh)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
+    def test_init_weights_on_the_meta_device_sets_every_buffer(self):
+        """As transformers' `test_init_weights_can_init_buffers`: a model built on the meta device, moved to the CPU
+        and initialised by `init_weights()` has the buffers of one built directly (the task fingerprint included)."""
+        import copy
+
+        model = self.model()
+        with torch.device("meta"):
+            meta = type(model)(copy.deepcopy(model.config))
+        meta.to_empty(device="cpu")
+        meta.init_weights()
+        built, initialised = dict(model.named_buffers()), dict(meta.named_buffers())
+        assert sorted(built) == sorted(initialised)
+        differ = [name for name, value in built.items() if not torch.equal(value, initialised[name])]
+        assert not differ, f"buffers `init_weights()` does not set: {differ}"
+
+    def test_return_dict_false_gives_the_output_as_a_tuple(self):
+        model = self.model()
+        batch = self.case.batch(model, self.ids(model))
+        with torch.no_grad():
+            expected = model(**batch).to_tuple()
+            got = model(**batch, return_dict=False)
+            model.config.return_dict = False
+            from_config = model(**batch)
+        for value in (got, from_config):
+            assert type(value) is tuple and len(value) == len(expected)
+            torch.testing.assert_close(value, expected, atol=0, rtol=0)
+        encoder = self.case.extra.get("encoder")
+        if encoder is not None:  # the bare encoder keeps the same contract
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            with torch.no_grad():
+                expected = getattr(model, encoder)(**inputs, return_dict=True).to_tuple()
+                torch.testing.assert_close(getattr(model, encoder)(**inputs, return_dict=False), expected, atol=0, rtol=0)
+
+    def test_hidden_states_and_attentions_as_arguments_and_from_the_config(self):
+        layers = self.case.extra.get("layers")  # output field -> the config field counting its layers
+        if layers is None:
+            pytest.skip("the family has no layers to report")
+        model = self.model()
+        model.set_attn_implementation("eager")  # attention probabilities exist only on the eager path
+        batch = self.case.batch(model, self.ids(model))
+        rows = len(self.ids(model))
+        with torch.no_grad():
+            plain = model(**batch)
+            asked = model(**batch, output_hidden_states=True, output_attentions=True)
+            model.config.output_hidden_states = model.config.output_attentions = True
+            configured = model(**batch)
+        for field_name, count in layers.items():
+            assert getattr(plain, field_name) is None, field_name
+            for out in (asked, configured):
+                values = getattr(out, field_name)
+                expected = getattr(model.config, count) + int(field_name.endswith("hidden_states"))
+                assert isinstance(values, tuple) and len(values) == expected, (field_name, values and len(values))
+                assert all(v.shape[0] == rows and v.shape == values[-1].shape for v in values), field_name
+                if field_name.endswith("attentions"):  # probabilities: every row sums to 1
+                    torch.testing.assert_close(values[-1].sum(-1), torch.ones_like(values[-1].sum(-1)))
+            torch.testing.assert_close(asked.logits if asked.logits is not None else asked.task_logits, plain.logits
+                                       if plain.logits is not None else plain.task_logits)
+
     def test_package_is_imported(self):
         assert hf_taskmoe.FAMILIES[family_of(self.model().config).name]

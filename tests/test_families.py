@@ -98,29 +98,39 @@ def mmoe_batch(model, ids, rows=None, seed=0):
     return batch if rows is None else {k: v[rows] for k, v in batch.items()}
 
 
+# the BERT families' bare encoder (`model.bert`) and the layers their outputs report
+ENCODER_EXTRA = {"encoder": "bert", "layers": {"hidden_states": "num_hidden_layers", "attentions": "num_hidden_layers"}}
+
 CASES = {
     "bert_taskmoe": FamilyCase(
         "bert_taskmoe", ENCODER_TASKS,
         lambda tasks: hf_taskmoe.BertForTaskMoE(hf_taskmoe.BertTaskMoEConfig(tasks=tasks, num_experts=3, **NO_DROPOUT)),
         encoder_batch, NEW_ENCODER_TASK,
         dense_equivalent=_encoder_equivalence(hf_taskmoe.BertForTaskMoE, num_experts=3, expert_weighting="straight_through"),
+        extra=ENCODER_EXTRA,
     ),
     "bert_pals": FamilyCase(
         "bert_pals", ENCODER_TASKS,
         lambda tasks: hf_taskmoe.BertWithPALs(hf_taskmoe.BertPALsConfig(tasks=tasks, pal_size=8, pal_num_heads=2, **NO_DROPOUT)),
         encoder_batch, NEW_ENCODER_TASK,
         dense_equivalent=_encoder_equivalence(hf_taskmoe.BertWithPALs, pal_size=8, pal_num_heads=2),
+        extra=ENCODER_EXTRA,
     ),
     "camtl": FamilyCase(
         "camtl", ENCODER_TASKS,
         lambda tasks: hf_taskmoe.CAMTLModel(hf_taskmoe.CAMTLConfig(tasks=tasks, conditional_attention_max_length=16, **NO_DROPOUT)),
         encoder_batch, NEW_ENCODER_TASK,
         dense_equivalent=_encoder_equivalence(hf_taskmoe.CAMTLModel, conditional_attention_max_length=16, conditional_attention_init_std=0.0),
+        extra=ENCODER_EXTRA,
     ),
     "bart_routed": FamilyCase(
         "bart_routed", [TaskSpec(name=n, problem_type="seq2seq") for n in "xyz"],
         lambda tasks: hf_taskmoe.BartTaskRouted.from_dense(_tiny_bart(), tasks, selection="gumbel_softmax_st"),
         bart_batch, TaskSpec(name="w", problem_type="seq2seq"), learns_steps=80, dense_equivalent=_bart_equivalence,
+        extra={"layers": {
+            "encoder_hidden_states": "encoder_layers", "encoder_attentions": "encoder_layers",
+            "decoder_hidden_states": "decoder_layers", "decoder_attentions": "decoder_layers", "cross_attentions": "decoder_layers",
+        }},
     ),
     "mmoe": FamilyCase("mmoe", MMOE_TASKS, mmoe_build, mmoe_batch, TaskSpec(name="genre", num_labels=3), output_key="task_logits",
                        learns_steps=200, learns_lr=1e-2, extra={"task_ids": False}),

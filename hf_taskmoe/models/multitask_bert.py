@@ -142,13 +142,16 @@ class MultiTaskBertEncoderMixin:
         task_ids: torch.LongTensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPooling:
+    ) -> BaseModelOutputWithPooling | tuple:
         """Encode a batch whose rows may belong to different tasks (`task_ids`, shape `(batch,)`)."""
-        return self._checked_encode(
+        output = self._checked_encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
             output_attentions, output_hidden_states, **kwargs,
         )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
 
     def get_input_embeddings(self):
         return self.embeddings.word_embeddings

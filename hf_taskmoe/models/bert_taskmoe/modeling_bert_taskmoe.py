@@ -151,12 +151,15 @@ class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         output_router_logits: bool | None = None,
+        return_dict: bool | None = None,
         **kwargs,
-    ) -> TaskMoEEncoderOutput:
-        return self._checked_encode(
+    ) -> TaskMoEEncoderOutput | tuple:
+        output = self._checked_encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
             output_attentions, output_hidden_states, output_router_logits, **kwargs,
         )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
 
     def _encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,

@@ -102,7 +102,8 @@ class MMoEPreTrainedModel(MultiTaskPreTrainedModel):
     }
 
     @torch.no_grad()
-    def _init_weights(self, module):
+    def _init_weights(self, module):  # its own scheme (Glorot), not transformers' N(0, std) for every Linear
+        self._init_task_order(module)
         std = self.config.initializer_range
         if isinstance(module, StackedMLP):
             for layer in range(module.num_layers):
