@@ -74,7 +74,7 @@ def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str =
             if task.name in local_files:
                 dataset_type = local_dataset_type(local_files[task.name])
                 dataset_name = f"{task.dataset or task.name} (local files)"
-                dataset_config = None
+                dataset_config = task.name  # the Hub groups results by (task type, dataset type, config): one per task
             else:
                 dataset_type = task.dataset or task.name
                 dataset_name = task.dataset or task.name
