@@ -221,3 +221,54 @@ def test_the_oracle_agrees_with_the_documented_examples():
     assert expected_class([0, 1], ["neg", "pos"]) is None and expected_class(1.5, ["neg", "pos"]) is None
     assert invalid_rows([("a", "pos"), ("b", 0)], ["neg", "pos"]) == {1}  # a column mixing names and positions
     assert invalid_rows([("a", "pos"), (" \u2028", "neg")], ["neg", "pos"]) == {1}  # a text of separators only
+
+
+@st.composite
+def token_files(draw):
+    names = draw(st.sampled_from([["O", "B", "I"], ["0", "1"]]))
+    rows = []
+    for _ in range(draw(st.integers(1, 3))):
+        word = st.tuples(pieces, st.sampled_from(["Ann", "x", "é", "🙂", "0"]), pieces).map("".join)
+        words = [] if draw(st.integers(0, 9)) == 9 else draw(st.lists(word, min_size=1, max_size=4))
+        size = len(words) if draw(st.integers(0, 4)) else draw(st.integers(0, 5))  # mostly one tag per word
+        tags = [draw(st.sampled_from(names)) if draw(st.integers(0, 12)) else draw(st.sampled_from(["X", "²", "7"]))
+                for _ in range(size)]
+        if draw(st.integers(0, 19)) == 19:  # tags written as positions: another kind than names
+            tags = [i for i, _ in enumerate(tags)]
+        rows.append((words, tags))
+    return names, rows
+
+
+@given(token_files())
+@SETTINGS
+def test_token_rows_load_as_written_or_are_refused_by_line(case):
+    names, rows = case
+    content = "".join(json.dumps({"text": w, "label": t}, ensure_ascii=False) + "\n" for w, t in rows)
+    bad, first_kind = set(), None
+    for i, (words, tags) in enumerate(rows):
+        if not words or len(words) != len(tags) or any(expected_class(t, names) is None for t in tags):
+            bad.add(i)
+        kind = json_kind(tags)
+        if first_kind is None or (first_kind == "list" and kind != "list"):
+            first_kind = kind
+        elif kind not in (first_kind, "list"):
+            bad.add(i)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        (tmp / "tok.jsonl").write_text(content, encoding="utf-8")
+        entry = {"name": "t", "problem_type": "token_classification", "text_fields": ["text"], "label_names": names,
+                 "train_file": "tok.jsonl"}
+        (tmp / "tasks.json").write_text(json.dumps({"tasks": [entry]}))
+        try:
+            tasks = load_task_config(tmp / "tasks.json", splits=("train",))
+            labels = check_tasks(tasks, ["train"])[("t", "train")]
+        except DataError as err:
+            named = {int(m.group(1)) for p in err.problems for m in [re.search(r"tok.jsonl, line (\d+)", p)] if m}
+            assert len(named) and all("tok.jsonl, line " in p for p in err.problems), err
+            assert bad and named <= {i + 1 for i in bad}, err
+            event("refused")
+            return
+    assert not bad, f"rows {sorted(bad)} were loaded, not refused"
+    assert tasks[0].split("train")["text"] == [w for w, _ in rows]
+    assert labels == [[expected_class(t, names) for t in tags] for _, tags in rows]
+    event("loaded")
