@@ -74,7 +74,7 @@ DEMO_PRESET = {
     "max_seq_length": 96,
     "logging_steps": 20,
     "save_strategy": "no",
-    "save_total_limit": 2,  # with --save_strategy steps: the 2 newest checkpoints (about 300 MB each for the demo)
+    "save_total_limit": 2,  # with --save_strategy steps: the 2 newest checkpoints (529 MB each for the demo)
     "report_to": "none",
     "seed": 42,
 }

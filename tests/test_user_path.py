@@ -311,3 +311,34 @@ def test_training_snippet_runs_as_written_in_a_fresh_interpreter(minilm, tmp_pat
     result = _run_as_written(code, tmp_path, minilm)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "'eval_average'" in result.stdout and "'eval_trec_accuracy'" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------- task-config format
+def test_the_task_config_schema_lists_the_loaders_fields_and_accepts_every_shipped_file(tmp_path):
+    import dataclasses
+
+    jsonschema = pytest.importorskip("jsonschema")
+    from hf_taskmoe import TaskSpec
+    from hf_taskmoe.tasks import PROBLEM_TYPES
+    from hf_taskmoe.training import load_tasks
+    from hf_taskmoe.training.data import SPLITS, TASK_PRESETS
+
+    schema = json.loads((ROOT / "examples/data/task_config.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    task = schema["$defs"]["task"]
+    assert set(task["properties"]) == {f.name for f in dataclasses.fields(TaskSpec)} | {f"{s}_file" for s in SPLITS}
+    assert task["properties"]["problem_type"]["enum"] == list(PROBLEM_TYPES)
+    assert schema["$defs"]["preset"]["properties"]["preset"]["enum"] == sorted(TASK_PRESETS)
+    readme = (ROOT / "README.md").read_text()
+    for field in task["properties"]:  # every field documented in the README's table
+        assert f"`{field}`" in readme, field
+    shipped = [p for p in (ROOT / "examples/data").rglob("*.json") if "tasks" in json.loads(p.read_text())]
+    assert len(shipped) >= 4
+    for path in shipped:
+        assert not list(validator.iter_errors(json.loads(path.read_text()))), path
+    # a misspelt field: the schema and the loader both refuse it by name
+    bad = {"tasks": [{"name": "t", "label_names": ["a", "b"], "labelfield": "y"}]}
+    assert any("labelfield" in e.message for e in validator.iter_errors(bad))
+    with pytest.raises(ValueError, match="labelfield"):
+        (tmp_path / "tasks.json").write_text(json.dumps(bad))
+        load_tasks([str(tmp_path / "tasks.json")], splits=[])
