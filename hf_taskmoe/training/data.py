@@ -17,6 +17,12 @@ the config file; or a `preset` name with optional overrides). Every split is che
 (`check_task_split`): a missing field, an empty split or a label outside the task's label set stops with
 a message naming the task, the field and the row.
 
+Labels are never guessed: a label is a class name or a 0-based position (or one of `label_values`), a JSON
+boolean is the class of that name ("True"/"False"), a token-classification row has one tag per word, and a
+field is written one way on every row (names and positions are not mixed); any other row is refused by file
+and line. CSV/TSV files are read per RFC 4180 (a quoted cell keeps its quotes, delimiters and line breaks);
+JSON lines end at "\\n" only, so U+2028 and the other Unicode separators inside a string are text.
+
 `tokenize_task` turns a split into model columns (single text, text pair, multiple choice, word spans,
 pre-split words for token classification); `MultiTaskDataset` concatenates the tasks' training sets for
 the task sampler; `MultiTaskCollator` pads a mixed batch and carries `task_ids`.
@@ -182,7 +188,7 @@ def _read_text_rows(path: Path, problems: list[str], where: str) -> tuple[list[d
     else:  # JSON lines
         pairs = []
         for number, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
+            if not line.strip(" \t\r"):  # JSON whitespace; a line holding only U+2028 is no blank line
                 continue
             try:
                 pairs.append((json.loads(line), number))
