@@ -935,8 +935,11 @@ def main(argv: list[str] | None = None) -> dict:
         if routed_layers(model.config) is not None:  # MoE layers (tokens) or routed BART layers (examples)
             trainer.routing_statistics = RoutingStatistics(model)
         metrics = trainer.evaluate()
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
+        # printed and saved with each score's baseline beside it (sorted keys: `..._accuracy`, `..._accuracy_baseline`)
+        shown = {**metrics, **{f"eval_{task}_{m}_baseline": v for task, base in baselines.items() for m, v in base.items()
+                               if f"eval_{task}_{m}" in metrics}}
+        trainer.log_metrics("eval", shown)
+        trainer.save_metrics("eval", shown)
         if trainer.routing_statistics is not None and trainer.is_world_process_zero():
             os.makedirs(training_args.output_dir, exist_ok=True)
             trainer.routing_statistics.save_json(os.path.join(training_args.output_dir, "routing.json"))

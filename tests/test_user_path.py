@@ -138,6 +138,11 @@ def test_the_script_prints_baselines_and_task_names_on_evaluation_bars(tmp_path,
         assert f"Evaluation [{task}]" in captured.err
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
     assert set(summary["baselines"]) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"}
+    saved = json.loads((tmp_path / "out" / "eval_results.json").read_text())  # the metrics file: each score's baseline too
+    assert saved["eval_boolq_accuracy_baseline"] == summary["baselines"]["boolq"]["accuracy"]
+    printed = captured.out[captured.out.index("eval metrics"):].splitlines()
+    at = next(i for i, line in enumerate(printed) if line.split()[0] == "eval_trec_accuracy")
+    assert printed[at + 1].split()[0] == "eval_trec_accuracy_baseline"  # beside it in transformers' metrics print
 
 
 # ------------------------------------------------------------------------------------------- exit status
