@@ -13,7 +13,7 @@ from .models import FAMILIES, Family, family_of, get_family, register_family  # 
 from .models.bart_task_routed import BartTaskRouted, BartTaskRoutedConfig, bart_from_bert
 from .models.bert_pals import BertPALsConfig, BertPALsModel, BertWithPALs
 from .models.bert_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
-from .models.camtl import CAMTLConfig, CAMTLModel
+from .models.camtl import CAMTLBertModel, CAMTLConfig, CAMTLModel
 from .models.mmoe import MMoEConfig, MMoEModel
 from .models.bert_taskmoe import TaskMoEOutput
 from .pipelines import (  # registers the pipelines
@@ -43,6 +43,7 @@ __all__ = [
     "BertPALsConfig",
     "BertWithPALs",
     "BertPALsModel",
+    "CAMTLBertModel",
     "CAMTLConfig",
     "CAMTLModel",
     "MMoEConfig",

@@ -370,7 +370,9 @@ class RoutedLayer(nn.Module):
             out = _scatter_rows(out, y, rows, hidden_states)
             for kind, probs in seen.items():
                 if probs and probs[-1] is not None:
-                    p = probs[-1] if share is None else probs[-1] * share[:, None, None, None].to(probs[-1].dtype)
+                    # an expert whose output is not scaled gives its own probabilities (they keep their autograd
+                    # history); a weighted mixture of several experts' is a new tensor the logits do not depend on
+                    p = probs[-1] * share[:, None, None, None].to(probs[-1].dtype) if scale else probs[-1]
                     attentions[kind] = _scatter_rows(attentions[kind], p, rows, None, batch)  # (batch, heads, q, k)
         if routing_recorder is not None:
             routing_recorder.record_output(out)

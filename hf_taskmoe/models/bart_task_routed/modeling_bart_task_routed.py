@@ -299,7 +299,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             attention probabilities (a hard route: the chosen expert's).
         """
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: BART has no segment embeddings
-        cache = pop_cache({"cache": cache, **{k: kwargs.pop(k) for k in ("past_key_values",) if k in kwargs}})
+        cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
         check_kwargs({k: v for k, v in kwargs.items() if k not in _TRANSFORMERS_KWARGS}, self.forward)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         reference = next(

@@ -1,0 +1,110 @@
+"""Canaries: each test names one transformers seam hf_taskmoe relies on and fails, naming it, when an upstream release
+changes it (`hf_taskmoe/compat.py` lists them). Then the behaviour those seams carry for BartTaskRouted: generation
+hands the cache under the installed release's name, a static cache is refused by name, outputs of generate."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from transformers import GenerationMixin, Pipeline, Trainer
+from transformers.modeling_outputs import Seq2SeqLMOutput
+
+from hf_taskmoe import compat
+from hf_taskmoe.layers.routing import RoutedCache
+
+from .test_bart_routed import batch, routed
+
+
+def test_canary_generation_hands_the_cache_under_compat_cache_arg():
+    params = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    assert compat.CACHE_ARG in params, (
+        f"GenerationMixin.prepare_inputs_for_generation no longer takes `{compat.CACHE_ARG}`: update compat.CACHE_ARG"
+    )
+    assert compat.CACHE_ARG in Seq2SeqLMOutput.__dataclass_fields__, (
+        f"Seq2SeqLMOutput has no field `{compat.CACHE_ARG}`: update compat.output_cache"
+    )
+
+
+def test_canary_trainer_prepare_inputs_still_exists():
+    assert callable(getattr(Trainer, "_prepare_inputs", None)), (
+        "Trainer._prepare_inputs is gone: MultiTaskTrainer.prediction_step calls it to move a batch to the device"
+    )
+
+
+@pytest.mark.parametrize("hook", ["_sanitize_parameters", "_forward", "preprocess", "postprocess"])
+def test_canary_pipeline_extension_points(hook):
+    assert callable(getattr(Pipeline, hook, None)), f"Pipeline.{hook} is gone: hf_taskmoe.pipelines implements it"
+
+
+@pytest.mark.parametrize("flag", ["_load_tokenizer", "_load_feature_extractor", "_load_image_processor",
+                                  "_load_processor", "_pipeline_calls_generate"])
+def test_canary_pipeline_class_flags(flag):
+    assert flag in vars(Pipeline) or any(flag in vars(c) for c in Pipeline.__mro__), (
+        f"Pipeline.{flag} is gone: hf_taskmoe.pipelines sets it on its pipelines"
+    )
+
+
+def test_pop_cache_takes_either_name_once():
+    cache = RoutedCache()
+    assert compat.pop_cache({"cache": cache}) is cache
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compat.pop_cache({"past_key_values": cache}) is cache
+        with pytest.raises(ValueError, match="once"):
+            compat.pop_cache({"cache": cache, "past_key_values": RoutedCache()})
+    if compat.CACHE_ARG == "cache":
+        assert any("past_key_values" in str(w.message) for w in caught)
+
+
+def test_forward_returns_a_routed_cache_under_the_installed_name_and_continues_from_it():
+    model = routed("gumbel_softmax_st")
+    b = batch()
+    full = torch.randint(3, 60, (6, 4))
+    with torch.no_grad():
+        whole = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"],
+                      decoder_input_ids=full, use_cache=True)
+        cache = compat.output_cache(whole)
+        assert isinstance(cache, RoutedCache)
+        first = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"],
+                      decoder_input_ids=full[:, :3], use_cache=True)
+        step = model(encoder_outputs=(first.encoder_last_hidden_state,), attention_mask=b["attention_mask"],
+                     task_ids=b["task_ids"], decoder_input_ids=full[:, 3:], use_cache=True,
+                     **{compat.CACHE_ARG: compat.output_cache(first)})
+    torch.testing.assert_close(step.logits[:, -1], whole.logits[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_static_cache_is_refused_by_name():
+    model = routed("gumbel_softmax_st")
+    b = batch()
+    with pytest.raises(ValueError, match="static cache"):
+        model.generate(b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], max_new_tokens=3,
+                       cache_implementation="static")
+
+
+def test_generate_returns_scores_hidden_states_and_attentions_per_step():
+    model = routed("gumbel_softmax_st")
+    model.set_attn_implementation("eager")
+    b = batch()
+    out = model.generate(b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], max_new_tokens=3,
+                         min_new_tokens=3, do_sample=False, return_dict_in_generate=True, output_scores=True,
+                         output_hidden_states=True, output_attentions=True)
+    layers = model.config.encoder_layers
+    assert len(out.encoder_hidden_states) == layers + 1 and len(out.encoder_attentions) == layers
+    assert len(out.scores) == 3 and len(out.decoder_hidden_states) == 3
+    for step in out.decoder_attentions:
+        assert len(step) == model.config.decoder_layers and step[0].shape[0] == 6
+    plain = model.generate(b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], max_new_tokens=3,
+                           min_new_tokens=3, do_sample=False)
+    assert torch.equal(out.sequences, plain)
+
+
+def test_last_decoder_hidden_state_gives_the_logits():
+    model = routed("softmax")
+    b = batch()
+    with torch.no_grad():
+        out = model(**b, output_hidden_states=True)
+    expected = model.lm_head(out.decoder_hidden_states[-1]) + model.final_logits_bias
+    torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-5)
