@@ -67,6 +67,8 @@ RESERVED_TASK_NAMES = frozenset({
     "register_load_state_dict_pre_hook", "register_module", "register_parameter", "register_state_dict_post_hook",
     "register_state_dict_pre_hook", "requires_grad_", "set_extra_state", "set_submodule", "share_memory", "state_dict",
     "to", "to_empty", "train", "training", "type", "update", "values", "xpu", "zero_grad",
+    # added to nn.Module at run time by transformers' `PreTrainedModel.initialize_weights`
+    "smart_apply",
     # MultiTaskHeads' own attributes and methods
     "add_task", "check_inputs", "dropout", "hidden_size", "scale_loss_by_num_classes", "split_rows", "tasks",
 })

@@ -92,6 +92,11 @@ def test_reserved_names_cover_every_attribute_a_task_name_could_collide_with():
     from hf_taskmoe.layers.heads import MultiTaskHeads
     from hf_taskmoe.tasks import RESERVED_TASK_NAMES
 
+    from hf_taskmoe import BertForTaskMoE
+
+    from .conftest import tiny_config
+
+    BertForTaskMoE(tiny_config())  # transformers adds `nn.Module.smart_apply` when it first initialises a model
     heads = MultiTaskHeads([TaskSpec(name="a", num_labels=2)], hidden_size=4, dropout=0.0)
     attributes = {n for n in set(dir(heads)) | set(vars(heads)) | set(dir(nn.ModuleDict)) if not n.startswith("_")} - {"a"}
     assert attributes <= RESERVED_TASK_NAMES, sorted(attributes - RESERVED_TASK_NAMES)
