@@ -50,6 +50,7 @@ class ToyModel(MultiTaskPreTrainedModel):
         self.post_init()
 
     def _init_weights(self, module):
+        self._init_task_order(module)  # the task fingerprint buffer (a family with its own init scheme calls it)
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -58,7 +59,8 @@ class ToyModel(MultiTaskPreTrainedModel):
     def _grow_for_task(self, new_id, source):
         pass  # a head is all a task owns here
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, task_ids=None, labels=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, task_ids=None, labels=None,
+                return_dict=None, **kwargs):
         check_kwargs(kwargs, self.forward)
         batch, seq = check_input_shapes(input_ids, None, self.max_input_length(), attention_mask=attention_mask)
         task_ids, rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, None)
@@ -66,7 +68,8 @@ class ToyModel(MultiTaskPreTrainedModel):
         mask = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # (batch, hidden)
         out = self.heads(hidden, pooled, rows, prepared)
-        return MultiTaskModelOutput(loss=out.loss, task_ids=task_ids, **heads_to_output_fields(out))
+        output = MultiTaskModelOutput(loss=out.loss, task_ids=task_ids, **heads_to_output_fields(out))
+        return output if (return_dict if return_dict is not None else self.config.return_dict) else output.to_tuple()
 
     @classmethod
     def from_dense(cls, dense, tasks, output_loading_info=False, hub_kwargs=None, **config_kwargs):

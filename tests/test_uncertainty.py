@@ -164,6 +164,7 @@ def test_works_with_every_family(family):
     model.train()
     batch = random_batch(model.config, batch=9, task_ids=torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2]))
     batch["labels"] = torch.zeros(9, 9, dtype=torch.float)
+    batch["labels"][:6, 1:] = -100  # the collator's padding: one label per classification and regression row
     chosen = MTUncertaintySampling().select(model, batch, batch_size=4, step=0)
     assert len(chosen["task_ids"]) == 4 and chosen["labels"].shape == (4, 9) and model.training
     assert torch.isfinite(model(**chosen).loss)
