@@ -8,7 +8,8 @@ canary in `tests/test_compat.py` that fails naming the hook if an upstream relea
 Private transformers members this package still touches, each checked by a canary:
 - `Trainer._prepare_inputs` (called, not overridden: moves a batch to the device as `Trainer` does);
 - `Pipeline._load_tokenizer` / `_load_feature_extractor` / `_load_image_processor` / `_load_processor` and
-  `_pipeline_calls_generate` (class flags a custom pipeline sets, as transformers' own pipelines do);
+  `_pipeline_calls_generate` (class flags a custom pipeline sets, as transformers' own pipelines do; the text-to-text
+  pipeline sets the last to False and merges generation keywords through `_sanitize_parameters`);
 - `Pipeline._sanitize_parameters` / `_forward` (the documented extension points of a custom pipeline).
 """
 

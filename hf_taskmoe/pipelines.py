@@ -173,15 +173,16 @@ class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
     docstring. Returns `{"task", "generated_text"}` per input."""
 
     supported = ("seq2seq",)
-    # transformers sets generation keywords given to `pipeline(...)` aside and merges them per call
-    _pipeline_calls_generate = True
+    # generation keywords given to `pipeline(...)` or to a call reach `_forward` through `_sanitize_parameters`, merged
+    # by `Pipeline` itself; no private generation helper of transformers' pipelines (they change between 5.x releases)
+    _pipeline_calls_generate = False
 
     def _sanitize_model_parameters(self, **generate_kwargs):
         return generate_kwargs, {}
 
     def _forward(self, model_inputs, **generate_kwargs):
         task_ids = model_inputs["task_ids"]
-        generated = self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
+        generated = self.model.generate(**model_inputs, **generate_kwargs)
         return {"task_ids": task_ids, "generated": generated}
 
     def postprocess(self, model_outputs):
