@@ -282,3 +282,14 @@ def test_paths_that_are_directories_or_numbers_are_refused_in_one_paragraph(tmp_
             load(tmp_path / "configs")
     with pytest.raises(ValueError, match="preset name or the path of a task-config JSON file, got 3"):
         load_tasks([3])
+
+
+def test_a_field_under_another_name_is_refused_listing_the_file_s_fields(tmp_path):
+    from hf_taskmoe.training.data import DataError, load_task_config
+
+    (tmp_path / "train.jsonl").write_text('{"sentence": "a fine film", "sentiment": "pos"}\n')
+    (tmp_path / "tasks.json").write_text(json.dumps([{"name": "sst", "label_names": ["neg", "pos"], "train_file": "train.jsonl"}]))
+    with pytest.raises(DataError) as err:
+        load_task_config(tmp_path / "tasks.json", splits=("train",))
+    message = str(err.value)
+    assert "'sentiment'" in message and "'sentence'" in message and "label_field" in message and "text_fields" in message

@@ -291,6 +291,15 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
         problems.append(f"{where}: {path} could not be read as {suffix[1:]} ({type(err).__name__}: {err}).")
         return None, None
     wanted = list(dict.fromkeys(_required_fields(spec, with_labels=True)))
+    present = list(dict.fromkeys(k for row in rows for k in row))
+    # (a split to predict on may come without labels; training and evaluation need them)
+    absent = [name for name in wanted if name not in present and not (name == spec.label_field and split not in ("train", "validation"))]
+    if rows and absent:
+        problems.append(
+            f"{where}: {path} has no field(s) {absent}; its rows have the fields {present}. Name the fields the task reads "
+            f"in the task config: `text_fields` (now {list(spec.text_fields)}) and `label_field` (now {spec.label_field!r})."
+        )
+        return None, None
     problems.extend(_check_row_types(spec, rows, lines, path, where))  # the rows that parsed, beside those that did not
     problems.extend(_check_column_kinds(spec, rows, lines, path, where, wanted))
     if len(problems) > count:
