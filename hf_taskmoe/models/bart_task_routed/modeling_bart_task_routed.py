@@ -296,7 +296,9 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             Return `routing_decisions` and `router_logits`.
         output_attentions / output_hidden_states (`bool`, *optional*, default from the config):
             Per layer, as BART returns them; a routed layer gives its mixed output and the mixture of its experts'
-            attention probabilities (a hard route: the chosen expert's).
+            attention probabilities (a hard route: the chosen expert's). Such a mixture is computed beside the
+            forward, which used each expert's own probabilities: a gradient taken with respect to it is None (an
+            expert whose output is not scaled -- a hard route at evaluation, a plain layer -- returns its own tensor).
         """
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: BART has no segment embeddings
         cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
