@@ -6,6 +6,7 @@ fails with a message that names the argument (and the task, row or field) at fau
 
 from __future__ import annotations
 
+import logging
 import warnings
 import zlib
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from transformers.utils import ModelOutput
 from .layers.heads import HeadsOutput, MultiTaskHeads
 from .tasks import TaskSpec
 from .utils import checking_values
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -279,11 +282,60 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, exact: the model loads only if its config.json describes the weights on
+        file. A weight the config's model has and the file lacks (a head, an expert, a layer), a weight on file the
+        model has no place for, or one of another shape (a hand-edited `num_experts`, `problem_type`,
+        `num_hidden_layers`, `moe_layers`; a weights file missing a tensor) is refused with a `ValueError` naming
+        them. `ignore_mismatched_sizes=True` opts in, as in transformers: those weights are then freshly initialised
+        (a warning lists them). Weights a bare encoder leaves out of a task model's file (its heads) are no mismatch,
+        nor is the task order (`task_fingerprint`) missing from a checkpoint saved before it was recorded."""
         wants_info = kwargs.get("output_loading_info", False)
-        model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True})
-        model._check_task_order(saved="task_fingerprint" not in info.get("missing_keys", ()))
+        opted_in = bool(kwargs.get("ignore_mismatched_sizes", False))
+        # transformers raises a bare RuntimeError ("look at the above report") on a shape mismatch: let it load, and
+        # refuse below by name
+        model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True})
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        model._check_loaded_weights(info, source, opted_in)
+        not_loaded = set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())}
+        model._check_task_order(saved="task_fingerprint" not in not_loaded)
         model._after_load()
         return (model, info) if wants_info else model
+
+    def _check_loaded_weights(self, info: dict, source, opted_in: bool) -> None:
+        """Refuse (or, opted in, warn about) weights the config describes but the file lacks, weights on file the model
+        has no place for, and weights of another shape (`from_pretrained`)."""
+        own = set(dict(self.named_children())) | set(dict(self.named_parameters(recurse=False))) | set(dict(self.named_buffers(recurse=False)))
+        missing = sorted(k for k in info.get("missing_keys", ()) if k != "task_fingerprint")
+        # keys outside this model's modules belong to a wrapper it was saved in (a task model's heads, loaded as its
+        # bare encoder): transformers drops them, as it drops a task head's weights for a base model
+        unexpected = sorted(k for k in info.get("unexpected_keys", ()) if k.split(".")[0] in own)
+        mismatched = sorted(info.get("mismatched_keys", ()), key=lambda m: m[0])
+        if not (missing or unexpected or mismatched):
+            return
+
+        def listed(keys: list[str]) -> str:
+            return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} weight(s) the config describes are not on file ({listed(missing)})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} weight(s) on file have no place in the model the config describes ({listed(unexpected)})")
+        if mismatched:
+            shapes = [f"{k} {tuple(saved)} on file, {tuple(expected)} in the model" for k, saved, expected in mismatched]
+            parts.append(f"{len(mismatched)} weight(s) differ in shape ({listed(shapes)})")
+        what = f"{type(self).__name__} from {source}: " + "; ".join(parts)
+        dense = f"; to build from a dense checkpoint use `{type(self).__name__}.from_dense`" if hasattr(self, "from_dense") else ""
+        if opted_in:
+            logger.warning(f"Loaded {what}. They are freshly initialised, as asked (ignore_mismatched_sizes=True): "
+                           "train them before use.")
+            return
+        raise ValueError(
+            f"Cannot load {what}. The config.json does not describe the weights on file (a hand-edited config.json -- "
+            f"num_experts, problem_type, num_labels, tasks, layer counts -- or a weights file cut short or from another "
+            f"model), so the model would not be the one saved: weights left random or dropped. Restore the config.json saved with the weights (or the weights "
+            f"saved with it){dense}; to load anyway with them freshly initialised, pass ignore_mismatched_sizes=True."
+        )
 
     def _after_load(self) -> None:
         """What a family restores after `from_pretrained`, which creates the parameters anew (freezing)."""

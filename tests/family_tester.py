@@ -240,3 +240,61 @@ class FamilyContract:
 
     def test_package_is_imported(self):
         assert hf_taskmoe.FAMILIES[family_of(self.model().config).name]
+
+    # ------------------------------------------------------------------ exact loads (issue 35, item 3)
+    def _saved(self, tmp_path):
+        model = self.model()
+        model.save_pretrained(tmp_path)
+        return model
+
+    @staticmethod
+    def _task_tensor(names) -> str:
+        """A task-specific tensor of a saved model: a head's, else an expert's, gate's, tower's or task embedding's."""
+        for part in ("heads.", "towers.", "expert", "gate", "router", "task_embed", "pals"):
+            found = sorted(n for n in names if part in n)
+            if found:
+                return found[0]
+        raise AssertionError(f"no task-specific tensor among {sorted(names)[:10]}")
+
+    def test_a_weights_file_missing_extra_or_misshaped_task_tensors_is_refused_naming_them(self, tmp_path):
+        from safetensors.torch import load_file, save_file
+
+        self._saved(tmp_path)
+        path = tmp_path / "model.safetensors"
+        whole = load_file(path)
+        name = self._task_tensor(whole)
+        tail = name.rsplit(".", 1)[0]
+        cases = {
+            "are not on file": {k: v for k, v in whole.items() if k != name},
+            "differ in shape": {**whole, name: whole[name][..., :-1].contiguous() if whole[name].shape[-1] > 1 else whole[name].repeat(2)},
+        }
+        extra = f"{tail}.extra_weight"
+        cases["have no place in the model"] = {**whole, extra: whole[name].clone()}
+        for reason, tensors in cases.items():
+            save_file(tensors, path, metadata={"format": "pt"})
+            with pytest.raises(ValueError, match=rf"(?s)Cannot load .*{reason}[^(]*\(.*{re.escape(extra if 'no place' in reason else name)}.*ignore_mismatched_sizes=True"):
+                AutoModel.from_pretrained(tmp_path)
+        # opted in, as in transformers: the misshaped tensor is initialised afresh and the rest loads
+        save_file(cases["differ in shape"], path, metadata={"format": "pt"})
+        loaded = AutoModel.from_pretrained(tmp_path, ignore_mismatched_sizes=True)
+        assert tuple(loaded.state_dict()[name].shape) == tuple(whole[name].shape)
+
+    def test_a_hand_edited_config_json_that_does_not_describe_the_weights_is_refused(self, tmp_path):
+        import json
+
+        model = self._saved(tmp_path)
+        saved = json.loads((tmp_path / "config.json").read_text())
+        edits = {key: saved[key] + 1 for key in ("num_experts", "num_hidden_layers", "encoder_layers", "decoder_layers")
+                 if isinstance(saved.get(key), int)}
+        allowed = family_of(model.config).problem_types
+        first = saved["tasks"][0]
+        if first.get("problem_type") == "single_label_classification" and (not allowed or "regression" in allowed):
+            edits["tasks"] = [{**first, "problem_type": "regression", "num_labels": 1,
+                               **{k: None for k in ("label_names", "label_values") if k in first}}, *saved["tasks"][1:]]
+        assert edits, "no field of the family's config.json to edit"
+        for key, value in edits.items():
+            (tmp_path / "config.json").write_text(json.dumps({**saved, key: value}))
+            with pytest.raises(ValueError, match=r"Cannot load .*config.json does not describe the weights on file"):
+                AutoModel.from_pretrained(tmp_path)
+        (tmp_path / "config.json").write_text(json.dumps(saved))
+        assert type(AutoModel.from_pretrained(tmp_path)) is type(model)  # the config saved with them loads
