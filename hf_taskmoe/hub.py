@@ -481,20 +481,71 @@ _EXPORT_ARTIFACTS = ("model*.safetensors", "model.safetensors.index.json", "pyto
                      "modeling_taskmoe_*.py", "config.json", "generation_config.json", "README.md")
 
 
+def install_staged(staging: Path, folder: Path, stale=()) -> None:
+    """Move every item of `staging` into `folder`, replacing same-named ones, and remove the items of `folder` named
+    in `stale`; the previous content stays whole until the new one is complete on `folder`'s own device.
+
+    Each item is first moved (or, across devices -- `folder` a mount point, a Docker volume -- copied) into `folder`
+    under a hidden temporary name; only when all are there are the stale items removed and the new ones renamed
+    into place (renames within one folder: atomic per file). A failure before that (a full disk) removes the
+    temporaries and leaves `folder` as it was."""
+    import errno
+    import shutil
+
+    folder.mkdir(parents=True, exist_ok=True)
+    incoming: list[tuple[Path, Path]] = []
+    try:
+        for item in sorted(staging.iterdir()):
+            temporary = folder / f".{item.name}.incoming-{os.getpid()}"
+            try:
+                os.replace(item, temporary)
+            except OSError as err:
+                if err.errno not in (errno.EXDEV, errno.EBUSY, errno.EPERM, errno.EACCES, errno.ENOTSUP):
+                    raise
+                if item.is_dir():  # another device: copy, the original stays in staging until all is done
+                    shutil.copytree(item, temporary)
+                else:
+                    shutil.copy2(item, temporary)
+            incoming.append((temporary, folder / item.name))
+    except BaseException:
+        for temporary, _ in incoming:
+            shutil.rmtree(temporary, ignore_errors=True) if temporary.is_dir() else temporary.unlink(missing_ok=True)
+        raise
+    new_names = {target.name for _, target in incoming}
+    for name in stale:
+        path = folder / name
+        if name in new_names or not (path.exists() or path.is_symlink()):
+            continue
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    for temporary, target in incoming:
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(temporary, target)
+
+
 def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_size: str | int = "5GB", **card_kwargs) -> Path:
     """Write `folder` so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads the model in a
     Python without hf_taskmoe: config (with `auto_map`), safetensors weights, the tokenizer, a model card and one
     modeling file holding the family's code. `card_kwargs` go to `render_model_card`.
 
-    The export is written to a staging folder beside `folder` first; only when it is complete are the files of an
-    earlier export in `folder` (weights, shards, another family's modeling file, ...) removed and the new ones moved
-    in. So an export never leaves old weights beside new shards, and a failed export leaves the previous one as it was."""
+    The export is written to a staging folder beside `folder` first (inside it, where its parent is not writable);
+    only when it is complete is it copied onto `folder`'s device, and then the files of an earlier export in
+    `folder` (weights, shards, another family's modeling file, ...) are removed and the new ones renamed in
+    (`install_staged`). So an export never leaves old weights beside new shards, a failed export leaves the previous
+    one as it was, and a `folder` on another device (a mount point) works: the old export stays usable until the
+    new one is complete there."""
     import shutil
     import tempfile
 
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"export_for_remote_code: {folder} is a file, not a folder; pass a folder to write the export to.")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
+    except OSError:  # a parent that is not writable (a volume mounted into a read-only tree): stage inside
+        folder.mkdir(exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".export-staging-", dir=folder))
     try:
         stem = f"modeling_{model.config.model_type}"
         code = bundle_source(type(model))
@@ -512,14 +563,8 @@ def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_
             tokenizer.save_pretrained(staging)
         render_model_card(model, **card_kwargs).save(staging / "README.md")
         folder.mkdir(exist_ok=True)
-        for pattern in _EXPORT_ARTIFACTS:
-            for stale in folder.glob(pattern):
-                stale.unlink()
-        for item in staging.iterdir():
-            target = folder / item.name
-            if target.is_dir():
-                shutil.rmtree(target)
-            os.replace(item, target)
+        stale = sorted({p.name for pattern in _EXPORT_ARTIFACTS for p in folder.glob(pattern)})
+        install_staged(staging, folder, stale)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
