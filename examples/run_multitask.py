@@ -52,7 +52,7 @@ from hf_taskmoe.training import (
 )
 from hf_taskmoe.training.callbacks import TrainingProgressCallback
 from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
-from hf_taskmoe.training.trainer import latest_complete_checkpoint
+from hf_taskmoe.training.trainer import latest_complete_checkpoint, unreadable_checkpoint_files
 
 logger = logging.getLogger(__name__)
 
@@ -432,9 +432,152 @@ def short_help(argv: list[str] | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- checks
+def earlier_run(out: Path) -> list[str]:
+    """The files and checkpoints of an earlier run in `out` (empty: none)."""
+    if not out.is_dir():
+        return []
+    found = sorted(p.name for p in out.iterdir() if p.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"))
+    return found + [name for name in ("config.json", "model.safetensors", "model.safetensors.index.json", "trainer_state.json")
+                    if (out / name).exists()]
+
+
+def check_writable_folder(out: Path) -> None:
+    """`--output_dir` must be a folder (or not exist yet) that this process can write in, and so must the folder it
+    is in (the run's lock and, with --overwrite_output_dir, its staging folder go beside it)."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--output_dir {out} is a file, not a folder: the run writes its model, checkpoints and card into a "
+                         "folder. Pass a folder's path (a new one is created), or move the file away.")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--output_dir {out}: cannot create the folder {out.parent} ({err.strerror or err}). Pass an "
+                         "--output_dir under a folder you can write in.") from None
+    import tempfile
+
+    for folder in (out.parent, out) if out.is_dir() else (out.parent,):
+        try:
+            probe, name = tempfile.mkstemp(prefix=".write-test-", dir=folder)
+            os.close(probe)
+            os.unlink(name)
+        except OSError as err:
+            raise UsageError(f"--output_dir {out}: the folder {folder} is not writable ({err.strerror or err}). Pass an "
+                             "--output_dir you can write in, or make it writable.") from None
+
+
+class RunLock:
+    """The claim of one run on its output folder: `.<name>.lock` beside it, holding the run's pid, host and start time
+    (created with O_EXCL, so two runs cannot both hold it). A second run into the folder is refused naming the first;
+    a lock whose run is gone (its pid dead on this host: kill -9, a crash) is taken over with a notice. Released at
+    the end of the run, whatever its outcome."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = out.parent / f".{out.name}.lock"
+        self.held = False
+
+    def describe(self, holder: dict | None) -> str:
+        if not holder:
+            return f"a run whose lock file {self.path} is empty or unreadable"
+        return (f"the run with pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')} "
+                f"(lock file {self.path})")
+
+    def _holder(self) -> dict | None:
+        try:
+            holder = json.loads(self.path.read_text())
+            return holder if isinstance(holder, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _is_stale(self, holder: dict | None) -> bool:
+        import socket
+
+        if not holder:  # written this instant by another run, or cut short by a crash long ago
+            try:
+                return time.time() - self.path.stat().st_mtime > 10
+            except OSError:
+                return True
+        if holder.get("host") != socket.gethostname():
+            return False  # cannot tell whether a process on another machine is alive
+        pid = holder.get("pid")
+        if not isinstance(pid, int) or pid == os.getpid():  # our own pid but not our lock: an earlier holder's, reused
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def acquire(self, argv: list[str]) -> None:
+        import socket
+
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                  "output_dir": str(self.out.resolve()), "argv": redacted_argv(argv)}
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if not self._is_stale(holder):
+                    raise UsageError(
+                        f"--output_dir {self.out} is in use by {self.describe(holder)}. Two runs in one folder would mix "
+                        "their models, checkpoints and cards. Wait for that run to finish, or pass another --output_dir; if "
+                        f"that run is no longer running (its machine is down), delete {self.path}."
+                    ) from None
+                print(f"Taking over the stale lock of {self.describe(holder)}: that run is no longer running.", file=sys.stderr)
+                self.path.unlink(missing_ok=True)
+                continue
+            except OSError as err:
+                raise UsageError(f"--output_dir {self.out}: cannot create its lock file {self.path} ({err.strerror or err}). "
+                                 "Pass an --output_dir under a folder you can write in.") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+                f.flush()
+                os.fsync(f.fileno())
+            self.held = True
+            return
+        raise UsageError(f"--output_dir {self.out}: another run claimed it at the same moment ({self.describe(self._holder())}).")
+
+    def release(self) -> None:
+        if self.held and (self._holder() or {}).get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+
+def staging_dir(out: Path) -> Path:
+    """Where a run that replaces an earlier one (--overwrite_output_dir) writes until it is complete: beside `out`."""
+    return out.parent / f".{out.name}.overwrite-staging"
+
+
+def replace_output_dir(staging: Path, out: Path) -> None:
+    """Swap the complete new run in `staging` for the earlier run in `out`: two renames; where `out` cannot be
+    renamed (a mount point), the new files are copied onto its device first, then the old ones removed
+    (`hf_taskmoe.hub.install_staged`)."""
+    from hf_taskmoe.hub import install_staged
+
+    old = out.parent / f".{out.name}.replaced"
+    shutil.rmtree(old, ignore_errors=True)
+    try:
+        os.rename(out, old)
+    except OSError:  # a mount point, or a folder another process holds open (EBUSY, EXDEV)
+        install_staged(staging, out, stale=[p.name for p in out.iterdir()])
+        shutil.rmtree(staging, ignore_errors=True)
+        return
+    try:
+        os.rename(staging, out)
+    except OSError:
+        os.rename(old, out)  # the earlier run back in place
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def check_output_dir(training_args, run_args) -> str | None:
-    """Refuse to mix two runs in one folder; return the checkpoint to resume from (or None)."""
+    """Refuse to mix two runs in one folder (or write into a file or a read-only folder); return the checkpoint to
+    resume from (or None). An earlier run is not touched here: with --overwrite_output_dir the new run is staged
+    beside it and swapped in once saved (`main`)."""
     out = Path(training_args.output_dir)
+    check_writable_folder(out)
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("latest", "true"):
         last = latest_complete_checkpoint(str(out))
@@ -444,22 +587,20 @@ def check_output_dir(training_args, run_args) -> str | None:
     if resume:
         if not Path(resume).is_dir():
             raise UsageError(f"--resume_from_checkpoint {resume}: no such checkpoint folder.")
+        broken = unreadable_checkpoint_files(str(resume))
+        if broken:
+            raise UsageError(f"--resume_from_checkpoint {resume}: the checkpoint cannot be resumed: {'; '.join(broken)}. "
+                             "Pass an earlier checkpoint, or --resume_from_checkpoint latest (the newest complete one).")
         return str(resume)
-    if not out.is_dir() or not training_args.do_train:
+    if not training_args.do_train:
         return None
-    found = sorted(p.name for p in out.iterdir() if p.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"))
-    found += [name for name in ("config.json", "model.safetensors", "model.safetensors.index.json", "trainer_state.json") if (out / name).exists()]
-    if not found:
-        return None
-    if not run_args.overwrite_output_dir:
+    found = earlier_run(out)
+    if found and not run_args.overwrite_output_dir:
         raise UsageError(
             f"{out} holds another run ({', '.join(found[:6])}{' ...' if len(found) > 6 else ''}). Training into it would mix "
             "the two. Pass --resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or "
             "another --output_dir."
         )
-    for name in found:
-        path = out / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
     return None
 
 
@@ -641,6 +782,28 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
     return model, model_args.model_name_or_path or default_model_path()
 
 
+def check_token_ids(model, sets: dict, split: str, tokenizer_name: str) -> None:
+    """Every token id of the tokenised `sets` ({task: dataset}) must be in the model's vocabulary, and every
+    segment id in its `type_vocab_size`: an id beyond them means a tokenizer that is not the model's (an
+    IndexError deep in the embedding otherwise). Checked after tokenising, before any compute."""
+    embeddings = model.get_input_embeddings()
+    limits = {"input_ids": (getattr(embeddings, "num_embeddings", None), "vocabulary (vocab_size)"),
+              "token_type_ids": (getattr(model.config, "type_vocab_size", None), "token type table (type_vocab_size)")}
+    for task, dataset in sets.items():
+        for column, (size, what) in limits.items():
+            if size is None or column not in dataset.column_names:
+                continue
+            for row, ids in enumerate(dataset[column]):
+                high = max(ids, default=0)
+                if high >= size or min(ids, default=0) < 0:
+                    raise UsageError(
+                        f"Task {task!r}, {split} example {row}: the tokenizer {tokenizer_name} gives {column} {high}, but the "
+                        f"model's {what} has {size} entries: the tokenizer is not the model's. Pass the model's own "
+                        "tokenizer (--tokenizer_name, or leave it unset to use the one saved with the model)"
+                        + (", or a model that takes segment ids" if column == "token_type_ids" else "") + "."
+                    )
+
+
 # ----------------------------------------------------------------------------------------------- reporting
 #: a score within this of its baseline (0.5 points x100) is flagged as at its baseline
 BASELINE_MARGIN = 0.005
@@ -807,6 +970,15 @@ def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
 
 # ----------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict:
+    """The run (see the module docstring); the output folder's lock and any staging folder are released and removed
+    whatever the outcome."""
+    import contextlib
+
+    with contextlib.ExitStack() as cleanup:
+        return _main(argv, cleanup)
+
+
+def _main(argv: list[str] | None, cleanup) -> dict:
     started = time.time()
     argv = sys.argv[1:] if argv is None else list(argv)
     model_args, data_args, run_args, training_args = parse_args(argv)
@@ -827,10 +999,24 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- checks before any compute: output folder, Hub push, data (every task, every split, every row)
     check_distributed(training_args)
+    final_dir = Path(training_args.output_dir)
+    if training_args.process_index == 0:  # the folder is claimed for the whole run
+        check_writable_folder(final_dir)
+        lock = RunLock(final_dir)
+        lock.acquire(argv)
+        cleanup.callback(lock.release)
     checkpoint = check_output_dir(training_args, run_args)
+    staging = None
+    if run_args.overwrite_output_dir and training_args.do_train and not checkpoint and earlier_run(final_dir):
+        # the earlier run stays until this one is saved: written beside it, swapped in at the end
+        staging = staging_dir(final_dir)
+        if training_args.process_index == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # a crashed run's (we hold the lock)
+            cleanup.callback(shutil.rmtree, staging, ignore_errors=True)
+        training_args.output_dir = str(staging)
     check_push(training_args, hub_token)
     # the push happens at the end, after everything is saved locally (the Trainer's own would contact the Hub first)
-    push_repo = (training_args.hub_model_id or Path(training_args.output_dir).name) if training_args.push_to_hub else None
+    push_repo = (training_args.hub_model_id or final_dir.name) if training_args.push_to_hub else None
     training_args.push_to_hub = False
     splits = ["train"] * training_args.do_train + ["validation"] * training_args.do_eval
     if not splits:
@@ -901,6 +1087,9 @@ def main(argv: list[str] | None = None) -> dict:
     with training_args.main_process_first(desc="tokenising"):
         train_sets = tokenized("train") if training_args.do_train else None
         eval_sets = tokenized("validation") if training_args.do_eval else None
+
+    for split, sets in (("train", train_sets), ("validation", eval_sets)):
+        check_token_ids(model, sets or {}, split, model_args.tokenizer_name or str(source))
 
     trainer = MultiTaskTrainer(model=model, args=training_args, train_dataset=train_sets, eval_dataset=eval_sets, processing_class=tokenizer)
     if trainer.data_collator.pad_to_multiple_of is None:
@@ -975,10 +1164,10 @@ def main(argv: list[str] | None = None) -> dict:
                                               f"{Path(checkpoint).name})" if totals["complete"] else
                                               f" after resuming from {Path(checkpoint).name} (earlier part not recorded)")
             training["examples seen per task"] = ", ".join(f"{k} {v}" for k, v in totals["examples_seen"].items())
-        trainer.create_model_card(model_name=training_args.hub_model_id or Path(training_args.output_dir).name,
+        trainer.create_model_card(model_name=training_args.hub_model_id or final_dir.name,
                                   base_model=source, data_provenance=[t.source for t in task_data], repo_id=push_repo,
                                   training=training, local_files={t.name: list(t.files.values()) for t in task_data if t.files},
-                                  model_path=training_args.output_dir if training_args.do_train else (model_args.model_name_or_path or str(source)),
+                                  model_path=str(final_dir) if training_args.do_train else (model_args.model_name_or_path or str(source)),
                                   baselines=baselines)
         summary = run_summary(trainer, metrics, train_metrics, started, argv, totals if training_args.do_train else None, baselines)
         generations = Path(training_args.output_dir) / "generations.json"
@@ -988,14 +1177,18 @@ def main(argv: list[str] | None = None) -> dict:
             summary["routing"] = trainer.routing_statistics.to_dict()  # each task's route on the dev sets
         with open(os.path.join(training_args.output_dir, "run_summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
+        if staging is not None:  # everything is saved: the new run replaces the earlier one
+            replace_output_dir(staging, final_dir)
+            training_args.output_dir = str(final_dir)
+            print(f"Replaced the earlier run in {final_dir} (--overwrite_output_dir).")
         routing = ", routing heatmap" if trainer.routing_statistics is not None else ""
         if training_args.do_train:
-            print(f"\nModel, tokenizer, metrics{routing} and model card (README.md) are in {training_args.output_dir}")
+            print(f"\nModel, tokenizer, metrics{routing} and model card (README.md) are in {final_dir}")
         else:
             print(f"\nEvaluation only (--do_train False): metrics{routing}, run_summary.json and model card (README.md) "
-                  f"are in {training_args.output_dir}; no model was saved (the model evaluated is {source}).")
-        if push_repo and not push(training_args.output_dir, push_repo, hub_token, training_args.hub_private_repo):
-            raise PushFailed(f"The upload to {push_repo} failed; the run is saved in {training_args.output_dir}.")
+                  f"are in {final_dir}; no model was saved (the model evaluated is {source}).")
+        if push_repo and not push(str(final_dir), push_repo, hub_token, training_args.hub_private_repo):
+            raise PushFailed(f"The upload to {push_repo} failed; the run is saved in {final_dir}.")
     return metrics
 
 
