@@ -175,13 +175,40 @@ class BatchChecker:
     It holds the task specs and heads of hidden size 1 (their checks, not the model's weights), so a collator that
     calls it stays small when a `DataLoader` sends it to worker processes."""
 
-    def __init__(self, tasks: list[TaskSpec], with_heads: bool):
+    def __init__(self, tasks: list[TaskSpec], with_heads: bool, vocab_size: int | None = None,
+                 type_vocab_size: int | None = None):
         self.task_names = [t.name for t in tasks]
         self.heads = MultiTaskHeads(tasks, hidden_size=1, dropout=0.0) if with_heads else None
+        self.vocab_size = vocab_size
+        self.type_vocab_size = type_vocab_size
 
     @classmethod
     def for_model(cls, model) -> "BatchChecker":
-        return cls([TaskSpec.from_dict(t) for t in model.config.tasks], isinstance(getattr(model, "heads", None), MultiTaskHeads))
+        try:
+            embeddings = model.get_input_embeddings()
+        except (NotImplementedError, AttributeError):
+            embeddings = None
+        vocab = getattr(embeddings, "num_embeddings", None) if isinstance(embeddings, torch.nn.Embedding) else None
+        types = getattr(model.config, "type_vocab_size", None)
+        return cls([TaskSpec.from_dict(t) for t in model.config.tasks], isinstance(getattr(model, "heads", None), MultiTaskHeads),
+                   vocab_size=vocab, type_vocab_size=types if isinstance(types, int) else None)
+
+    @staticmethod
+    def check_ids(name: str, ids, size: int | None, what: str, fix: str) -> None:
+        """Every id of `ids` must index a table of `size` rows (an embedding): one outside is a `ValueError` naming it
+        (an `IndexError` deep in the embedding otherwise, or a device-side assert on a GPU)."""
+        if size is None or ids is None or not isinstance(ids, torch.Tensor) or ids.numel() == 0:
+            return
+        if ids.is_floating_point() or ids.dtype == torch.bool:
+            raise ValueError(f"`{name}` must hold integer ids, got dtype {ids.dtype}.")
+        bad = (ids < 0) | (ids >= size)
+        if bad.any():
+            row = bad.nonzero()[0].tolist()
+            value = int(ids[tuple(row)])
+            raise ValueError(
+                f"`{name}` holds {value} (row {row[0]}, position {row[-1]}, and {int(bad.sum()) - 1} more out of range), but "
+                f"the model's {what} has {size} entries (ids 0..{size - 1}). {fix}"
+            )
 
     def __call__(self, batch) -> None:
         first = batch.get("input_ids")
@@ -190,6 +217,12 @@ class BatchChecker:
         if first is None or first.dim() < 2:
             return  # nothing to size the batch by: `forward` reports it
         rows, seq = first.shape[0], first.shape[1]
+        self.check_ids("input_ids", batch.get("input_ids"), self.vocab_size, "vocabulary (`vocab_size`)",
+                       "The text was tokenised with another tokenizer than the model's: tokenise with the model's own "
+                       "(AutoTokenizer.from_pretrained(<the model's folder>)).")
+        self.check_ids("token_type_ids", batch.get("token_type_ids"), self.type_vocab_size, "token type table (`type_vocab_size`)",
+                       "This model takes no second segment ids: tokenise with the model's own tokenizer, or leave "
+                       "`token_type_ids` out.")
         task_ids = resolve_task_ids(batch.get("task_ids"), rows, self.task_names, first.device)
         if self.heads is not None:
             labels, spans = batch.get("labels"), batch.get("span_positions")

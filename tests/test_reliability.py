@@ -246,3 +246,96 @@ def test_an_output_dir_that_is_a_file_or_read_only_is_refused(tmp_path, tiny_den
             _refused(capsys, _argv(read_only / "run", tiny_dense), r"not writable")
         finally:
             read_only.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------------------------- refusals before compute
+def _dense_with(tmp_path, minilm, **config):
+    """A tiny dense BERT with the MiniLM tokenizer (vocabulary 30522), its config changed by `config`."""
+    from transformers import BertConfig, BertModel
+
+    folder = tmp_path / "dense"
+    torch.manual_seed(0)
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **config)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm / name, folder / name)
+    return folder
+
+
+def test_token_ids_beyond_the_vocabulary_or_type_vocab_size_are_refused_before_training(tmp_path, minilm, capsys):
+    """A tokenizer that is not the model's: the script refuses after tokenising (exit 2, naming task, example, id and
+    table); in Python the collator's `BatchChecker` raises the `ValueError` before the batch reaches the model."""
+    from hf_taskmoe.modeling_utils import BatchChecker
+
+    small_vocab = _dense_with(tmp_path / "v", minilm, vocab_size=500)
+    _refused(capsys, _argv(tmp_path / "a", small_vocab),
+             r"Task 'rotten_tomatoes', train example \d+: the tokenizer .* gives input_ids \d+, but the model's vocabulary "
+             r"\(vocab_size\) has 500 entries: the tokenizer is not the model's")
+    assert not (tmp_path / "a" / "model.safetensors").exists()
+    one_segment = _dense_with(tmp_path / "t", minilm, type_vocab_size=1)  # boolq's question/passage pairs use segment 1
+    _refused(capsys, _argv(tmp_path / "b", one_segment), r"Task 'boolq', train example \d+: .* gives token_type_ids 1, but the "
+             r"model's token type table \(type_vocab_size\) has 1 entries")
+
+    model = BertForTaskMoE.from_dense(small_vocab, [TaskSpec(name="a", num_labels=2)], num_experts=2)
+    check = BatchChecker.for_model(model)
+    ok = {"input_ids": torch.tensor([[1, 499], [2, 3]]), "token_type_ids": torch.zeros(2, 2, dtype=torch.long),
+          "task_ids": torch.tensor([0, 0]), "labels": torch.tensor([0, 1])}
+    check(ok)
+    with pytest.raises(ValueError, match=r"`input_ids` holds 500 \(row 1, position 0, and 0 more out of range\), but the "
+                                         r"model's vocabulary \(`vocab_size`\) has 500 entries .*another tokenizer"):
+        check({**ok, "input_ids": torch.tensor([[1, 2], [500, 3]])})
+    with pytest.raises(ValueError, match=r"`token_type_ids` holds 2 .*`type_vocab_size`\) has 2 entries"):
+        check({**ok, "token_type_ids": torch.tensor([[0, 0], [0, 2]])})
+    with pytest.raises(ValueError, match=r"`input_ids` holds -1"):
+        check({**ok, "input_ids": torch.tensor([[1, -1], [2, 3]])})
+
+
+@pytest.mark.parametrize("option, value, field", [
+    ("--per_device_train_batch_size", "0", "per_device_train_batch_size"),
+    ("--per_device_eval_batch_size", "0", "per_device_eval_batch_size"),
+    ("--gradient_accumulation_steps", "0", "gradient_accumulation_steps"),
+    ("--max_steps", "0", "max_steps"),
+])
+def test_zero_batch_size_or_steps_are_refused_in_one_paragraph(tmp_path, tiny_dense, capsys, option, value, field):
+    """`--per_device_train_batch_size 0` (and kin) and `--max_steps 0` (which would take one step at learning rate 0)
+    are refused: exit 2 in the script, a ValueError from MultiTaskTrainingArguments."""
+    from hf_taskmoe.training import MultiTaskTrainingArguments
+
+    _refused(capsys, _argv(tmp_path / "out", tiny_dense, option, value), rf"Invalid arguments: `{field}` must be a positive")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=rf"`{field}` must be a positive"):
+        MultiTaskTrainingArguments(output_dir=str(tmp_path / "o"), use_cpu=True, **{field: 0})
+
+
+@pytest.mark.parametrize("name", ["trainer_state.json", "task_sampler.json"])
+def test_a_truncated_checkpoint_file_is_named_and_latest_falls_back(tmp_path, tiny_dense, capsys, caplog, name):
+    """kill -9 while the newest checkpoint's trainer_state.json / task_sampler.json was written: resuming from it
+    names the file and the checkpoint (exit 2); `latest` takes the newest complete checkpoint, saying which it skipped."""
+    out = tmp_path / "run"
+    run_multitask.main(_argv(out, tiny_dense, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2"))
+    path = out / "checkpoint-4" / name
+    assert path.exists()
+    path.write_text(path.read_text()[: len(path.read_text()) // 2])  # cut short
+    _refused(capsys, _argv(out, tiny_dense, "--max_steps", "4", "--resume_from_checkpoint", str(out / "checkpoint-4")),
+             rf"checkpoint-4: the checkpoint cannot be resumed: {name} \(unreadable")
+    (out / "model.safetensors").unlink()
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="hf_taskmoe"):
+        run_multitask.main(_argv(out, tiny_dense, "--max_steps", "4", "--resume_from_checkpoint", "latest",
+                                 "--save_strategy", "no"))
+    assert any(f"Skipping the incomplete checkpoint {out / 'checkpoint-4'}" in r.message and name in r.message for r in caplog.records)
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4  # continued from checkpoint-2
+    assert (out / "model.safetensors").exists()
+
+
+def test_a_generation_count_of_zero_is_refused_by_the_pipeline(tiny_dense, tmp_path):
+    """`num_beams=0` (a ZeroDivisionError inside generate) and kin: a ValueError naming the keyword."""
+    from transformers import pipeline
+
+    from .test_pipeline import save_routed_seq2seq
+
+    pipe = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(save_routed_seq2seq(tiny_dense, tmp_path / "m")), max_new_tokens=3)
+    for keyword in ("num_beams", "num_return_sequences", "max_new_tokens"):
+        with pytest.raises(ValueError, match=rf"`{keyword}` must be a positive integer, got 0"):
+            pipe("What is the capital of France?", task="trec", **{keyword: 0})
+    assert pipe("What is the capital of France?", task="trec", num_beams=2)["task"] == "trec"

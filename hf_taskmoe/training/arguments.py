@@ -125,6 +125,20 @@ class MultiTaskTrainingArguments(TrainingArguments):
     def __post_init__(self):
         import torch
 
+        # transformers accepts these and fails later (a ZeroDivisionError, an empty loader) or trains one step at
+        # learning rate 0 (max_steps 0): refused here, before any compute
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer (examples per device per step), got {value!r}; "
+                                 f"set it to 1 or more (--{name} 8).")
+        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(
+                f"`max_steps` must be a positive number of optimizer steps, or -1 to train for `num_train_epochs`; got "
+                f"{self.max_steps!r} (0 would still take one step, at learning rate 0). To evaluate without training, "
+                "turn training off instead (--do_train False)."
+            )
+
         if self.fp16 and (self.use_cpu or not (torch.cuda.is_available() or torch.xpu.is_available())):
             # transformers would accept it and train in fp32 while reporting fp16
             raise ValueError(

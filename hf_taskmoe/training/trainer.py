@@ -112,8 +112,10 @@ class TaskSamplerCheckpointCallback(TrainerCallback):
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         if os.path.isdir(folder):
             payload = {"config": sampler.config(), "strategy_state": getattr(sampler.strategy, "state_dict", dict)()}
-            with open(os.path.join(folder, SAMPLER_STATE_NAME), "w") as f:
+            path = os.path.join(folder, SAMPLER_STATE_NAME)
+            with open(path + ".tmp", "w") as f:  # written whole, then renamed: a kill leaves no half file
                 json.dump(payload, f, indent=2)
+            os.replace(path + ".tmp", path)
 
 
 def missing_checkpoint_files(checkpoint: str) -> list[str]:
@@ -130,6 +132,24 @@ def missing_checkpoint_files(checkpoint: str) -> list[str]:
     return [name for name, present in wanted.items() if not present]
 
 
+def unreadable_checkpoint_files(checkpoint: str) -> list[str]:
+    """The JSON files of a checkpoint that are there but cut short or corrupt (kill -9 while they were written):
+    `trainer_state.json`, `task_sampler.json`, each named with what is wrong (empty: all readable)."""
+    broken = []
+    for name in (TRAINER_STATE_NAME, SAMPLER_STATE_NAME):
+        path = os.path.join(checkpoint, name)
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path) as f:
+                content = json.load(f)
+            if not isinstance(content, dict):
+                raise ValueError(f"a JSON {type(content).__name__}, not an object")
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            broken.append(f"{name} (unreadable, cut short while it was written? {str(err).splitlines()[0] if str(err) else type(err).__name__})")
+    return broken
+
+
 def latest_complete_checkpoint(output_dir: str) -> str | None:
     """The newest `checkpoint-<step>` of `output_dir` that holds everything a resume needs; newer incomplete ones
     (a run killed while saving) are skipped with a warning."""
@@ -140,9 +160,11 @@ def latest_complete_checkpoint(output_dir: str) -> str | None:
     for _, name in found:
         path = os.path.join(output_dir, name)
         missing = missing_checkpoint_files(path)
-        if not missing:
+        broken = unreadable_checkpoint_files(path)
+        if not missing and not broken:
             return path
-        logger.warning(f"Skipping the incomplete checkpoint {path} ({', '.join(missing)} missing).")
+        logger.warning(f"Skipping the incomplete checkpoint {path} ("
+                       + "; ".join(([f"{', '.join(missing)} missing"] if missing else []) + broken) + ").")
     return None
 
 
@@ -415,6 +437,12 @@ class MultiTaskTrainer(Trainer):
     def _check_checkpoint(self, checkpoint: str) -> None:
         if not os.path.isdir(checkpoint):
             raise ValueError(f"Checkpoint folder {checkpoint} does not exist.")
+        broken = unreadable_checkpoint_files(checkpoint)
+        if broken:
+            raise ValueError(
+                f"Checkpoint {checkpoint} cannot be resumed: {'; '.join(broken)}. Resume from an earlier checkpoint "
+                f"(--resume_from_checkpoint latest takes the newest complete one), or start the run afresh."
+            )
         missing = missing_checkpoint_files(checkpoint)
         essential = {"model weights", TRAINER_STATE_NAME}
         if missing and not (self.args.resume_incomplete_checkpoint and not essential & set(missing)):
