@@ -786,7 +786,10 @@ def check_token_ids(model, sets: dict, split: str, tokenizer_name: str) -> None:
     """Every token id of the tokenised `sets` ({task: dataset}) must be in the model's vocabulary, and every
     segment id in its `type_vocab_size`: an id beyond them means a tokenizer that is not the model's (an
     IndexError deep in the embedding otherwise). Checked after tokenising, before any compute."""
-    embeddings = model.get_input_embeddings()
+    try:
+        embeddings = model.get_input_embeddings()
+    except (NotImplementedError, AttributeError):  # a family without a token embedding table
+        embeddings = None
     limits = {"input_ids": (getattr(embeddings, "num_embeddings", None), "vocabulary (vocab_size)"),
               "token_type_ids": (getattr(model.config, "type_vocab_size", None), "token type table (type_vocab_size)")}
     for task, dataset in sets.items():

@@ -328,11 +328,26 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         # refuse below by name
         model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True})
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        model._check_loaded_weights(info, source, opted_in)
+        model._check_loaded_weights(info, source, opted_in or cls._saved_as_another_model(source, kwargs, model.config))
         not_loaded = set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())}
         model._check_task_order(saved="task_fingerprint" not in not_loaded)
         model._after_load()
         return (model, info) if wants_info else model
+
+    @staticmethod
+    def _saved_as_another_model(source, kwargs: dict, config) -> bool:
+        """Whether `config=` was passed for a checkpoint saved as another model type (a dense BERT loaded straight
+        into a family's class): transformers' partial load, with its report, not a saved model of ours to check."""
+        from transformers import PretrainedConfig
+
+        if not isinstance(kwargs.get("config"), PretrainedConfig) or source is None:
+            return False
+        hub = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
+        try:
+            saved, _ = PretrainedConfig.get_config_dict(source, **hub)
+        except (OSError, ValueError):
+            return False
+        return saved.get("model_type") not in (None, config.model_type)
 
     def _check_loaded_weights(self, info: dict, source, opted_in: bool) -> None:
         """Refuse (or, opted in, warn about) weights the config describes but the file lacks, weights on file the model
@@ -360,8 +375,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         what = f"{type(self).__name__} from {source}: " + "; ".join(parts)
         dense = f"; to build from a dense checkpoint use `{type(self).__name__}.from_dense`" if hasattr(self, "from_dense") else ""
         if opted_in:
-            logger.warning(f"Loaded {what}. They are freshly initialised, as asked (ignore_mismatched_sizes=True): "
-                           "train them before use.")
+            logger.warning(f"Loaded {what}. They are freshly initialised (ignore_mismatched_sizes=True, or `config=` "
+                           f"given for a checkpoint of another model type): train them before use{dense}.")
             return
         raise ValueError(
             f"Cannot load {what}. The config.json does not describe the weights on file (a hand-edited config.json -- "

@@ -339,3 +339,17 @@ def test_a_generation_count_of_zero_is_refused_by_the_pipeline(tiny_dense, tmp_p
         with pytest.raises(ValueError, match=rf"`{keyword}` must be a positive integer, got 0"):
             pipe("What is the capital of France?", task="trec", **{keyword: 0})
     assert pipe("What is the capital of France?", task="trec", num_beams=2)["task"] == "trec"
+
+
+def test_a_config_object_that_does_not_describe_a_saved_model_is_refused_too(tmp_path, tiny_dense):
+    """`from_pretrained(folder, config=...)` with another `num_experts` than the saved model's: refused like a
+    hand-edited config.json (only a checkpoint of another model type, a dense BERT, loads partially, as in
+    transformers, with a warning pointing to from_dense)."""
+    model = BertForTaskMoE.from_dense(tiny_dense, [TaskSpec(name="a", num_labels=2)], num_experts=2)
+    model.save_pretrained(tmp_path / "saved")
+    other = BertForTaskMoE.from_dense(tiny_dense, [TaskSpec(name="a", num_labels=2)], num_experts=3).config
+    with pytest.raises(ValueError, match=r"Cannot load BertForTaskMoE .*experts\.2\.w_in"):
+        BertForTaskMoE.from_pretrained(tmp_path / "saved", config=other)
+    loaded, info = BertForTaskMoE.from_pretrained(tmp_path / "saved", config=other, ignore_mismatched_sizes=True,
+                                                  output_loading_info=True)
+    assert loaded.config.num_experts == 3 and any("experts.2" in k for k in info["missing_keys"])
