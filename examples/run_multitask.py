@@ -1211,6 +1211,20 @@ def is_user_error(err: BaseException) -> bool:
     return bool(frames) and str(Path(frames[-1].filename).resolve()).startswith(OWN_CODE)
 
 
+#: errno values of an OSError that are about the user's files or disk (unreadable, read-only, a file where a folder
+#: should be, full), not a bug
+FILE_PROBLEMS = {"EACCES", "EPERM", "EROFS", "EISDIR", "ENOTDIR", "ENOENT", "ENOSPC", "EDQUOT", "ENAMETOOLONG", "ELOOP"}
+
+
+def file_problem(err: BaseException) -> bool:
+    """Whether `err` is an OSError naming a file of the run that cannot be read or written (permissions, a read-only
+    or full disk, a file where a folder should be)."""
+    import errno
+
+    return (isinstance(err, OSError) and err.filename is not None
+            and errno.errorcode.get(err.errno or -1) in FILE_PROBLEMS)
+
+
 def cli(argv: list[str] | None = None) -> int:
     """The command line. `--help` is the short help (with the values this command line would run with),
     `--help_all` every option. Exit status: 0 done; 2 a problem with the arguments, data or output folder (one
@@ -1238,6 +1252,10 @@ def cli(argv: list[str] | None = None) -> int:
             raise
         if is_user_error(err):
             print(f"error: {err}\n(run with --debug for the traceback)", file=sys.stderr)
+            return 2
+        if file_problem(err):  # a file or folder of the user's that cannot be read or written: not a bug of ours
+            print(f"error: cannot use {err.filename}: {err.strerror}. Check the path, its permissions and the free space "
+                  "on its disk, then run again.\n(run with --debug for the traceback)", file=sys.stderr)
             return 2
         traceback.print_exc()
         print(f"\ninternal error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"

@@ -353,3 +353,36 @@ def test_a_config_object_that_does_not_describe_a_saved_model_is_refused_too(tmp
     loaded, info = BertForTaskMoE.from_pretrained(tmp_path / "saved", config=other, ignore_mismatched_sizes=True,
                                                   output_loading_info=True)
     assert loaded.config.num_experts == 3 and any("experts.2" in k for k in info["missing_keys"])
+
+
+def test_an_unreadable_file_or_a_full_disk_is_a_refusal_not_an_internal_error(tmp_path, tiny_dense, capsys, monkeypatch):
+    """An unreadable data file (permissions; simulated, root reads everything) exits 2 naming the file; a disk that
+    fills while the new model is saved exits 2 naming the file, and --overwrite_output_dir leaves the earlier run."""
+    import transformers.modeling_utils
+
+    task_file = _bad_task_file(tmp_path)
+    train = (task_file.parent / "t" / "train.jsonl").resolve()
+    real = Path.read_bytes
+
+    def denied(self):
+        if self.resolve() == train:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    _refused(capsys, _argv(tmp_path / "out", tiny_dense, "--tasks", str(task_file)), r"t/train.jsonl could not be read \(Permission denied\)")
+    monkeypatch.undo()
+
+    out = tmp_path / "run"
+    run_multitask.main(_argv(out, tiny_dense))
+    before = _run_files(out)
+
+    def disk_full(tensors, filename, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(filename))
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
+    _refused(capsys, _argv(out, tiny_dense, "--overwrite_output_dir", "--seed", "3"),
+             r"cannot use .*model.safetensors: No space left on device\. Check the path, its permissions and the free space")
+    monkeypatch.undo()
+    assert _run_files(out) == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")]
