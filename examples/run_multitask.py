@@ -472,7 +472,8 @@ class RunLock:
 
     def __init__(self, out: Path):
         self.out = out
-        self.path = out.parent / f".{out.name}.lock"
+        real = out.resolve()  # `--output_dir .` or a symlink: the lock goes beside the folder itself
+        self.path = real.parent / f".{real.name}.lock"
         self.held = False
 
     def describe(self, holder: dict | None) -> str:
@@ -547,7 +548,8 @@ class RunLock:
 
 def staging_dir(out: Path) -> Path:
     """Where a run that replaces an earlier one (--overwrite_output_dir) writes until it is complete: beside `out`."""
-    return out.parent / f".{out.name}.overwrite-staging"
+    real = out.resolve()
+    return real.parent / f".{real.name}.overwrite-staging"
 
 
 def replace_output_dir(staging: Path, out: Path) -> None:

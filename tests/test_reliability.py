@@ -386,3 +386,23 @@ def test_an_unreadable_file_or_a_full_disk_is_a_refusal_not_an_internal_error(tm
     monkeypatch.undo()
     assert _run_files(out) == before
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")]
+
+
+def test_the_trainer_refuses_a_batch_tokenised_for_another_vocabulary_before_the_model_runs(tmp_path, tiny_dense, minilm):
+    """In Python: `MultiTaskTrainer.train` on ids the model's embedding has no row for (a tokenizer with a larger
+    vocabulary) stops with the collator's ValueError, not an IndexError inside the embedding; no step is taken."""
+    from datasets import Dataset
+
+    from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
+
+    model = BertForTaskMoE.from_dense(_dense_with(tmp_path, minilm, vocab_size=500), [TaskSpec(name="a", num_labels=2)],
+                                      num_experts=2)
+    rows = Dataset.from_dict({"input_ids": [[101, 7592, 102], [101, 200, 102]], "attention_mask": [[1, 1, 1]] * 2, "labels": [0, 1]})
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1, use_cpu=True,
+                                      report_to="none", save_strategy="no", disable_tqdm=True)
+    trainer = MultiTaskTrainer(model=model, args=args, train_dataset={"a": rows})
+    with pytest.raises(ValueError, match=r"`input_ids` holds (7592|101|102) .*vocabulary \(`vocab_size`\) has 500 entries"):
+        trainer.train()
+    assert not calls and trainer.state.global_step == 0
