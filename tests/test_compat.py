@@ -108,3 +108,11 @@ def test_last_decoder_hidden_state_gives_the_logits():
         out = model(**b, output_hidden_states=True)
     expected = model.lm_head(out.decoder_hidden_states[-1]) + model.final_logits_bias
     torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["num_beams", "num_return_sequences", "max_new_tokens"])
+def test_generation_counts_below_one_are_refused_by_name(name):
+    model = routed("gumbel_softmax_st")
+    b = batch()
+    with pytest.raises(ValueError, match=f"`{name}` must be a positive integer"):
+        model.generate(b["input_ids"], task_ids=b["task_ids"], **{name: 0})

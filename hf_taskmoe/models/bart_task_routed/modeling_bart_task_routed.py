@@ -452,6 +452,10 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         """`GenerationMixin.generate` with `task_ids` (one per row); the segment ids a BERT tokenizer returns are
         dropped (BART has no segment embeddings), so `model.generate(**tokenizer(texts), task_ids=...)` works."""
         kwargs.pop("token_type_ids", None)
+        for name in ("num_beams", "num_return_sequences", "max_new_tokens"):
+            value = kwargs.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
         return super().generate(*args, **kwargs)
 
     # ------------------------------------------------------------------ building and exporting
