@@ -177,8 +177,8 @@ class TrainingProgressCallback(TrainerCallback):
         this_run = self._this_run_seconds()
         return {
             "examples_seen": {t: self.examples_before.get(t, 0) + n for t, n in now.items()},
-            "train_seconds": round(self.seconds_before + this_run, 1),
-            "train_seconds_this_run": round(this_run, 1),
+            "train_seconds": round(self.seconds_before + this_run, 3),
+            "train_seconds_this_run": round(this_run, 3),
             "resumed_from": self.resumed_from,
             "complete": self.complete,
         }
