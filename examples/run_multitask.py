@@ -50,6 +50,7 @@ from hf_taskmoe.training import (
     load_tasks,
     tokenize_task,
 )
+from hf_taskmoe.modeling_utils import token_table_sizes
 from hf_taskmoe.training.callbacks import TrainingProgressCallback
 from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
 from hf_taskmoe.training.trainer import latest_complete_checkpoint, unreadable_checkpoint_files
@@ -788,12 +789,9 @@ def check_token_ids(model, sets: dict, split: str, tokenizer_name: str) -> None:
     """Every token id of the tokenised `sets` ({task: dataset}) must be in the model's vocabulary, and every
     segment id in its `type_vocab_size`: an id beyond them means a tokenizer that is not the model's (an
     IndexError deep in the embedding otherwise). Checked after tokenising, before any compute."""
-    try:
-        embeddings = model.get_input_embeddings()
-    except (NotImplementedError, AttributeError):  # a family without a token embedding table
-        embeddings = None
-    limits = {"input_ids": (getattr(embeddings, "num_embeddings", None), "vocabulary (vocab_size)"),
-              "token_type_ids": (getattr(model.config, "type_vocab_size", None), "token type table (type_vocab_size)")}
+    sizes = token_table_sizes(model)  # the sizes BatchChecker checks each batch against
+    limits = {"input_ids": (sizes["input_ids"], "vocabulary (vocab_size)"),
+              "token_type_ids": (sizes["token_type_ids"], "token type table (type_vocab_size)")}
     for task, dataset in sets.items():
         for column, (size, what) in limits.items():
             if size is None or column not in dataset.column_names:

@@ -161,6 +161,32 @@ def check_kwargs(kwargs: dict, forward) -> None:
     raise ValueError(f"Unexpected keyword argument(s) {unknown}{hint}; the model's forward takes {known}.")
 
 
+#: generation keywords that count something: each must be a positive integer (transformers divides by `num_beams`
+#: and ends in a ZeroDivisionError on 0)
+POSITIVE_GENERATION_KEYWORDS = ("num_beams", "num_beam_groups", "num_return_sequences", "max_new_tokens", "max_length")
+
+
+def check_generation_counts(generate_kwargs: dict) -> None:
+    """Refuse a generation count below 1 (`num_beams=0`, ...) by name, before `generate` runs."""
+    for name in POSITIVE_GENERATION_KEYWORDS:
+        value = generate_kwargs.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"`{name}` must be a positive integer, got {value!r} (e.g. {name}=4); "
+                             f"leave it out to use the model's generation config.")
+
+
+def token_table_sizes(model) -> dict[str, int | None]:
+    """The rows of the tables the model's token ids index: `{"input_ids": vocabulary size, "token_type_ids":
+    type_vocab_size}`, None where the model has no such table (a family without a token embedding)."""
+    try:
+        embeddings = model.get_input_embeddings()
+    except (NotImplementedError, AttributeError):
+        embeddings = None
+    vocab = getattr(embeddings, "num_embeddings", None) if isinstance(embeddings, torch.nn.Embedding) else None
+    types = getattr(model.config, "type_vocab_size", None)
+    return {"input_ids": vocab, "token_type_ids": types if isinstance(types, int) else None}
+
+
 def check_batch_dim(batch: int, **tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and (tensor.dim() == 0 or tensor.shape[0] != batch):
@@ -184,14 +210,9 @@ class BatchChecker:
 
     @classmethod
     def for_model(cls, model) -> "BatchChecker":
-        try:
-            embeddings = model.get_input_embeddings()
-        except (NotImplementedError, AttributeError):
-            embeddings = None
-        vocab = getattr(embeddings, "num_embeddings", None) if isinstance(embeddings, torch.nn.Embedding) else None
-        types = getattr(model.config, "type_vocab_size", None)
+        sizes = token_table_sizes(model)
         return cls([TaskSpec.from_dict(t) for t in model.config.tasks], isinstance(getattr(model, "heads", None), MultiTaskHeads),
-                   vocab_size=vocab, type_vocab_size=types if isinstance(types, int) else None)
+                   vocab_size=sizes["input_ids"], type_vocab_size=sizes["token_type_ids"])
 
     @staticmethod
     def check_ids(name: str, ids, size: int | None, what: str, fix: str) -> None:

@@ -27,6 +27,8 @@ import torch
 from transformers import AutoModel, AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from .modeling_utils import check_generation_counts
+
 PIPELINE_TASK = "multitask-text-classification"
 TEXT2TEXT_PIPELINE_TASK = "multitask-text2text-generation"
 
@@ -177,16 +179,8 @@ class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
     # by `Pipeline` itself; no private generation helper of transformers' pipelines (they change between 5.x releases)
     _pipeline_calls_generate = False
 
-    #: generation keywords that count something: each must be a positive integer (transformers divides by
-    #: `num_beams` and ends in a ZeroDivisionError on 0)
-    POSITIVE_GENERATION_KEYWORDS = ("num_beams", "num_beam_groups", "num_return_sequences", "max_new_tokens", "max_length")
-
     def _sanitize_model_parameters(self, **generate_kwargs):
-        for name in self.POSITIVE_GENERATION_KEYWORDS:
-            value = generate_kwargs.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r} (e.g. {name}=4); "
-                                 f"leave it out to use the model's generation config.")
+        check_generation_counts(generate_kwargs)  # at the call, before any input is tokenised
         return generate_kwargs, {}
 
     def _forward(self, model_inputs, **generate_kwargs):

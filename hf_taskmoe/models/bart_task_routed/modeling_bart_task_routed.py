@@ -33,7 +33,8 @@ from ...layers.routing import (
     RouteRecorder, RoutedCache, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature, plan_routes,
 )
 from ...modeling_utils import (
-    MultiTaskPreTrainedModel, check_batch_dim, check_kwargs, check_lengths, grow_embedding, resolve_task_ids,
+    MultiTaskPreTrainedModel, check_batch_dim, check_generation_counts, check_kwargs, check_lengths, grow_embedding,
+    resolve_task_ids,
 )
 from ...tasks import TaskSpec
 from .configuration_bart_task_routed import DENSE_BART_FIELDS, BartTaskRoutedConfig
@@ -452,10 +453,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         """`GenerationMixin.generate` with `task_ids` (one per row); the segment ids a BERT tokenizer returns are
         dropped (BART has no segment embeddings), so `model.generate(**tokenizer(texts), task_ids=...)` works."""
         kwargs.pop("token_type_ids", None)
-        for name in ("num_beams", "num_return_sequences", "max_new_tokens"):
-            value = kwargs.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+        check_generation_counts(kwargs)
         return super().generate(*args, **kwargs)
 
     # ------------------------------------------------------------------ building and exporting
