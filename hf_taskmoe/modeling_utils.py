@@ -7,7 +7,6 @@ fails with a message that names the argument (and the task, row or field) at fau
 from __future__ import annotations
 
 import logging
-import warnings
 import zlib
 from dataclasses import dataclass
 
@@ -280,9 +279,6 @@ class HostCheckedCollator:
         return batch
 
 
-_DEPRECATED_INIT_NAMES = ("init_gate_from", "init_pals_from", "init_embedding_from")
-
-
 def task_fingerprint(names: list[str]) -> torch.Tensor:
     """One int64 per task name (CRC-32), saved with the weights: the task order the gates and embeddings were
     trained in."""
@@ -455,17 +451,11 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         names = [names] if isinstance(names, str) else list(names)
         return torch.tensor([self.task_id(n) for n in names], dtype=torch.long, device=device or self.device)
 
-    def add_task(self, task: TaskSpec | dict, init_from: str | None = None, **deprecated) -> int:
+    def add_task(self, task: TaskSpec | dict, init_from: str | None = None) -> int:
         """Add a task after training: a fresh head, and the family's task-specific weights for it (MT-TaG: a gate;
         PALs: a PAL group; CA-MTL: a task embedding; BartTaskRouted: a task representation the router reads;
         MMoE: a gate, a tower and a head) copied from the related task `init_from` or drawn like at construction.
         Returns the new task id. Call it before building the optimizer: some parameters are replaced."""
-        for name in _DEPRECATED_INIT_NAMES:
-            if name in deprecated:
-                warnings.warn(f"`add_task({name}=...)` is deprecated; use `init_from=...`.", FutureWarning, stacklevel=2)
-                init_from = deprecated.pop(name) if init_from is None else init_from
-        if deprecated:
-            raise ValueError(f"add_task() got unexpected keyword argument(s) {sorted(deprecated)}.")
         task = TaskSpec.from_dict(task)
         source = self.task_id(init_from) if init_from is not None else None
         if task.name in self.config.task_names:
@@ -499,13 +489,6 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         task_rows = self.heads.split_rows(task_ids)
         prepared = self.heads.check_inputs(task_rows, seq, labels, span_positions)
         return task_ids, task_rows, prepared if labels is not None else None
-
-
-def __getattr__(name):
-    if name == "MultiTaskModelMixin":  # the name of the base before it became a class of its own
-        warnings.warn("MultiTaskModelMixin is deprecated; use MultiTaskPreTrainedModel.", FutureWarning, stacklevel=2)
-        return MultiTaskPreTrainedModel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def heads_to_output_fields(heads_out: HeadsOutput) -> dict:

@@ -160,15 +160,3 @@ def _verify(target: PreTrainedModel, source: dict[str, torch.Tensor], report: Up
     for name, src in report.copied.items():
         if not torch.equal(state[name], source[src].to(state[name].dtype)):
             raise RuntimeError(f"Upcycling check failed: {name} differs from {src} after the copy.")
-
-
-def __getattr__(name):
-    if name == "UPCYCLING_RULES":  # the table the family registry replaced, kept for one release
-        import warnings
-
-        from .models.registry import FAMILIES
-
-        warnings.warn("hf_taskmoe.upcycling.UPCYCLING_RULES is deprecated; each family's rules are "
-                      "hf_taskmoe.models.FAMILIES[name].upcycling.", FutureWarning, stacklevel=2)
-        return {f.model_type: f.upcycling for f in FAMILIES.values() if f.upcycling is not None}
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -174,8 +174,7 @@ def test_aux_losses_are_added_when_configured():
 
 def test_add_task_copies_the_related_gate_and_round_trips(tmp_path):
     model = _model(tiny_config(num_experts=3))
-    with pytest.warns(FutureWarning, match=r"add_task\(init_gate_from=...\)` is deprecated"):  # the old name still works
-        new_id = model.add_task(TaskSpec(name="c", num_labels=4), init_gate_from="b")
+    new_id = model.add_task(TaskSpec(name="c", num_labels=4), init_from="b")
     assert new_id == 2 and model.config.task_names == ["a", "b", "c"]
     assert not model.heads["c"].training  # follows the model's eval mode
     for layer in model.bert.encoder.layer:

@@ -190,8 +190,8 @@ def test_a_cell_whose_options_changed_since_it_ran_is_stale_and_runs_again(tmp_p
         runner.append_record(results, record)
     assert runner.finished(records[0], cells[0]) and not runner.finished(records[1], cells[1])
     assert not runner.finished({**records[0], "status": "error"}, cells[0])
-    # the same command line made elsewhere: paths under examples/, a saved model by its last three parts, old names
-    a = ["--tasks", "/a/examples/data/t.json", "--model_name_or_path", "/a/runs/exp/m/seed1", "--init_gate_from", "x"]
+    # the same command line made elsewhere: paths under examples/, a saved model by its last three parts
+    a = ["--tasks", "/a/examples/data/t.json", "--model_name_or_path", "/a/runs/exp/m/seed1", "--init_from", "x"]
     b = ["--tasks", "/b/c/examples/data/t.json", "--model_name_or_path", "/tmp/r/exp/m/seed1", "--init_from", "x"]
     assert runner._portable(a) == runner._portable(b)
     # options in another order and numbers written otherwise are the same command; a missing or added option is not

@@ -159,15 +159,12 @@ def load_experiment(path: str | os.PathLike, runs: Path = RUNS) -> tuple[dict, l
 
 
 # ----------------------------------------------------------------------------------------------- results
-RENAMED_OPTIONS = {"--init_gate_from": "--init_from"}  # run_multitask options renamed since cells ran (old name kept)
-
-
 def _portable(argv: list[str]) -> list[str]:
     """A command line with the machine's locations removed, to compare runs made in two checkouts or with two
     `--runs` folders: task files from `examples/` on, and a model an earlier cell saved (`--model_name_or_path
-    <runs>/<experiment>/<method>/seed<k>`) by its last three parts; renamed options under their new name."""
+    <runs>/<experiment>/<method>/seed<k>`) by its last three parts."""
     anchor = os.sep + "examples" + os.sep
-    out = [RENAMED_OPTIONS.get(arg, arg[arg.rindex(anchor) + 1:] if anchor in arg else arg) for arg in argv]
+    out = [arg[arg.rindex(anchor) + 1:] if anchor in arg else arg for arg in argv]
     for i, arg in enumerate(out[:-1]):
         if arg == "--model_name_or_path" and os.path.isabs(out[i + 1]):
             out[i + 1] = "/".join(Path(out[i + 1]).parts[-3:])
@@ -175,7 +172,7 @@ def _portable(argv: list[str]) -> list[str]:
 
 
 def options(argv: list[str]) -> dict[str, tuple[str, ...]]:
-    """A command line as `{option: values}` (portable paths, renamed options under their new names), so that two
+    """A command line as `{option: values}` (portable paths), so that two
     command lines compare whatever the order of their options."""
     parsed: dict[str, list[str]] = {}
     current = None

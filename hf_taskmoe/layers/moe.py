@@ -104,17 +104,6 @@ def build_gate(gating: str, hidden_size: int, num_experts: int, num_tasks: int) 
     return lookup(GATING_TYPES, gating, "gating")(hidden_size, num_experts, num_tasks)
 
 
-def __getattr__(name):  # the names before the gates were told apart from BART's task router, kept for one release
-    old = {"TaskRouter": TaskGate, "SharedRouter": SharedGate, "ROUTER_TYPES": GATING_TYPES, "build_router": build_gate}
-    if name in old:
-        import warnings
-
-        warnings.warn(f"hf_taskmoe.layers.moe.{name} is deprecated; use {getattr(old[name], '__name__', 'GATING_TYPES')}.",
-                      FutureWarning, stacklevel=2)
-        return old[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 class MoEOutput(NamedTuple):
     """Output of `TaskMoE.forward`.
 
