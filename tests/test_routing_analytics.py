@@ -175,7 +175,7 @@ def test_mmoe_gates_with_a_plain_trainer(tmp_path):
 
     from hf_taskmoe import MMoEModel
 
-    from .test_readme import _snippet
+    from .test_docs import _snippet
     from .test_mmoe import batch as tabular_batch
     from .test_mmoe import config as mmoe_config
 

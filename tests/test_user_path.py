@@ -298,19 +298,20 @@ def test_quick_start_then_pipeline_snippets_run_as_written_in_a_fresh_interprete
     quick = _run_as_written(_snippet(readme, "## Quick start"), tmp_path, minilm)
     assert quick.returncode == 0, quick.stderr[-3000:]
     assert (tmp_path / "my-mttag" / "model.safetensors").exists() and (tmp_path / "my-mttag" / "tokenizer.json").exists()
-    pipe = _run_as_written(_snippet(readme, "## Multi-task pipeline") + "\nprint(pipe('a fine film', task='sst2'))", tmp_path, minilm)
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    pipe = _run_as_written(_snippet(deployment, "## Multi-task pipeline") + "\nprint(pipe('a fine film', task='sst2'))", tmp_path, minilm)
     assert pipe.returncode == 0, pipe.stderr[-3000:]
     assert "'task': 'sst2'" in pipe.stdout.splitlines()[-1]
 
 
 @pytest.mark.slow
 def test_training_snippet_runs_as_written_in_a_fresh_interpreter(minilm, tmp_path):
-    """From a folder holding the repository's demo data at the same relative path (the README says: from the repository
+    """From a folder holding the repository's demo data at the same relative path (the docs say: from the repository
     root); trains the snippet's 20 steps of MiniLM and evaluates."""
     import shutil
 
-    readme = (ROOT / "README.md").read_text()
-    code = _snippet(readme, "## Training")
+    training = (ROOT / "docs" / "training.md").read_text()
+    code = _snippet(training, "## Training")
     data = tmp_path / "examples" / "data" / "demo_mixture"  # a copy of the repository's data: `out` lands in tmp_path
     shutil.copytree(ROOT / "examples" / "data" / "demo_mixture", data)
     result = _run_as_written(code, tmp_path, minilm)
@@ -334,9 +335,9 @@ def test_the_task_config_schema_lists_the_loaders_fields_and_accepts_every_shipp
     assert set(task["properties"]) == {f.name for f in dataclasses.fields(TaskSpec)} | {f"{s}_file" for s in SPLITS}
     assert task["properties"]["problem_type"]["enum"] == list(PROBLEM_TYPES)
     assert schema["$defs"]["preset"]["properties"]["preset"]["enum"] == sorted(TASK_PRESETS)
-    readme = (ROOT / "README.md").read_text()
-    for field in task["properties"]:  # every field documented in the README's table
-        assert f"`{field}`" in readme, field
+    page = (ROOT / "docs" / "task-config.md").read_text()
+    for field in task["properties"]:  # every field documented in the task-config format's table
+        assert f"`{field}`" in page, field
     shipped = [p for p in (ROOT / "examples/data").rglob("*.json") if "tasks" in json.loads(p.read_text())]
     assert len(shipped) >= 4
     for path in shipped:

