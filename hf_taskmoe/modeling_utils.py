@@ -462,7 +462,7 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
             raise ValueError(f"Task {task.name!r} already exists; this model's tasks are {self.config.task_names}.")
         from .models.registry import family_of
 
-        allowed = family_of(self.config).problem_types
+        allowed = family_of(self.config).supported_problem_types
         if allowed and task.problem_type not in allowed:
             raise ValueError(f"Task {task.name!r}: problem_type {task.problem_type!r}; {type(self).__name__} supports {list(allowed)}.")
         heads = getattr(self, "heads", None)

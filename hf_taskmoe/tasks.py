@@ -4,17 +4,8 @@ A task has a name (used as the key of its head, its gate and its metrics), a pro
 and loss it gets), its labels, the metrics it is evaluated with and the fields of a data row that hold
 its inputs. Specs round-trip through JSON so that a saved model config carries its task list.
 
-Problem types use transformers' words where they exist:
-
-| problem type | head | loss | label of one example |
-|---|---|---|---|
-| `single_label_classification` | linear on the pooled [CLS] | cross-entropy | class index |
-| `multi_label_classification` | linear on the pooled [CLS] | binary cross-entropy | multi-hot vector |
-| `regression` | linear on the pooled [CLS] | mean squared error | float (or `num_labels` floats) |
-| `multiple_choice` | one score per (context, choice) row | cross-entropy over the choices | index of the right choice |
-| `span_classification` | linear on [CLS] + mean of each word span (WiC) | cross-entropy | class index |
-| `token_classification` | linear on every token | cross-entropy, -100 ignored | one class index per token |
-| `seq2seq` | the decoder of a seq2seq family | token cross-entropy | target text |
+Problem types use transformers' words where they exist (`single_label_classification`, `regression`, ...); each
+is a class in `hf_taskmoe.problem_types` (head, loss, label format, metrics): `PROBLEM_TYPES` holds them by name.
 """
 
 from __future__ import annotations
@@ -27,28 +18,15 @@ from typing import Any
 
 from huggingface_hub.errors import StrictDataclassError
 
-from .utils import check_choice, check_float, check_int, check_str_list
+from .problem_types import DEFAULT_PROBLEM_TYPE, get_problem_type, problem_type_names
+from .problem_types import PROBLEM_TYPES as _PROBLEM_TYPES
+from .utils import check_choice, check_float, check_str_list
 
-PROBLEM_TYPES = (
-    "single_label_classification",
-    "multi_label_classification",
-    "regression",
-    "multiple_choice",
-    "span_classification",
-    "token_classification",
-    "seq2seq",
-)
+# the registered problem types by name (`hf_taskmoe.problem_types`); a new type registered later is in it too
+PROBLEM_TYPES = _PROBLEM_TYPES
 
-# Metrics used when a spec names none; keys of `hf_taskmoe.metrics` (any evaluate metric may be named instead).
-DEFAULT_METRICS = {
-    "single_label_classification": ["accuracy"],
-    "multi_label_classification": ["f1_micro"],
-    "regression": ["pearson", "spearmanr"],
-    "multiple_choice": ["accuracy"],
-    "span_classification": ["accuracy"],
-    "token_classification": ["accuracy"],
-    "seq2seq": ["exact_match"],
-}
+# the spec fields a problem type owns (`ProblemType.own_spec_fields`): any other type refuses them
+_TYPE_FIELDS = ("choice_fields", "span_fields", "target_range")
 
 # No '.': the name keys `nn.ModuleDict`s (heads, gates), whose keys cannot hold dots.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*")
@@ -84,7 +62,7 @@ class TaskSpec:
             (`eval_<name>_<metric>`); the attribute names of `nn.ModuleDict` (`training`, `keys`, ...: see
             `RESERVED_TASK_NAMES`) cannot be task names.
         problem_type (`str`, *optional*, defaults to `"single_label_classification"`):
-            One of `PROBLEM_TYPES` (see the module docstring for head, loss and label format of each).
+            One of `PROBLEM_TYPES` (`hf_taskmoe.problem_types`: head, loss and label format of each).
         num_labels (`int`, *optional*):
             Number of classes (classification), of outputs (regression, defaults to 1) or of choices
             (multiple choice, taken from `choice_fields`). Derived from `label_names` when those are given.
@@ -95,7 +73,7 @@ class TaskSpec:
             beside five `label_names`): a row's label `v` is class `label_values.index(v)`. Without it a data label
             is a class name or a class position (0-based); integers that could be either are refused.
         metrics (`list[str]`, *optional*):
-            Metric names; defaults depend on the problem type (`DEFAULT_METRICS`).
+            Metric names; defaults depend on the problem type (its `default_metrics`).
         text_fields (`list[str]`, *optional*, defaults to `["sentence"]`):
             Fields of a data row holding the text: one field (single text) or two (text pair). For multiple
             choice these are the context fields; for token classification the single field holds a list of words.
@@ -121,7 +99,7 @@ class TaskSpec:
     """
 
     name: str
-    problem_type: str = "single_label_classification"
+    problem_type: str = DEFAULT_PROBLEM_TYPE
     num_labels: int | None = None
     label_names: list[str] | None = None
     label_values: list[int | str] | None = None
@@ -150,6 +128,7 @@ class TaskSpec:
                 f"{self.name.rstrip('_') + '_task'!r}); reserved names are {sorted(RESERVED_TASK_NAMES)}."
             )
         check_choice(self.problem_type, PROBLEM_TYPES, f"{prefix}.problem_type")
+        kind = get_problem_type(self.problem_type)
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
 
         set_("text_fields", check_str_list(self.text_fields, f"{prefix}.text_fields"))
@@ -160,26 +139,21 @@ class TaskSpec:
             if len(set(self.label_names)) != len(self.label_names):
                 raise ValueError(f"{prefix}: `label_names` must be unique, got {self.label_names}.")
 
-        self._check_choice_and_span_fields(prefix)
-        set_("num_labels", self._resolve_num_labels(prefix))
+        for name in _TYPE_FIELDS:  # fields one problem type owns (choices, spans, a target range)
+            if name not in kind.own_spec_fields and getattr(self, name) is not None:
+                owners = [n for n, t in PROBLEM_TYPES.items() if name in t.own_spec_fields]
+                raise ValueError(f"{prefix}: `{name}` is only used by problem_type {' or '.join(map(repr, owners))}, not {self.problem_type!r}.")
+        for name, value in kind.check_spec(self, prefix).items():
+            set_(name, value)
+        set_("num_labels", kind.resolve_num_labels(self, prefix))
         if self.label_names is not None and len(self.label_names) != self.num_labels:
             raise ValueError(
                 f"{prefix}: `label_names` has {len(self.label_names)} names but `num_labels` is {self.num_labels}."
             )
         if self.label_values is not None:
-            self._check_label_values(prefix)
-        if self.target_range is not None:
-            if self.problem_type != "regression":
-                raise ValueError(f"{prefix}: `target_range` is for regression tasks, not {self.problem_type!r}.")
-            low_high = self.target_range
-            if isinstance(low_high, (str, bytes)) or not isinstance(low_high, (list, tuple)) or len(low_high) != 2:
-                raise ValueError(f"{prefix}: `target_range` must be [low, high], got {low_high!r}.")
-            low, high = (check_float(v, f"{prefix}.target_range[]") for v in low_high)
-            if not low < high:
-                raise ValueError(f"{prefix}: `target_range` must have low < high, got {low_high!r}.")
-            set_("target_range", [low, high])
+            self._check_label_values(prefix, kind)
         if self.metrics is None:
-            set_("metrics", list(DEFAULT_METRICS[self.problem_type]))
+            set_("metrics", list(kind.default_metrics))
         else:
             set_("metrics", check_str_list(self.metrics, f"{prefix}.metrics"))
         set_("loss_weight", check_float(self.loss_weight, f"{prefix}.loss_weight", minimum=0.0))
@@ -188,10 +162,9 @@ class TaskSpec:
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{prefix}: `{name}` must be a string or None, got {value!r}.")
 
-    def _check_label_values(self, prefix: str) -> None:
+    def _check_label_values(self, prefix: str, kind) -> None:
         values = self.label_values
-        if self.problem_type not in ("single_label_classification", "multi_label_classification", "span_classification",
-                                     "token_classification"):
+        if not kind.has_classes:
             raise ValueError(f"{prefix}: `label_values` maps class labels; problem_type {self.problem_type!r} has none.")
         if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not all(
             isinstance(v, (int, str)) and not isinstance(v, bool) for v in values
@@ -202,59 +175,6 @@ class TaskSpec:
         if len(values) != self.num_labels:
             raise ValueError(f"{prefix}: `label_values` has {len(values)} values but the task has {self.num_labels} classes.")
         object.__setattr__(self, "label_values", list(values))
-
-    def _check_choice_and_span_fields(self, prefix: str) -> None:
-        if self.problem_type == "multiple_choice":
-            if self.choice_fields is None:
-                raise ValueError(f"{prefix}: `choice_fields` is required for problem_type='multiple_choice'.")
-            object.__setattr__(self, "choice_fields", check_str_list(self.choice_fields, f"{prefix}.choice_fields"))
-            if len(self.choice_fields) < 2:
-                raise ValueError(f"{prefix}: `choice_fields` needs at least 2 choices, got {self.choice_fields}.")
-        elif self.choice_fields is not None:
-            raise ValueError(f"{prefix}: `choice_fields` is only used by problem_type='multiple_choice'.")
-
-        if self.problem_type == "span_classification":
-            spans = self.span_fields
-            if (
-                not isinstance(spans, (list, tuple))
-                or not spans
-                or not all(isinstance(s, (list, tuple)) and len(s) == 2 for s in spans)
-            ):
-                raise ValueError(
-                    f"{prefix}: `span_fields` must be a non-empty list of [start_field, end_field] pairs for "
-                    f"problem_type='span_classification', got {spans!r}."
-                )
-            spans = [check_str_list(list(s), f"{prefix}.span_fields") for s in spans]
-            if len(spans) > len(self.text_fields):
-                raise ValueError(
-                    f"{prefix}: `span_fields` has {len(spans)} spans but only {len(self.text_fields)} text fields; "
-                    "the i-th span lies in the i-th text field."
-                )
-            object.__setattr__(self, "span_fields", spans)
-        elif self.span_fields is not None:
-            raise ValueError(f"{prefix}: `span_fields` is only used by problem_type='span_classification'.")
-
-    def _resolve_num_labels(self, prefix: str) -> int | None:
-        n = self.num_labels
-        if self.problem_type == "multiple_choice":
-            if n is not None and n != len(self.choice_fields):
-                raise ValueError(
-                    f"{prefix}: `num_labels` ({n}) must equal the number of `choice_fields` ({len(self.choice_fields)})."
-                )
-            return len(self.choice_fields)
-        if self.problem_type == "seq2seq":
-            return None if n is None else check_int(n, f"{prefix}.num_labels", minimum=1)
-        if n is None and self.label_names is not None:
-            n = len(self.label_names)
-        if n is None:
-            if self.problem_type == "regression":
-                return 1
-            raise ValueError(
-                f"{prefix}: `num_labels` (or `label_names`) is required for problem_type={self.problem_type!r}."
-            )
-        minimum = 2 if self.problem_type in ("single_label_classification", "span_classification",
-                                             "token_classification") else 1
-        return check_int(n, f"{prefix}.num_labels", minimum=minimum)
 
     # ------------------------------------------------------------------ derived views
     @property
@@ -267,11 +187,7 @@ class TaskSpec:
 
     @property
     def id2label(self) -> dict[int, str]:
-        if self.label_names is not None:
-            return dict(enumerate(self.label_names))
-        if self.num_labels is None or self.problem_type in ("regression", "multiple_choice"):
-            return {}
-        return {i: f"LABEL_{i}" for i in range(self.num_labels)}
+        return get_problem_type(self.problem_type).id2label(self)
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -342,8 +258,11 @@ class TaskConfigMixin:
         except StrictDataclassError as err:
             raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
 
-    def _validate_tasks(self, allowed: tuple[str, ...], refusal: str) -> list[TaskSpec]:
-        """Parse `tasks`, refuse problem types outside `allowed` ("Task 'x': problem_type 'y' <refusal> [...]")."""
+    def _validate_tasks(self, allowed: "str | tuple[str, ...]", refusal: str) -> list[TaskSpec]:
+        """Parse `tasks`, refuse problem types outside `allowed` ("Task 'x': problem_type 'y' <refusal> [...]"):
+        a capability the types must have (`hf_taskmoe.problem_types.ENCODER`, ...) or problem-type names."""
+        if isinstance(allowed, str):
+            allowed = problem_type_names(allowed)
         if self.tasks is None:  # a config without tasks describes the architecture only (transformers builds
             return []  # default configs to compare against); a model needs tasks (`task_specs` says so)
         specs = parse_tasks(self.tasks)

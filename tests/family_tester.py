@@ -286,7 +286,7 @@ class FamilyContract:
         saved = json.loads((tmp_path / "config.json").read_text())
         edits = {key: saved[key] + 1 for key in ("num_experts", "num_hidden_layers", "encoder_layers", "decoder_layers")
                  if isinstance(saved.get(key), int)}
-        allowed = family_of(model.config).problem_types
+        allowed = family_of(model.config).supported_problem_types
         first = saved["tasks"][0]
         if first.get("problem_type") == "single_label_classification" and (not allowed or "regression" in allowed):
             edits["tasks"] = [{**first, "problem_type": "regression", "num_labels": 1,

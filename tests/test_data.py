@@ -258,7 +258,7 @@ def test_token_rows_need_one_tag_per_word(tmp_path, minilm_tokenizer):
     with pytest.raises(DataError, match=r"line 1: field 'text' holds no words"):
         _load(_task_file(tmp_path, "tok.jsonl", '{"text": [], "label": []}\n', **spec))
     # labels handed to tokenize_task directly are held to the same rule
-    with pytest.raises(ValueError, match=r"train row 0: 4 label\(s\) for 3 word\(s\)"):
+    with pytest.raises(ValueError, match=r"train row 0: 4 label\(s\) \(field .label.\) for 3 word\(s\)"):
         tokenize_task(task.spec, task.split("train"), minilm_tokenizer, task_id=0, labels=[[1, 0, 0, 2]])
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from hf_taskmoe import PROBLEM_TYPES, TaskSpec, parse_tasks
-from hf_taskmoe.tasks import DEFAULT_METRICS
+from hf_taskmoe.problem_types import get_problem_type
 
 from .conftest import ALL_KINDS
 
@@ -24,7 +24,7 @@ def test_derived_values():
     assert TaskSpec(name="r", problem_type="regression").num_labels == 1
     copa = TaskSpec(name="copa", problem_type="multiple_choice", choice_fields=["c1", "c2", "c3"])
     assert copa.num_labels == 3 and copa.num_choices == 3
-    assert TaskSpec(name="x", num_labels=2).metrics == DEFAULT_METRICS["single_label_classification"]
+    assert TaskSpec(name="x", num_labels=2).metrics == list(get_problem_type("single_label_classification").default_metrics)
     assert TaskSpec(name="r", problem_type="regression").metrics == ["pearson", "spearmanr"]
 
 

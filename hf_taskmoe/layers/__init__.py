@@ -1,12 +1,11 @@
 """Family-agnostic building blocks."""
 
-from .heads import HEAD_TYPES, MultiTaskHeads, TaskHead, build_head
+from .heads import MultiTaskHeads, TaskHead, build_head
 from .moe import GATING_TYPES, ExpertFFN, MoEOutput, SharedGate, TaskGate, TaskMoE
 from .pals import PALAttention, ProjectedAttentionLayers
 from .routing import ROUTER_TYPES, SELECTION_FUNCTIONS, RoutedLayer, TaskRouter
 
 __all__ = [
-    "HEAD_TYPES",
     "MultiTaskHeads",
     "TaskHead",
     "build_head",

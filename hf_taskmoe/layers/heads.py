@@ -27,19 +27,27 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..tasks import TaskSpec
-from ..utils import checking_values, lookup
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..tasks import TaskSpec
 
 IGNORE_INDEX = -100
 
 
-def _bad_rows(mask: torch.Tensor, rows: torch.Tensor, limit: int = 5) -> list[int]:
+def bad_rows(mask: torch.Tensor, rows: torch.Tensor, limit: int = 5) -> list[int]:
     """Batch row indices (not task-local ones) where `mask` is true, for error messages."""
     return rows[mask.nonzero(as_tuple=True)[0][:limit]].tolist()
 
 
 class TaskHead(nn.Module):
-    """Base class of a task head. `forward` maps the encoder outputs of the task's rows to logits."""
+    """Base class of a task head (each problem type in `hf_taskmoe.problem_types` has one). `forward` maps the
+    encoder outputs of the task's rows to logits.
+
+    `check_values` in the hooks below: whether to check label *values* (ranges, integrality, finiteness), each a
+    read of the tensor's values. The model does it unless the batch says it was checked on the host where it was
+    made (`values_checked=True`, set by `BatchChecker`); shapes and dtypes are always checked. The result is the
+    same either way: the checks only refuse."""
 
     #: whether logits line up with rows (False for multiple choice: one logit vector per group of rows)
     per_row = True
@@ -51,8 +59,13 @@ class TaskHead(nn.Module):
         self.scale_loss_by_num_classes = scale_loss_by_num_classes
         self.dropout = nn.Dropout(dropout)
 
-    # -- labels ---------------------------------------------------------------------------------
-    def prepare_labels(self, labels: torch.Tensor, rows: torch.Tensor, seq_len: int, padded: bool = True) -> torch.Tensor:
+    # -- rows and labels ------------------------------------------------------------------------
+    def check_rows(self, rows: torch.Tensor, seq_len: int, span_positions: torch.Tensor | None = None,
+                   check_values: bool = True) -> None:
+        """Check the task's rows of the batch beyond their labels (grouping, extra inputs); raises `ValueError`."""
+
+    def prepare_labels(self, labels: torch.Tensor, rows: torch.Tensor, seq_len: int, padded: bool = True,
+                       check_values: bool = True) -> torch.Tensor:
         """Select and check this task's labels; `labels` are the task's rows of the batch labels. `padded`: the
         batch holds tasks with wider labels, so columns beyond this task's are the collator's -100 padding
         (`MultiTaskHeads.check_inputs` knows; True, the lenient reading, when called alone).
@@ -61,26 +74,26 @@ class TaskHead(nn.Module):
         """
         raise NotImplementedError
 
-    def _class_indices(self, values: torch.Tensor, rows: torch.Tensor, num_classes: int) -> torch.Tensor:
+    def _class_indices(self, values: torch.Tensor, rows: torch.Tensor, num_classes: int,
+                       check_values: bool = True) -> torch.Tensor:
+        if values.dtype == torch.bool or values.is_complex():
+            raise ValueError(f"Labels of task {self.task_name!r} must be integer class indices, got dtype {values.dtype}.")
+        if not check_values:
+            return values.long()
         if values.is_floating_point():
             non_integral = values != values.round()
-            if checking_values() and non_integral.any():
+            if non_integral.any():
                 raise ValueError(
-                    f"Labels of task {self.task_name!r} must be class indices; rows {_bad_rows(non_integral.reshape(len(rows), -1).any(-1), rows)} "
-                    "hold non-integer values."
+                    f"Labels of task {self.task_name!r} must be class indices; rows "
+                    f"{bad_rows(non_integral.reshape(len(rows), -1).any(-1), rows)} hold non-integer values."
                 )
-        elif values.dtype == torch.bool or values.is_complex():
-            raise ValueError(f"Labels of task {self.task_name!r} must be integer class indices, got dtype {values.dtype}.")
         values = values.long()
-        if not checking_values():
-            return values
         bad = (values != IGNORE_INDEX) & ((values < 0) | (values >= num_classes))
         if bad.any():
-            bad_rows = bad.reshape(len(rows), -1).any(-1)
             example = values[bad][0].item()
             raise ValueError(
                 f"Labels of task {self.task_name!r} must be in [0, {num_classes}) or {IGNORE_INDEX}; "
-                f"rows {_bad_rows(bad_rows, rows)} hold out-of-range values (e.g. {example})."
+                f"rows {bad_rows(bad.reshape(len(rows), -1).any(-1), rows)} hold out-of-range values (e.g. {example})."
             )
         return values
 
@@ -88,13 +101,14 @@ class TaskHead(nn.Module):
         """How many label values one row of the task takes (None: one per token, any width)."""
         return 1
 
-    def _own_columns(self, labels: torch.Tensor, rows: torch.Tensor, width: int, padded: bool, what: str) -> torch.Tensor:
+    def _own_columns(self, labels: torch.Tensor, rows: torch.Tensor, width: int, padded: bool, what: str,
+                     check_values: bool = True) -> torch.Tensor:
         """The first `width` columns of a task's labels `(rows,)` or `(rows, k)`, refusing labels shaped for
         another task: a one-hot row for a single-label task, three targets for a one-output regression.
 
         A mixed batch holds one label tensor padded with -100 to its widest task (`padded`): only then may a row
-        carry columns beyond `width`, and those must be -100 -- a value check, made where values are checked
-        (on the host by `BatchChecker` in training). Without wider tasks in the batch it is a shape check."""
+        carry columns beyond `width`, and those must be -100 -- a value check. Without wider tasks in the batch it
+        is a shape check."""
         if labels.dim() == 1 and width == 1:
             return labels.unsqueeze(-1)  # (rows, 1)
         if labels.dim() != 2 or labels.shape[1] < width or (labels.shape[1] > width and not padded):
@@ -104,245 +118,54 @@ class TaskHead(nn.Module):
             raise ValueError(
                 f"Labels of {what} task {self.task_name!r} must have shape {wanted}, got {tuple(labels.shape)}.{hint}"
             )
-        if labels.shape[1] > width and checking_values():
+        if labels.shape[1] > width and check_values:
             extra = labels[:, width:] != IGNORE_INDEX  # (rows, k - width): must be the collator's padding
             if extra.any():
                 raise ValueError(
                     f"Labels of {what} task {self.task_name!r} take {width} value(s) per row, but rows "
-                    f"{_bad_rows(extra.any(-1), rows)} hold more (columns {width}.. must be {IGNORE_INDEX}, the "
+                    f"{bad_rows(extra.any(-1), rows)} hold more (columns {width}.. must be {IGNORE_INDEX}, the "
                     "padding of a mixed batch): labels shaped for another task, e.g. a one-hot row, are not guessed at."
                 )
         return labels[:, :width]
 
     # -- loss -----------------------------------------------------------------------------------
-    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def num_examples(self, num_rows: int) -> int:
         return num_rows
 
-    def _cross_entropy(self, logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor | None:
-        """Mean cross-entropy over the labels not ignored; None when all are ignored. Inside `values_checked()` that
-        test (a host sync) is skipped: a task whose labels are all ignored then gives a zero loss, not None."""
-        if checking_values():
-            if not (labels != IGNORE_INDEX).any():
-                return None
-            loss = F.cross_entropy(logits.float().reshape(-1, num_classes), labels.reshape(-1), ignore_index=IGNORE_INDEX)
-        else:
-            total = F.cross_entropy(logits.float().reshape(-1, num_classes), labels.reshape(-1),
-                                    ignore_index=IGNORE_INDEX, reduction="sum")
-            loss = total / (labels != IGNORE_INDEX).sum().clamp(min=1)
+    def labelled_examples(self, labels: torch.Tensor) -> torch.Tensor:
+        """How many of the task's examples carry a label (a tensor: counted on the device, never read back).
+        `labels` are the prepared labels; an example whose labels are all -100 counts 0."""
+        if labels.is_floating_point():  # regression, multi-label: every row is labelled
+            return labels.new_tensor(labels.shape[0], dtype=torch.float32)
+        kept = labels != IGNORE_INDEX
+        return kept.reshape(labels.shape[0], -1).any(-1).sum().float()
+
+    def _cross_entropy(self, logits: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+        """Mean cross-entropy over the labels not ignored; 0 when all are ignored (no read of the labels' values:
+        the sum over kept labels divided by their count, at least 1)."""
+        total = F.cross_entropy(logits.float().reshape(-1, num_classes), labels.reshape(-1),
+                                ignore_index=IGNORE_INDEX, reduction="sum")
+        loss = total / (labels != IGNORE_INDEX).sum().clamp(min=1)
         if self.scale_loss_by_num_classes:
             # MT-TaG section 3.3: divide by log|C_t| so tasks with many classes do not dominate the sum.
             loss = loss / math.log(num_classes)
         return loss
 
 
-class SequenceClassificationHead(TaskHead):
-    """`P(c|x_t) = softmax(U_t h(x_t))` on the pooled [CLS] representation (MT-TaG eq. 7)."""
-
-    def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
-        super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
-        self.classifier = nn.Linear(hidden_size, task.num_labels)
-
-    def forward(self, sequence_output, pooled_output, span_positions=None):
-        return self.classifier(self.dropout(pooled_output))  # (rows, num_labels)
-
-    def prepare_labels(self, labels, rows, seq_len, padded=True):
-        values = self._own_columns(labels, rows, 1, padded, "single-label")[:, 0]  # (rows,)
-        return self._class_indices(values, rows, self.num_labels)
-
-    def loss(self, logits, labels):
-        return self._cross_entropy(logits, labels, self.num_labels)
-
-
-class MultiLabelClassificationHead(SequenceClassificationHead):
-    """Independent sigmoid per label, binary cross-entropy."""
-
-    def label_width(self):
-        return self.num_labels
-
-    def prepare_labels(self, labels, rows, seq_len, padded=True):
-        if labels.dim() != 2 or labels.shape[1] < self.num_labels:
-            raise ValueError(
-                f"Labels of multi-label task {self.task_name!r} must be multi-hot rows of {self.num_labels} values, "
-                f"got labels of shape {tuple(labels.shape)}."
-            )
-        values = self._own_columns(labels, rows, self.num_labels, padded, "multi-label")  # (rows, num_labels)
-        bad = (values != 0) & (values != 1)
-        if checking_values() and bad.any():
-            raise ValueError(
-                f"Labels of multi-label task {self.task_name!r} must be 0 or 1; rows {_bad_rows(bad.any(-1), rows)} "
-                "hold other values."
-            )
-        return values.float()
-
-    def loss(self, logits, labels):
-        return F.binary_cross_entropy_with_logits(logits.float(), labels)
-
-
-class RegressionHead(TaskHead):
-    """`S(x_t) = V_t h(x_t)` (MT-TaG eq. 8), mean squared error."""
-
-    def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
-        super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
-        self.regressor = nn.Linear(hidden_size, task.num_labels)
-
-    def forward(self, sequence_output, pooled_output, span_positions=None):
-        return self.regressor(self.dropout(pooled_output))  # (rows, num_labels)
-
-    def label_width(self):
-        return self.num_labels
-
-    def prepare_labels(self, labels, rows, seq_len, padded=True):
-        if not labels.is_floating_point():
-            raise ValueError(
-                f"Labels of regression task {self.task_name!r} must be floating point, got dtype {labels.dtype} "
-                "(cast them with `labels.float()`; class indices belong to a classification task)."
-            )
-        values = self._own_columns(labels, rows, self.num_labels, padded, "regression")  # (rows, num_labels)
-        bad = ~torch.isfinite(values)
-        if checking_values() and bad.any():
-            raise ValueError(
-                f"Labels of regression task {self.task_name!r} must be finite; rows {_bad_rows(bad.any(-1), rows)} are not."
-            )
-        return values.float()
-
-    def loss(self, logits, labels):
-        return F.mse_loss(logits.float(), labels)
-
-
-class MultipleChoiceHead(TaskHead):
-    """One score per (context, choice) row; cross-entropy over the `num_choices` rows of an example."""
-
-    per_row = False
-
-    def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
-        super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
-        self.num_choices = task.num_choices
-        self.scorer = nn.Linear(hidden_size, 1)
-
-    def forward(self, sequence_output, pooled_output, span_positions=None):
-        scores = self.scorer(self.dropout(pooled_output))  # (rows, 1)
-        return scores.view(-1, self.num_choices)  # (examples, num_choices)
-
-    def check_rows(self, rows: torch.Tensor) -> None:
-        if len(rows) % self.num_choices:
-            raise ValueError(
-                f"Multiple-choice task {self.task_name!r} needs {self.num_choices} consecutive rows per example, "
-                f"but the batch holds {len(rows)} rows of it."
-            )
-
-    def prepare_labels(self, labels, rows, seq_len, padded=True):
-        values = self._own_columns(labels, rows, 1, padded, "multiple-choice")[:, 0]  # (rows,)
-        values = self._class_indices(values, rows, self.num_choices)
-        grouped = values.view(-1, self.num_choices)  # (examples, num_choices)
-        differs = (grouped != grouped[:, :1]).any(-1)
-        if checking_values() and differs.any():
-            first = differs.nonzero()[0, 0].item() * self.num_choices
-            raise ValueError(
-                f"Multiple-choice task {self.task_name!r}: the {self.num_choices} rows of one example must carry the "
-                f"same label (the index of the right choice); rows {rows[first:first + self.num_choices].tolist()} differ."
-            )
-        return grouped[:, 0]
-
-    def num_examples(self, num_rows):
-        return num_rows // self.num_choices
-
-    def loss(self, logits, labels):
-        return self._cross_entropy(logits, labels, self.num_choices)
-
-
-class SpanClassificationHead(TaskHead):
-    """WiC-style: [CLS] representation concatenated with the mean of each word span's tokens."""
-
-    def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
-        super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
-        self.num_spans = task.num_spans
-        self.classifier = nn.Linear(hidden_size * (1 + self.num_spans), task.num_labels)
-
-    def forward(self, sequence_output, pooled_output, span_positions=None):
-        rows, seq_len, _ = sequence_output.shape
-        positions = torch.arange(seq_len, device=sequence_output.device)
-        start = span_positions[..., 0:1]  # (rows, spans, 1)
-        end = span_positions[..., 1:2]
-        in_span = (positions >= start) & (positions < end)  # (rows, spans, seq)
-        weights = in_span.to(sequence_output.dtype) / in_span.sum(-1, keepdim=True).clamp(min=1)
-        spans = torch.einsum("rns,rsd->rnd", weights, sequence_output)  # (rows, spans, hidden)
-        features = torch.cat([pooled_output, spans.reshape(rows, -1)], dim=-1)  # (rows, (1+spans)*hidden)
-        return self.classifier(self.dropout(features))  # (rows, num_labels)
-
-    def check_spans(self, span_positions: torch.Tensor | None, rows: torch.Tensor, seq_len: int) -> None:
-        if span_positions is None:
-            raise ValueError(
-                f"Span-classification task {self.task_name!r} needs `span_positions` (LongTensor (batch, "
-                f"{self.num_spans}, 2): start and end token of each span, end exclusive)."
-            )
-        spans = span_positions.index_select(0, rows)
-        bad = (spans[..., 0] < 0) | (spans[..., 1] <= spans[..., 0]) | (spans[..., 1] > seq_len)
-        if checking_values() and bad.any():
-            raise ValueError(
-                f"`span_positions` of task {self.task_name!r} must satisfy 0 <= start < end <= {seq_len}; "
-                f"rows {_bad_rows(bad.any(-1), rows)} do not."
-            )
-
-    def prepare_labels(self, labels, rows, seq_len, padded=True):
-        values = self._own_columns(labels, rows, 1, padded, "span-classification")[:, 0]  # (rows,)
-        return self._class_indices(values, rows, self.num_labels)
-
-    def loss(self, logits, labels):
-        return self._cross_entropy(logits, labels, self.num_labels)
-
-
-class TokenClassificationHead(TaskHead):
-    """A class per token; labels of -100 (special tokens, padding, non-first word pieces) are ignored."""
-
-    def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
-        super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
-        self.classifier = nn.Linear(hidden_size, task.num_labels)
-
-    def forward(self, sequence_output, pooled_output, span_positions=None):
-        return self.classifier(self.dropout(sequence_output))  # (rows, seq, num_labels)
-
-    def label_width(self):
-        return None
-
-    def prepare_labels(self, labels, rows, seq_len, padded=True):
-        if labels.dim() != 2:
-            raise ValueError(
-                f"Labels of token-classification task {self.task_name!r} must be 2-D (batch, seq), "
-                f"got shape {tuple(labels.shape)}."
-            )
-        if labels.shape[1] < seq_len:
-            labels = F.pad(labels, (0, seq_len - labels.shape[1]), value=IGNORE_INDEX)
-        elif labels.shape[1] > seq_len:
-            beyond = labels[:, seq_len:] != IGNORE_INDEX
-            if checking_values() and beyond.any():
-                raise ValueError(
-                    f"Labels of token-classification task {self.task_name!r} are longer than the input "
-                    f"({labels.shape[1]} > {seq_len} tokens) in rows {_bad_rows(beyond.any(-1), rows)}."
-                )
-            labels = labels[:, :seq_len]
-        return self._class_indices(labels, rows, self.num_labels)
-
-    def loss(self, logits, labels):
-        return self._cross_entropy(logits, labels, self.num_labels)
-
-
-HEAD_TYPES: dict[str, type[TaskHead]] = {
-    "single_label_classification": SequenceClassificationHead,
-    "multi_label_classification": MultiLabelClassificationHead,
-    "regression": RegressionHead,
-    "multiple_choice": MultipleChoiceHead,
-    "span_classification": SpanClassificationHead,
-    "token_classification": TokenClassificationHead,
-}
-
-
 def build_head(task: TaskSpec, hidden_size: int, dropout: float, scale_loss_by_num_classes: bool = False) -> TaskHead:
-    """Build the head for `task.problem_type` from `HEAD_TYPES`."""
-    head_cls = lookup(HEAD_TYPES, task.problem_type, f"problem_type of task {task.name!r} (for an encoder head)")
-    return head_cls(task, hidden_size, dropout, scale_loss_by_num_classes)
+    """The head of `task`'s problem type (`hf_taskmoe.problem_types`)."""
+    from ..problem_types import ENCODER, problem_type_names, problem_type_of
+
+    kind = problem_type_of(task)
+    if kind.head_class is None or ENCODER not in kind.capabilities:
+        raise ValueError(
+            f"`problem_type of task {task.name!r} (for an encoder head)` must be one of "
+            f"{sorted(problem_type_names(ENCODER))}, got {task.problem_type!r}."
+        )
+    return kind.head_class(task, hidden_size, dropout, scale_loss_by_num_classes)
 
 
 @dataclass
@@ -387,8 +210,10 @@ class MultiTaskHeads(nn.ModuleDict):
         seq_len: int,
         labels: torch.Tensor | None,
         span_positions: torch.Tensor | None,
+        check_values: bool = True,
     ) -> dict[int, torch.Tensor]:
-        """Check row grouping, spans and labels of every task present; return each task's prepared labels.
+        """Check each task's rows (grouping, extra inputs) and labels; return each task's prepared labels.
+        `check_values`: also the label values (see `TaskHead`), which `BatchChecker` does on the host.
 
         Runs before the encoder so that bad input costs no compute.
         """
@@ -396,16 +221,14 @@ class MultiTaskHeads(nn.ModuleDict):
         widths = [self[self.tasks[t].name].label_width() for t in task_rows]
         for t, rows in task_rows.items():
             head = self[self.tasks[t].name]
-            if isinstance(head, MultipleChoiceHead):
-                head.check_rows(rows)
-            if isinstance(head, SpanClassificationHead):
-                head.check_spans(span_positions, rows, seq_len)
+            head.check_rows(rows, seq_len, span_positions, check_values)
             if labels is not None:
                 # padded: another task of the batch takes wider labels (token tags: any width), so -100 columns
                 # beyond this task's may be the collator's padding; otherwise a wider label is refused by its shape
                 own = head.label_width()
                 padded = own is not None and any(w is None or w > own for w in widths)
-                prepared[t] = head.prepare_labels(labels.index_select(0, rows), rows, seq_len, padded=padded)
+                prepared[t] = head.prepare_labels(labels.index_select(0, rows), rows, seq_len, padded=padded,
+                                                  check_values=check_values)
         return prepared
 
     def forward(
@@ -418,7 +241,7 @@ class MultiTaskHeads(nn.ModuleDict):
     ) -> HeadsOutput:
         """Run each task's head on its rows. `task_rows` and `prepared_labels` come from `split_rows`/`check_inputs`."""
         out = HeadsOutput()
-        weighted, examples = [], 0
+        weighted, examples = [], []
         for t, rows in task_rows.items():
             task = self.tasks[t]
             head = self[task.name]
@@ -430,19 +253,17 @@ class MultiTaskHeads(nn.ModuleDict):
             out.task_logits[task.name] = logits
             out.task_rows[task.name] = rows
             if prepared_labels is not None and t in prepared_labels:
-                loss = head.loss(logits, prepared_labels[t])
-                if loss is not None:
-                    out.task_losses[task.name] = loss
-                    n = head.num_examples(len(rows))
-                    weighted.append(loss * (task.loss_weight * n))
-                    examples += n
+                labels = prepared_labels[t]
+                loss = head.loss(logits, labels)
+                out.task_losses[task.name] = loss
+                n = head.labelled_examples(labels)  # a tensor: an all-ignored task counts no example
+                weighted.append(loss * (task.loss_weight * n))
+                examples.append(n)
         if weighted:
-            # Mean over examples of the batch (each task weighted by its rows), as a single-task batch would be.
-            out.loss = torch.stack(weighted).sum() / examples
-        elif prepared_labels is not None and out.task_logits:
-            # labels were given but every one is ignored (-100): a zero loss on the graph, which the Trainer can add
-            # and back-propagate (None would stop it), and which gives every head present a (zero) gradient
-            out.loss = sum((logits.float() * 0.0).sum() for logits in out.task_logits.values())
+            # Mean over the labelled examples of the batch (each task weighted by its examples), as a single-task
+            # batch would be; a batch whose labels are all ignored gives 0 on the graph (every head present gets a
+            # zero gradient), without reading back how many labels were kept
+            out.loss = torch.stack(weighted).sum() / torch.stack(examples).sum().clamp(min=1)
         out.logits = self._batch_logits(out, sequence_output.shape[0])
         return out
 

@@ -14,7 +14,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
-from ..layers.heads import HEAD_TYPES, MultiTaskHeads
+from ..layers.heads import MultiTaskHeads
 from ..modeling_utils import (
     MultiTaskModelOutput,
     check_input_shapes,
@@ -22,6 +22,7 @@ from ..modeling_utils import (
     heads_to_output_fields,
     resolve_task_ids,
 )
+from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin
 from ..utils import check_choice, check_int, check_layer_list
 
@@ -33,10 +34,6 @@ BERT_BACKBONE_RULES = (
     (r"encoder\.layer\.(\d+)\.attention\.(.+)", r"encoder.layer.\1.attention.\2"),
     (r"pooler\.(.+)", r"pooler.\1"),
 )
-# the problem types of the BERT families (an encoder with per-task heads: every type but seq2seq)
-ENCODER_PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression", "multiple_choice",
-                         "span_classification", "token_classification")
-
 # BertConfig fields a family copies from the dense checkpoint it starts from
 DENSE_ARCHITECTURE_FIELDS = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
@@ -79,7 +76,7 @@ class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
                 f"`hidden_size` ({self.hidden_size}) must be a multiple of `num_attention_heads` "
                 f"({self.num_attention_heads})."
             )
-        self._validate_tasks(tuple(HEAD_TYPES), "needs a decoder; an encoder model supports")  # seq2seq needs a decoder
+        self._validate_tasks(ENCODER, "needs another head than an encoder's; an encoder model supports")
         check_choice(self.classifier_pooling, CLASSIFIER_POOLINGS, "classifier_pooling")
         if not isinstance(self.scale_loss_by_num_classes, bool):
             raise ValueError(f"`scale_loss_by_num_classes` must be a bool, got {self.scale_loss_by_num_classes!r}.")

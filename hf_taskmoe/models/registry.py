@@ -29,7 +29,9 @@ class Family:
         config_class / model_class: the `PreTrainedConfig` (its `model_type` starts with `taskmoe_`) and the model
             users train (with its heads); registered with `AutoConfig` and each of `auto_classes`.
         auto_classes: transformers Auto classes the model class is registered with (also an export's `auto_map`).
-        problem_types: the `TaskSpec.problem_type`s the family supports.
+        problem_types: the `TaskSpec.problem_type`s the family supports, as a capability every such type has
+            (`hf_taskmoe.problem_types.ENCODER`, `TABULAR`, `TEXT_TO_TEXT`: a type registered later is included)
+            or as a tuple of names.
         pipeline_task: the pipeline that serves the family's models (`"multitask-text-classification"`, ...).
         describe: `config -> str`, the method line of a model card.
         upcycling: `UpcyclingRules` mapping a dense checkpoint's weights into the family (None: not built from one).
@@ -44,7 +46,7 @@ class Family:
     config_class: type
     model_class: type
     auto_classes: tuple[str, ...] = ("AutoModel",)
-    problem_types: tuple[str, ...] = ()
+    problem_types: "str | tuple[str, ...]" = ()
     pipeline_task: str | None = None
     describe: Callable[[Any], str] | None = None
     upcycling: "UpcyclingRules | None" = None
@@ -56,6 +58,13 @@ class Family:
     @property
     def model_type(self) -> str:
         return self.config_class.model_type
+
+    @property
+    def supported_problem_types(self) -> tuple[str, ...]:
+        """The problem types the family's models take (every registered type with its capability)."""
+        from ..problem_types import problem_type_names
+
+        return problem_type_names(self.problem_types) if isinstance(self.problem_types, str) else tuple(self.problem_types)
 
     @property
     def buildable_from_dense(self) -> bool:

@@ -42,10 +42,14 @@ from typing import Any, Sequence
 import torch
 
 from ..layers.heads import IGNORE_INDEX
+from ..problem_types import problem_type_of, target_token_ids  # noqa: F401 (target_token_ids: part of this module's API)
+from ..problem_types.classification import MultipleChoice, Regression, SpanClassification
 from ..tasks import TaskSpec
 from ..utils import lookup
 
 SPLITS = ("train", "validation", "test")
+# the problem types the GLUE/SuperGLUE presets below name
+_REGRESSION, _MULTIPLE_CHOICE, _SPAN_CLASSIFICATION = Regression.name, MultipleChoice.name, SpanClassification.name
 
 
 # ----------------------------------------------------------------------------------------------- presets
@@ -82,7 +86,7 @@ TASK_PRESETS: dict[str, TaskPreset] = {
     "sst2": _glue("sst2", ["sentence"], ["negative", "positive"]),
     "mrpc": _glue("mrpc", ["sentence1", "sentence2"], ["not_equivalent", "equivalent"], ["accuracy", "f1"]),
     "qqp": _glue("qqp", ["question1", "question2"], ["not_duplicate", "duplicate"], ["accuracy", "f1"]),
-    "stsb": _glue("stsb", ["sentence1", "sentence2"], None, ["pearson", "spearmanr"], problem_type="regression"),
+    "stsb": _glue("stsb", ["sentence1", "sentence2"], None, ["pearson", "spearmanr"], problem_type=_REGRESSION),
     "mnli": _glue(
         "mnli", ["premise", "hypothesis"], ["entailment", "neutral", "contradiction"],
         splits={"train": "train", "validation": "validation_matched", "test": "test_matched"},
@@ -97,10 +101,10 @@ TASK_PRESETS: dict[str, TaskPreset] = {
     # SuperGLUE (MT-TaG GLUE++)
     "boolq": _super_glue("boolq", ["question", "passage"], ["False", "True"]),
     "cb": _super_glue("cb", ["premise", "hypothesis"], ["entailment", "contradiction", "neutral"], ["accuracy", "f1_macro"]),
-    "copa": _super_glue("copa", ["premise", "question"], None, problem_type="multiple_choice", choice_fields=["choice1", "choice2"]),
+    "copa": _super_glue("copa", ["premise", "question"], None, problem_type=_MULTIPLE_CHOICE, choice_fields=["choice1", "choice2"]),
     "multirc": _super_glue("multirc", ["paragraph", "question", "answer"], ["False", "True"], ["f1a"]),
     "wic": _super_glue(
-        "wic", ["sentence1", "sentence2"], ["False", "True"], problem_type="span_classification",
+        "wic", ["sentence1", "sentence2"], ["False", "True"], problem_type=_SPAN_CLASSIFICATION,
         span_fields=[["start1", "end1"], ["start2", "end2"]],
     ),
     # sentiment and NLI tasks of MT-TaG's GLUE++ and unseen-task experiments
@@ -319,9 +323,10 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
 def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str) -> list[str]:
     """Text fields hold text (token classification: a list of words); a number where text belongs is reported."""
     problems = []
-    words = spec.problem_type == "token_classification"
+    kind = problem_type_of(spec)
+    words = kind.text_is_words
     for row, line in zip(rows, lines):
-        for name in list(spec.text_fields) + list(spec.choice_fields or []):
+        for name in kind.text_fields(spec):
             if name not in row:
                 continue
             value = row[name]
@@ -490,12 +495,7 @@ def load_tasks(tasks: Sequence[str] | str, splits: Sequence[str] = ("train", "va
 
 # ----------------------------------------------------------------------------------------------- checking
 def _required_fields(spec: TaskSpec, with_labels: bool) -> list[str]:
-    fields = list(spec.text_fields) + list(spec.choice_fields or [])
-    for pair in spec.span_fields or []:
-        fields.extend(pair)
-    if with_labels:
-        fields.append(spec.label_field)
-    return fields
+    return problem_type_of(spec).required_fields(spec, with_labels)
 
 
 def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train"):
@@ -504,121 +504,7 @@ def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train
     where = f"Task {spec.name!r}, {split} row {row}" if isinstance(row, int) else f"Task {spec.name!r}, {row}"
     if value is None:
         raise ValueError(f"{where}: the label (field {spec.label_field!r}) is missing.")
-    if spec.problem_type == "regression":
-        values = value if isinstance(value, (list, tuple)) else [value]
-        if len(values) != spec.num_labels:
-            raise ValueError(f"{where}: expected {spec.num_labels} regression target(s), got {value!r}.")
-        numbers = []
-        for v in values:
-            number = _number(v)
-            if number is None:
-                raise ValueError(f"{where}: regression label {v!r} is not a number.")
-            if not math.isfinite(number):
-                raise ValueError(f"{where}: regression label {v!r} is not finite.")
-            numbers.append(number)
-        return numbers if isinstance(value, (list, tuple)) else numbers[0]
-    if spec.problem_type == "seq2seq":  # a target text (a class name, an answer, a summary)
-        if isinstance(value, (list, tuple, dict)):
-            raise ValueError(f"{where}: the target (field {spec.label_field!r}) must be one text, got {value!r}.")
-        if not isinstance(value, str):
-            value = json.dumps(value)  # as the file wrote it: true, 3, 2.5
-        if not value.strip():
-            raise ValueError(f"{where}: the target text (field {spec.label_field!r}) is empty.")
-        return value
-    if spec.problem_type == "multi_label_classification":
-        values = list(value) if isinstance(value, (list, tuple)) else [value]
-        if (len(values) == spec.num_labels and len(values) > 1 and spec.label_values is None
-                and all(type(v) is int and v in (0, 1) for v in values)):
-            raise ValueError(
-                f"{where}: label {value!r} could be a multi-hot row or a list of class positions; a multi-label label "
-                "lists the task's classes (names, or positions), e.g. "
-                f"{[spec.id2label.get(i, i) for i, v in enumerate(values) if v][:3]}."
-            )
-        hot = [0] * spec.num_labels
-        for v in values:
-            index = _class_index(spec, v, where)
-            if hot[index]:
-                raise ValueError(f"{where}: label {value!r} lists class {v!r} twice.")
-            hot[index] = 1
-        return hot
-    if spec.problem_type == "token_classification":
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where}: token-classification labels must be a list (one per word), got {value!r}.")
-        return [_class_index(spec, v, where) for v in value]
-    if isinstance(value, (list, tuple, dict)):
-        raise ValueError(
-            f"{where}: a {spec.problem_type} label is one class (a name or a position), got {value!r}; a one-hot or "
-            "a list of classes is not guessed at."
-        )
-    return _class_index(spec, value, where)
-
-
-# a number as a data file writes it: ASCII digits, one optional sign, point and exponent (no "1_000", no "²")
-_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_INTEGER_RE = re.compile(r"-?[0-9]+")
-
-
-def _number(value: Any) -> float | None:
-    """A regression target as a float, or None: numbers, and text that is a plain decimal number (spaces around
-    allowed, as a CSV cell may have them); never a boolean."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if _NUMBER_RE.fullmatch(text) or text.lower().lstrip("+-") in ("nan", "inf", "infinity"):
-            return float(text)
-    return None
-
-
-def _class_index(spec: TaskSpec, value: Any, where: str) -> int:
-    """A class label as written in a file -> the class position.
-
-    With `label_values` a label is one of those values. Otherwise a label is a class name or a 0-based position;
-    an integer that is also the name of another class (names "1".."5") could be either, so it is refused."""
-    names, num_classes = spec.label_names or [], spec.num_labels
-    if spec.label_values is not None:
-        by_text = {str(v): i for i, v in enumerate(spec.label_values)}
-        if isinstance(value, bool):  # JSON true/false match the label values "true"/"false" (or "True"/"False")
-            key = next((k for k in ((json.dumps(value), str(value))) if k in by_text), json.dumps(value))
-        else:
-            key = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-        if key not in by_text:
-            raise ValueError(f"{where}: label {value!r} is not one of the task's `label_values` {spec.label_values}.")
-        return by_text[key]
-    if isinstance(value, bool):  # JSON true/false: the class of that name, never position 1/0
-        for name in (("True", "true") if value else ("False", "false")):
-            if name in names:
-                return names.index(name)
-        allowed = names if names else list(range(num_classes))
-        raise ValueError(
-            f"{where}: label {json.dumps(value)} is a boolean, matched by name, and no class of the task's labels "
-            f"{allowed} is named {str(value)!r}; name the classes in `label_names` (e.g. [\"False\", \"True\"]) or "
-            "write class names in the file."
-        )
-    if isinstance(value, str):
-        if value in names:
-            return names.index(value)
-        if not _INTEGER_RE.fullmatch(value):  # ASCII digits only: "²".isdigit() is True but int("²") fails
-            allowed = names if names else list(range(num_classes))
-            raise ValueError(f"{where}: label {value!r} is not one of the task's labels {allowed}.")
-        value = int(value)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or not 0 <= value < num_classes:
-        allowed = names if names else list(range(num_classes))
-        hint = ""
-        if isinstance(value, int) and value == num_classes:
-            hint = (f" If the file counts classes from 1, say so in the task-config: \"label_values\": "
-                    f"{list(range(1, num_classes + 1))}.")
-        raise ValueError(f"{where}: label {value!r} is outside the task's label set {allowed} (positions 0..{num_classes - 1}).{hint}")
-    if str(value) in names and names.index(str(value)) != value:
-        raise ValueError(
-            f"{where}: label {value!r} could be class position {value} ({names[value]!r}) or the class named "
-            f"{str(value)!r}; add \"label_values\" (the file's labels in the order of `label_names`) to the task-config."
-        )
-    return value
+    return problem_type_of(spec).encode_label(spec, value, where)
 
 
 def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = True, data: TaskData | None = None) -> list | None:
@@ -632,8 +518,9 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
         raise DataError([f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."])
     where = (lambda row: data.where(split, row)) if data is not None else (lambda row: f"{split} row {row}")
     problems = []
-    words = spec.problem_type == "token_classification"
-    for name in list(spec.text_fields) + list(spec.choice_fields or []):
+    kind = problem_type_of(spec)
+    words = kind.text_is_words
+    for name in kind.text_fields(spec):
         for row, text in enumerate(dataset[name]):
             if words and isinstance(text, (list, tuple)) and all(isinstance(w, str) for w in text):
                 if not text:
@@ -646,7 +533,7 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
                     + (f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`."
                        if isinstance(text, (list, tuple)) else ".")
                 )
-            elif text is None or (not words and not text.strip() and spec.problem_type != "multiple_choice"):
+            elif text is None or (not words and not text.strip() and not kind.allows_empty_text):
                 problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} is empty.")
     labels = None
     if with_labels:
@@ -657,14 +544,10 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
             except ValueError as err:
                 problems.append(str(err))
                 labels.append(None)
-        if words and not problems:  # one tag per word, or the row is refused (never cut or padded to fit)
-            for row, (tokens, tags) in enumerate(zip(dataset[spec.text_fields[0]], labels)):
-                if len(tokens) != len(tags):
-                    problems.append(
-                        f"Task {spec.name!r}, {where(row)}: {len(tags)} label(s) (field {spec.label_field!r}) for "
-                        f"{len(tokens)} word(s) (field {spec.text_fields[0]!r}); a token-classification row has one "
-                        "label per word."
-                    )
+        if not problems:  # what a row's label and inputs say together (token classification: one tag per word)
+            columns = {name: dataset[name] for name in kind.text_fields(spec)}
+            for row, label in enumerate(labels):
+                problems.extend(kind.check_row(spec, {k: v[row] for k, v in columns.items()}, label, where(row)))
     if problems:
         raise DataError(problems)
     return labels
@@ -688,120 +571,30 @@ def check_tasks(task_data: Sequence[TaskData], splits: Sequence[str], with_label
 
 
 # ----------------------------------------------------------------------------------------------- tokenising
-def _join(values: list[str]) -> str:
-    return " ".join(v for v in values if v)
-
-
 def tokenize_task(
     spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: int = 128, split: str = "train", with_labels: bool = True,
     max_target_length: int = 64, labels: list | None = None,
 ):
-    """Model columns for one task split: `input_ids`, `attention_mask`, (`token_type_ids`), `labels`, `task_ids`
-    (+ `span_positions` for span tasks). A multiple-choice example keeps one row holding one sequence per choice;
-    the collator expands it. A `seq2seq` task's labels are the target text's token ids (at most
-    `max_target_length`), padded with -100 by the collator."""
+    """Model columns for one task split, made by the task's problem type (`ProblemType.tokenize`): `input_ids`,
+    `attention_mask`, (`token_type_ids`), `labels`, `task_ids`, and the type's own columns (`span_positions` for
+    span tasks). A multiple-choice example keeps one row holding one sequence per choice; the collator expands it.
+    A `seq2seq` task's labels are the target text's token ids (at most `max_target_length`), padded with -100 by
+    the collator. A type may make several rows of one example (a long context split into windows)."""
     if labels is None:  # checked (and the labels encoded) once, reused below; `check_tasks` may have done it
         labels = check_task_split(spec, dataset, split, with_labels)
-    fields = spec.text_fields
+    kind = problem_type_of(spec)
 
     def encode(batch, indices):
-        n = len(indices)
-        out: dict[str, list] = {}
-        if spec.problem_type == "multiple_choice":
-            contexts = [_join([batch[f][i] for f in fields]) for i in range(n)]
-            per_choice = [
-                tokenizer(contexts, batch[c], truncation=True, max_length=max_length) for c in spec.choice_fields
-            ]
-            for key in per_choice[0]:
-                out[key] = [[enc[key][i] for enc in per_choice] for i in range(n)]
-        elif spec.problem_type == "span_classification":
-            enc = tokenizer(
-                *[batch[f] for f in fields[:2]], truncation=True, max_length=max_length, return_offsets_mapping=True
-            )
-            out.update({k: v for k, v in enc.items() if k != "offset_mapping"})
-            out["span_positions"] = [
-                _span_tokens(spec, enc, i, [(batch[s][i], batch[e][i]) for s, e in spec.span_fields], indices[i], split)
-                for i in range(n)
-            ]
-        else:
-            texts = [batch[f] for f in fields]
-            if len(texts) > 2:  # e.g. MultiRC: (paragraph + question, answer)
-                texts = [[_join([t[i] for t in texts[:-1]]) for i in range(n)], texts[-1]]
-            seq2seq = spec.problem_type == "seq2seq"  # encoder-decoder inputs carry no segment ids
-            out.update(tokenizer(*texts, truncation=True, max_length=max_length, **({"return_token_type_ids": False} if seq2seq else {})))
-        out["task_ids"] = [task_id] * n
-        if with_labels and spec.problem_type == "seq2seq":
-            out["labels"] = target_token_ids(tokenizer, [labels[i] for i in indices], max_target_length)
-        elif with_labels:
-            out["labels"] = [labels[i] for i in indices]
-        return out
-
-    if spec.problem_type == "token_classification":
-        return _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, labels)
-    return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name} ({split})")
-
-
-def target_token_ids(tokenizer, texts: list[str], max_length: int = 64) -> list[list[int]]:
-    """Token ids of seq2seq target texts, under the library's one convention: the text's tokens and the end
-    token (EOS, or [SEP] for a BERT vocabulary), never a leading BOS or [CLS].
-
-    The model puts its `decoder_start_token_id` in front of the targets itself (decoder inputs = targets shifted
-    right), and `generate()` starts from it; a target that also began with a BOS-like token would feed the
-    decoder `[CLS] [CLS] w ...` and teach it to answer a start token with a start token, the loop a BERT warm
-    start falls into. At most `max_length` tokens, the end token included."""
-    leading = {tokenizer.bos_token_id, tokenizer.cls_token_id} - {None}
-    probe = tokenizer(text_target="a")["input_ids"]
-    strip = bool(probe) and probe[0] in leading  # does this tokenizer put a BOS / [CLS] first?
-    rows = tokenizer(text_target=list(texts), truncation=True, max_length=max_length + int(strip))["input_ids"]
-    return [row[1:] for row in rows] if strip else rows
-
-
-def _tokenize_words(spec, dataset, tokenizer, task_id, max_length, split, labels):
-    """Token classification: pre-split words; `labels` are the rows' word labels from `check_task_split`."""
-
-    def encode(batch, indices):
-        enc = tokenizer(batch[spec.text_fields[0]], is_split_into_words=True, truncation=True, max_length=max_length)
-        out = dict(enc)
-        out["task_ids"] = [task_id] * len(indices)
-        if labels is not None:
-            for words, row in zip(batch[spec.text_fields[0]], indices):
-                if len(words) != len(labels[row]):  # `check_task_split` refuses it; labels passed in are checked too
-                    raise ValueError(
-                        f"Task {spec.name!r}, {split} row {row}: {len(labels[row])} label(s) for {len(words)} word(s); a "
-                        "token-classification row has one label per word."
-                    )
-            out["labels"] = [_align_word_labels(enc.word_ids(i), labels[row]) for i, row in enumerate(indices)]
-        return out
+        rows = kind.tokenize(
+            spec, batch, [labels[i] for i in indices] if with_labels else None, tokenizer, max_length,
+            lambda i: f"{split} row {indices[i]}", max_target_length=max_target_length,
+        )
+        rows["task_ids"] = [task_id] * len(rows["input_ids"])
+        if "labels" in rows:  # labels last, as transformers' collators expect them
+            rows["labels"] = rows.pop("labels")
+        return rows
 
     return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name} ({split})")
-
-
-def _align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:
-    """Label the first word piece of each word; -100 for special tokens and continuation pieces."""
-    labels, previous = [], None
-    for w in word_ids:
-        labels.append(word_labels[w] if w is not None and w != previous else IGNORE_INDEX)
-        previous = w
-    return labels
-
-
-def _span_tokens(spec, enc, i, char_spans, row, split) -> list[list[int]]:
-    """Token [start, end) of each character span; span k lies in text segment k."""
-    sequence_ids = enc.sequence_ids(i)
-    offsets = enc["offset_mapping"][i]
-    spans = []
-    for k, (start, end) in enumerate(char_spans):
-        tokens = [
-            t for t, (seg, (a, b)) in enumerate(zip(sequence_ids, offsets))
-            if seg == k and b > a and a < int(end) and b > int(start)
-        ]
-        if not tokens:
-            raise ValueError(
-                f"Task {spec.name!r}, {split} row {row}: span {k} (characters {start}..{end}) covers no token "
-                "(outside the text or truncated away)."
-            )
-        spans.append([tokens[0], tokens[-1] + 1])
-    return spans
 
 
 # ----------------------------------------------------------------------------------------------- batching

@@ -33,11 +33,11 @@ each task's candidates, which arrive in random order).
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
 
+from ..problem_types import problem_type_of
 from ..utils import check_choice, check_int
 from .samplers import ModelAwareSampling, register_task_sampler
 
@@ -52,32 +52,17 @@ def example_layout(task_ids: torch.Tensor, specs) -> tuple[np.ndarray, np.ndarra
     row = 0
     while row < len(tasks):
         t = tasks[row]
-        span = specs[t].num_choices if specs[t].problem_type == "multiple_choice" else 1
+        span = problem_type_of(specs[t]).rows_per_example(specs[t])
         example_of_row.extend([len(example_task)] * span)
         example_task.append(t)
         row += span
     return np.asarray(example_of_row[: len(tasks)]), np.asarray(example_task)
 
 
-def _entropy(spec, logits: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, float]:
-    """Per-example entropy `H` and the uniform-distribution entropy `H'` of one task's logits."""
-    logits = logits.float()
-    kind = spec.problem_type
-    if kind in ("single_label_classification", "span_classification", "multiple_choice"):
-        h = torch.special.entr(torch.softmax(logits, dim=-1)).sum(-1)  # (examples,)
-        return h, math.log(logits.shape[-1])
-    if kind == "multi_label_classification":
-        p = torch.sigmoid(logits)
-        h = (torch.special.entr(p) + torch.special.entr(1 - p)).sum(-1)  # (rows,)
-        return h, logits.shape[-1] * math.log(2)
-    if kind == "token_classification":
-        per_token = torch.special.entr(torch.softmax(logits, dim=-1)).sum(-1)  # (rows, seq)
-        mask = attention_mask.float() if attention_mask is not None else torch.ones_like(per_token)
-        return (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1), math.log(logits.shape[-1])
-    raise ValueError(
-        f"MT-Uncertainty sampling cannot score task {spec.name!r} (problem_type {kind!r}): it needs class "
-        "probabilities; regression is handled by `regression_uncertainty`."
-    )
+def _entropy(spec, logits: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, float] | None:
+    """Per-example entropy `H` and the uniform-distribution entropy `H'` of one task's logits, from its problem
+    type (`ProblemType.entropy`); None for regression, scored by `regression_uncertainty`."""
+    return problem_type_of(spec).entropy(spec, logits, attention_mask)
 
 
 class MTUncertaintySampling(ModelAwareSampling):
@@ -137,11 +122,12 @@ class MTUncertaintySampling(ModelAwareSampling):
             if not len(rows):
                 continue
             examples = np.unique(example_of_row[rows.cpu().numpy()])  # in pool order, as the heads keep rows
-            if spec.problem_type == "regression":
+            mask = inputs.get("attention_mask")
+            scored = _entropy(spec, out.task_logits[spec.name], None if mask is None else mask.index_select(0, rows))
+            if scored is None:  # regression: scored after the others, against their mean entropy
                 regression.append((t, spec, rows, examples))
                 continue
-            mask = inputs.get("attention_mask")
-            h, h_uniform = _entropy(spec, out.task_logits[spec.name], None if mask is None else mask.index_select(0, rows))
+            h, h_uniform = scored
             h = h.cpu().numpy()
             ratio[examples] = h / h_uniform
             average_entropy.append(h.mean())

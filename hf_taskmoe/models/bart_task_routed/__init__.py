@@ -2,6 +2,7 @@
 with Task-level Mixture-of-Experts)."""
 
 from ...pipelines import TEXT2TEXT_PIPELINE_TASK
+from ...problem_types import TEXT_TO_TEXT
 from ...upcycling import UpcyclingRules
 from ..registry import Family, register_family
 from .bart_from_bert import bart_from_bert
@@ -25,7 +26,7 @@ FAMILY = register_family(Family(
     config_class=BartTaskRoutedConfig,
     model_class=BartTaskRouted,
     auto_classes=BartTaskRouted.auto_classes,
-    problem_types=("seq2seq",),
+    problem_types=TEXT_TO_TEXT,
     pipeline_task=TEXT2TEXT_PIPELINE_TASK,
     describe=describe,
     # Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); embeddings

@@ -5,6 +5,7 @@ from __future__ import annotations
 from transformers import BartConfig
 
 from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
+from ...problem_types import TEXT_TO_TEXT
 from ...tasks import TaskConfigMixin
 from ...utils import check_choice, check_float, check_int, check_layer_list
 
@@ -105,7 +106,7 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
     def _validate(self) -> None:
         for name in ("d_model", "encoder_layers", "decoder_layers", "vocab_size"):
             check_int(getattr(self, name), name, minimum=1)
-        self._validate_tasks(("seq2seq",), "is not text-to-text; BartTaskRouted supports")
+        self._validate_tasks(TEXT_TO_TEXT, "is not text-to-text; BartTaskRouted supports")
         check_int(self.num_experts, "num_experts", minimum=1)
         check_choice(self.selection, SELECTION_FUNCTIONS, "selection")
         check_choice(self.router_type, ROUTER_TYPES, "router_type")

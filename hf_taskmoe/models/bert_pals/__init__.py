@@ -2,7 +2,8 @@
 
 from ...pipelines import PIPELINE_TASK
 from ...upcycling import UpcyclingRules
-from ..multitask_bert import BERT_BACKBONE_RULES, ENCODER_PROBLEM_TYPES
+from ...problem_types import ENCODER
+from ..multitask_bert import BERT_BACKBONE_RULES
 from ..registry import Family, register_family
 from .configuration_bert_pals import BertPALsConfig
 from .modeling_bert_pals import BertPALsModel, BertPALsPreTrainedModel, BertWithPALs
@@ -17,7 +18,7 @@ FAMILY = register_family(Family(
     name="bert_pals",
     config_class=BertPALsConfig,
     model_class=BertWithPALs,
-    problem_types=ENCODER_PROBLEM_TYPES,
+    problem_types=ENCODER,
     pipeline_task=PIPELINE_TASK,
     describe=describe,
     # the dense BERT is kept whole (same layer names); PALs and heads are new

@@ -3,7 +3,8 @@ Learners): BERT/MiniLM feed-forward blocks upcycled into experts behind task-awa
 
 from ...pipelines import PIPELINE_TASK
 from ...upcycling import UpcyclingRules
-from ..multitask_bert import BERT_BACKBONE_RULES, ENCODER_PROBLEM_TYPES
+from ...problem_types import ENCODER
+from ..multitask_bert import BERT_BACKBONE_RULES
 from ..registry import Family, register_family
 from .configuration_bert_taskmoe import BertTaskMoEConfig
 from .modeling_bert_taskmoe import (
@@ -27,7 +28,7 @@ FAMILY = register_family(Family(
     name="bert_taskmoe",
     config_class=BertTaskMoEConfig,
     model_class=BertForTaskMoE,
-    problem_types=ENCODER_PROBLEM_TYPES,
+    problem_types=ENCODER,
     pipeline_task=PIPELINE_TASK,
     describe=describe,
     # MT-TaG section 4.3: every expert of layer i starts as a copy of layer i's FFN

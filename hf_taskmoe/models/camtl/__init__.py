@@ -2,7 +2,8 @@
 
 from ...pipelines import PIPELINE_TASK
 from ...upcycling import UpcyclingRules
-from ..multitask_bert import BERT_BACKBONE_RULES, ENCODER_PROBLEM_TYPES
+from ...problem_types import ENCODER
+from ..multitask_bert import BERT_BACKBONE_RULES
 from ..registry import Family, register_family
 from .configuration_camtl import CAMTLConfig
 from .modeling_camtl import CAMTLBertModel, CAMTLModel, CAMTLPreTrainedModel
@@ -20,7 +21,7 @@ FAMILY = register_family(Family(
     name="camtl",
     config_class=CAMTLConfig,
     model_class=CAMTLModel,
-    problem_types=ENCODER_PROBLEM_TYPES,
+    problem_types=ENCODER,
     pipeline_task=PIPELINE_TASK,
     describe=describe,
     # the dense BERT is kept whole (its LayerNorms become the CLNs' gamma', beta'); the task embeddings,

@@ -2,7 +2,8 @@
 Multi-task Learning with Multi-gate Mixture-of-Experts)."""
 
 from ..registry import Family, register_family
-from .configuration_mmoe import ARCHITECTURES, TABULAR_PROBLEM_TYPES, MMoEConfig
+from ...problem_types import TABULAR
+from .configuration_mmoe import ARCHITECTURES, MMoEConfig
 from .modeling_mmoe import MMoEModel, MMoEOutput, MMoEPreTrainedModel
 
 
@@ -16,7 +17,7 @@ FAMILY = register_family(Family(
     name="mmoe",
     config_class=MMoEConfig,
     model_class=MMoEModel,
-    problem_types=TABULAR_PROBLEM_TYPES,
+    problem_types=TABULAR,
     describe=describe,
 ))
 

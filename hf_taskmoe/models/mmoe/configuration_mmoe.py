@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
+from ...problem_types import TABULAR, problem_type_of
 from ...tasks import TaskConfigMixin
 from ...utils import check_choice, check_float, check_int, check_str_list
 
 ARCHITECTURES = ("mmoe", "omoe", "shared_bottom")
-TABULAR_PROBLEM_TYPES = ("single_label_classification", "regression")
 HIDDEN_ACTS = ("relu", "gelu", "tanh", "sigmoid")
 
 
@@ -80,7 +80,7 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
         self._validate()
 
     def _validate(self) -> None:
-        self._validate_tasks(TABULAR_PROBLEM_TYPES, "is not supported by MMoEModel; use one of")
+        self._validate_tasks(TABULAR, "is not supported by MMoEModel; use one of")
         self.numeric_features = check_str_list(self.numeric_features or [], "numeric_features", allow_empty=True)
         self.categorical_features = check_str_list(self.categorical_features or [], "categorical_features", allow_empty=True)
         cards = list(self.categorical_cardinalities or [])
@@ -136,4 +136,4 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
     @property
     def task_output_sizes(self) -> list[int]:
         """Logit columns of each task: 1 for regression, `num_labels` for classification."""
-        return [1 if s.problem_type == "regression" else s.num_labels for s in self.task_specs]
+        return [problem_type_of(s).logit_width(s) for s in self.task_specs]

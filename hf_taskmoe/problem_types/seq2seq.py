@@ -1,0 +1,85 @@
+"""`seq2seq`: a text-to-text task. The target is a text the decoder of a seq2seq family generates
+(BartTaskRouted); the loss is token cross-entropy, the metrics compare decoded texts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import TEXT_TO_TEXT, ProblemType, as_text, register_problem_type
+
+
+class Seq2Seq(ProblemType):
+    name = "seq2seq"
+    hub_pipeline_tag = "text2text-generation"
+    default_metrics = ("exact_match",)
+    capabilities = frozenset({TEXT_TO_TEXT})
+    has_classes = False
+    pipeline = "text2text"
+
+    def resolve_num_labels(self, spec, prefix):
+        from ..utils import check_int
+
+        return None if spec.num_labels is None else check_int(spec.num_labels, f"{prefix}.num_labels", minimum=1)
+
+    def encode_label(self, spec, value, where):
+        if isinstance(value, (list, tuple, dict)):
+            raise ValueError(f"{where}: the target (field {spec.label_field!r}) must be one text, got {value!r}.")
+        value = as_text(value)  # as the file wrote it: true, 3, 2.5
+        if not value.strip():
+            raise ValueError(f"{where}: the target text (field {spec.label_field!r}) is empty.")
+        return value
+
+    def tokenize(self, spec, batch, labels, tokenizer, max_length, where, max_target_length: int = 64, **options):
+        texts = [batch[f] for f in spec.text_fields]
+        n = len(texts[0])
+        if len(texts) > 2:
+            texts = [[" ".join(v for v in (t[i] for t in texts[:-1]) if v) for i in range(n)], texts[-1]]
+        # encoder-decoder inputs carry no segment ids
+        out = dict(tokenizer(*texts, truncation=True, max_length=max_length, return_token_type_ids=False))
+        if labels is not None:
+            out["labels"] = target_token_ids(tokenizer, list(labels), max_target_length)
+        return out
+
+    def compute_metrics(self, spec, logits, labels, run_metric, tokenizer=None, eos_token_id=None, **context):
+        """Predicted target tokens (generated, without the decoder start token, or the teacher-forced arg-max)
+        against the target ids, both decoded by `hf_taskmoe.metrics.decode_texts`."""
+        from ..metrics import decode_texts
+
+        if tokenizer is None:
+            raise ValueError(f"Task {spec.name!r} is seq2seq: its metrics decode texts, so pass the tokenizer (processing_class).")
+        predictions = np.asarray(logits)
+        if predictions.ndim == 3:  # logits
+            predictions = predictions.argmax(-1)
+        texts, references = decode_texts(predictions, tokenizer, eos_token_id), decode_texts(labels, tokenizer, eos_token_id)
+        inputs = {"predictions": texts, "references": references}
+        return {name: run_metric(name, inputs, None) for name in spec.metrics}
+
+    def baseline_logits(self, spec, source_labels, num_rows):
+        return None
+
+    def entropy(self, spec, logits, attention_mask):
+        raise ValueError(
+            f"MT-Uncertainty sampling cannot score task {spec.name!r} (problem_type {self.name!r}): it needs class "
+            "probabilities; regression is handled by `regression_uncertainty`."
+        )
+
+    def card_labels(self, spec, label_range=None):
+        return "text"
+
+
+def target_token_ids(tokenizer, texts: list[str], max_length: int = 64) -> list[list[int]]:
+    """Token ids of seq2seq target texts, under the library's one convention: the text's tokens and the end
+    token (EOS, or [SEP] for a BERT vocabulary), never a leading BOS or [CLS].
+
+    The model puts its `decoder_start_token_id` in front of the targets itself (decoder inputs = targets shifted
+    right), and `generate()` starts from it; a target that also began with a BOS-like token would feed the
+    decoder `[CLS] [CLS] w ...` and teach it to answer a start token with a start token, the loop a BERT warm
+    start falls into. At most `max_length` tokens, the end token included."""
+    leading = {tokenizer.bos_token_id, tokenizer.cls_token_id} - {None}
+    probe = tokenizer(text_target="a")["input_ids"]
+    strip = bool(probe) and probe[0] in leading  # does this tokenizer put a BOS / [CLS] first?
+    rows = tokenizer(text_target=list(texts), truncation=True, max_length=max_length + int(strip))["input_ids"]
+    return [row[1:] for row in rows] if strip else rows
+
+
+register_problem_type(Seq2Seq())
