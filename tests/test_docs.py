@@ -187,6 +187,24 @@ def run_routing_analytics(code: str, ctx: Context) -> None:
     assert (ctx.tmp_path / "routed" / "routing_train.json").exists()
 
 
+def run_ordinal_problem_type(code: str, ctx: Context) -> None:
+    from hf_taskmoe.problem_types import get_problem_type
+
+    scope = ctx.run(code, label="ordinal problem type")
+    assert get_problem_type("ordinal_classification").head_class is scope["OrdinalHead"]
+    assert tuple(scope["out"].task_logits["stars"].shape) == (2, 4) and set(scope["out"].task_losses) == {"stars", "sst2"}
+    scope["out"].loss.backward()
+    assert scope["model"].heads["stars"].thresholds.weight.grad is not None
+
+
+def run_capped_sampler(code: str, ctx: Context) -> None:
+    import numpy as np
+
+    scope = ctx.run(code, label="capped sampler")
+    assert np.allclose(scope["strategy"].probabilities(np.array([200, 5000]), 1, 3), [200 / 1200, 1000 / 1200])
+    assert scope["args"].task_sampling == "capped" and scope["strategy"].config() == {"name": "capped", "cap": 1000}
+
+
 NAMED: dict[str, Callable[[str, Context], None]] = {
     "quick_start": run_quick_start,
     "pipeline": run_pipeline,
@@ -198,18 +216,23 @@ NAMED: dict[str, Callable[[str, Context], None]] = {
     "peft": run_peft,
     "export": run_export,
     "routing_analytics": run_routing_analytics,
+    "ordinal_problem_type": run_ordinal_problem_type,
+    "capped_sampler": run_capped_sampler,
 }
 
 
 @pytest.fixture
 def registries_restored():
-    """A snippet may register a sampler or a family (the contributor's guide does): undo it for the other tests."""
+    """A snippet may register a family, a problem type or a sampler (the contributor's guide does): undo it for the
+    other tests."""
     from hf_taskmoe.models import FAMILIES
+    from hf_taskmoe.problem_types import PROBLEM_TYPES
     from hf_taskmoe.training.samplers import TASK_SAMPLERS
 
-    saved = {id(r): dict(r) for r in (FAMILIES, TASK_SAMPLERS)}
+    registries = (FAMILIES, PROBLEM_TYPES, TASK_SAMPLERS)
+    saved = {id(r): dict(r) for r in registries}
     yield
-    for registry in (FAMILIES, TASK_SAMPLERS):
+    for registry in registries:
         registry.clear()
         registry.update(saved[id(registry)])
 
