@@ -1,4 +1,5 @@
-"""What every BERT-backbone family shares: the config fields for tasks and pooling, and pooling itself.
+"""What every BERT-backbone family shares: the config fields for tasks and pooling, pooling itself, and the one
+loop over the layers that collects hidden states and attentions (`run_layer_stack`).
 
 `MultiTaskBertConfig` is not registered with the Auto classes; each family subclasses it with its own
 `model_type` and fields (MT-TaG, PALs, ...), and extends `_validate`.
@@ -6,6 +7,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -103,6 +106,64 @@ def pool_sequence(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mod
     return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
 
 
+@dataclasses.dataclass(frozen=True)
+class LayerStackOutput:
+    """What `run_layer_stack` returns.
+
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch, seq, hidden)`): the last layer's output.
+        hidden_states (`tuple(torch.FloatTensor)`, when asked): the stack's input then every layer's output,
+            `len(layers) + 1` tensors of shape `(batch, seq, hidden)`, as transformers' `hidden_states`.
+        attentions (`tuple(torch.FloatTensor)`, when asked): what each layer reported as its attention
+            probabilities, `len(layers)` entries (`(batch, heads, seq, seq)` on the eager path, `None` where the
+            attention kernel gives none).
+    """
+
+    last_hidden_state: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor | None, ...] | None = None
+
+    def with_last_hidden_state(self, hidden: torch.Tensor) -> LayerStackOutput:
+        """The same output ending in `hidden` (a module after the last layer changed it, e.g. CA-MTL's LARGE skip):
+        the last entry of `hidden_states` becomes `hidden` too, so it always equals `last_hidden_state`."""
+        hidden_states = self.hidden_states[:-1] + (hidden,) if self.hidden_states is not None else None
+        return dataclasses.replace(self, last_hidden_state=hidden, hidden_states=hidden_states)
+
+
+LayerStep = Callable[[int, torch.nn.Module, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def run_layer_stack(
+    layers: Sequence[torch.nn.Module],
+    hidden: torch.Tensor,
+    step: LayerStep,
+    output_hidden_states: bool = False,
+    output_attentions: bool = False,
+) -> LayerStackOutput:
+    """The one loop of every encoder family: `hidden = step(i, layers[i], hidden)[0]` for each layer in order,
+    collecting the hidden states and attentions when asked.
+
+    `step(index, layer, hidden) -> (hidden, attention)` is the family's call of one layer: it passes the layer
+    whatever else it needs (attention mask, task ids, a PAL's output, the task conditioning, ...) and may keep
+    per-layer results of its own (MoE routing, a skip connection) in its closure. Nothing here assumes BERT: any
+    list of layers whose family can say how to call one works.
+
+    Why not transformers' output hooks (`capture_outputs`, `_can_record_outputs`): they live in the private
+    `transformers.utils.output_capturing`, read the flags only from keyword arguments (an explicit `None` turns
+    them off instead of deferring to the config), and a family's `_encode` is also called by its task-level model,
+    not only through a decorated `forward`.
+    """
+    all_hidden = (hidden,) if output_hidden_states else None
+    all_attentions = () if output_attentions else None
+    for index, layer in enumerate(layers):
+        hidden, attention = step(index, layer, hidden)
+        if output_hidden_states:
+            all_hidden += (hidden,)
+        if output_attentions:
+            all_attentions += (attention,)
+    return LayerStackOutput(last_hidden_state=hidden, hidden_states=all_hidden, attentions=all_attentions)
+
+
 def build_from_dense(model_cls, dense, tasks, output_loading_info=False, strict=True, hub_kwargs=None, **config_kwargs):
     """Shared body of the families' `from_dense`: load the dense BERT, derive the config, build, upcycle."""
     from ..upcycling import load_dense_model, upcycle
@@ -156,16 +217,34 @@ class MultiTaskBertEncoderMixin:
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def _embed(self, input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states):
-        """The start of every family's `_encode`: the BERT embeddings `(batch, seq, hidden)` and the output flags
-        resolved against the config."""
-        config = self.config
-        output_attentions = output_attentions if output_attentions is not None else config.output_attentions
-        output_hidden_states = output_hidden_states if output_hidden_states is not None else config.output_hidden_states
-        hidden = self.embeddings(
+    def _embed(self, input_ids, token_type_ids, position_ids, inputs_embeds) -> torch.Tensor:
+        """The start of every family's `_encode`: the BERT embeddings `(batch, seq, hidden)`."""
+        return self.embeddings(
             input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
         )
-        return hidden, output_attentions, output_hidden_states
+
+    def _run_layers(self, hidden, step: LayerStep, output_attentions=None, output_hidden_states=None) -> LayerStackOutput:
+        """`run_layer_stack` over `self.encoder.layer`, the output flags (`None`: the config's) resolved here."""
+        config = self.config
+        return run_layer_stack(
+            self.encoder.layer,
+            hidden,
+            step,
+            output_hidden_states=output_hidden_states if output_hidden_states is not None else config.output_hidden_states,
+            output_attentions=output_attentions if output_attentions is not None else config.output_attentions,
+        )
+
+    def _encoder_output(self, stack: LayerStackOutput, attention_mask, output_class=BaseModelOutputWithPooling, **fields):
+        """The end of every family's `_encode`: `output_class` with the stack's states, the pooled sequence and the
+        family's own `fields` (e.g. MoE routing)."""
+        hidden = stack.last_hidden_state
+        return output_class(
+            last_hidden_state=hidden,
+            pooler_output=pool_sequence(hidden, attention_mask, self.config.classifier_pooling, self.pooler),
+            hidden_states=stack.hidden_states,
+            attentions=stack.attentions,
+            **fields,
+        )
 
     def _checked_encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs):
         """`forward` of the encoder: check the input shapes and task ids, then `_encode`."""

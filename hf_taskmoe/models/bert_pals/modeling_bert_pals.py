@@ -27,7 +27,6 @@ from ..multitask_bert import (
     MultiTaskBertHeadsMixin,
     MultiTaskBertInitMixin,
     build_from_dense,
-    pool_sequence,
 )
 from .configuration_bert_pals import BertPALsConfig
 
@@ -102,32 +101,20 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
     ) -> BaseModelOutputWithPooling:
         """Forward on inputs already checked by the caller. `task_rows` (`{task id: batch rows}`, from the heads'
         `split_rows`) spares the grouping its own host sync."""
-        config = self.config
-        hidden, output_attentions, output_hidden_states = self._embed(
-            input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )  # (batch, seq, hidden)
-        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
+        hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
         key_mask = pal_key_mask(attention_mask, mask)
         if task_rows is not None:
             group_rows = rows_by_group(task_rows, self.config.task_group_ids, hidden.shape[0])
         else:
             group_rows = split_groups(self.task_to_group[task_ids])
 
-        all_hidden = (hidden,) if output_hidden_states else None
-        all_attn = () if output_attentions else None
-        for i, layer in enumerate(self.encoder.layer):
-            pal = self.pals(hidden, i, group_rows, key_mask) if self.pals.has_layer(i) else None
-            hidden, attn = layer(hidden, mask, pal, **kwargs)
-            if output_hidden_states:
-                all_hidden += (hidden,)
-            if output_attentions:
-                all_attn += (attn,)
-        return BaseModelOutputWithPooling(
-            last_hidden_state=hidden,
-            pooler_output=pool_sequence(hidden, attention_mask, config.classifier_pooling, self.pooler),
-            hidden_states=all_hidden,
-            attentions=all_attn,
-        )
+        def step(index, layer, hidden):
+            pal = self.pals(hidden, index, group_rows, key_mask) if self.pals.has_layer(index) else None
+            return layer(hidden, mask, pal, **kwargs)
+
+        stack = self._run_layers(hidden, step, output_attentions, output_hidden_states)
+        return self._encoder_output(stack, attention_mask)
 
 
 class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):

@@ -26,7 +26,6 @@ from ..multitask_bert import (
     MultiTaskBertHeadsMixin,
     MultiTaskBertInitMixin,
     build_from_dense,
-    pool_sequence,
 )
 from .configuration_bert_taskmoe import BertTaskMoEConfig
 
@@ -166,41 +165,26 @@ class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
         output_attentions=None, output_hidden_states=None, output_router_logits=None, task_rows=None, **kwargs,
     ) -> TaskMoEEncoderOutput:
         """Forward on inputs already checked by the caller (`task_rows`: for PALs' grouping; unused here)."""
-        config = self.config
-        hidden, output_attentions, output_hidden_states = self._embed(
-            input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )  # (batch, seq, hidden)
-        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
+        hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
         token_mask = attention_mask.bool() if attention_mask is not None else None
+        routed = bool(output_router_logits)
+        moe_outputs = []  # each layer's `MoEOutput`
 
-        all_hidden = (hidden,) if output_hidden_states else None
-        all_attn = () if output_attentions else None
-        router_logits, expert_indices, counts, aux, z = [], [], [], [], []
-        for layer in self.encoder.layer:
-            hidden, attn, moe = layer(hidden, mask, task_ids, token_mask, bool(output_router_logits), **kwargs)
-            if output_hidden_states:
-                all_hidden += (hidden,)
-            if output_attentions:
-                all_attn += (attn,)
-            if moe.router_logits is None:
-                continue  # dense layer
-            if output_router_logits:
-                router_logits.append(moe.router_logits)
-                expert_indices.append(moe.expert_index)
-                counts.append(moe.routing_counts)
-            if moe.aux_loss is not None:
-                aux.append(moe.aux_loss)
-            if moe.z_loss is not None:
-                z.append(moe.z_loss)
+        def step(index, layer, hidden):
+            hidden, attention, moe = layer(hidden, mask, task_ids, token_mask, routed, **kwargs)
+            moe_outputs.append(moe)
+            return hidden, attention
 
-        return TaskMoEEncoderOutput(
-            last_hidden_state=hidden,
-            pooler_output=pool_sequence(hidden, attention_mask, config.classifier_pooling, self.pooler),
-            hidden_states=all_hidden,
-            attentions=all_attn,
-            router_logits=tuple(router_logits) if output_router_logits else None,
-            expert_indices=tuple(expert_indices) if output_router_logits else None,
-            routing_counts=torch.stack(counts) if output_router_logits and counts else None,
+        stack = self._run_layers(hidden, step, output_attentions, output_hidden_states)
+        moe_layers = [moe for moe in moe_outputs if moe.router_logits is not None]  # dense layers route nothing
+        aux = [moe.aux_loss for moe in moe_layers if moe.aux_loss is not None]
+        z = [moe.z_loss for moe in moe_layers if moe.z_loss is not None]
+        return self._encoder_output(
+            stack, attention_mask, TaskMoEEncoderOutput,
+            router_logits=tuple(moe.router_logits for moe in moe_layers) if routed else None,
+            expert_indices=tuple(moe.expert_index for moe in moe_layers) if routed else None,
+            routing_counts=torch.stack([moe.routing_counts for moe in moe_layers]) if routed and moe_layers else None,
             aux_loss=torch.stack(aux).mean() if aux else None,
             z_loss=torch.stack(z).mean() if z else None,
         )

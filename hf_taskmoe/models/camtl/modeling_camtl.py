@@ -38,7 +38,6 @@ from ..multitask_bert import (
     MultiTaskBertHeadsMixin,
     MultiTaskBertInitMixin,
     build_from_dense,
-    pool_sequence,
 )
 from .configuration_camtl import CAMTLConfig
 
@@ -165,41 +164,29 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
         output_attentions=None, output_hidden_states=None, task_rows=None, **kwargs,
     ) -> BaseModelOutputWithPooling:
         """Forward on inputs already checked by the caller (`task_rows`: for PALs' grouping; unused here)."""
-        config = self.config
-        hidden, output_attentions, output_hidden_states = self._embed(
-            input_ids, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
-        )  # (batch, seq, hidden)
-        batch, length = hidden.shape[:2]
+        hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
+        length = hidden.shape[1]
         cond = Conditioning(self.task_embeddings.weight, task_ids) if self.task_embeddings is not None else None
         if self.alignment is not None:
             hidden = self.alignment(hidden, cond)  # E(x) R^(z)
-        mask = create_bidirectional_mask(config=config, inputs_embeds=hidden, attention_mask=attention_mask)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
+        skip = None  # LARGE bottleneck: s_j = CFF_j(h_j + s_{j-1}), alongside the layers
 
-        all_hidden = (hidden,) if output_hidden_states else None
-        all_attn = () if output_attentions else None
-        skip = None
-        for i, layer in enumerate(self.encoder.layer):
+        def step(index, layer, hidden):
+            nonlocal skip
             if layer.attention_bias is not None:  # softmax(M(z) + QK^T/sqrt(d) + padding mask)
                 layer_mask = layer.attention_bias(cond, attention_mask, length, hidden.dtype)
             else:
                 layer_mask = mask
-            hidden, attn = layer(hidden, layer_mask, cond, **kwargs)
-            if self.encoder.skip is not None:  # s_j = CFF_j(h_j + s_{j-1})
-                skip = self.encoder.skip[i](hidden if skip is None else hidden + skip, cond)
-            if output_hidden_states:
-                all_hidden += (hidden,)
-            if output_attentions:
-                all_attn += (attn,)
-        if skip is not None:
-            hidden = hidden + skip
-            if output_hidden_states:
-                all_hidden = all_hidden[:-1] + (hidden,)
-        return BaseModelOutputWithPooling(
-            last_hidden_state=hidden,
-            pooler_output=pool_sequence(hidden, attention_mask, config.classifier_pooling, self.pooler),
-            hidden_states=all_hidden,
-            attentions=all_attn,
-        )
+            hidden, attention = layer(hidden, layer_mask, cond, **kwargs)
+            if self.encoder.skip is not None:
+                skip = self.encoder.skip[index](hidden if skip is None else hidden + skip, cond)
+            return hidden, attention
+
+        stack = self._run_layers(hidden, step, output_attentions, output_hidden_states)
+        if skip is not None:  # the encoder's output is h_L + s_L
+            stack = stack.with_last_hidden_state(stack.last_hidden_state + skip)
+        return self._encoder_output(stack, attention_mask)
 
     def apply_freezing(self) -> None:
         """Freeze the embeddings (`freeze_embeddings`) and the BERT weights of the bottom `num_frozen_layers`
