@@ -43,6 +43,7 @@ import hf_taskmoe
 from hf_taskmoe.analysis import RoutingStatistics, parameter_report, routed_layers
 from hf_taskmoe.models import FAMILIES, get_family
 from hf_taskmoe.models.bart_task_routed.bart_from_bert import name_special_tokens
+from hf_taskmoe.problem_types import TEXT_TO_TEXT, get_problem_type
 from hf_taskmoe.training import (
     MultiTaskTrainer,
     MultiTaskTrainingArguments,
@@ -814,28 +815,15 @@ def baseline_scores(task, train_labels: list | None, eval_labels: list) -> dict[
     majority; multiple choice: the most frequent right choice) or, for regression, the mean training target; from
     the evaluation labels when there is no training set. None where no such baseline applies (seq2seq, token
     classification). A correlation of a constant prediction is undefined: counted as 0."""
-    import collections
-
     import numpy as np
 
     from hf_taskmoe.metrics import compute_task_metrics
 
-    kind = task.problem_type
-    if kind in ("seq2seq", "token_classification") or not eval_labels:
+    if not eval_labels:
         return None
-    source = train_labels or eval_labels
-    n = len(eval_labels)
-    if kind == "regression":
-        mean = np.asarray(source, dtype=np.float64).reshape(len(source), -1).mean(axis=0)
-        logits = np.tile(mean, (n, 1)).astype(np.float32)
-    elif kind == "multi_label_classification":
-        majority = (np.asarray(source, dtype=np.float64).mean(axis=0) > 0.5).astype(np.float32)
-        logits = np.tile(np.where(majority > 0, 1.0, -1.0), (n, 1)).astype(np.float32)
-    else:
-        width = task.num_choices if kind == "multiple_choice" else task.num_labels
-        majority = collections.Counter(int(v) for v in source).most_common(1)[0][0]
-        logits = np.zeros((n, width), dtype=np.float32)
-        logits[:, majority] = 1.0
+    logits = get_problem_type(task.problem_type).baseline_logits(task, train_labels or eval_labels, len(eval_labels))
+    if logits is None:  # no trivial predictor for the type (generated text, token tags)
+        return None
     with warnings.catch_warnings():  # a constant prediction's correlation: scipy warns and returns nan
         warnings.simplefilter("ignore")
         scores = compute_task_metrics(task, logits, np.asarray(eval_labels))
@@ -879,7 +867,8 @@ def generation_samples(model, tokenizer, task_data, per_task: int = 3) -> list[d
     through the text2text pipeline): something a reader can look at beside the scores."""
     from hf_taskmoe.pipelines import MultiTaskText2TextGenerationPipeline
 
-    seq2seq = [t for t in task_data if t.spec.problem_type == "seq2seq" and t.split("validation") is not None]
+    seq2seq = [t for t in task_data if TEXT_TO_TEXT in get_problem_type(t.spec.problem_type).capabilities
+               and t.split("validation") is not None]
     if not seq2seq:
         return []
     pipe = MultiTaskText2TextGenerationPipeline(model=model, tokenizer=tokenizer)
@@ -1040,7 +1029,8 @@ def _main(argv: list[str] | None, cleanup) -> dict:
                 t.splits[split] = t.split(split).select(keep)
                 labels[(t.name, split)] = [labels[(t.name, split)][i] for i in keep]
     for t in task_data:  # a regression task's scale, for the pipelines and the card, from its training targets
-        if t.spec.problem_type == "regression" and t.spec.target_range is None and (t.name, "train") in labels:
+        if ("target_range" in get_problem_type(t.spec.problem_type).own_spec_fields and t.spec.target_range is None
+                and (t.name, "train") in labels):
             values = [v for row in labels[(t.name, "train")] for v in (row if isinstance(row, list) else [row])]
             if min(values) < max(values):
                 t.spec = dataclasses.replace(t.spec, target_range=[min(values), max(values)])

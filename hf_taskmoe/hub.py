@@ -15,19 +15,9 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .problem_types import TEXT_TO_TEXT, problem_type_of
 from .tasks import TaskSpec
 
-# the `model-index` task type of each problem type (the Hub's pipeline tags where one fits; the Hub has none for
-# regression on text, and a regression score filed under text-classification would read as a classification result)
-HUB_TASK_TYPES = {
-    "single_label_classification": "text-classification",
-    "multi_label_classification": "text-classification",
-    "regression": "text-regression",
-    "multiple_choice": "multiple-choice",
-    "span_classification": "text-classification",
-    "token_classification": "token-classification",
-    "seq2seq": "text2text-generation",
-}
 
 def template_path(name: str = "multitask_model_card.md") -> Path:
     """The card template: shipped in the wheel as `hf_taskmoe.model_cards`, or the source tree's `model_cards/`."""
@@ -81,7 +71,7 @@ def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str =
                 dataset_config = task.dataset_config or task.name
             results.append(
                 EvalResult(
-                    task_type=HUB_TASK_TYPES[task.problem_type],
+                    task_type=problem_type_of(task).hub_pipeline_tag,
                     task_name=task.name,
                     dataset_type=dataset_type,
                     dataset_name=dataset_name,
@@ -165,15 +155,7 @@ def task_rows(tasks: list[TaskSpec], train_sizes: dict | None = None, label_rang
     choice, 'text' for seq2seq; the dataset as the task names it, marked `(local files)` when read from local files."""
     rows = []
     for t in tasks:
-        if t.problem_type == "regression":
-            low_high = t.target_range or (label_ranges or {}).get(t.name)
-            labels = f"target {low_high[0]:g} to {low_high[1]:g}" if low_high else f"{t.num_labels} real value(s)"
-        elif t.problem_type == "multiple_choice":
-            labels = f"{t.num_choices} choices"
-        elif t.problem_type == "seq2seq":
-            labels = "text"
-        else:
-            labels = ", ".join(t.label_names) if t.label_names else f"{t.num_labels} classes"
+        labels = problem_type_of(t).card_labels(t, (label_ranges or {}).get(t.name))
         dataset = t.dataset or ("-" if t.name not in (local_files or {}) else t.name)
         if t.name in (local_files or {}):
             dataset += " (local files)"
@@ -295,7 +277,7 @@ def render_model_card(
     summary = routing_summary(routing, routing_source)
     if heatmap:
         summary += f"\n\n![routing heatmap: each task's share of tokens per expert and layer]({heatmap})"
-    seq2seq = config.task_specs[0].problem_type == "seq2seq"  # a seq2seq family generates: its snippet calls generate()
+    seq2seq = TEXT_TO_TEXT in problem_type_of(config.task_specs[0]).capabilities  # its snippet calls generate()
     provenance = sorted({_provenance_line(p) for p in (data_provenance or []) if p})
     if training is not None:
         training = {_escape(k): _escape(v) for k, v in training.items()}
@@ -384,7 +366,10 @@ def _internal_target(module: str, node) -> str | None:
     if isinstance(node, ast.ImportFrom) and node.level:
         if node.module is None:
             raise NotImplementedError(f"{module}: `from . import name` cannot be bundled; import the names.")
-        package = module.split(".")[: len(module.split(".")) - node.level]
+        parts = module.split(".")
+        if _module_path(module).name == "__init__.py":  # a package's `.` is the package itself
+            parts = parts + ["__init__"]
+        package = parts[: len(parts) - node.level]
         return ".".join(package + [node.module])
     if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hf_taskmoe":
         return node.module
@@ -393,24 +378,48 @@ def _internal_target(module: str, node) -> str | None:
     return None
 
 
+def _runtime_imports(tree):
+    """`(eager, lazy)`: the import nodes of `tree` run when the module is imported, and those inside functions
+    (run when called, once the whole bundle is defined); those under `if TYPE_CHECKING:` (for annotations only)
+    are neither."""
+    import ast
+
+    eager, lazy = [], []
+    todo = [(tree, False)]
+    while todo:
+        node, in_function = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            (lazy if in_function else eager).append(node)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                todo.extend((c, in_function) for c in child.orelse)
+                continue
+            todo.append((child, in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))))
+    return eager, lazy
+
+
 def _bundle_modules(root: str) -> list[str]:
-    """`root` and every hf_taskmoe module it imports (also inside functions), dependencies first."""
+    """`root` and every hf_taskmoe module it imports (also inside functions). A module comes after those it imports
+    when it is imported; one imported inside a function may come after (the call runs once all are defined)."""
     import ast
 
     order: list[str] = []
+    pending: list[str] = []  # modules imported inside functions: visited once every eager chain is done
 
     def visit(name: str, stack: tuple[str, ...]) -> None:
         if name in order or name in stack:
             return
-        tree = ast.parse(_module_path(name).read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                target = _internal_target(name, node)
-                if target is not None:
-                    visit(target, stack + (name,))
+        eager, lazy = _runtime_imports(ast.parse(_module_path(name).read_text()))
+        for node in eager:
+            target = _internal_target(name, node)
+            if target is not None:
+                visit(target, stack + (name,))
         order.append(name)
+        pending.extend(t for t in (_internal_target(name, node) for node in lazy) if t is not None)
 
     visit(root, ())
+    while pending:
+        visit(pending.pop(0), ())
     return order
 
 

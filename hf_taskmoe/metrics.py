@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from .layers.heads import IGNORE_INDEX
+from .layers.task_head import IGNORE_INDEX
 from .tasks import TaskSpec
 
 #: the one local `evaluate` module: it serves every registered metric, picked by `config_name`
@@ -303,26 +303,6 @@ for _metric in DEFAULT_METRICS.values():
     _register(_metric)
 
 
-def predictions_from_logits(task: TaskSpec, logits: np.ndarray) -> np.ndarray:
-    """Model outputs -> the predictions metrics compare with labels, by problem type."""
-    logits = np.asarray(logits)
-    if task.problem_type == "regression":
-        return logits.reshape(len(logits), -1).squeeze(-1) if task.num_labels == 1 else logits
-    if task.problem_type == "multi_label_classification":
-        return (logits > 0).astype(np.int64)  # sigmoid(x) > 0.5
-    return logits.argmax(-1)
-
-
-def positive_scores(logits: np.ndarray) -> np.ndarray:
-    """Score of class 1 for a binary task: softmax over two logits, or the single logit itself."""
-    logits = np.asarray(logits, dtype=np.float64).reshape(len(logits), -1)
-    if logits.shape[1] == 1:
-        return logits[:, 0]
-    if logits.shape[1] != 2:
-        raise ValueError(f"roc_auc needs a binary task (1 or 2 logits per row), got {logits.shape[1]} logits.")
-    return 1.0 / (1.0 + np.exp(logits[:, 0] - logits[:, 1]))  # softmax(logits)[:, 1]
-
-
 def decode_texts(token_ids: np.ndarray, tokenizer, eos_token_id: int | list[int] | None = None) -> list[str]:
     """Rows of target or generated token ids -> texts, each cut at its first end token.
 
@@ -346,20 +326,6 @@ def decode_texts(token_ids: np.ndarray, tokenizer, eos_token_id: int | list[int]
     return texts
 
 
-def seq2seq_metrics(task: TaskSpec, predictions: np.ndarray, labels: np.ndarray, tokenizer, eos_token_id=None,
-                    trust_remote_metrics: bool = False) -> dict[str, float]:
-    """A text-to-text task's metrics on predicted target tokens (generated, without the decoder start token, or
-    the teacher-forced arg-max) against the target ids, both decoded by `decode_texts`."""
-    if tokenizer is None:
-        raise ValueError(f"Task {task.name!r} is seq2seq: its metrics decode texts, so pass the tokenizer (processing_class).")
-    predictions = np.asarray(predictions)
-    if predictions.ndim == 3:  # logits
-        predictions = predictions.argmax(-1)
-    texts, references = decode_texts(predictions, tokenizer, eos_token_id), decode_texts(labels, tokenizer, eos_token_id)
-    inputs = {"predictions": texts, "references": references}
-    return {name: _run_metric(name, inputs, trust_remote_metrics=trust_remote_metrics) for name in task.metrics}
-
-
 def _run_metric(name: str, inputs: dict, config_name: str | None = None, trust_remote_metrics: bool = False) -> float:
     """One metric's value: its registered function, or (a name not registered) its `evaluate` module's `compute`,
     read at the result's first key."""
@@ -371,33 +337,23 @@ def _run_metric(name: str, inputs: dict, config_name: str | None = None, trust_r
 
 
 def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray, tokenizer=None, eos_token_id=None,
-                         trust_remote_metrics: bool = False) -> dict[str, float]:
-    """Every metric of `task` on one evaluation set: `{metric_name: value}` (`tokenizer`, `eos_token_id`: seq2seq
-    tasks only)."""
-    if task.problem_type == "seq2seq":
-        return seq2seq_metrics(task, logits, labels, tokenizer, eos_token_id, trust_remote_metrics)
-    predictions = predictions_from_logits(task, logits)
-    labels = np.asarray(labels)
-    if task.problem_type == "token_classification":
-        # evaluation gathers token logits padded to the longest batch; compare real tokens only
-        width = min(predictions.shape[1], labels.shape[1])
-        predictions, labels = predictions[:, :width], labels[:, :width]
-        keep = labels != IGNORE_INDEX
-        predictions, labels = predictions[keep], labels[keep]
-    results = {}
-    for name in task.metrics:
-        reads = METRIC_REGISTRY[name].inputs if name in METRIC_REGISTRY else None
-        if reads == "positive_scores":
-            inputs = {"prediction_scores": positive_scores(logits).tolist(), "references": labels.astype(np.int64).tolist()}
-        elif reads == "choice_scores":
-            inputs = {"predictions": np.asarray(logits).tolist(), "references": labels.tolist()}
-        elif task.problem_type == "regression":
-            inputs = {"predictions": predictions.reshape(-1).tolist(), "references": labels.reshape(-1).tolist()}
-        else:
-            inputs = {"predictions": predictions.tolist(), "references": labels.astype(np.int64).tolist()}
-        config = "multilabel" if task.problem_type == "multi_label_classification" and name.startswith("f1") else None
-        results[name] = _run_metric(name, inputs, config, trust_remote_metrics)
-    return results
+                         trust_remote_metrics: bool = False, dataset=None) -> dict[str, float]:
+    """Every metric of `task` on one evaluation set: `{metric_name: value}`, as its problem type compares
+    predictions with labels (`ProblemType.compute_metrics`). `tokenizer`, `eos_token_id`: for types that decode
+    text (seq2seq); `dataset`: the task's tokenised evaluation set, for types that read it (extractive QA)."""
+    from .problem_types import problem_type_of
+
+    def run(name: str, inputs: dict, config_name: str | None = None) -> float:
+        return _run_metric(name, inputs, config_name, trust_remote_metrics)
+
+    return problem_type_of(task).compute_metrics(task, logits, labels, run, tokenizer=tokenizer,
+                                                 eos_token_id=eos_token_id, dataset=dataset)
+
+
+def metric_inputs_kind(name: str) -> str:
+    """What a metric reads (`register_metric(..., inputs=...)`): "labels" (predicted labels), "positive_scores" or
+    "choice_scores"; "labels" for a metric loaded from `evaluate`."""
+    return METRIC_REGISTRY[name].inputs if name in METRIC_REGISTRY else "labels"
 
 
 def task_score(metrics: dict[str, float]) -> float:

@@ -17,7 +17,6 @@ from transformers.utils import ModelOutput
 
 from .layers.heads import HeadsOutput, MultiTaskHeads
 from .tasks import TaskSpec
-from .utils import checking_values
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +55,9 @@ class MultiTaskModelOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device) -> torch.LongTensor:
-    """Check `task_ids` against the model's tasks; with a single task they may be omitted."""
+def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device, check_values: bool = True) -> torch.LongTensor:
+    """Check `task_ids` against the model's tasks; with a single task they may be omitted. `check_values`: also
+    their range (a read of the values; skipped for a batch checked on the host, `values_checked=True`)."""
     num_tasks = len(task_names)
     if task_ids is None:
         if num_tasks == 1:
@@ -92,7 +92,7 @@ def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device) -
             f"`task_ids` must have shape (batch,) = ({batch_size},) to match the inputs, got {tuple(task_ids.shape)}."
         )
     task_ids = task_ids.long()
-    if not checking_values():
+    if not check_values:
         return task_ids
     bad = (task_ids < 0) | (task_ids >= num_tasks)
     if bad.any():
@@ -194,8 +194,9 @@ def check_batch_dim(batch: int, **tensors: torch.Tensor | None) -> None:
 
 class BatchChecker:
     """Checks a collated batch on the host, before it moves to a device: the task ids and, for models with
-    per-task heads, labels, spans and multiple-choice grouping -- the value checks `forward` skips inside
-    `values_checked()` (each would be a host sync there). Raises the `ValueError` `forward` would.
+    per-task heads, labels, spans and multiple-choice grouping -- the value checks `forward` skips for a batch
+    marked `values_checked=True` (each would be a host sync there). Raises the `ValueError` `forward` would.
+    Returns whether it checked every value the forward would (then `HostCheckedCollator` marks the batch).
 
     It holds the task specs and heads of hidden size 1 (their checks, not the model's weights), so a collator that
     calls it stays small when a `DataLoader` sends it to worker processes."""
@@ -230,12 +231,12 @@ class BatchChecker:
                 f"the model's {what} has {size} entries (ids 0..{size - 1}). {fix}"
             )
 
-    def __call__(self, batch) -> None:
+    def __call__(self, batch) -> bool:
         first = batch.get("input_ids")
         if first is None:
             first = batch.get("inputs_embeds")
         if first is None or first.dim() < 2:
-            return  # nothing to size the batch by: `forward` reports it
+            return False  # nothing to size the batch by (a tabular batch): `forward` checks it
         rows, seq = first.shape[0], first.shape[1]
         self.check_ids("input_ids", batch.get("input_ids"), self.vocab_size, "vocabulary (`vocab_size`)",
                        "The text was tokenised with another tokenizer than the model's: tokenise with the model's own "
@@ -248,6 +249,9 @@ class BatchChecker:
             labels, spans = batch.get("labels"), batch.get("span_positions")
             check_batch_dim(rows, labels=labels, span_positions=spans)
             self.heads.check_inputs(self.heads.split_rows(task_ids), seq, labels, spans)
+        elif batch.get("labels") is not None:
+            return False  # labels of a model without per-task heads (seq2seq targets): `forward` checks them
+        return True
 
 
 class HostCheckedCollator:
@@ -275,7 +279,8 @@ class HostCheckedCollator:
 
     def __call__(self, features):
         batch = self.collator(features)
-        self.checker(batch)
+        if self.checker(batch):
+            batch["values_checked"] = True  # the model's forward then reads no value back from the device
         return batch
 
 
@@ -482,12 +487,13 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         """The family's part of `add_task`: the new task's weights besides its head (copied from task `source`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot add tasks.")
 
-    def _prepare_task_batch(self, task_ids, batch: int, seq: int, labels, span_positions):
-        """Validate task ids, labels and spans; return `(task_ids, task_rows, prepared_labels)`."""
+    def _prepare_task_batch(self, task_ids, batch: int, seq: int, labels, span_positions, check_values: bool = True):
+        """Validate task ids, labels and spans (their values too with `check_values`); return `(task_ids,
+        task_rows, prepared_labels)`."""
         check_batch_dim(batch, labels=labels, span_positions=span_positions)
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values)
         task_rows = self.heads.split_rows(task_ids)
-        prepared = self.heads.check_inputs(task_rows, seq, labels, span_positions)
+        prepared = self.heads.check_inputs(task_rows, seq, labels, span_positions, check_values)
         return task_ids, task_rows, prepared if labels is not None else None
 
 

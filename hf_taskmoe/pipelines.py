@@ -1,14 +1,16 @@
 """Multi-task pipelines, registered with transformers' pipeline registry when hf_taskmoe is imported.
 
 `pipeline("multitask-text-classification", model=..., tokenizer=...)`: one pipeline for every task of a
-multi-task encoder (BertForTaskMoE, BertWithPALs, CAMTLModel: text classification, multi-label, regression).
+multi-task encoder (BertForTaskMoE, BertWithPALs, CAMTLModel: text classification, multi-label, regression,
+extractive question answering: each problem type whose `pipeline` is "classification").
 
     pipe("a fine film", task="sst2")                                      -> {"task", "label", "score"}
     pipe({"text": "A man plays.", "text_pair": "A man is playing."}, task="stsb")   -> {"task", "score"}
     pipe([{"text": ..., "task": "sst2"}, {"text": ..., "text_pair": ..., "task": "stsb"}], batch_size=16)
 
-Results per problem type: single-label classification `label` + `score` (softmax; `top_k=n` gives the n
-best as a list), multi-label `labels` (sigmoid > 0.5) + `scores` per label, regression `score`.
+Results per problem type (`ProblemType.pipeline_result`): single-label classification `label` + `score` (softmax;
+`top_k=n` gives the n best as a list), multi-label `labels` (sigmoid > 0.5) + `scores` per label, regression
+`score`, extractive QA `answer` (`{"question": ..., "context": ..., "task": "qa"}` in).
 
 `pipeline("multitask-text2text-generation", model=...)`: generation for every seq2seq task of a
 task-routed encoder-decoder (BartTaskRouted), each row generated with its own task's routes.
@@ -28,21 +30,29 @@ from transformers import AutoModel, AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .modeling_utils import check_generation_counts
+from .problem_types import PROBLEM_TYPES, problem_type_of
 
 PIPELINE_TASK = "multitask-text-classification"
 TEXT2TEXT_PIPELINE_TASK = "multitask-text2text-generation"
 
 
 class _MultiTaskPipeline(Pipeline):
-    """Inputs shared by the multi-task pipelines: a string, a `{"text", "text_pair", "task"}` dict, or a list
-    of them; each row is routed to its task. Subclasses set `supported` (problem types) and implement
-    `_forward` / `postprocess`."""
+    """Inputs shared by the multi-task pipelines: a string, a dict of the task's input fields (`text`, `text_pair`;
+    `question`, `context` for extractive QA) with an optional `task`, or a list of them; each input is routed to
+    its task. What a task's inputs and answer look like is its problem type's (`ProblemType.pipeline_encode`,
+    `pipeline_result`); a subclass serves the types whose `pipeline` is its `serves` and implements `_forward`
+    (and `postprocess` when the answer is not read from the task logits)."""
 
-    supported: tuple[str, ...] = ()
+    serves: str = ""
     _load_processor = False
     _load_image_processor = False
     _load_feature_extractor = False
     _load_tokenizer = True
+
+    @property
+    def supported(self) -> list[str]:
+        """The problem types this pipeline serves (every registered type whose `pipeline` is `serves`)."""
+        return [name for name, kind in PROBLEM_TYPES.items() if kind.pipeline == self.serves]
 
     def _sanitize_parameters(self, task=None, max_length=None, **kwargs):
         preprocess = {"task": task} if task is not None else {}
@@ -57,26 +67,32 @@ class _MultiTaskPipeline(Pipeline):
         return {}, {}
 
     # ------------------------------------------------------------------ inputs
-    def _normalise(self, item, task: str | None) -> tuple[str, str | None, int]:
-        if isinstance(item, str):
-            text, pair, name = item, None, task
-        elif isinstance(item, dict):
-            unknown = set(item) - {"text", "text_pair", "task"}
-            if unknown or "text" not in item:
-                raise ValueError(f"A pipeline input dict holds 'text' (and optionally 'text_pair', 'task'); got keys {sorted(item)}.")
-            text, pair, name = item["text"], item.get("text_pair"), item.get("task", task)
+    def _normalise(self, item, task: str | None) -> tuple[dict, int]:
+        """`(the input's fields, task id)`, the task checked against the model's and the pipeline's."""
+        if isinstance(item, dict):
+            name = item.get("task", task)
+            fields = {k: v for k, v in item.items() if k != "task"}
+        elif isinstance(item, str):
+            name, fields = task, {"text": item}
         else:
-            raise ValueError(f"Pipeline inputs are strings or {{'text', 'text_pair', 'task'}} dicts, got {type(item).__name__}.")
+            raise ValueError(f"Pipeline inputs are strings or dicts of a task's input fields, got {type(item).__name__}.")
         names = self.model.config.task_names
         if name is None:
             if len(names) != 1:
                 raise ValueError(f"Say which task each input is for (`task=...` or an input's 'task'); this model's tasks are {names}.")
             name = names[0]
         task_id = self.model.task_id(name)  # raises for an unknown task, listing the model's tasks
-        problem = self.model.config.task_specs[task_id].problem_type
-        if problem not in self.supported:
-            raise ValueError(f"Task {name!r} is {problem}; this pipeline serves {list(self.supported)}.")
-        return text, pair, task_id
+        spec = self.model.config.task_specs[task_id]
+        kind = problem_type_of(spec)
+        if kind.pipeline != self.serves:
+            raise ValueError(f"Task {name!r} is {spec.problem_type}; this pipeline serves {self.supported}.")
+        wanted = kind.pipeline_inputs
+        if set(fields) - set(wanted) or wanted[0] not in fields:
+            raise ValueError(
+                f"A pipeline input of task {name!r} holds {wanted[0]!r} (and optionally {list(wanted[1:])}, 'task'); "
+                f"got keys {sorted(item) if isinstance(item, dict) else ['text']}."
+            )
+        return fields, task_id
 
     def max_length(self) -> int:
         """Where inputs are truncated: the length the model was trained with (`run_multitask.py` saves it as the
@@ -87,18 +103,34 @@ class _MultiTaskPipeline(Pipeline):
         return min(lengths) if lengths else 512
 
     def preprocess(self, inputs, task=None, max_length=None):
-        """`inputs`: a list of normalised `(text, pair, task_id)` rows, tokenised as one padded batch."""
+        """`inputs`: normalised `(fields, task_id)` inputs, encoded by their tasks' problem types (an input may give
+        several rows, e.g. a long QA context in windows) and padded as one batch; `owners[i]` is row i's input."""
         # encoder-decoders take no segment ids (as `tokenize_task` for seq2seq tasks)
         extra = {"return_token_type_ids": False} if self.model.config.is_encoder_decoder else {}
         if max_length is None:
             max_length = self.max_length()
         elif isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
             raise ValueError(f"`max_length` must be a positive integer, got {max_length!r}.")
-        # rows one by one (a batch may mix single texts and pairs), then padded together
-        rows = [self.tokenizer(text, pair, truncation=True, max_length=max_length, **extra) for text, pair, _ in inputs]
-        encoded = self.tokenizer.pad(rows, padding=True, return_tensors="pt")
-        encoded["task_ids"] = torch.tensor([i for _, _, i in inputs], dtype=torch.long)
-        return encoded
+        specs = self.model.config.task_specs
+        rows, owners, task_ids, features = [], [], [], []
+        for index, (fields, task_id) in enumerate(inputs):
+            spec = specs[task_id]
+            encoded = problem_type_of(spec).pipeline_encode(spec, fields, self.tokenizer, max_length, **extra)
+            for row in encoded:
+                model_row = {k: v for k, v in row.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+                rows.append(model_row)
+                features.append(row)
+                owners.append(index)
+                task_ids.append(task_id)
+        encoded = self.tokenizer.pad(rows, padding=True, return_tensors="pt")  # rows one by one, then padded together
+        encoded["task_ids"] = torch.tensor(task_ids, dtype=torch.long)
+        return {"model_inputs": encoded, "owners": owners, "features": features, "inputs": list(inputs)}
+
+    def forward(self, model_inputs, **forward_params):
+        """`Pipeline.forward` on the model inputs; the rows' owners and features ride along to `postprocess`."""
+        outputs = super().forward(model_inputs["model_inputs"], **forward_params)
+        return {**outputs, "owners": model_inputs["owners"], "features": model_inputs["features"],
+                "inputs": model_inputs["inputs"]}
 
     # ------------------------------------------------------------------ call
     def __call__(self, inputs, task: str | None = None, batch_size: int | None = None, **kwargs):
@@ -121,10 +153,10 @@ class _MultiTaskPipeline(Pipeline):
 
 
 class MultiTaskTextClassificationPipeline(_MultiTaskPipeline):
-    """Text (or text-pair) classification and regression for any task of a multi-task model; see the module
-    docstring."""
+    """Every task of a multi-task encoder whose problem type answers from its head's logits: text (or text-pair)
+    classification, multi-label, regression, extractive question answering; see the module docstring."""
 
-    supported = ("single_label_classification", "multi_label_classification", "regression")
+    serves = "classification"
 
     def _sanitize_model_parameters(self, top_k=None, **kwargs):
         super()._sanitize_model_parameters(**kwargs)
@@ -140,41 +172,27 @@ class MultiTaskTextClassificationPipeline(_MultiTaskPipeline):
     def postprocess(self, model_outputs, top_k=None):
         task_ids = model_outputs["task_ids"].cpu()
         specs = self.model.config.task_specs
-        rows: list[dict | None] = [None] * len(task_ids)
+        row_logits: list = [None] * len(task_ids)
         for name, logits in model_outputs["task_logits"].items():
-            spec = specs[self.model.task_id(name)]
-            logits = logits.float().cpu()
             positions = (task_ids == self.model.task_id(name)).nonzero(as_tuple=True)[0].tolist()
-            for position, row in zip(positions, logits):
-                rows[position] = self._row_result(spec, row, top_k)
-        return rows
-
-    @staticmethod
-    def _row_result(spec, logits: torch.Tensor, top_k: int | None) -> dict:
-        labels = spec.label_names or [f"LABEL_{i}" for i in range(logits.shape[-1])]
-        if spec.problem_type == "regression":
-            value = logits.tolist()
-            result = {"task": spec.name, "score": value[0] if len(value) == 1 else value}
-            if spec.target_range:
-                result["scale"] = list(spec.target_range)  # what the score means: the range of the task's targets
-            return result
-        if spec.problem_type == "multi_label_classification":
-            probs = logits.sigmoid().tolist()
-            return {"task": spec.name, "labels": [l for l, p in zip(labels, probs) if p > 0.5],
-                    "scores": dict(zip(labels, probs))}
-        probs = logits.softmax(-1)
-        if top_k is None:
-            best = int(probs.argmax())
-            return {"task": spec.name, "label": labels[best], "score": float(probs[best])}
-        order = probs.argsort(descending=True)[:top_k].tolist()
-        return {"task": spec.name, "top": [{"label": labels[i], "score": float(probs[i])} for i in order]}
+            for position, row in zip(positions, logits.float().cpu()):  # a task's rows, in batch order
+                row_logits[position] = row
+        owners, features, inputs = model_outputs["owners"], model_outputs["features"], model_outputs["inputs"]
+        results = []
+        for index, (fields, task_id) in enumerate(inputs):
+            rows = [r for r, owner in enumerate(owners) if owner == index]
+            spec = specs[task_id]
+            results.append(problem_type_of(spec).pipeline_result(
+                spec, torch.stack([row_logits[r] for r in rows]), [features[r] for r in rows], fields, top_k
+            ))
+        return results
 
 
 class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
     """Generation for any seq2seq task of a task-routed encoder-decoder (BartTaskRouted); see the module
     docstring. Returns `{"task", "generated_text"}` per input."""
 
-    supported = ("seq2seq",)
+    serves = "text2text"
     # generation keywords given to `pipeline(...)` or to a call reach `_forward` through `_sanitize_parameters`, merged
     # by `Pipeline` itself; no private generation helper of transformers' pipelines (they change between 5.x releases)
     _pipeline_calls_generate = False

@@ -19,11 +19,8 @@ from typing import Any
 from huggingface_hub.errors import StrictDataclassError
 
 from .problem_types import DEFAULT_PROBLEM_TYPE, get_problem_type, problem_type_names
-from .problem_types import PROBLEM_TYPES as _PROBLEM_TYPES
+from .problem_types import PROBLEM_TYPES  # noqa: F401 (the registered problem types by name; re-exported)
 from .utils import check_choice, check_float, check_str_list
-
-# the registered problem types by name (`hf_taskmoe.problem_types`); a new type registered later is in it too
-PROBLEM_TYPES = _PROBLEM_TYPES
 
 # the spec fields a problem type owns (`ProblemType.own_spec_fields`): any other type refuses them
 _TYPE_FIELDS = ("choice_fields", "span_fields", "target_range")

@@ -6,31 +6,9 @@ so a bad value is reported where it enters, not halfway through ``forward``.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Mapping, TypeVar
+from typing import Any, Mapping, TypeVar
 
 V = TypeVar("V")
-
-_CHECK_VALUES = True
-
-
-@contextlib.contextmanager
-def values_checked() -> Iterator[None]:
-    """Inside this block `forward` skips the checks of task-id and label *values* (ranges, integrality, finiteness),
-    because the caller checked the batch on the host before moving it: each such check reads a device tensor back
-    (`bool(mask.any())`), a host sync that stalls an accelerator's stream. Shapes and dtypes are still checked.
-    `MultiTaskTrainer` uses it: its collator checks every batch on the CPU (`BatchChecker`)."""
-    global _CHECK_VALUES
-    previous, _CHECK_VALUES = _CHECK_VALUES, False
-    try:
-        yield
-    finally:
-        _CHECK_VALUES = previous
-
-
-def checking_values() -> bool:
-    """False inside `values_checked()`."""
-    return _CHECK_VALUES
 
 
 def lookup(registry: Mapping[str, V], key: Any, field: str) -> V:

@@ -163,14 +163,12 @@ def test_labels_shaped_for_another_task_are_refused_not_read_in_part(task_ids, l
 
 
 def test_shape_refusals_need_no_value_reads():
-    """Inside `values_checked()` (the Trainer, after the host checked the batch) the value checks are skipped, but a
-    label of the wrong shape is still refused: its shape is known without reading the device."""
-    from hf_taskmoe.utils import values_checked
-
+    """Without the value checks (a batch checked on the host, `values_checked=True`) a label of the wrong shape is
+    still refused: its shape is known without reading the device."""
     heads = _heads()
     rows = heads.split_rows(torch.tensor([0, 0]))
-    with values_checked(), pytest.raises(ValueError, match="must have shape"):
-        heads.check_inputs(rows, S, torch.tensor([[1, 0], [0, 1]]), None)
+    with pytest.raises(ValueError, match="must have shape"):
+        heads.check_inputs(rows, S, torch.tensor([[1, 0], [0, 1]]), None, check_values=False)
 
 
 def test_padding_of_a_mixed_batch_is_read_as_padding():

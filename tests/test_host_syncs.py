@@ -1,6 +1,6 @@
 """No host sync in the training forward: every read of a device tensor's value by the host (`.tolist()`,
-`.item()`, `bool(t)`, `nonzero`, `unique`, boolean-mask indexing) stalls a GPU stream. Inside `values_checked()`
-(the Trainer's forward, its collator having checked the batch on the CPU) the library's own code reads back one
+`.item()`, `bool(t)`, `nonzero`, `unique`, boolean-mask indexing) stalls a GPU stream. For a batch marked
+`values_checked=True` (the Trainer's: its collator checked the batch on the CPU) the library's own code reads back one
 thing per forward: the per-task row counts that split the batch among the heads. The sort-and-loop expert dispatch
 adds one per MoE layer (its slice sizes); the grouped-GEMM dispatch none.
 
@@ -19,7 +19,6 @@ import torch
 import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, BertPALsConfig, BertTaskMoEConfig, BertWithPALs, CAMTLConfig, CAMTLModel, TaskSpec
 from hf_taskmoe.modeling_utils import BatchChecker
-from hf_taskmoe.utils import values_checked
 
 PACKAGE = str(Path(hf_taskmoe.__file__).parent)
 SIZES = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
@@ -82,11 +81,11 @@ def test_training_forward_and_backward_read_back_once_per_forward(family, padded
     torch.manual_seed(0)
     model = build().train()
     batch = _mixed_batch(padded)
-    BatchChecker.for_model(model)(batch)  # what the Trainer's collator does, on the CPU
-    with host_reads() as calls, values_checked():
-        model(**batch).loss.backward()
+    assert BatchChecker.for_model(model)(batch)  # what the Trainer's collator does, on the CPU
+    with host_reads() as calls:
+        model(**batch, values_checked=True).loss.backward()
     assert len(calls) == expected, Counter(calls)
-    # outside values_checked (a user calling the model) the value checks are back
+    # a batch not marked as checked (a user calling the model) gets the value checks
     with host_reads() as checked_calls:
         model(**batch)
     assert len(checked_calls) > expected
@@ -99,8 +98,7 @@ def test_skipping_the_value_checks_changes_no_number(family):
     model = build().eval()
     batch = _mixed_batch(padded=True)
     checked = model(**batch)
-    with values_checked():
-        unchecked = model(**batch)
+    unchecked = model(**batch, values_checked=True)
     torch.testing.assert_close(unchecked.loss, checked.loss)
     for name, logits in checked.task_logits.items():
         torch.testing.assert_close(unchecked.task_logits[name], logits)

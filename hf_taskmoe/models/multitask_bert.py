@@ -79,7 +79,7 @@ class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
                 f"`hidden_size` ({self.hidden_size}) must be a multiple of `num_attention_heads` "
                 f"({self.num_attention_heads})."
             )
-        self._validate_tasks(ENCODER, "needs another head than an encoder's; an encoder model supports")
+        self._validate_tasks(ENCODER, "has no encoder head (it needs a decoder or another model); an encoder model supports")
         check_choice(self.classifier_pooling, CLASSIFIER_POOLINGS, "classifier_pooling")
         if not isinstance(self.scale_loss_by_num_classes, bool):
             raise ValueError(f"`scale_loss_by_num_classes` must be a bool, got {self.scale_loss_by_num_classes!r}.")
@@ -276,6 +276,7 @@ class MultiTaskBertHeadsMixin:
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        values_checked: bool = False,
         **kwargs,
     ) -> MultiTaskModelOutput | tuple:
         r"""
@@ -286,10 +287,15 @@ class MultiTaskBertHeadsMixin:
             Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
         span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
             Token start/end (exclusive) of each word span, for span-classification tasks.
+        values_checked (`bool`, *optional*, defaults to `False`):
+            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
+            `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
+            then reads no value back from the device (no host sync). Shapes and dtypes are checked either way, and
+            the result is the same.
         """
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, **kwargs,
+            output_attentions, output_hidden_states, values_checked=values_checked, **kwargs,
         )
         output = MultiTaskModelOutput(
             loss=heads_out.loss,
@@ -313,7 +319,7 @@ class MultiTaskBertHeadsMixin:
 
     def _encode_and_score(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-        *flags, **kwargs,
+        *flags, values_checked: bool = False, **kwargs,
     ):
         """Check the batch (labels before the encoder runs), encode, run each row's head.
         Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`."""
@@ -322,7 +328,9 @@ class MultiTaskBertHeadsMixin:
             input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
-        task_ids, task_rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, span_positions)
+        task_ids, task_rows, prepared = self._prepare_task_batch(
+            task_ids, batch, seq, labels, span_positions, check_values=not values_checked
+        )
         encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags,
                                     task_rows=task_rows)
         heads_out = self.heads(

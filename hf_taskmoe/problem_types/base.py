@@ -26,15 +26,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ..layers.task_head import IGNORE_INDEX  # noqa: F401 (re-exported to the types)
 from ..utils import lookup
 
 if TYPE_CHECKING:
     import torch
 
-    from ..layers.heads import TaskHead
+    from ..layers.task_head import TaskHead
     from ..tasks import TaskSpec
-
-IGNORE_INDEX = -100
 
 #: capabilities a family may require of a task's problem type
 ENCODER = "encoder"  # a head over an encoder's token states and pooled representation (`head_class`)
@@ -134,6 +133,16 @@ class ProblemType:
             out["labels"] = list(labels)
         return out
 
+    # ------------------------------------------------------------------ tabular towers (MMoE)
+    def check_tabular_column(self, spec: "TaskSpec", column: "torch.Tensor") -> None:
+        """Check the values of one task's label column `(batch,)` of a tabular batch (NaN: no label); raises
+        `ValueError` naming the task and row. A read of the values: done where the batch is checked."""
+
+    def tabular_loss(self, spec: "TaskSpec", logits: "torch.Tensor", column: "torch.Tensor") -> "torch.Tensor":
+        """The task's loss on a tower's `logits` `(batch, logit_width)` against its label column `(batch,)`, rows
+        without a label (NaN) left out; 0 when none has one. Reads no value back from the device."""
+        raise NotImplementedError(f"problem type {self.name!r} has no tabular loss")
+
     # ------------------------------------------------------------------ evaluation
     def eval_labels(self, spec: "TaskSpec", labels: "torch.Tensor") -> "torch.Tensor":
         """A batch's labels as the evaluation gathers them (multiple choice: one per example)."""
@@ -145,9 +154,20 @@ class ProblemType:
 
     def metric_inputs(self, spec: "TaskSpec", metric: str, logits: np.ndarray, predictions: np.ndarray,
                       labels: np.ndarray) -> tuple[dict, str | None]:
-        """`(inputs, evaluate config name)` of one metric."""
-        if metric == "roc_auc":
+        """`(inputs, evaluate config name)` of one metric, by what the metric reads (`register_metric(inputs=...)`):
+        scores of the positive class, the choice scores, or (default) the predicted labels."""
+        from ..metrics import metric_inputs_kind
+
+        reads = metric_inputs_kind(metric)
+        if reads == "positive_scores":
             return {"prediction_scores": positive_scores(logits).tolist(), "references": labels.astype(np.int64).tolist()}, None
+        if reads == "choice_scores":
+            return {"predictions": np.asarray(logits).tolist(), "references": labels.tolist()}, None
+        return self.label_metric_inputs(spec, metric, predictions, labels)
+
+    def label_metric_inputs(self, spec: "TaskSpec", metric: str, predictions: np.ndarray,
+                            labels: np.ndarray) -> tuple[dict, str | None]:
+        """`metric_inputs` of a metric that compares predicted labels with the labels."""
         return {"predictions": predictions.tolist(), "references": labels.astype(np.int64).tolist()}, None
 
     def compute_metrics(self, spec: "TaskSpec", logits: np.ndarray, labels: np.ndarray, run_metric, **context) -> dict[str, float]:

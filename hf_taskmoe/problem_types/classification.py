@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..layers.heads import IGNORE_INDEX, TaskHead, bad_rows
+from ..layers.task_head import IGNORE_INDEX, TaskHead, bad_rows
 from ..utils import check_str_list
 from .base import ENCODER, TABULAR, ProblemType, _join, register_problem_type
 from .labels import class_index, number
@@ -250,6 +250,24 @@ class SingleLabelClassification(_ClassType):
     capabilities = frozenset({ENCODER, TABULAR})
     head_class = SequenceClassificationHead
 
+    @staticmethod
+    def _present(column):
+        return ~torch.isnan(column) & (column != IGNORE_INDEX)  # NaN or -100: no label
+
+    def check_tabular_column(self, spec, column):
+        bad = self._present(column) & ((column < 0) | (column >= spec.num_labels) | (column != column.round()))
+        if bad.any():
+            row = bad.nonzero()[0, 0].item()
+            raise ValueError(
+                f"Task {spec.name!r}: label {column[row].item()} in row {row} is not a class index in [0, {spec.num_labels})."
+            )
+
+    def tabular_loss(self, spec, logits, column):
+        present = self._present(column)  # (batch,)
+        targets = torch.where(present, column, torch.zeros_like(column)).long()
+        per_row = F.cross_entropy(logits.float(), targets, reduction="none")  # (batch,)
+        return (per_row * present).sum() / present.sum().clamp(min=1)
+
 
 class MultiLabelClassification(_ClassType):
     name = "multi_label_classification"
@@ -277,8 +295,8 @@ class MultiLabelClassification(_ClassType):
     def predictions(self, spec, logits):
         return (np.asarray(logits) > 0).astype(np.int64)  # sigmoid(x) > 0.5
 
-    def metric_inputs(self, spec, metric, logits, predictions, labels):
-        inputs, _ = super().metric_inputs(spec, metric, logits, predictions, labels)
+    def label_metric_inputs(self, spec, metric, predictions, labels):
+        inputs, _ = super().label_metric_inputs(spec, metric, predictions, labels)
         return inputs, ("multilabel" if metric.startswith("f1") else None)
 
     def baseline_logits(self, spec, source_labels, num_rows):
@@ -342,7 +360,7 @@ class Regression(ProblemType):
         logits = np.asarray(logits)
         return logits.reshape(len(logits), -1).squeeze(-1) if spec.num_labels == 1 else logits
 
-    def metric_inputs(self, spec, metric, logits, predictions, labels):
+    def label_metric_inputs(self, spec, metric, predictions, labels):
         return {"predictions": predictions.reshape(-1).tolist(), "references": labels.reshape(-1).tolist()}, None
 
     def baseline_logits(self, spec, source_labels, num_rows):
@@ -351,6 +369,15 @@ class Regression(ProblemType):
 
     def entropy(self, spec, logits, attention_mask):
         return None  # scored by `regression_uncertainty` (hf_taskmoe.training.uncertainty)
+
+    def tabular_loss(self, spec, logits, column):
+        present = ~torch.isnan(column)  # (batch,)
+        targets = torch.where(present, column, torch.zeros_like(column))
+        squared = (logits[:, 0].float() - targets) ** 2 * present  # (batch,)
+        return squared.sum() / present.sum().clamp(min=1)
+
+    def logit_width(self, spec):
+        return spec.num_labels
 
     def pipeline_result(self, spec, logits, features, item, top_k=None):
         value = logits[0].float().tolist()
@@ -417,11 +444,6 @@ class MultipleChoice(ProblemType):
 
     def logit_width(self, spec):
         return spec.num_choices
-
-    def metric_inputs(self, spec, metric, logits, predictions, labels):
-        if metric == "multiple_choice_accuracy":
-            return {"predictions": np.asarray(logits).tolist(), "references": labels.tolist()}, None
-        return super().metric_inputs(spec, metric, logits, predictions, labels)
 
     def card_labels(self, spec, label_range=None):
         return f"{spec.num_choices} choices"

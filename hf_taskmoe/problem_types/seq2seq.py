@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import TEXT_TO_TEXT, ProblemType, as_text, register_problem_type
+from .base import IGNORE_INDEX, TEXT_TO_TEXT, ProblemType, as_text, register_problem_type
 
 
 class Seq2Seq(ProblemType):
@@ -56,6 +56,27 @@ class Seq2Seq(ProblemType):
 
     def baseline_logits(self, spec, source_labels, num_rows):
         return None
+
+    @staticmethod
+    def check_target_ids(labels, vocab_size: int) -> None:
+        """Target token ids must lie in the vocabulary (or be -100); a read of the values, done where the batch is
+        checked."""
+        bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
+        if bad.any():
+            row = int(bad.nonzero()[0, 0])
+            raise ValueError(f"`labels` row {row} holds token id {int(labels[bad][0])} outside the vocabulary [0, {vocab_size}).")
+
+    @staticmethod
+    def token_loss(logits, labels):
+        """Token cross-entropy of each row: `(sum over its target tokens, number of target tokens)`, both
+        `(batch,)`; -100 targets are left out."""
+        import torch.nn.functional as F
+
+        vocab = logits.shape[-1]
+        per_token = F.cross_entropy(
+            logits.float().reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+        ).view(labels.shape)  # (batch, target)
+        return per_token.sum(-1), (labels != IGNORE_INDEX).sum(-1)
 
     def entropy(self, spec, logits, attention_mask):
         raise ValueError(

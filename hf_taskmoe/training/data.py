@@ -41,7 +41,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..layers.heads import IGNORE_INDEX
+from ..layers.task_head import IGNORE_INDEX
 from ..problem_types import problem_type_of, target_token_ids  # noqa: F401 (target_token_ids: part of this module's API)
 from ..problem_types.classification import MultipleChoice, Regression, SpanClassification
 from ..tasks import TaskSpec

@@ -23,11 +23,11 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArg
 from transformers.trainer_utils import EvalPrediction, PREFIX_CHECKPOINT_DIR, speed_metrics
 from transformers.trainer_callback import TrainerState
 
-from ..layers.heads import IGNORE_INDEX
+from ..layers.task_head import IGNORE_INDEX
 from ..modeling_utils import BatchChecker, HostCheckedCollator
+from ..problem_types import TEXT_TO_TEXT, problem_type_of
 from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..tasks import TaskSpec
-from ..utils import values_checked
 from .arguments import MultiTaskTrainingArguments
 from .callbacks import ReleaseFreedMemoryCallback, RoutingAnalyticsCallback, glibc_malloc_trim
 from .data import MultiTaskCollator, MultiTaskDataset
@@ -219,8 +219,8 @@ class MultiTaskTrainer(Trainer):
         if data_collator is None:
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
             data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0)
-        #: every batch's task ids and labels are checked on the CPU by the collator, so the forward passes run inside
-        #: `values_checked()`, without the per-head checks' host syncs (models of this library only)
+        #: every batch's task ids and labels are checked on the CPU by the collator, which marks the batch
+        #: `values_checked=True`: the forward passes skip the value checks' host syncs (models of this library only)
         self._checked_on_host = hasattr(getattr(model, "config", None), "tasks") and hasattr(model, "task_ids_for")
         if self._checked_on_host and not isinstance(data_collator, HostCheckedCollator):
             data_collator = HostCheckedCollator(data_collator, BatchChecker.for_model(model))
@@ -343,17 +343,6 @@ class MultiTaskTrainer(Trainer):
             **optimizer_kwargs,
         )
         return self.optimizer
-
-    def compute_loss_context_manager(self):
-        """The Trainer's (autocast) and, when the collator checked the batch on the host, `values_checked()`: the
-        forward passes of training and evaluation skip the value checks' host syncs."""
-        context = super().compute_loss_context_manager()
-        if not self._checked_on_host:
-            return context
-        stack = contextlib.ExitStack()
-        stack.enter_context(context)
-        stack.enter_context(values_checked())
-        return stack
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:  # step-dependent model state (BartTaskRouted: Gumbel temperature annealing)
@@ -483,7 +472,8 @@ class MultiTaskTrainer(Trainer):
         inputs = self._prepare_inputs(inputs)
         labels = inputs.get("labels")
         task = self.tasks[int(inputs["task_ids"][0])]
-        if task.problem_type == "seq2seq" and not prediction_loss_only:
+        kind = problem_type_of(task)
+        if TEXT_TO_TEXT in kind.capabilities and not prediction_loss_only:
             return self._seq2seq_prediction_step(model, inputs, labels)
         with torch.no_grad(), self.compute_loss_context_manager():
             outputs = model(**inputs, **self._routing_flags())
@@ -493,8 +483,8 @@ class MultiTaskTrainer(Trainer):
             return loss, None, None
         if outputs.logits is None:
             raise ValueError("An evaluation batch must hold rows of one task (evaluate each task's set on its own).")
-        if labels is not None and task.problem_type == "multiple_choice":
-            labels = labels.view(-1, task.num_choices)[:, 0]  # one label per example, not per choice row
+        if labels is not None:
+            labels = kind.eval_labels(task, labels)  # e.g. multiple choice: one label per example, not per choice row
         return loss, outputs.logits.detach(), labels
 
     def _seq2seq_prediction_step(self, model, inputs, labels):
@@ -664,7 +654,8 @@ class MultiTaskTrainer(Trainer):
         ranges = {}
         for task in self.tasks:
             dataset = self.task_train_sets.get(task.name)
-            if task.problem_type != "regression" or dataset is None or "labels" not in getattr(dataset, "column_names", []):
+            if ("target_range" not in problem_type_of(task).own_spec_fields or dataset is None
+                    or "labels" not in getattr(dataset, "column_names", [])):
                 continue
             values = torch.tensor(dataset["labels"], dtype=torch.float64).reshape(-1)
             ranges[task.name] = (round(values.min().item(), 4), round(values.max().item(), 4))
@@ -679,7 +670,7 @@ class MultiTaskTrainer(Trainer):
 
     def _teacher_forced(self, task: TaskSpec) -> bool:
         """Whether `task`'s scores come from teacher-forced arg-max tokens rather than generated text."""
-        return task.problem_type == "seq2seq" and not self.args.predict_with_generate
+        return TEXT_TO_TEXT in problem_type_of(task).capabilities and not self.args.predict_with_generate
 
     def _open_prediction_bar(self, dataloader, description: str) -> None:
         """Open the evaluation progress bar with the task's name (transformers' ProgressCallback opens an unnamed one
@@ -712,7 +703,8 @@ class MultiTaskTrainer(Trainer):
             return output, {}
         eos = getattr(getattr(self.accelerator.unwrap_model(self.model), "generation_config", None), "eos_token_id", None)
         task_metrics = compute_task_metrics(task, output.predictions, output.label_ids, tokenizer=self.processing_class,
-                                            eos_token_id=eos, trust_remote_metrics=self.args.trust_remote_metrics)
+                                            eos_token_id=eos, trust_remote_metrics=self.args.trust_remote_metrics,
+                                            dataset=dataset)
         if self.task_compute_metrics is not None:
             task_metrics.update(self.task_compute_metrics(task, EvalPrediction(output.predictions, output.label_ids)))
         if self._teacher_forced(task):

@@ -27,7 +27,7 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoderLayer, shift_tokens_right
 
-from ...layers.heads import IGNORE_INDEX
+from ...problem_types.seq2seq import Seq2Seq
 from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...layers.routing import (
     RouteRecorder, RoutedCache, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature, plan_routes,
@@ -281,6 +281,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        values_checked: bool = False,
         **kwargs,
     ) -> TaskRoutedSeq2SeqOutput | tuple:
         r"""
@@ -300,6 +301,9 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             attention probabilities (a hard route: the chosen expert's). Such a mixture is computed beside the
             forward, which used each expert's own probabilities: a gradient taken with respect to it is None (an
             expert whose output is not scaled -- a hard route at evaluation, a plain layer -- returns its own tensor).
+        values_checked (`bool`, *optional*, defaults to `False`):
+            The task ids and target ids were checked on the host where the batch was made: their values are not
+            read back here (no host sync). The result is the same.
         """
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: BART has no segment embeddings
         cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
@@ -320,7 +324,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             if tensor is not None:
                 check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, limit, name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
         router_logits = None
         if routing_weights is None:
             routing_weights, router_logits = self.router(task_ids)
@@ -332,11 +336,8 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         if labels is not None:
             if labels.dim() != 2:
                 raise ValueError(f"`labels` must have shape (batch, target_length), got {tuple(labels.shape)}.")
-            vocab = self.config.vocab_size
-            bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab))
-            if bad.any():
-                row = int(bad.nonzero()[0, 0])
-                raise ValueError(f"`labels` row {row} holds token id {int(labels[bad][0])} outside the vocabulary [0, {vocab}).")
+            if not values_checked:
+                Seq2Seq.check_target_ids(labels, self.config.vocab_size)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -432,13 +433,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
     def _seq2seq_loss(self, logits, labels, task_ids):
         """Token cross-entropy, mean over the batch's target tokens (as BART), each task's tokens weighted by
         its `loss_weight`; plus each task's own mean."""
-        labels = labels.to(logits.device)
-        vocab = logits.shape[-1]
-        token_loss = nn.functional.cross_entropy(
-            logits.float().reshape(-1, vocab), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
-        ).view(labels.shape)  # (batch, target)
-        counts = (labels != IGNORE_INDEX).sum(-1)  # (batch,)
-        row_sums = token_loss.sum(-1)  # (batch,)
+        row_sums, counts = Seq2Seq.token_loss(logits, labels.to(logits.device))  # (batch,), (batch,)
         specs = self.config.task_specs
         weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
         loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)

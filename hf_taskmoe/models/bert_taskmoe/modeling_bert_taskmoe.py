@@ -226,6 +226,7 @@ class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_router_logits: bool | None = None,
         return_dict: bool | None = None,
+        values_checked: bool = False,
         **kwargs,
     ) -> TaskMoEOutput | tuple:
         r"""
@@ -237,10 +238,15 @@ class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
             Token start/end (exclusive) of each word span, for span-classification tasks.
         output_router_logits (`bool`):
             Also return router logits, chosen experts and per-task routing counts.
+        values_checked (`bool`, *optional*, defaults to `False`):
+            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
+            `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
+            then reads no value back from the device (no host sync). Shapes and dtypes are checked either way, and
+            the result is the same.
         """
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, output_router_logits, **kwargs,
+            output_attentions, output_hidden_states, output_router_logits, values_checked=values_checked, **kwargs,
         )
         loss = heads_out.loss
         if loss is not None:

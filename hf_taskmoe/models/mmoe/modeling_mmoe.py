@@ -21,6 +21,7 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...modeling_utils import MultiTaskPreTrainedModel, check_kwargs
+from ...problem_types import problem_type_of
 from .configuration_mmoe import MMoEConfig
 
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}
@@ -200,7 +201,7 @@ class MMoEModel(MMoEPreTrainedModel):
         self.heads[spec.name] = head.to(self.device, self.dtype)
 
     # ------------------------------------------------------------------ inputs
-    def _input_vector(self, numeric_features, categorical_features) -> torch.Tensor:
+    def _input_vector(self, numeric_features, categorical_features, check_values: bool = True) -> torch.Tensor:
         config = self.config
         parts, batch = [], None
         if config.numeric_features:
@@ -210,8 +211,8 @@ class MMoEModel(MMoEPreTrainedModel):
                 raise ValueError(
                     f"`numeric_features` must have shape (batch, {len(config.numeric_features)}), got {tuple(numeric_features.shape)}."
                 )
-            bad = ~torch.isfinite(numeric_features)
-            if bad.any():
+            bad = ~torch.isfinite(numeric_features) if check_values else None
+            if check_values and bad.any():
                 row, col = bad.nonzero()[0].tolist()
                 raise ValueError(f"`numeric_features` holds a non-finite value in row {row}, feature {config.numeric_features[col]!r}.")
             parts.append(numeric_features.to(self.dtype))
@@ -228,7 +229,7 @@ class MMoEModel(MMoEPreTrainedModel):
                 )
             if batch is not None and categorical_features.shape[0] != batch:
                 raise ValueError(f"`categorical_features` has {categorical_features.shape[0]} rows, `numeric_features` {batch}.")
-            if categorical_features.is_floating_point():
+            if categorical_features.is_floating_point() and check_values:
                 fractional = categorical_features != categorical_features.round()
                 if fractional.any():  # `.long()` would truncate 1.7 to category 1
                     row, col = fractional.nonzero()[0].tolist()
@@ -239,7 +240,7 @@ class MMoEModel(MMoEPreTrainedModel):
             codes = categorical_features.long()
             limits = torch.tensor(config.categorical_cardinalities, device=codes.device)
             bad = (codes < 0) | (codes >= limits)
-            if bad.any():
+            if check_values and bad.any():
                 row, col = bad.nonzero()[0].tolist()
                 raise ValueError(
                     f"Categorical feature {config.categorical_features[col]!r} has code {codes[row, col].item()} in row "
@@ -249,7 +250,7 @@ class MMoEModel(MMoEPreTrainedModel):
             parts.append(embedded.flatten(1))
         return torch.cat(parts, dim=-1)  # (batch, input_size)
 
-    def _check_labels(self, labels: torch.Tensor, batch: int) -> torch.Tensor:
+    def _check_labels(self, labels: torch.Tensor, batch: int, check_values: bool = True) -> torch.Tensor:
         """`labels` `(batch, num_tasks)`, NaN (or -100 for a classification task) where a row has no label."""
         config = self.config
         if labels.dim() == 1 and config.num_tasks == 1:
@@ -260,21 +261,14 @@ class MMoEModel(MMoEPreTrainedModel):
                 f"{config.task_names}), got {tuple(labels.shape)}."
             )
         labels = labels.float()
+        if not check_values:
+            return labels
         infinite = torch.isinf(labels)  # NaN marks a missing label; an infinite one is a bad label
         if infinite.any():
             row, k = infinite.nonzero()[0].tolist()
             raise ValueError(f"Task {config.task_names[k]!r}: label {labels[row, k].item()} in row {row} is not finite.")
         for k, spec in enumerate(config.task_specs):
-            if spec.problem_type != "single_label_classification":
-                continue
-            column = labels[:, k]
-            present = ~torch.isnan(column) & (column != -100)
-            bad = present & ((column < 0) | (column >= spec.num_labels) | (column != column.round()))
-            if bad.any():
-                row = bad.nonzero()[0, 0].item()
-                raise ValueError(
-                    f"Task {spec.name!r}: label {column[row].item()} in row {row} is not a class index in [0, {spec.num_labels})."
-                )
+            problem_type_of(spec).check_tabular_column(spec, labels[:, k])
         return labels
 
     # ------------------------------------------------------------------ forward
@@ -286,6 +280,7 @@ class MMoEModel(MMoEPreTrainedModel):
         output_gates: bool = False,
         output_router_logits: bool = False,
         return_dict: bool | None = None,
+        values_checked: bool = False,
         **kwargs,
     ) -> MMoEOutput | tuple:
         r"""
@@ -297,13 +292,15 @@ class MMoEModel(MMoEPreTrainedModel):
         output_gates (`bool`): also return the gate weights.
         output_router_logits (`bool`): also return `routing_counts` (and the gate weights), the flag every
             routed family takes (`MultiTaskTrainingArguments.log_routing`).
+        values_checked (`bool`): the feature and label values were checked where the batch was made; they are not
+            read back here (no host sync). Shapes are checked either way and the result is the same.
         """
         config = self.config
         check_kwargs(kwargs, self.forward)
-        x = self._input_vector(numeric_features, categorical_features)
+        x = self._input_vector(numeric_features, categorical_features, not values_checked)
         batch = x.shape[0]
         if labels is not None:
-            labels = self._check_labels(labels, batch)
+            labels = self._check_labels(labels, batch, not values_checked)
 
         gate_weights = routing_counts = None
         if config.architecture == "shared_bottom":
@@ -326,9 +323,7 @@ class MMoEModel(MMoEPreTrainedModel):
             logits = self.heads[spec.name](towers[:, k])  # (batch, output size)
             task_logits[spec.name] = logits
             if labels is not None:
-                loss = self._task_loss(spec, logits, labels[:, k])
-                if loss is not None:
-                    task_losses[spec.name] = loss
+                task_losses[spec.name] = problem_type_of(spec).tabular_loss(spec, logits, labels[:, k])
         loss = None
         if labels is not None:
             weights = {s.name: s.loss_weight for s in config.task_specs}
@@ -343,15 +338,3 @@ class MMoEModel(MMoEPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else config.return_dict
         return output if return_dict else output.to_tuple()
-
-    @staticmethod
-    def _task_loss(spec, logits: torch.Tensor, column: torch.Tensor) -> torch.Tensor | None:
-        present = ~torch.isnan(column)
-        if spec.problem_type == "regression":
-            if not present.any():
-                return None
-            return F.mse_loss(logits[:, 0].float()[present], column[present])
-        present &= column != -100
-        if not present.any():
-            return None
-        return F.cross_entropy(logits.float()[present], column[present].long())
