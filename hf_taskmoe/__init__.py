@@ -1,66 +1,58 @@
 """hf_taskmoe: multi-task learning for Hugging Face Transformers.
 
 Importing the package registers every family (`hf_taskmoe.models.registry`): its config with `AutoConfig` and
-its model with `AutoModel` (BartTaskRouted also with `AutoModelForSeq2SeqLM`), so `AutoModel.from_pretrained(<a
-saved hf_taskmoe model>)` works like for any built-in model.
+its model with `AutoModel` (BartTaskRouted also with `AutoModelForSeq2SeqLM`), and the pipelines, so
+`AutoModel.from_pretrained(<a saved hf_taskmoe model>)` works like for any built-in model. The other public names
+(`__all__`) load on first use (PEP 562 `__getattr__`), so analysis, training and their dependencies are not
+imported until asked for.
 """
 
-from .analysis import ParameterReport, RoutingStatistics, parameter_report
-from .layers.heads import MultiTaskHeads
-from .layers.moe import TaskMoE
-from .modeling_utils import MultiTaskModelOutput
-from .models import FAMILIES, Family, family_of, get_family, register_family  # importing registers every family
-from .models.bart_task_routed import BartTaskRouted, BartTaskRoutedConfig, bart_from_bert
-from .models.bert_pals import BertPALsConfig, BertPALsModel, BertWithPALs
-from .models.bert_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
-from .models.camtl import CAMTLBertModel, CAMTLConfig, CAMTLModel
-from .models.mmoe import MMoEConfig, MMoEModel
-from .models.bert_taskmoe import TaskMoEOutput
-from .pipelines import (  # registers the pipelines
-    PIPELINE_TASK,
-    TEXT2TEXT_PIPELINE_TASK,
-    MultiTaskText2TextGenerationPipeline,
-    MultiTaskTextClassificationPipeline,
-)
-from .tasks import PROBLEM_TYPES, TaskSpec, parse_tasks
-from .upcycling import UpcyclingReport, upcycle
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "FAMILIES",
-    "Family",
-    "family_of",
-    "get_family",
-    "register_family",
-    "PROBLEM_TYPES",
-    "TaskSpec",
-    "parse_tasks",
-    "BertTaskMoEConfig",
-    "BertForTaskMoE",
-    "BertTaskMoEModel",
-    "TaskMoEOutput",
-    "BertPALsConfig",
-    "BertWithPALs",
-    "BertPALsModel",
-    "CAMTLBertModel",
-    "CAMTLConfig",
-    "CAMTLModel",
-    "MMoEConfig",
-    "MMoEModel",
-    "BartTaskRoutedConfig",
-    "BartTaskRouted",
-    "bart_from_bert",
-    "MultiTaskModelOutput",
-    "MultiTaskHeads",
-    "TaskMoE",
-    "UpcyclingReport",
-    "upcycle",
-    "ParameterReport",
-    "parameter_report",
-    "RoutingStatistics",
-    "PIPELINE_TASK",
-    "MultiTaskTextClassificationPipeline",
-    "MultiTaskText2TextGenerationPipeline",
-    "TEXT2TEXT_PIPELINE_TASK",
-]
+
+def _lazy_exports(package: str, table: dict[str, tuple[str, ...]]):
+    """`__getattr__` and `__dir__` for a package whose public names live in its submodules: `table` maps a
+    submodule (relative to `package`) to the names it exports; each is imported on first access and kept."""
+    where = {name: module for module, names in table.items() for name in names}
+
+    def __getattr__(name: str):
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where[name], package), name)
+        setattr(importlib.import_module(package), name, value)  # the next access is a plain attribute
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(importlib.import_module(package))) | set(where))
+
+    return __getattr__, __dir__
+
+
+# Registration is a side effect of these two imports, so they stay eager.
+from . import models  # noqa: E402  registers every family with AutoConfig / AutoModel
+from . import pipelines  # noqa: E402  registers the pipelines
+
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".models": ("FAMILIES", "Family", "family_of", "get_family", "register_family"),
+    ".tasks": ("PROBLEM_TYPES", "TaskSpec", "parse_tasks"),
+    ".models.bert_taskmoe": ("BertTaskMoEConfig", "BertForTaskMoE", "BertTaskMoEModel", "TaskMoEOutput"),
+    ".models.bert_pals": ("BertPALsConfig", "BertWithPALs", "BertPALsModel"),
+    ".models.camtl": ("CAMTLBertModel", "CAMTLConfig", "CAMTLModel"),
+    ".models.mmoe": ("MMoEConfig", "MMoEModel"),
+    ".models.bart_task_routed": ("BartTaskRoutedConfig", "BartTaskRouted", "bart_from_bert"),
+    ".modeling_utils": ("MultiTaskModelOutput",),
+    ".layers.heads": ("MultiTaskHeads",),
+    ".layers.moe": ("TaskMoE",),
+    ".upcycling": ("UpcyclingReport", "upcycle"),
+    ".analysis": ("ParameterReport", "parameter_report", "RoutingStatistics"),
+    ".pipelines": ("PIPELINE_TASK", "MultiTaskTextClassificationPipeline", "MultiTaskText2TextGenerationPipeline",
+                   "TEXT2TEXT_PIPELINE_TASK"),
+}
+
+__all__ = [name for names in _EXPORTS.values() for name in names]
+
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -1,32 +1,21 @@
 """Analysis utilities: parameter accounting, routing statistics, gate distributions and plots, covariance similarity,
-task-level routes (heatmaps, correlation with task features, ARG)."""
+task-level routes (heatmaps, correlation with task features, ARG). Each name loads its module on first use."""
 
-from .covariance import covariance_similarity, first_layer_inputs, task_covariance_similarity
+from .. import _lazy_exports
 
-from .gates import GateDistribution, gate_distribution
-from .parameters import ParameterReport, parameter_report
-from .routing import RoutingStatistics, layer_label, normalised_entropy, routed_layers
-from .task_routing import (
-    average_relative_gain,
-    plot_route_feature_correlation,
-    plot_task_routing,
-    route_feature_correlation,
-)
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".covariance": ("covariance_similarity", "first_layer_inputs", "task_covariance_similarity"),
+    ".gates": ("GateDistribution", "gate_distribution"),
+    ".parameters": ("ParameterReport", "parameter_report"),
+    ".routing": ("RoutingStatistics", "layer_label", "normalised_entropy", "routed_layers"),
+    ".task_routing": (
+        "average_relative_gain",
+        "plot_route_feature_correlation",
+        "plot_task_routing",
+        "route_feature_correlation",
+    ),
+}
 
-__all__ = [
-    "covariance_similarity",
-    "first_layer_inputs",
-    "task_covariance_similarity",
-    "GateDistribution",
-    "gate_distribution",
-    "ParameterReport",
-    "parameter_report",
-    "RoutingStatistics",
-    "layer_label",
-    "normalised_entropy",
-    "routed_layers",
-    "average_relative_gain",
-    "plot_route_feature_correlation",
-    "plot_task_routing",
-    "route_feature_correlation",
-]
+__all__ = [name for names in _EXPORTS.values() for name in names]
+
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

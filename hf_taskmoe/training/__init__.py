@@ -1,67 +1,38 @@
-"""Multi-task training: arguments, trainer, task samplers, data loading and collation."""
+"""Multi-task training: arguments, trainer, task samplers, data loading and collation. Each name loads its module
+on first use (the trainer brings in `datasets` and transformers' `Trainer`)."""
 
-# registers the model-aware `uncertainty` sampler before the arguments check `task_sampling` against the registry
-from .uncertainty import MTUncertaintySampling, example_layout  # isort: skip
-from .arguments import MultiTaskTrainingArguments
-from .callbacks import RoutingAnalyticsCallback
-from .data import (
-    TASK_PRESETS,
-    MultiTaskCollator,
-    MultiTaskDataset,
-    TaskData,
-    TaskPreset,
-    check_task_split,
-    load_preset,
-    load_task_config,
-    load_tasks,
-    tokenize_task,
-)
-from .protocol import finetune_each_task, freeze_shared_parameters
-from .samplers import (
-    TASK_SAMPLERS,
-    ModelAwareSampling,
-    TaskBatchSampler,
-    TaskSamplingStrategy,
-    build_task_sampling,
-    register_task_sampler,
-)
-from .tabular import (
-    TabularCollator,
-    TabularData,
-    encode_tabular,
-    load_census_income,
-    synthetic_task_pair,
-)
-from .trainer import MultiTaskTrainer, TaskView
+from .. import _lazy_exports
+from . import uncertainty  # noqa: F401  registers the model-aware `uncertainty` sampler before any `task_sampling` check
 
-__all__ = [
-    "MTUncertaintySampling",
-    "example_layout",
-    "RoutingAnalyticsCallback",
-    "TabularCollator",
-    "TabularData",
-    "encode_tabular",
-    "load_census_income",
-    "synthetic_task_pair",
-    "MultiTaskTrainingArguments",
-    "MultiTaskTrainer",
-    "TaskView",
-    "TASK_PRESETS",
-    "TaskPreset",
-    "TaskData",
-    "MultiTaskCollator",
-    "MultiTaskDataset",
-    "check_task_split",
-    "load_preset",
-    "load_task_config",
-    "load_tasks",
-    "tokenize_task",
-    "finetune_each_task",
-    "freeze_shared_parameters",
-    "TASK_SAMPLERS",
-    "ModelAwareSampling",
-    "TaskBatchSampler",
-    "TaskSamplingStrategy",
-    "build_task_sampling",
-    "register_task_sampler",
-]
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    ".uncertainty": ("MTUncertaintySampling", "example_layout"),
+    ".arguments": ("MultiTaskTrainingArguments",),
+    ".callbacks": ("RoutingAnalyticsCallback",),
+    ".data": (
+        "TASK_PRESETS",
+        "MultiTaskCollator",
+        "MultiTaskDataset",
+        "TaskData",
+        "TaskPreset",
+        "check_task_split",
+        "load_preset",
+        "load_task_config",
+        "load_tasks",
+        "tokenize_task",
+    ),
+    ".protocol": ("finetune_each_task", "freeze_shared_parameters"),
+    ".samplers": (
+        "TASK_SAMPLERS",
+        "ModelAwareSampling",
+        "TaskBatchSampler",
+        "TaskSamplingStrategy",
+        "build_task_sampling",
+        "register_task_sampler",
+    ),
+    ".tabular": ("TabularCollator", "TabularData", "encode_tabular", "load_census_income", "synthetic_task_pair"),
+    ".trainer": ("MultiTaskTrainer", "TaskView"),
+}
+
+__all__ = [name for names in _EXPORTS.values() for name in names]
+
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
