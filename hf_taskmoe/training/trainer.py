@@ -351,7 +351,10 @@ class MultiTaskTrainer(Trainer):
                 hook(self.state.global_step)
         strategy = self.task_sampler.strategy if self.task_sampler is not None else None
         if model.training and strategy is not None and strategy.model_aware:
-            inputs = strategy.select(model, inputs, self.args.per_device_train_batch_size, self.state.global_step)
+            # a sampler sees tensors only; the rows it keeps were checked with the pool
+            checked = {"values_checked": inputs.pop("values_checked")} if "values_checked" in inputs else {}
+            inputs = {**strategy.select(model, inputs, self.args.per_device_train_batch_size, self.state.global_step),
+                      **checked}
         if model.training:
             counts = torch.bincount(inputs["task_ids"], minlength=len(self.tasks))
             self._examples_seen = counts if self._examples_seen is None else self._examples_seen + counts
