@@ -4,7 +4,7 @@ fp16, same seed and data order, through `examples/run_multitask.py`.
 For each precision: the precision the run recorded (`run_summary.json`), the training loss at every logging step,
 the step time (train_runtime / steps) and the dev average. Printed: the largest and mean absolute difference of the
 logged training losses from fp32's, relative to fp32's loss, and the step-time ratio to fp32; last line JSON.
-Tolerance stated in the README: mean relative loss difference below 5% over the run (mixed precision changes
+Tolerance this benchmark checks against: mean relative loss difference below 5% over the run (mixed precision changes
 rounding, so the trajectories drift apart slowly; the dev average is printed beside it).
 
     python benchmarks/precision.py [--max_steps 100] [--threads 2]

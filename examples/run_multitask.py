@@ -240,7 +240,7 @@ class RunArguments:
 
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, MultiTaskTrainingArguments)
-TASKS_HELP = (f"Task-config JSON files (local data; format in the README) and/or presets ({' '.join(sorted(TASK_PRESETS))}), "
+TASKS_HELP = (f"Task-config JSON files (local data; format in docs/task-config.md) and/or presets ({' '.join(sorted(TASK_PRESETS))}), "
               "which datasets.load_dataset downloads from the Hugging Face Hub on first use (cached after; offline "
               "they fail unless cached). Default: the demo mixture.")
 # options given as comma-separated groups on the command line (a config field holding lists of names)
@@ -953,7 +953,7 @@ def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
         raise UsageError(
             f"Could not download the preset task data from the Hugging Face Hub ({type(cause).__name__}: {reason}). "
             "Presets (and task-config entries with \"preset\") need the network on their first use, or a copy in the "
-            "datasets cache (then set HF_DATASETS_OFFLINE=1). For data on disk, write a task-config file (see the README)."
+            "datasets cache (then set HF_DATASETS_OFFLINE=1). For data on disk, write a task-config file (see docs/task-config.md)."
         ) from None
 
 

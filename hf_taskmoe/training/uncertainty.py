@@ -23,8 +23,7 @@ normalised uncertainty `H/H'` is:
   It reads the labels, so it is a loss-based criterion, not a label-free one.
 - `"mean"`: the mean `H/H'` of the pool's classification candidates (1.0 when the pool has none). Label
   free, but it starves the task: top-b keeps the most uncertain `1/T` of the pool, and an example at the
-  pool's mean is rarely among them (measured: 0% of the chosen examples over a 200-step run with 5 tasks; README,
-  CA-MTL section).
+  pool's mean is rarely among them (measured: 0% of the chosen examples over a 200-step run with 5 tasks; docs/camtl.md).
 
 Scoring costs one forward pass over `b x T` examples per step. `score_every = k` scores every k-th step
 only; the steps in between keep the task composition of the last scored batch (the first examples of

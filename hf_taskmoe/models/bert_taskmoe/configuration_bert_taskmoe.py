@@ -35,7 +35,7 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
             `"straight_through"`: the value of `E*(x)` with the gradient of eq. 6 reaching the gate, so that an
             upcycled model starts exactly at the dense one; `"gate"`: `h = g* E*(x)` (paper eq. 6), which scales every
             FFN output by about 1/N at an upcycled start. The default everywhere (config, `from_dense`, the example
-            script) since straight-through scored higher on every demo task but BoolQ (README, "Upcycling"). See
+            script) since straight-through scored higher on every demo task but BoolQ (docs/mt-tag.md, "Upcycling"). See
             `hf_taskmoe.layers.moe.TaskMoE`.
         expert_dispatch (`str`, *optional*, defaults to `"sorted_loop"`):
             How tokens reach their experts: `"sorted_loop"` (one `F.linear` per expert on its slice of the sorted

@@ -297,7 +297,7 @@ class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
         N(0, initializer_range). `expert_weighting="straight_through"` (the default here) makes the new model
         compute exactly what the dense model computed; `"gate"` is the paper's `g* E*(x)`, which scales every
         FFN output by about 1/N at the start. On the demo mixture straight-through upcycling scored 80.2 vs
-        75.1 average (README, "Upcycling").
+        75.1 average (docs/mt-tag.md, "Upcycling").
 
         Args:
             dense: a path or Hub repo id of a BERT checkpoint (any BERT head model works: its encoder is
