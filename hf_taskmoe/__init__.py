@@ -32,9 +32,9 @@ def _lazy_exports(package: str, table: dict[str, tuple[str, ...]]):
     return __getattr__, __dir__
 
 
-# Registration is a side effect of these two imports, so they stay eager.
-from . import models  # noqa: E402  registers every family with AutoConfig / AutoModel
-from . import pipelines  # noqa: E402  registers the pipelines
+# Registration is a side effect of these two imports, so they stay eager: `models` registers every family with
+# AutoConfig / AutoModel, `pipelines` registers the pipelines (noqa: imported for that effect, below the helper).
+from . import models, pipelines  # noqa: E402, F401
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     ".models": ("FAMILIES", "Family", "family_of", "get_family", "register_family"),

@@ -34,7 +34,14 @@ def template_path(name: str = "multitask_model_card.md") -> Path:
 
 
 #: the `datasets` builder that reads a local data file, by its extension (what a card names local data by)
-_LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".tsv": "csv", ".parquet": "parquet", ".txt": "text"}
+_LOCAL_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".parquet": "parquet",
+    ".txt": "text",
+}
 
 
 def local_dataset_type(files: list[str]) -> str:
@@ -105,7 +112,10 @@ def routing_summary(stats, source: str = "evaluation") -> str:
         count = stats.tokens[0, t]  # every layer routes the same tokens (x top-k)
         if count == 0:
             continue
-        lines.append(f"| {_escape(name)} | {stats.as_number(count)} | {entropy[:, t].mean().item():.3f} | {int(unused[:, t].sum())} |")
+        lines.append(
+            f"| {_escape(name)} | {stats.as_number(count)} | {entropy[:, t].mean().item():.3f} | "
+            f"{int(unused[:, t].sum())} |"
+        )
     return "\n".join(lines)
 
 
@@ -250,9 +260,15 @@ def render_model_card(
         base_model=base_repo,
     )
     # a metric's column; teacher-forced seq2seq scores (`predict_with_generate=False`) keep their own name
-    metric_names = list(dict.fromkeys(
-        name for t in tasks for m in t.metrics for name in (m, f"{m}_teacher_forced") if f"eval_{t.name}_{name}" in metrics
-    )) or list(dict.fromkeys(m for t in tasks for m in t.metrics))
+    metric_names = list(
+        dict.fromkeys(
+            name
+            for t in tasks
+            for m in t.metrics
+            for name in (m, f"{m}_teacher_forced")
+            if f"eval_{t.name}_{name}" in metrics
+        )
+    ) or list(dict.fromkeys(m for t in tasks for m in t.metrics))
     results = []
     for task in tasks:
         values = [metrics.get(f"eval_{task.name}_{m}") for m in metric_names]
@@ -290,7 +306,8 @@ def render_model_card(
         card_data,
         template_path=str(template_path()),
         model_name=_escape(model_name),
-        summary=f"A multi-task model with {len(tasks)} tasks ({_escape(', '.join(t.name for t in tasks))}), built with hf_taskmoe.",
+        summary=f"A multi-task model with {len(tasks)} tasks ({_escape(', '.join(t.name for t in tasks))}), built with "
+                "hf_taskmoe.",
         family=config.model_type,
         model_class=type(model).__name__,
         method=method,
@@ -298,7 +315,10 @@ def render_model_card(
         parameters=", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}",
         tasks=task_rows(tasks, train_sizes, label_ranges, local_files),
         results=results,
-        results_header="| task | " + " | ".join(_escape(m) for m in metric_names) + " |\n|" + "---|" * (len(metric_names) + 1),
+        results_header="| task | "
+        + " | ".join(_escape(m) for m in metric_names)
+        + " |\n|"
+        + "---|" * (len(metric_names) + 1),
         aggregates=aggregates,
         eval_note=eval_note,
         routing_summary=summary,
@@ -471,7 +491,9 @@ def bundle_source(model_cls: type) -> str:
         code, defined = _strip_internal_imports(module)
         for name in defined:
             if name in owner:
-                raise RuntimeError(f"Cannot bundle {model_cls.__name__}: `{name}` is defined in both {owner[name]} and {module}.")
+                raise RuntimeError(
+                    f"Cannot bundle {model_cls.__name__}: `{name}` is defined in both {owner[name]} and {module}."
+                )
             owner[name] = module
         parts.append(f"# {'-' * 20} {module} {'-' * 20}\n{code}\n")
     from . import __version__
@@ -486,8 +508,16 @@ def bundle_source(model_cls: type) -> str:
 
 #: files an export writes (and a new export into the same folder replaces): weights of any format, every
 #: family's generated modeling file, config, generation config, card
-_EXPORT_ARTIFACTS = ("model*.safetensors", "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json",
-                     "modeling_taskmoe_*.py", "config.json", "generation_config.json", "README.md")
+_EXPORT_ARTIFACTS = (
+    "model*.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    "modeling_taskmoe_*.py",
+    "config.json",
+    "generation_config.json",
+    "README.md",
+)
 
 
 def install_staged(staging: Path, folder: Path, stale=()) -> None:
@@ -532,7 +562,9 @@ def install_staged(staging: Path, folder: Path, stale=()) -> None:
         os.replace(temporary, target)
 
 
-def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_size: str | int = "5GB", **card_kwargs) -> Path:
+def export_for_remote_code(
+    model, folder: str | Path, tokenizer=None, max_shard_size: str | int = "5GB", **card_kwargs
+) -> Path:
     """Write `folder` so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` loads the model in a
     Python without hf_taskmoe: config (with `auto_map`), safetensors weights, the tokenizer, a model card and one
     modeling file holding the family's code. `card_kwargs` go to `render_model_card`.
@@ -548,7 +580,9 @@ def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_
 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"export_for_remote_code: {folder} is a file, not a folder; pass a folder to write the export to.")
+        raise ValueError(
+            f"export_for_remote_code: {folder} is a file, not a folder; pass a folder to write the export to."
+        )
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
@@ -563,7 +597,9 @@ def export_for_remote_code(model, folder: str | Path, tokenizer=None, max_shard_
         config = model.config
         previous = getattr(config, "auto_map", None)
         config.auto_map = {"AutoConfig": f"{stem}.{type(config).__name__}"}
-        config.auto_map.update({auto: f"{stem}.{type(model).__name__}" for auto in getattr(type(model), "auto_classes", ("AutoModel",))})
+        config.auto_map.update(
+            {auto: f"{stem}.{type(model).__name__}" for auto in getattr(type(model), "auto_classes", ("AutoModel",))}
+        )
         try:
             model.save_pretrained(staging, max_shard_size=max_shard_size)
         finally:

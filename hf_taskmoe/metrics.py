@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import cache, partial
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -241,27 +241,67 @@ def _rouge(predictions, references, score=_lcs_f) -> float:
 
 
 #: the metrics shipped with the package, registered below like any other (and not replaceable)
-DEFAULT_METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("accuracy", _accuracy, "labels", "Accuracy: share of predictions equal to the reference."),
-    Metric("f1", partial(_f1, average="binary"), "labels", "F1 of the positive class 1 (multi-label: of every decision)."),
-    Metric("f1_macro", partial(_f1, average="macro"), "labels", "F1 averaged over classes."),
-    Metric("f1_micro", partial(_f1, average="micro"), "labels", "F1 from global counts (multi-label rows flattened)."),
-    Metric("matthews_correlation", _matthews_correlation, "labels",
-           "Matthews correlation coefficient (multi-class form of Gorodkin 2004; binary MCC for two classes)."),
-    Metric("pearson", _pearson, "values", "Pearson correlation between predicted and reference scores."),
-    Metric("spearmanr", _spearmanr, "values",
-           "Spearman rank correlation (Pearson correlation of the ranks, ties get their average rank)."),
-    Metric("f1a", _f1a, "labels", "F1a (MultiRC): binary F1 over all answer options, not grouped by question."),
-    Metric("multiple_choice_accuracy", _multiple_choice_accuracy, "choice_scores",
-           "Multiple-choice accuracy: the choice with the highest score must be the reference choice."),
-    Metric("exact_match", _exact_match, "texts",
-           "Exact match of generated and reference texts after normalising whitespace (optionally ignoring case)."),
-    Metric("roc_auc", _roc_auc, "positive_scores",
-           "ROC AUC of binary scores: the probability that a random positive row scores higher than a random negative one."),
-    Metric("rouge1", partial(_rouge, score=partial(_ngram_f, n=1)), "texts", "ROUGE-1 F-measure, mean over examples."),
-    Metric("rouge2", partial(_rouge, score=partial(_ngram_f, n=2)), "texts", "ROUGE-2 F-measure, mean over examples."),
-    Metric("rougeL", partial(_rouge, score=_lcs_f), "texts", "ROUGE-L (longest common subsequence) F-measure, mean over examples."),
-)}
+DEFAULT_METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("accuracy", _accuracy, "labels", "Accuracy: share of predictions equal to the reference."),
+        Metric(
+            "f1",
+            partial(_f1, average="binary"),
+            "labels",
+            "F1 of the positive class 1 (multi-label: of every decision).",
+        ),
+        Metric("f1_macro", partial(_f1, average="macro"), "labels", "F1 averaged over classes."),
+        Metric(
+            "f1_micro", partial(_f1, average="micro"), "labels", "F1 from global counts (multi-label rows flattened)."
+        ),
+        Metric(
+            "matthews_correlation",
+            _matthews_correlation,
+            "labels",
+            "Matthews correlation coefficient (multi-class form of Gorodkin 2004; binary MCC for two classes).",
+        ),
+        Metric("pearson", _pearson, "values", "Pearson correlation between predicted and reference scores."),
+        Metric(
+            "spearmanr",
+            _spearmanr,
+            "values",
+            "Spearman rank correlation (Pearson correlation of the ranks, ties get their average rank).",
+        ),
+        Metric("f1a", _f1a, "labels", "F1a (MultiRC): binary F1 over all answer options, not grouped by question."),
+        Metric(
+            "multiple_choice_accuracy",
+            _multiple_choice_accuracy,
+            "choice_scores",
+            "Multiple-choice accuracy: the choice with the highest score must be the reference choice.",
+        ),
+        Metric(
+            "exact_match",
+            _exact_match,
+            "texts",
+            "Exact match of generated and reference texts after normalising whitespace (optionally ignoring case).",
+        ),
+        Metric(
+            "roc_auc",
+            _roc_auc,
+            "positive_scores",
+            "ROC AUC of binary scores: the probability that a random positive row scores higher than a random negative "
+            "one.",
+        ),
+        Metric(
+            "rouge1", partial(_rouge, score=partial(_ngram_f, n=1)), "texts", "ROUGE-1 F-measure, mean over examples."
+        ),
+        Metric(
+            "rouge2", partial(_rouge, score=partial(_ngram_f, n=2)), "texts", "ROUGE-2 F-measure, mean over examples."
+        ),
+        Metric(
+            "rougeL",
+            partial(_rouge, score=_lcs_f),
+            "texts",
+            "ROUGE-L (longest common subsequence) F-measure, mean over examples.",
+        ),
+    )
+}
 
 
 def check_metric_names(tasks, trust_remote_metrics: bool = False) -> None:
@@ -280,7 +320,7 @@ def check_metric_names(tasks, trust_remote_metrics: bool = False) -> None:
         )
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_metric(name: str, config_name: str | None = None, trust_remote_metrics: bool = False):
     """The `evaluate` module of metric `name`: for a registered metric the package's local module (offline; it calls
     the registered function); any other name only with `trust_remote_metrics=True` (then `evaluate.load(name,
@@ -289,7 +329,9 @@ def load_metric(name: str, config_name: str | None = None, trust_remote_metrics:
 
     if name in METRIC_REGISTRY:
         if config_name is not None:
-            raise ValueError(f"Metric {name!r} is registered in hf_taskmoe and takes no config_name, got {config_name!r}.")
+            raise ValueError(
+                f"Metric {name!r} is registered in hf_taskmoe and takes no config_name, got {config_name!r}."
+            )
         return evaluate.load(str(EVALUATE_MODULE), name)
     if not trust_remote_metrics:
         raise ValueError(

@@ -55,7 +55,9 @@ class MultiTaskModelOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
-def resolve_task_ids(task_ids, batch_size: int, task_names: list[str], device, check_values: bool = True) -> torch.LongTensor:
+def resolve_task_ids(
+    task_ids, batch_size: int, task_names: list[str], device, check_values: bool = True
+) -> torch.LongTensor:
     """Check `task_ids` against the model's tasks; with a single task they may be omitted. `check_values`: also
     their range (a read of the values; skipped for a batch checked on the host, `values_checked=True`)."""
     num_tasks = len(task_names)
@@ -129,7 +131,9 @@ def check_input_shapes(input_ids, inputs_embeds, max_length: int | None = None, 
     return batch, seq
 
 
-def check_lengths(batch: int, seq: int, max_length: int | None, name: str = "input", limit: str = "max_position_embeddings") -> None:
+def check_lengths(
+    batch: int, seq: int, max_length: int | None, name: str = "input", limit: str = "max_position_embeddings"
+) -> None:
     """An empty batch, an empty sequence or one longer than the model takes is refused before any layer runs."""
     if batch == 0:
         raise ValueError(f"The {name} batch is empty (0 rows).")
@@ -189,7 +193,9 @@ def token_table_sizes(model) -> dict[str, int | None]:
 def check_batch_dim(batch: int, **tensors: torch.Tensor | None) -> None:
     for name, tensor in tensors.items():
         if tensor is not None and (tensor.dim() == 0 or tensor.shape[0] != batch):
-            raise ValueError(f"`{name}` must have {batch} rows (the batch size of the inputs), got shape {tuple(tensor.shape)}.")
+            raise ValueError(
+                f"`{name}` must have {batch} rows (the batch size of the inputs), got shape {tuple(tensor.shape)}."
+            )
 
 
 class BatchChecker:
@@ -209,10 +215,14 @@ class BatchChecker:
         self.type_vocab_size = type_vocab_size
 
     @classmethod
-    def for_model(cls, model) -> "BatchChecker":
+    def for_model(cls, model) -> BatchChecker:
         sizes = token_table_sizes(model)
-        return cls([TaskSpec.from_dict(t) for t in model.config.tasks], isinstance(getattr(model, "heads", None), MultiTaskHeads),
-                   vocab_size=sizes["input_ids"], type_vocab_size=sizes["token_type_ids"])
+        return cls(
+            [TaskSpec.from_dict(t) for t in model.config.tasks],
+            isinstance(getattr(model, "heads", None), MultiTaskHeads),
+            vocab_size=sizes["input_ids"],
+            type_vocab_size=sizes["token_type_ids"],
+        )
 
     @staticmethod
     def check_ids(name: str, ids, size: int | None, what: str, fix: str) -> None:
@@ -227,7 +237,8 @@ class BatchChecker:
             row = bad.nonzero()[0].tolist()
             value = int(ids[tuple(row)])
             raise ValueError(
-                f"`{name}` holds {value} (row {row[0]}, position {row[-1]}, and {int(bad.sum()) - 1} more out of range), but "
+                f"`{name}` holds {value} (row {row[0]}, position {row[-1]}, and {int(bad.sum()) - 1} more out of "
+                "range), but "
                 f"the model's {what} has {size} entries (ids 0..{size - 1}). {fix}"
             )
 
@@ -241,9 +252,14 @@ class BatchChecker:
         self.check_ids("input_ids", batch.get("input_ids"), self.vocab_size, "vocabulary (`vocab_size`)",
                        "The text was tokenised with another tokenizer than the model's: tokenise with the model's own "
                        "(AutoTokenizer.from_pretrained(<the model's folder>)).")
-        self.check_ids("token_type_ids", batch.get("token_type_ids"), self.type_vocab_size, "token type table (`type_vocab_size`)",
-                       "This model takes no second segment ids: tokenise with the model's own tokenizer, or leave "
-                       "`token_type_ids` out.")
+        self.check_ids(
+            "token_type_ids",
+            batch.get("token_type_ids"),
+            self.type_vocab_size,
+            "token type table (`type_vocab_size`)",
+            "This model takes no second segment ids: tokenise with the model's own tokenizer, or leave "
+            "`token_type_ids` out.",
+        )
         task_ids = resolve_task_ids(batch.get("task_ids"), rows, self.task_names, first.device)
         if self.heads is not None:
             labels, spans = batch.get("labels"), batch.get("span_positions")
@@ -348,7 +364,9 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         opted_in = bool(kwargs.get("ignore_mismatched_sizes", False))
         # transformers raises a bare RuntimeError ("look at the above report") on a shape mismatch: let it load, and
         # refuse below by name
-        model, info = super().from_pretrained(*args, **{**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True})
+        model, info = super().from_pretrained(
+            *args, **{**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True}
+        )
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         model._check_loaded_weights(info, source, opted_in or cls._saved_as_another_model(source, kwargs, model.config))
         not_loaded = set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())}
@@ -374,7 +392,11 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
     def _check_loaded_weights(self, info: dict, source, opted_in: bool) -> None:
         """Refuse (or, opted in, warn about) weights the config describes but the file lacks, weights on file the model
         has no place for, and weights of another shape (`from_pretrained`)."""
-        own = set(dict(self.named_children())) | set(dict(self.named_parameters(recurse=False))) | set(dict(self.named_buffers(recurse=False)))
+        own = (
+            set(dict(self.named_children()))
+            | set(dict(self.named_parameters(recurse=False)))
+            | set(dict(self.named_buffers(recurse=False)))
+        )
         missing = sorted(k for k in info.get("missing_keys", ()) if k != "task_fingerprint")
         # keys outside this model's modules belong to a wrapper it was saved in (a task model's heads, loaded as its
         # bare encoder): transformers drops them, as it drops a task head's weights for a base model
@@ -390,20 +412,31 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         if missing:
             parts.append(f"{len(missing)} weight(s) the config describes are not on file ({listed(missing)})")
         if unexpected:
-            parts.append(f"{len(unexpected)} weight(s) on file have no place in the model the config describes ({listed(unexpected)})")
+            parts.append(
+                f"{len(unexpected)} weight(s) on file have no place in the model the config describes "
+                f"({listed(unexpected)})"
+            )
         if mismatched:
-            shapes = [f"{k} {tuple(saved)} on file, {tuple(expected)} in the model" for k, saved, expected in mismatched]
+            shapes = [
+                f"{k} {tuple(saved)} on file, {tuple(expected)} in the model" for k, saved, expected in mismatched
+            ]
             parts.append(f"{len(mismatched)} weight(s) differ in shape ({listed(shapes)})")
         what = f"{type(self).__name__} from {source}: " + "; ".join(parts)
-        dense = f"; to build from a dense checkpoint use `{type(self).__name__}.from_dense`" if hasattr(self, "from_dense") else ""
+        dense = (
+            f"; to build from a dense checkpoint use `{type(self).__name__}.from_dense`"
+            if hasattr(self, "from_dense")
+            else ""
+        )
         if opted_in:
             logger.warning(f"Loaded {what}. They are freshly initialised (ignore_mismatched_sizes=True, or `config=` "
                            f"given for a checkpoint of another model type): train them before use{dense}.")
             return
         raise ValueError(
             f"Cannot load {what}. The config.json does not describe the weights on file (a hand-edited config.json -- "
-            f"num_experts, problem_type, num_labels, tasks, layer counts -- or a weights file cut short or from another "
-            f"model), so the model would not be the one saved: weights left random or dropped. Restore the config.json saved with the weights (or the weights "
+            f"num_experts, problem_type, num_labels, tasks, layer counts -- or a weights file cut short or from "
+            "another "
+            f"model), so the model would not be the one saved: weights left random or dropped. Restore the config.json "
+            "saved with the weights (or the weights "
             f"saved with it){dense}; to load anyway with them freshly initialised, pass ignore_mismatched_sizes=True."
         )
 
@@ -427,7 +460,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         by_hash = {int(h): n for h, n in zip(expected.tolist(), self.config.task_names)}
         saved_names = [by_hash.get(int(h), "<a task not in config.json>") for h in saved.tolist()]
         raise ValueError(
-            f"config.json lists the tasks {self.config.task_names}, but the weights were saved for the tasks in the order "
+            f"config.json lists the tasks {self.config.task_names}, but the weights were saved for the tasks in the "
+            "order "
             f"{saved_names}. Gates and task embeddings are stored by position: restore that order in config.json."
         )
 
@@ -469,7 +503,10 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
 
         allowed = family_of(self.config).supported_problem_types
         if allowed and task.problem_type not in allowed:
-            raise ValueError(f"Task {task.name!r}: problem_type {task.problem_type!r}; {type(self).__name__} supports {list(allowed)}.")
+            raise ValueError(
+                f"Task {task.name!r}: problem_type {task.problem_type!r}; {type(self).__name__} supports "
+                f"{list(allowed)}."
+            )
         heads = getattr(self, "heads", None)
         if isinstance(heads, MultiTaskHeads):
             head = heads.add_task(task)

@@ -75,11 +75,16 @@ class _MultiTaskPipeline(Pipeline):
         elif isinstance(item, str):
             name, fields = task, {"text": item}
         else:
-            raise ValueError(f"Pipeline inputs are strings or dicts of a task's input fields, got {type(item).__name__}.")
+            raise ValueError(
+                f"Pipeline inputs are strings or dicts of a task's input fields, got {type(item).__name__}."
+            )
         names = self.model.config.task_names
         if name is None:
             if len(names) != 1:
-                raise ValueError(f"Say which task each input is for (`task=...` or an input's 'task'); this model's tasks are {names}.")
+                raise ValueError(
+                    f"Say which task each input is for (`task=...` or an input's 'task'); this model's tasks are "
+                    f"{names}."
+                )
             name = names[0]
         task_id = self.model.task_id(name)  # raises for an unknown task, listing the model's tasks
         spec = self.model.config.task_specs[task_id]
@@ -217,7 +222,9 @@ class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
         return [{"task": names[int(t)], "generated_text": text} for t, text in zip(model_outputs["task_ids"], texts)]
 
 
-PIPELINE_REGISTRY.register_pipeline(PIPELINE_TASK, pipeline_class=MultiTaskTextClassificationPipeline, pt_model=AutoModel)
+PIPELINE_REGISTRY.register_pipeline(
+    PIPELINE_TASK, pipeline_class=MultiTaskTextClassificationPipeline, pt_model=AutoModel
+)
 PIPELINE_REGISTRY.register_pipeline(
     TEXT2TEXT_PIPELINE_TASK, pipeline_class=MultiTaskText2TextGenerationPipeline, pt_model=AutoModelForSeq2SeqLM
 )

@@ -18,8 +18,12 @@ from typing import Any
 
 from huggingface_hub.errors import StrictDataclassError
 
-from .problem_types import DEFAULT_PROBLEM_TYPE, get_problem_type, problem_type_names
-from .problem_types import PROBLEM_TYPES  # noqa: F401 (the registered problem types by name; re-exported)
+from .problem_types import (
+    DEFAULT_PROBLEM_TYPE,
+    PROBLEM_TYPES,  # noqa: F401 (the registered problem types by name; re-exported)
+    get_problem_type,
+    problem_type_names,
+)
 from .utils import check_choice, check_float, check_str_list
 
 # the spec fields a problem type owns (`ProblemType.own_spec_fields`): any other type refuses them
@@ -139,7 +143,10 @@ class TaskSpec:
         for name in _TYPE_FIELDS:  # fields one problem type owns (choices, spans, a target range)
             if name not in kind.own_spec_fields and getattr(self, name) is not None:
                 owners = [n for n, t in PROBLEM_TYPES.items() if name in t.own_spec_fields]
-                raise ValueError(f"{prefix}: `{name}` is only used by problem_type {' or '.join(map(repr, owners))}, not {self.problem_type!r}.")
+                raise ValueError(
+                    f"{prefix}: `{name}` is only used by problem_type {' or '.join(map(repr, owners))}, not "
+                    f"{self.problem_type!r}."
+                )
         for name, value in kind.check_spec(self, prefix).items():
             set_(name, value)
         set_("num_labels", kind.resolve_num_labels(self, prefix))
@@ -162,7 +169,9 @@ class TaskSpec:
     def _check_label_values(self, prefix: str, kind) -> None:
         values = self.label_values
         if not kind.has_classes:
-            raise ValueError(f"{prefix}: `label_values` maps class labels; problem_type {self.problem_type!r} has none.")
+            raise ValueError(
+                f"{prefix}: `label_values` maps class labels; problem_type {self.problem_type!r} has none."
+            )
         if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not all(
             isinstance(v, (int, str)) and not isinstance(v, bool) for v in values
         ):
@@ -170,7 +179,9 @@ class TaskSpec:
         if len({str(v) for v in values}) != len(values):
             raise ValueError(f"{prefix}: `label_values` must be unique, got {values!r}.")
         if len(values) != self.num_labels:
-            raise ValueError(f"{prefix}: `label_values` has {len(values)} values but the task has {self.num_labels} classes.")
+            raise ValueError(
+                f"{prefix}: `label_values` has {len(values)} values but the task has {self.num_labels} classes."
+            )
         object.__setattr__(self, "label_values", list(values))
 
     # ------------------------------------------------------------------ derived views
@@ -192,7 +203,7 @@ class TaskSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: "dict[str, Any] | TaskSpec") -> "TaskSpec":
+    def from_dict(cls, data: dict[str, Any] | TaskSpec) -> TaskSpec:
         if isinstance(data, TaskSpec):
             return data
         if not isinstance(data, dict):
@@ -209,7 +220,7 @@ class TaskSpec:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "TaskSpec":
+    def from_json(cls, text: str) -> TaskSpec:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -255,7 +266,7 @@ class TaskConfigMixin:
         except StrictDataclassError as err:
             raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
 
-    def _validate_tasks(self, allowed: "str | tuple[str, ...]", refusal: str) -> list[TaskSpec]:
+    def _validate_tasks(self, allowed: str | tuple[str, ...], refusal: str) -> list[TaskSpec]:
         """Parse `tasks`, refuse problem types outside `allowed` ("Task 'x': problem_type 'y' <refusal> [...]"):
         a capability the types must have (`hf_taskmoe.problem_types.ENCODER`, ...) or problem-type names."""
         if isinstance(allowed, str):

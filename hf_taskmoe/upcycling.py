@@ -2,9 +2,9 @@
 
 Each family declares `UpcyclingRules` in its registration (`hf_taskmoe.models.registry`): regexes that map
 every weight of the new model (relative to its base model, e.g. without the `bert.` prefix) to the dense
-checkpoint's weight it starts from, and the patterns of weights that are new by design (gates, heads, adapters). `upcycle` copies, checks
-shapes, re-reads every copied tensor to verify it, and returns an `UpcyclingReport` saying what was
-copied, what is new and which checkpoint weights went unused. A weight that should have come from the
+checkpoint's weight it starts from, and the patterns of weights that are new by design (gates, heads, adapters).
+`upcycle` copies, checks shapes, re-reads every copied tensor to verify it, and returns an `UpcyclingReport` saying
+what was copied, what is new and which checkpoint weights went unused. A weight that should have come from the
 checkpoint but is absent there is an error (or, with `strict=False`, listed as new).
 """
 
@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoModel, PreTrainedModel
-
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,8 @@ class UpcyclingReport:
         sources = len(set(self.copied.values()))
         lines = [
             f"Upcycled from {self.source}: {len(self.copied)} tensors ({self.copied_parameters:,} values) copied from "
-            f"{sources} checkpoint tensors; {len(self.new)} tensors ({self.new_parameters:,} values) newly initialised.",
+            f"{sources} checkpoint tensors; {len(self.new)} tensors ({self.new_parameters:,} values) newly "
+            "initialised.",
         ]
         if self.new:
             lines.append("  new: " + ", ".join(_collapse(self.new)))
@@ -109,7 +109,9 @@ def upcycle(dense: DenseCheckpoint | PreTrainedModel, target: PreTrainedModel, s
 
     rules = family_of(target.config).upcycling
     if rules is None:
-        raise ValueError(f"The family of {type(target).__name__} is not built from a dense checkpoint (no upcycling rules).")
+        raise ValueError(
+            f"The family of {type(target).__name__} is not built from a dense checkpoint (no upcycling rules)."
+        )
     dense = load_dense_model(dense)
     source = dense.model.state_dict()
     prefix = target.base_model_prefix + "." if target.base_model_prefix else ""

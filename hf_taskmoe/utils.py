@@ -6,7 +6,8 @@ so a bad value is reported where it enters, not halfway through ``forward``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, TypeVar
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 V = TypeVar("V")
 

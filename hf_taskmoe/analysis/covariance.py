@@ -29,7 +29,10 @@ def _factor(x: torch.Tensor, energy: float) -> torch.Tensor:
     total = eigenvalues.sum()
     if total <= 0:
         raise ValueError("Covariance similarity of an all-zero input is undefined.")
-    rank = int(torch.searchsorted(torch.cumsum(eigenvalues, 0) / total, torch.tensor(energy, dtype=total.dtype)).item()) + 1
+    rank = (
+        int(torch.searchsorted(torch.cumsum(eigenvalues, 0) / total, torch.tensor(energy, dtype=total.dtype)).item())
+        + 1
+    )
     rank = min(rank, len(eigenvalues))
     return vectors[:, :rank] * eigenvalues[:rank].sqrt()
 
@@ -38,7 +41,8 @@ def covariance_similarity(x_i: torch.Tensor, x_j: torch.Tensor, energy: float = 
     """Eq. 7 between two input matrices `(m_i, d)` and `(m_j, d)` (see the module doc for `normalized`)."""
     if x_i.dim() != 2 or x_j.dim() != 2 or x_i.shape[1] != x_j.shape[1]:
         raise ValueError(
-            f"Inputs must be (examples, features) matrices with the same features, got {tuple(x_i.shape)} and {tuple(x_j.shape)}."
+            f"Inputs must be (examples, features) matrices with the same features, got {tuple(x_i.shape)} and "
+            f"{tuple(x_j.shape)}."
         )
     if not 0.0 < energy <= 1.0:
         raise ValueError(f"`energy` must be in (0, 1], got {energy}.")

@@ -23,7 +23,9 @@ class GateDistribution:
         return {
             "mean": self.mean(),
             "top_expert_share": {  # how often each expert has the largest weight
-                t: (np.bincount(self.weights[t].argmax(1), minlength=self.weights[t].shape[1]) / len(self.weights[t])).round(4).tolist()
+                t: (np.bincount(self.weights[t].argmax(1), minlength=self.weights[t].shape[1]) / len(self.weights[t]))
+                .round(4)
+                .tolist()
                 for t in self.task_names
             },
         }

@@ -61,7 +61,7 @@ class RoutingStatistics:
         self.counts: torch.Tensor | None = None
 
     @classmethod
-    def from_dict(cls, data: dict) -> "RoutingStatistics":
+    def from_dict(cls, data: dict) -> RoutingStatistics:
         """The statistics `to_dict` wrote (a `routing.json`, or the `routing` of a run summary): the counts are
         rebuilt from each layer's shares and the task's count, as float sums."""
         try:
@@ -76,18 +76,20 @@ class RoutingStatistics:
                 for i, entry in enumerate(entries):
                     counts[i, t] = torch.tensor(entry["shares"], dtype=torch.float64) * float(tasks[name][data["unit"]])
         except (KeyError, TypeError) as err:
-            raise ValueError(f"not a routing-statistics dict (as RoutingStatistics.to_dict writes): missing {err}") from None
+            raise ValueError(
+                f"not a routing-statistics dict (as RoutingStatistics.to_dict writes): missing {err}"
+            ) from None
         stats = cls(names, layers, int(data["num_experts"]), unit=data["unit"])
         stats.counts = counts
         return stats
 
     @classmethod
-    def from_output(cls, output, model) -> "RoutingStatistics":
+    def from_output(cls, output, model) -> RoutingStatistics:
         stats = cls(model)
         stats.update(output)
         return stats
 
-    def update(self, counts_or_output) -> "RoutingStatistics":
+    def update(self, counts_or_output) -> RoutingStatistics:
         """Add the `routing_counts` of a forward pass (the output, or the tensor itself)."""
         counts = getattr(counts_or_output, "routing_counts", counts_or_output)
         if counts is None:
@@ -95,7 +97,8 @@ class RoutingStatistics:
         counts = counts.detach().to("cpu", torch.float64 if counts.is_floating_point() else torch.long)
         if counts.dim() != 3 or counts.shape[1] != len(self.task_names):
             raise ValueError(
-                f"routing counts must have shape (layers, {len(self.task_names)} tasks, experts), got {tuple(counts.shape)}."
+                f"routing counts must have shape (layers, {len(self.task_names)} tasks, experts), got "
+                f"{tuple(counts.shape)}."
             )
         self.counts = counts.clone() if self.counts is None else self.counts + counts
         if self.layers is None:
@@ -197,11 +200,14 @@ class RoutingStatistics:
         im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
         ax.set_yticks(range(num_tasks), self.task_names)
         ax.set_xticks(
-            [i * num_experts + (num_experts - 1) / 2 for i in range(num_layers)], [layer_label(l) for l in self.layers]
+            [i * num_experts + (num_experts - 1) / 2 for i in range(num_layers)],
+            [layer_label(layer) for layer in self.layers],
         )
         for i in range(1, num_layers):
             ax.axvline(i * num_experts - 0.5, color="white", linewidth=1.5)
-        ax.set_xlabel(f"{'MoE' if self.unit == 'tokens' else 'routed'} layer (each block: experts 0..{num_experts - 1})")
+        ax.set_xlabel(
+            f"{'MoE' if self.unit == 'tokens' else 'routed'} layer (each block: experts 0..{num_experts - 1})"
+        )
         ax.set_title(title)
         fig.colorbar(im, ax=ax, fraction=0.03, label=f"share of {self.unit}")
         if not own:

@@ -14,7 +14,7 @@ Inputs are `{task: [(source text, target text), ...]}` in the model's task order
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -22,8 +22,15 @@ import torch
 def _batches(pairs: Sequence[tuple[str, str]], tokenizer, batch_size: int, max_length: int, device):
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        enc = tokenizer([s for s, _ in chunk], text_target=[t for _, t in chunk], truncation=True, max_length=max_length,
-                        padding=True, return_tensors="pt", return_token_type_ids=False)
+        enc = tokenizer(
+            [s for s, _ in chunk],
+            text_target=[t for _, t in chunk],
+            truncation=True,
+            max_length=max_length,
+            padding=True,
+            return_tensors="pt",
+            return_token_type_ids=False,
+        )
         enc["labels"] = enc["labels"].masked_fill(enc["labels"] == tokenizer.pad_token_id, -100)
         yield {k: v.to(device) for k, v in enc.items()}
 
@@ -112,7 +119,9 @@ def fisher_task_embeddings(
         params = [p for p in probe.parameters() if p.requires_grad]
         fisher = [torch.zeros_like(p) for p in params]
         probe.eval()
-        for batch in _batches(pairs, tokenizer, 1, max_length, probe.device):  # one example at a time: per-example gradients
+        for batch in _batches(
+            pairs, tokenizer, 1, max_length, probe.device
+        ):  # one example at a time: per-example gradients
             log_likelihood = -probe(**batch).loss  # mean token log-likelihood of y_i given x_i
             grads = torch.autograd.grad(log_likelihood, params)
             for f, g in zip(fisher, grads):

@@ -11,15 +11,19 @@ average_relative_gain(baseline={"a": 0.5, "b": 0.8}, method={"a": 0.8, "b": 0.6}
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
 
 def _flat(decisions) -> np.ndarray:
-    d = decisions.detach().float().cpu().numpy() if isinstance(decisions, torch.Tensor) else np.asarray(decisions, dtype=float)
+    d = (
+        decisions.detach().float().cpu().numpy()
+        if isinstance(decisions, torch.Tensor)
+        else np.asarray(decisions, dtype=float)
+    )
     if d.ndim != 3:
         raise ValueError(f"`decisions` must have shape (tasks, routed layers, experts), got {d.shape}.")
     return d.reshape(d.shape[0], -1)  # (tasks, layers * experts): feature L{i}E{j} at column i * experts + j

@@ -78,7 +78,9 @@ class ConditionalLayerNorm(nn.LayerNorm):
         if cond is None:
             return super().forward(hidden)
         gamma, beta = _per_row(self.film, cond)  # (batch, 1, d)
-        return F.layer_norm(hidden, self.normalized_shape, None, None, self.eps) * (self.weight * gamma) + (self.bias + beta)
+        return F.layer_norm(hidden, self.normalized_shape, None, None, self.eps) * (self.weight * gamma) + (
+            self.bias + beta
+        )
 
 
 class ConditionalAlignment(nn.Module):
@@ -124,7 +126,9 @@ class ConditionalAttentionBias(nn.Module):
         full = torch.einsum("tnij,nm->tnimj", blocks, eye).reshape(-1, n * b, n * b)  # direct sum of the blocks
         return full[:, :length, :length]
 
-    def forward(self, cond: Conditioning, key_mask: torch.Tensor | None, length: int, dtype: torch.dtype) -> torch.Tensor:
+    def forward(
+        self, cond: Conditioning, key_mask: torch.Tensor | None, length: int, dtype: torch.dtype
+    ) -> torch.Tensor:
         """The additive attention mask of the batch: `M(z)` of each row's task, with padded keys at the dtype's
         minimum. `(batch, 1, length, length)`."""
         if length > self.max_length:

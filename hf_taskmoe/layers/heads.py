@@ -60,7 +60,9 @@ class HeadsOutput:
 class MultiTaskHeads(nn.ModuleDict):
     """One head per task, keyed by task name (`heads["sst2"]`); task id `i` is the i-th task of the list."""
 
-    def __init__(self, tasks: list[TaskSpec], hidden_size: int, dropout: float, scale_loss_by_num_classes: bool = False):
+    def __init__(
+        self, tasks: list[TaskSpec], hidden_size: int, dropout: float, scale_loss_by_num_classes: bool = False
+    ):
         super().__init__({t.name: build_head(t, hidden_size, dropout, scale_loss_by_num_classes) for t in tasks})
         self.hidden_size = hidden_size
         self.dropout = dropout

@@ -150,9 +150,16 @@ class TaskMoE(nn.Module):
         self.compute_aux_loss = config.router_aux_loss_coef > 0
         self.compute_z_loss = config.router_z_loss_coef > 0
         self.experts = nn.ModuleList(
-            [ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act) for _ in range(self.num_experts)]
+            [
+                ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act)
+                for _ in range(self.num_experts)
+            ]
         )
-        self.router = build_gate(config.gating, config.hidden_size, self.num_experts, self.num_tasks) if self.num_experts > 1 else None
+        self.router = (
+            build_gate(config.gating, config.hidden_size, self.num_experts, self.num_tasks)
+            if self.num_experts > 1
+            else None
+        )
         self.dispatch = config.expert_dispatch
 
     def add_task(self, init_from: int | None, std: float) -> None:
@@ -219,7 +226,9 @@ class TaskMoE(nn.Module):
             z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
         )
 
-    def _grouped_experts(self, x_sorted: torch.Tensor, sorted_expert: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _grouped_experts(
+        self, x_sorted: torch.Tensor, sorted_expert: torch.Tensor, counts: torch.Tensor
+    ) -> torch.Tensor:
         """Every expert on its contiguous slice in one grouped GEMM per projection (`F.grouped_mm`), with no host
         sync: the slices' ends are a device tensor. The experts' weights stay separate `nn.Linear`s (peft, the
         upcycling rules and checkpoints see the same names) and are stacked for the call."""

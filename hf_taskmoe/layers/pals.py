@@ -59,13 +59,18 @@ class ProjectedAttentionLayers(nn.Module):
     `attention.<layer>.<g>.{query,key,value}.weight` (s, s).
     """
 
-    def __init__(self, hidden_size: int, pal_size: int, num_heads: int, num_groups: int, layers: list[int], dropout: float = 0.0):
+    def __init__(
+        self, hidden_size: int, pal_size: int, num_heads: int, num_groups: int, layers: list[int], dropout: float = 0.0
+    ):
         super().__init__()
         self.layers = list(layers)
         self.encoders = nn.ModuleList(nn.Linear(hidden_size, pal_size, bias=False) for _ in range(num_groups))
         self.decoders = nn.ModuleList(PALDecoder(pal_size, hidden_size) for _ in range(num_groups))
         self.attention = nn.ModuleDict(
-            {str(layer): nn.ModuleList(PALAttention(pal_size, num_heads, dropout) for _ in range(num_groups)) for layer in layers}
+            {
+                str(layer): nn.ModuleList(PALAttention(pal_size, num_heads, dropout) for _ in range(num_groups))
+                for layer in layers
+            }
         )
 
     @property
@@ -94,7 +99,9 @@ class ProjectedAttentionLayers(nn.Module):
         out = None
         for g, rows in group_rows:
             mask = key_mask.index_select(0, rows) if key_mask is not None else None
-            pal = F.gelu(self.decoders[g](attention[g](self.encoders[g](x.index_select(0, rows)), mask)))  # (rows, seq, d)
+            pal = F.gelu(
+                self.decoders[g](attention[g](self.encoders[g](x.index_select(0, rows)), mask))
+            )  # (rows, seq, d)
             # in the PAL's dtype: under autocast the projections give bf16/fp16 while `x` is fp32
             out = (pal.new_zeros(x.shape) if out is None else out).index_copy(0, rows, pal)
         return out
@@ -109,7 +116,9 @@ def split_groups(group_ids: torch.LongTensor) -> list[tuple[int, torch.Tensor | 
     return [(g, (group_ids == g).nonzero(as_tuple=True)[0]) for g in present]
 
 
-def rows_by_group(task_rows: dict[int, torch.Tensor], task_groups: list[int], batch: int) -> list[tuple[int, torch.Tensor | None]]:
+def rows_by_group(
+    task_rows: dict[int, torch.Tensor], task_groups: list[int], batch: int
+) -> list[tuple[int, torch.Tensor | None]]:
     """`split_groups` from the rows of each task present (host-side structure, no sync): each group's rows are its
     tasks' rows concatenated; a group holding every row -> `[(group, None)]` (no gather)."""
     groups: dict[int, list[torch.Tensor]] = {}

@@ -24,7 +24,8 @@ once per task and step.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -300,9 +301,13 @@ class RouteRecorder:
         for kind, name in self.kinds.items():
             module = getattr(expert, name, None)
             if module is not None:
-                handles.append(module.register_forward_hook(
-                    lambda _m, _a, out, kept=seen[kind]: kept.append(out[1] if isinstance(out, tuple) and len(out) > 1 else None)
-                ))
+                handles.append(
+                    module.register_forward_hook(
+                        lambda _m, _a, out, kept=seen[kind]: kept.append(
+                            out[1] if isinstance(out, tuple) and len(out) > 1 else None
+                        )
+                    )
+                )
         return seen, handles
 
     def outputs(self) -> dict[str, tuple | None]:
@@ -365,7 +370,9 @@ class RoutedLayer(nn.Module):
             finally:
                 for handle in handles:
                     handle.remove()
-            share = None if weights is None else (weights if rows is None else weights.index_select(0, rows))[:, j]  # (rows,)
+            share = (
+                None if weights is None else (weights if rows is None else weights.index_select(0, rows))[:, j]
+            )  # (rows,)
             y = y * share[:, None, None] if scale else y
             out = _scatter_rows(out, y, rows, hidden_states)
             for kind, probs in seen.items():

@@ -58,7 +58,9 @@ class TaskHead(nn.Module):
     def _class_indices(self, values: torch.Tensor, rows: torch.Tensor, num_classes: int,
                        check_values: bool = True) -> torch.Tensor:
         if values.dtype == torch.bool or values.is_complex():
-            raise ValueError(f"Labels of task {self.task_name!r} must be integer class indices, got dtype {values.dtype}.")
+            raise ValueError(
+                f"Labels of task {self.task_name!r} must be integer class indices, got dtype {values.dtype}."
+            )
         if not check_values:
             return values.long()
         if values.is_floating_point():

@@ -79,7 +79,9 @@ class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
                 f"`hidden_size` ({self.hidden_size}) must be a multiple of `num_attention_heads` "
                 f"({self.num_attention_heads})."
             )
-        self._validate_tasks(ENCODER, "has no encoder head (it needs a decoder or another model); an encoder model supports")
+        self._validate_tasks(
+            ENCODER, "has no encoder head (it needs a decoder or another model); an encoder model supports"
+        )
         check_choice(self.classifier_pooling, CLASSIFIER_POOLINGS, "classifier_pooling")
         if not isinstance(self.scale_loss_by_num_classes, bool):
             raise ValueError(f"`scale_loss_by_num_classes` must be a bool, got {self.scale_loss_by_num_classes!r}.")
@@ -91,11 +93,14 @@ class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
     @classmethod
     def from_dense_config(cls, dense_config: BertConfig, tasks, **kwargs: Any):
         """Copy the architecture of a dense BERT config and add tasks and the family's settings."""
-        return cls._from_dense_fields(dense_config, tasks, "bert", DENSE_ARCHITECTURE_FIELDS, ", MiniLM included", **kwargs)
+        return cls._from_dense_fields(
+            dense_config, tasks, "bert", DENSE_ARCHITECTURE_FIELDS, ", MiniLM included", **kwargs
+        )
 
 
 def pool_sequence(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str, pooler=None) -> torch.Tensor:
-    """The sequence representation the heads read (`classifier_pooling`): `(batch, seq, hidden)` -> `(batch, hidden)`."""
+    """The sequence representation the heads read (`classifier_pooling`): `(batch, seq, hidden)` ->
+    `(batch, hidden)`."""
     if mode == "pooler":
         return pooler(hidden)
     if mode == "cls":
@@ -223,18 +228,24 @@ class MultiTaskBertEncoderMixin:
             input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
         )
 
-    def _run_layers(self, hidden, step: LayerStep, output_attentions=None, output_hidden_states=None) -> LayerStackOutput:
+    def _run_layers(
+        self, hidden, step: LayerStep, output_attentions=None, output_hidden_states=None
+    ) -> LayerStackOutput:
         """`run_layer_stack` over `self.encoder.layer`, the output flags (`None`: the config's) resolved here."""
         config = self.config
         return run_layer_stack(
             self.encoder.layer,
             hidden,
             step,
-            output_hidden_states=output_hidden_states if output_hidden_states is not None else config.output_hidden_states,
+            output_hidden_states=output_hidden_states
+            if output_hidden_states is not None
+            else config.output_hidden_states,
             output_attentions=output_attentions if output_attentions is not None else config.output_attentions,
         )
 
-    def _encoder_output(self, stack: LayerStackOutput, attention_mask, output_class=BaseModelOutputWithPooling, **fields):
+    def _encoder_output(
+        self, stack: LayerStackOutput, attention_mask, output_class=BaseModelOutputWithPooling, **fields
+    ):
         """The end of every family's `_encode`: `output_class` with the stack's states, the pooled sequence and the
         family's own `fields` (e.g. MoE routing)."""
         hidden = stack.last_hidden_state
@@ -246,7 +257,9 @@ class MultiTaskBertEncoderMixin:
             **fields,
         )
 
-    def _checked_encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs):
+    def _checked_encode(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs
+    ):
         """`forward` of the encoder: check the input shapes and task ids, then `_encode`."""
         check_kwargs(kwargs, self.forward)
         batch, _ = check_input_shapes(
@@ -254,7 +267,9 @@ class MultiTaskBertEncoderMixin:
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
-        return self._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs)
+        return self._encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags, **kwargs
+        )
 
 
 class MultiTaskBertHeadsMixin:
@@ -331,8 +346,16 @@ class MultiTaskBertHeadsMixin:
         task_ids, task_rows, prepared = self._prepare_task_batch(
             task_ids, batch, seq, labels, span_positions, check_values=not values_checked
         )
-        encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, *flags,
-                                    task_rows=task_rows)
+        encoded = self.bert._encode(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            task_ids,
+            *flags,
+            task_rows=task_rows,
+        )
         heads_out = self.heads(
             encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, span_positions
         )

@@ -11,8 +11,9 @@ registry and name no family; a new family is one new folder plus one line that i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..utils import lookup
 
@@ -46,10 +47,10 @@ class Family:
     config_class: type
     model_class: type
     auto_classes: tuple[str, ...] = ("AutoModel",)
-    problem_types: "str | tuple[str, ...]" = ()
+    problem_types: str | tuple[str, ...] = ()
     pipeline_task: str | None = None
     describe: Callable[[Any], str] | None = None
-    upcycling: "UpcyclingRules | None" = None
+    upcycling: UpcyclingRules | None = None
     dense_model_types: tuple[str, ...] = ()
     prepare_dense: Callable[[Any, Any], Any] | None = None
     script_defaults: Callable[[dict], dict] | None = None
@@ -64,7 +65,9 @@ class Family:
         """The problem types the family's models take (every registered type with its capability)."""
         from ..problem_types import problem_type_names
 
-        return problem_type_names(self.problem_types) if isinstance(self.problem_types, str) else tuple(self.problem_types)
+        return (
+            problem_type_names(self.problem_types) if isinstance(self.problem_types, str) else tuple(self.problem_types)
+        )
 
     @property
     def buildable_from_dense(self) -> bool:
@@ -105,7 +108,9 @@ def get_family(name: str) -> Family:
 
 def family_of(config_or_model_type) -> Family:
     """The family of a config, model or `model_type`."""
-    model_type = getattr(getattr(config_or_model_type, "config", config_or_model_type), "model_type", config_or_model_type)
+    model_type = getattr(
+        getattr(config_or_model_type, "config", config_or_model_type), "model_type", config_or_model_type
+    )
     for family in FAMILIES.values():
         if family.model_type == model_type:
             return family

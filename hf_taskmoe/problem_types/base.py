@@ -32,7 +32,6 @@ from ..utils import lookup
 if TYPE_CHECKING:
     import torch
 
-    from ..layers.task_head import TaskHead
     from ..tasks import TaskSpec
 
 #: capabilities a family may require of a task's problem type
@@ -73,7 +72,7 @@ class ProblemType:
     head_class: ClassVar[type | None] = None
 
     # ------------------------------------------------------------------ the spec
-    def resolve_num_labels(self, spec: "TaskSpec", prefix: str) -> int | None:
+    def resolve_num_labels(self, spec: TaskSpec, prefix: str) -> int | None:
         """`num_labels` of the spec: given, from `label_names`, or (for types that have one) a default."""
         from ..utils import check_int
 
@@ -84,41 +83,41 @@ class ProblemType:
             raise ValueError(f"{prefix}: `num_labels` (or `label_names`) is required for problem_type={self.name!r}.")
         return check_int(n, f"{prefix}.num_labels", minimum=self.min_labels)
 
-    def check_spec(self, spec: "TaskSpec", prefix: str) -> dict[str, Any]:
+    def check_spec(self, spec: TaskSpec, prefix: str) -> dict[str, Any]:
         """Check the fields this type owns; return `{field: normalised value}` to set on the spec."""
         return {}
 
-    def id2label(self, spec: "TaskSpec") -> dict[int, str]:
+    def id2label(self, spec: TaskSpec) -> dict[int, str]:
         if not self.has_classes or spec.num_labels is None:
             return {}
         if spec.label_names is not None:
             return dict(enumerate(spec.label_names))
         return {i: f"LABEL_{i}" for i in range(spec.num_labels)}
 
-    def rows_per_example(self, spec: "TaskSpec") -> int:
+    def rows_per_example(self, spec: TaskSpec) -> int:
         """Batch rows one example takes (multiple choice: one per choice, consecutive)."""
         return 1
 
     # ------------------------------------------------------------------ data
-    def required_fields(self, spec: "TaskSpec", with_labels: bool) -> list[str]:
+    def required_fields(self, spec: TaskSpec, with_labels: bool) -> list[str]:
         fields = list(spec.text_fields)
         if with_labels:
             fields.append(spec.label_field)
         return fields
 
-    def text_fields(self, spec: "TaskSpec") -> list[str]:
+    def text_fields(self, spec: TaskSpec) -> list[str]:
         """The fields holding text (checked: text, or words for `text_is_words`)."""
         return list(spec.text_fields)
 
-    def encode_label(self, spec: "TaskSpec", value: Any, where: str) -> Any:
+    def encode_label(self, spec: TaskSpec, value: Any, where: str) -> Any:
         """A label as a data file writes it -> the model label of the row; `ValueError` naming `where` otherwise."""
         raise NotImplementedError(f"problem type {self.name!r} reads no labels")
 
-    def check_row(self, spec: "TaskSpec", row: dict, label: Any, where: str) -> list[str]:
+    def check_row(self, spec: TaskSpec, row: dict, label: Any, where: str) -> list[str]:
         """Problems a row's label and inputs make together (token classification: one tag per word)."""
         return []
 
-    def tokenize(self, spec: "TaskSpec", batch: dict, labels: list | None, tokenizer, max_length: int,
+    def tokenize(self, spec: TaskSpec, batch: dict, labels: list | None, tokenizer, max_length: int,
                  where, **options) -> dict[str, list]:
         """Model columns for a batch of rows (`datasets.map(batched=True)`): `input_ids`, `attention_mask`,
         (`token_type_ids`), `labels` when `labels` (the encoded labels of these rows) is given, and the type's extra
@@ -134,25 +133,25 @@ class ProblemType:
         return out
 
     # ------------------------------------------------------------------ tabular towers (MMoE)
-    def check_tabular_column(self, spec: "TaskSpec", column: "torch.Tensor") -> None:
+    def check_tabular_column(self, spec: TaskSpec, column: torch.Tensor) -> None:
         """Check the values of one task's label column `(batch,)` of a tabular batch (NaN: no label); raises
         `ValueError` naming the task and row. A read of the values: done where the batch is checked."""
 
-    def tabular_loss(self, spec: "TaskSpec", logits: "torch.Tensor", column: "torch.Tensor") -> "torch.Tensor":
+    def tabular_loss(self, spec: TaskSpec, logits: torch.Tensor, column: torch.Tensor) -> torch.Tensor:
         """The task's loss on a tower's `logits` `(batch, logit_width)` against its label column `(batch,)`, rows
         without a label (NaN) left out; 0 when none has one. Reads no value back from the device."""
         raise NotImplementedError(f"problem type {self.name!r} has no tabular loss")
 
     # ------------------------------------------------------------------ evaluation
-    def eval_labels(self, spec: "TaskSpec", labels: "torch.Tensor") -> "torch.Tensor":
+    def eval_labels(self, spec: TaskSpec, labels: torch.Tensor) -> torch.Tensor:
         """A batch's labels as the evaluation gathers them (multiple choice: one per example)."""
         return labels
 
-    def predictions(self, spec: "TaskSpec", logits: np.ndarray) -> np.ndarray:
+    def predictions(self, spec: TaskSpec, logits: np.ndarray) -> np.ndarray:
         """Model outputs of an evaluation set -> the predictions metrics compare with the labels."""
         return np.asarray(logits).argmax(-1)
 
-    def metric_inputs(self, spec: "TaskSpec", metric: str, logits: np.ndarray, predictions: np.ndarray,
+    def metric_inputs(self, spec: TaskSpec, metric: str, logits: np.ndarray, predictions: np.ndarray,
                       labels: np.ndarray) -> tuple[dict, str | None]:
         """`(inputs, evaluate config name)` of one metric, by what the metric reads (`register_metric(inputs=...)`):
         scores of the positive class, the choice scores, or (default) the predicted labels."""
@@ -160,17 +159,22 @@ class ProblemType:
 
         reads = metric_inputs_kind(metric)
         if reads == "positive_scores":
-            return {"prediction_scores": positive_scores(logits).tolist(), "references": labels.astype(np.int64).tolist()}, None
+            return {
+                "prediction_scores": positive_scores(logits).tolist(),
+                "references": labels.astype(np.int64).tolist(),
+            }, None
         if reads == "choice_scores":
             return {"predictions": np.asarray(logits).tolist(), "references": labels.tolist()}, None
         return self.label_metric_inputs(spec, metric, predictions, labels)
 
-    def label_metric_inputs(self, spec: "TaskSpec", metric: str, predictions: np.ndarray,
+    def label_metric_inputs(self, spec: TaskSpec, metric: str, predictions: np.ndarray,
                             labels: np.ndarray) -> tuple[dict, str | None]:
         """`metric_inputs` of a metric that compares predicted labels with the labels."""
         return {"predictions": predictions.tolist(), "references": labels.astype(np.int64).tolist()}, None
 
-    def compute_metrics(self, spec: "TaskSpec", logits: np.ndarray, labels: np.ndarray, run_metric, **context) -> dict[str, float]:
+    def compute_metrics(
+        self, spec: TaskSpec, logits: np.ndarray, labels: np.ndarray, run_metric, **context
+    ) -> dict[str, float]:
         """Every metric of the task on one evaluation set. `run_metric(name, inputs, config_name)` computes one
         metric; `context` holds what some types need (`tokenizer`, `eos_token_id`, `dataset`: the task's
         tokenised evaluation set)."""
@@ -184,7 +188,7 @@ class ProblemType:
     def _compared(self, spec, logits, labels):
         return self.predictions(spec, logits), labels
 
-    def baseline_logits(self, spec: "TaskSpec", source_labels: list, num_rows: int) -> np.ndarray | None:
+    def baseline_logits(self, spec: TaskSpec, source_labels: list, num_rows: int) -> np.ndarray | None:
         """Logits of a trivial predictor fitted on `source_labels` (the training labels): the majority class; None
         where no trivial baseline applies."""
         width = self.logit_width(spec)
@@ -193,11 +197,11 @@ class ProblemType:
         logits[:, majority] = 1.0
         return logits
 
-    def logit_width(self, spec: "TaskSpec") -> int:
+    def logit_width(self, spec: TaskSpec) -> int:
         return spec.num_labels
 
     # ------------------------------------------------------------------ MT-Uncertainty
-    def entropy(self, spec: "TaskSpec", logits: "torch.Tensor", attention_mask: "torch.Tensor | None"):
+    def entropy(self, spec: TaskSpec, logits: torch.Tensor, attention_mask: torch.Tensor | None):
         """Per-example entropy `H` and the uniform distribution's `H'` (CA-MTL Algorithm 1); `None` for a type
         scored otherwise (regression: `regression_uncertainty`)."""
         import torch
@@ -206,16 +210,16 @@ class ProblemType:
         return torch.special.entr(probs).sum(-1), math.log(logits.shape[-1])
 
     # ------------------------------------------------------------------ pipelines, cards
-    def pipeline_encode(self, spec: "TaskSpec", item: dict, tokenizer, max_length: int, **extra) -> list[dict]:
+    def pipeline_encode(self, spec: TaskSpec, item: dict, tokenizer, max_length: int, **extra) -> list[dict]:
         """One pipeline input -> the encoded rows (features) the model runs on."""
         return [tokenizer(item["text"], item.get("text_pair"), truncation=True, max_length=max_length, **extra)]
 
-    def pipeline_result(self, spec: "TaskSpec", logits: "torch.Tensor", features: list[dict], item: dict,
+    def pipeline_result(self, spec: TaskSpec, logits: torch.Tensor, features: list[dict], item: dict,
                         top_k: int | None = None) -> dict:
         """The pipeline's answer for one input from the logits of its rows (`features`)."""
         raise NotImplementedError(f"problem type {self.name!r} has no pipeline output")
 
-    def card_labels(self, spec: "TaskSpec", label_range=None) -> str:
+    def card_labels(self, spec: TaskSpec, label_range=None) -> str:
         """The model card task table's label column."""
         return ", ".join(spec.label_names) if spec.label_names else f"{spec.num_labels} classes"
 
@@ -249,10 +253,14 @@ PROBLEM_TYPES: dict[str, ProblemType] = {}
 def register_problem_type(problem_type: ProblemType, exist_ok: bool = False) -> ProblemType:
     """Register an instance of a `ProblemType` subclass under its `name`; returns it."""
     if not isinstance(problem_type, ProblemType) or not isinstance(problem_type.name, str) or not problem_type.name:
-        raise ValueError(f"register_problem_type takes an instance of a ProblemType subclass with a `name`, got {problem_type!r}.")
+        raise ValueError(
+            f"register_problem_type takes an instance of a ProblemType subclass with a `name`, got {problem_type!r}."
+        )
     known = PROBLEM_TYPES.get(problem_type.name)
     if known is not None and not exist_ok and type(known) is not type(problem_type):
-        raise ValueError(f"A problem type named {problem_type.name!r} is already registered; pass exist_ok=True to replace it.")
+        raise ValueError(
+            f"A problem type named {problem_type.name!r} is already registered; pass exist_ok=True to replace it."
+        )
     PROBLEM_TYPES[problem_type.name] = problem_type
     return problem_type
 
@@ -262,7 +270,7 @@ def get_problem_type(name: str) -> ProblemType:
     return lookup(PROBLEM_TYPES, name, "problem_type")
 
 
-def problem_type_of(spec: "TaskSpec") -> ProblemType:
+def problem_type_of(spec: TaskSpec) -> ProblemType:
     """The problem type of a task."""
     return get_problem_type(spec.problem_type)
 

@@ -95,7 +95,8 @@ class RegressionHead(TaskHead):
             bad = ~torch.isfinite(values)  # (rows, num_labels)
             if bad.any():
                 raise ValueError(
-                    f"Labels of regression task {self.task_name!r} must be finite; rows {bad_rows(bad.any(-1), rows)} are not."
+                    f"Labels of regression task {self.task_name!r} must be finite; rows {bad_rows(bad.any(-1), rows)} "
+                    "are not."
                 )
         return values.float()
 
@@ -134,7 +135,8 @@ class MultipleChoiceHead(TaskHead):
                 first = differs.nonzero()[0, 0].item() * self.num_choices
                 raise ValueError(
                     f"Multiple-choice task {self.task_name!r}: the {self.num_choices} rows of one example must carry "
-                    f"the same label (the index of the right choice); rows {rows[first:first + self.num_choices].tolist()} differ."
+                    f"the same label (the index of the right choice); rows "
+                    f"{rows[first : first + self.num_choices].tolist()} differ."
                 )
         return grouped[:, 0]
 
@@ -259,7 +261,8 @@ class SingleLabelClassification(_ClassType):
         if bad.any():
             row = bad.nonzero()[0, 0].item()
             raise ValueError(
-                f"Task {spec.name!r}: label {column[row].item()} in row {row} is not a class index in [0, {spec.num_labels})."
+                f"Task {spec.name!r}: label {column[row].item()} in row {row} is not a class index in [0, "
+                f"{spec.num_labels})."
             )
 
     def tabular_loss(self, spec, logits, column):
@@ -311,7 +314,11 @@ class MultiLabelClassification(_ClassType):
     def pipeline_result(self, spec, logits, features, item, top_k=None):
         labels = spec.label_names or [f"LABEL_{i}" for i in range(logits.shape[-1])]
         probs = logits[0].float().sigmoid().tolist()
-        return {"task": spec.name, "labels": [l for l, p in zip(labels, probs) if p > 0.5], "scores": dict(zip(labels, probs))}
+        return {
+            "task": spec.name,
+            "labels": [label for label, p in zip(labels, probs) if p > 0.5],
+            "scores": dict(zip(labels, probs)),
+        }
 
 
 class Regression(ProblemType):

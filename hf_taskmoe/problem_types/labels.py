@@ -28,7 +28,7 @@ def number(value: Any) -> float | None:
     return None
 
 
-def class_index(spec: "TaskSpec", value: Any, where: str) -> int:
+def class_index(spec: TaskSpec, value: Any, where: str) -> int:
     """A class label as written in a file -> the class position.
 
     With `label_values` a label is one of those values. Otherwise a label is a class name or a 0-based position;
@@ -68,10 +68,14 @@ def class_index(spec: "TaskSpec", value: Any, where: str) -> int:
         if isinstance(value, int) and value == num_classes:
             hint = (f" If the file counts classes from 1, say so in the task-config: \"label_values\": "
                     f"{list(range(1, num_classes + 1))}.")
-        raise ValueError(f"{where}: label {value!r} is outside the task's label set {allowed} (positions 0..{num_classes - 1}).{hint}")
+        raise ValueError(
+            f"{where}: label {value!r} is outside the task's label set {allowed} (positions "
+            f"0..{num_classes - 1}).{hint}"
+        )
     if str(value) in names and names.index(str(value)) != value:
         raise ValueError(
             f"{where}: label {value!r} could be class position {value} ({names[value]!r}) or the class named "
-            f"{str(value)!r}; add \"label_values\" (the file's labels in the order of `label_names`) to the task-config."
+            f"{str(value)!r}; add \"label_values\" (the file's labels in the order of `label_names`) to the "
+            "task-config."
         )
     return value

@@ -46,11 +46,16 @@ class Seq2Seq(ProblemType):
         from ..metrics import decode_texts
 
         if tokenizer is None:
-            raise ValueError(f"Task {spec.name!r} is seq2seq: its metrics decode texts, so pass the tokenizer (processing_class).")
+            raise ValueError(
+                f"Task {spec.name!r} is seq2seq: its metrics decode texts, so pass the tokenizer (processing_class)."
+            )
         predictions = np.asarray(logits)
         if predictions.ndim == 3:  # logits
             predictions = predictions.argmax(-1)
-        texts, references = decode_texts(predictions, tokenizer, eos_token_id), decode_texts(labels, tokenizer, eos_token_id)
+        texts, references = (
+            decode_texts(predictions, tokenizer, eos_token_id),
+            decode_texts(labels, tokenizer, eos_token_id),
+        )
         inputs = {"predictions": texts, "references": references}
         return {name: run_metric(name, inputs, None) for name in spec.metrics}
 
@@ -64,7 +69,9 @@ class Seq2Seq(ProblemType):
         bad = (labels != IGNORE_INDEX) & ((labels < 0) | (labels >= vocab_size))
         if bad.any():
             row = int(bad.nonzero()[0, 0])
-            raise ValueError(f"`labels` row {row} holds token id {int(labels[bad][0])} outside the vocabulary [0, {vocab_size}).")
+            raise ValueError(
+                f"`labels` row {row} holds token id {int(labels[bad][0])} outside the vocabulary [0, {vocab_size})."
+            )
 
     @staticmethod
     def token_loss(logits, labels):

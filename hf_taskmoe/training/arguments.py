@@ -24,7 +24,8 @@ class MultiTaskTrainingArguments(TrainingArguments):
             Last-epoch exponent of `annealed` sampling (PALs eq. 9 uses 0.2).
         uncertainty_candidates_per_task (`int`, *optional*):
             `task_sampling="uncertainty"` (MT-Uncertainty, CA-MTL Algorithm 1): candidates `b` drawn per task each
-            step; the `per_device_train_batch_size` most uncertain of the `b x T` are trained on. Default: the batch size.
+            step; the `per_device_train_batch_size` most uncertain of the `b x T` are trained on. Default: the batch
+            size.
         uncertainty_score_every (`int`, *optional*, defaults to 1):
             MT-Uncertainty: score the candidates every k steps; the steps between keep the last scored batch's
             task composition (bounds the extra forward pass to 1/k of the steps).
@@ -74,12 +75,18 @@ class MultiTaskTrainingArguments(TrainingArguments):
 
     task_sampling: str = field(default="proportional", metadata={"help": f"One of {sorted(TASK_SAMPLERS)}."})
     sampling_alpha: float = field(default=0.5, metadata={"help": "Exponent of temperature sampling."})
-    annealed_min_alpha: float = field(default=0.2, metadata={"help": "Exponent of annealed sampling in the last epoch."})
+    annealed_min_alpha: float = field(
+        default=0.2, metadata={"help": "Exponent of annealed sampling in the last epoch."}
+    )
     uncertainty_candidates_per_task: int | None = field(
         default=None, metadata={"help": "MT-Uncertainty: candidates per task per step (default: the batch size)."}
     )
-    uncertainty_score_every: int = field(default=1, metadata={"help": "MT-Uncertainty: score candidates every k steps."})
-    uncertainty_regression: str = field(default="error", metadata={"help": "MT-Uncertainty for regression: error | mean."})
+    uncertainty_score_every: int = field(
+        default=1, metadata={"help": "MT-Uncertainty: score candidates every k steps."}
+    )
+    uncertainty_regression: str = field(
+        default="error", metadata={"help": "MT-Uncertainty for regression: error | mean."}
+    )
     batching: str = field(default="heterogeneous", metadata={"help": f"One of {list(BATCHING)}."})
     steps_per_epoch: int | None = field(default=None, metadata={"help": "Batches per epoch (default: one pass)."})
     training_proportion: float | None = field(
@@ -90,13 +97,19 @@ class MultiTaskTrainingArguments(TrainingArguments):
         default=False, metadata={"help": "Freeze shared parameters; train heads, gates and adapters only."}
     )
     log_routing: bool = field(
-        default=False, metadata={"help": "MoE and task-routed models: log per-task routing of the training batches and save its summary."}
+        default=False,
+        metadata={
+            "help": "MoE and task-routed models: log per-task routing of the training batches and save its summary."
+        },
     )
     group_learning_rates: dict | str | None = field(
         default=None, metadata={"help": "Learning rates per parameter role, e.g. router=1e-3,task_embedding=1e-2."}
     )
     trust_remote_metrics: bool = field(
-        default=False, metadata={"help": "Allow metric names that are neither shipped nor registered (evaluate.load runs their code)."}
+        default=False,
+        metadata={
+            "help": "Allow metric names that are neither shipped nor registered (evaluate.load runs their code)."
+        },
     )
     resume_incomplete_checkpoint: bool = field(
         default=False, metadata={"help": "Resume from a checkpoint without its optimizer/scheduler/RNG state anyway."}
@@ -107,14 +120,17 @@ class MultiTaskTrainingArguments(TrainingArguments):
                           "<metric>_teacher_forced and kept out of the averages."},
     )
     generation_max_length: int | None = field(
-        default=None, metadata={"help": "max_new_tokens of evaluation generation (default: the model's generation config)."}
+        default=None,
+        metadata={"help": "max_new_tokens of evaluation generation (default: the model's generation config)."},
     )
     generation_num_beams: int = field(default=1, metadata={"help": "Beams of evaluation generation."})
     release_freed_memory_every: int = field(
         default=0,
-        metadata={"help": "CPU runs on glibc: hand freed heap memory back to the OS every k optimizer steps "
-                          "(malloc_trim; 0 = never). MoE experts' activations change size every step and fragment the "
-                          "heap: with k = 1 the demo's MT-TaG peak fell from 2.8 to 1.8 GB, at about 16-20%% more time per step."},
+        metadata={
+            "help": "CPU runs on glibc: hand freed heap memory back to the OS every k optimizer steps "
+            "(malloc_trim; 0 = never). MoE experts' activations change size every step and fragment the "
+            "heap: with k = 1 the demo's MT-TaG peak fell from 2.8 to 1.8 GB, at about 16-20%% more time per step."
+        },
     )
     # Heads, gates and experts of tasks absent from a rank's batch take part in every backward pass
     # (`MultiTaskTrainer._touch_every_parameter`), so DDP runs with a static graph.
@@ -132,7 +148,12 @@ class MultiTaskTrainingArguments(TrainingArguments):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer (examples per device per step), got {value!r}; "
                                  f"set it to 1 or more (--{name} 8).")
-        if isinstance(self.max_steps, bool) or not isinstance(self.max_steps, int) or self.max_steps == 0 or self.max_steps < -1:
+        if (
+            isinstance(self.max_steps, bool)
+            or not isinstance(self.max_steps, int)
+            or self.max_steps == 0
+            or self.max_steps < -1
+        ):
             raise ValueError(
                 f"`max_steps` must be a positive number of optimizer steps, or -1 to train for `num_train_epochs`; got "
                 f"{self.max_steps!r} (0 would still take one step, at learning rate 0). To evaluate without training, "
@@ -148,7 +169,8 @@ class MultiTaskTrainingArguments(TrainingArguments):
         if self.fsdp and (self.use_cpu or not (torch.cuda.is_available() or torch.xpu.is_available())):
             # accelerate would wrap the model in plain DDP and say nothing
             raise ValueError(
-                "`fsdp` needs CUDA or XPU devices; on the CPU accelerate silently falls back to DDP. On a CPU use DDP (the "
+                "`fsdp` needs CUDA or XPU devices; on the CPU accelerate silently falls back to DDP. On a CPU use DDP "
+                "(the "
                 "default under torchrun) or DeepSpeed ZeRO (`deepspeed=examples/deepspeed/zero2.json`)."
             )
         super().__post_init__()
@@ -195,7 +217,9 @@ def parse_group_learning_rates(value) -> dict[str, float] | None:
                 try:
                     value[role.strip()] = float(rate)
                 except ValueError:
-                    raise ValueError(f"`group_learning_rates`: {rate!r} (role {role.strip()!r}) is not a number.") from None
+                    raise ValueError(
+                        f"`group_learning_rates`: {rate!r} (role {role.strip()!r}) is not a number."
+                    ) from None
     if not isinstance(value, dict):
         raise ValueError(f"`group_learning_rates` must be a dict {{role: rate}} or 'role=rate,...', got {value!r}.")
     return {str(k): check_float(v, f"group_learning_rates[{k!r}]", minimum=0.0) for k, v in value.items()}

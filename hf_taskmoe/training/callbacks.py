@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -37,7 +37,10 @@ class RoutingAnalyticsCallback(TrainerCallback):
 
     def __init__(self, model, reduce=None):
         if routed_layers(model.config) is None:
-            raise ValueError("Routing analytics need a model with MoE layers, routed layers or gates (num_experts > 1); this model routes nothing.")
+            raise ValueError(
+                "Routing analytics need a model with MoE layers, routed layers or gates (num_experts > 1); this model "
+                "routes nothing."
+            )
         self.window = RoutingStatistics(model)
         self.total = RoutingStatistics(model)
         # sums counts over ranks (the trainer passes accelerate's reduce); once per log, not once per step
@@ -45,7 +48,7 @@ class RoutingAnalyticsCallback(TrainerCallback):
         self._in_total = None
         self._hooks = []  # set by `add_to` (a plain Trainer): this callback records and logs by itself
 
-    def add_to(self, trainer) -> "RoutingAnalyticsCallback":
+    def add_to(self, trainer) -> RoutingAnalyticsCallback:
         """Use with a plain `transformers.Trainer` (e.g. for MMoEModel; `MultiTaskTrainer` does this itself
         with `log_routing=True`): forward hooks ask the model for `routing_counts` in training and record
         them, each training log gets the figures before the `report_to` integrations see it, and the summaries
@@ -116,7 +119,9 @@ class RoutingAnalyticsCallback(TrainerCallback):
         if self.total.counts is None or not os.path.isdir(folder):
             return None
         self.total.save_json(os.path.join(folder, ROUTING_JSON))
-        self.total.plot(os.path.join(folder, ROUTING_HEATMAP), title=f"Share of each task's training {self.total.unit} per expert")
+        self.total.plot(
+            os.path.join(folder, ROUTING_HEATMAP), title=f"Share of each task's training {self.total.unit} per expert"
+        )
         return ROUTING_HEATMAP
 
     def on_save(self, args, state, control, **kwargs):
@@ -140,7 +145,8 @@ class TrainingProgressCallback(TrainerCallback):
     `Trainer` restarts its clock and the trainer's per-task counts on resume, so a resumed run would report only the
     part after the checkpoint. This callback writes the totals so far into every checkpoint (`training_progress.json`)
     and `resume_from(checkpoint)` reads them back before `train(resume_from_checkpoint=...)`, so `totals()` covers
-    the run from its first step. `examples_seen` is a function giving this run's counts (`MultiTaskTrainer.examples_seen`)."""
+    the run from its first step. `examples_seen` is a function giving this run's counts
+    (`MultiTaskTrainer.examples_seen`)."""
 
     def __init__(self, examples_seen: Callable[[], dict[str, int]]):
         self.examples_seen = examples_seen

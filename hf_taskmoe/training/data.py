@@ -34,10 +34,10 @@ import bisect
 import json
 import math
 import os
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -70,7 +70,9 @@ def _glue(config, text_fields, label_names=None, metrics=("accuracy",), splits=N
     spec = {"name": config, "text_fields": list(text_fields), "metrics": list(metrics), **spec}
     if label_names:
         spec["label_names"] = list(label_names)
-    return TaskPreset("nyu-mll/glue", config, spec, splits or {"train": "train", "validation": "validation", "test": "test"})
+    return TaskPreset(
+        "nyu-mll/glue", config, spec, splits or {"train": "train", "validation": "validation", "test": "test"}
+    )
 
 
 def _super_glue(config, text_fields, label_names=None, metrics=("accuracy",), **spec):
@@ -88,40 +90,60 @@ TASK_PRESETS: dict[str, TaskPreset] = {
     "qqp": _glue("qqp", ["question1", "question2"], ["not_duplicate", "duplicate"], ["accuracy", "f1"]),
     "stsb": _glue("stsb", ["sentence1", "sentence2"], None, ["pearson", "spearmanr"], problem_type=_REGRESSION),
     "mnli": _glue(
-        "mnli", ["premise", "hypothesis"], ["entailment", "neutral", "contradiction"],
+        "mnli",
+        ["premise", "hypothesis"],
+        ["entailment", "neutral", "contradiction"],
         splits={"train": "train", "validation": "validation_matched", "test": "test_matched"},
     ),
     "mnli_mm": TaskPreset(
-        "nyu-mll/glue", "mnli",
-        {"name": "mnli_mm", "text_fields": ["premise", "hypothesis"], "label_names": ["entailment", "neutral", "contradiction"]},
+        "nyu-mll/glue",
+        "mnli",
+        {
+            "name": "mnli_mm",
+            "text_fields": ["premise", "hypothesis"],
+            "label_names": ["entailment", "neutral", "contradiction"],
+        },
         {"train": "train", "validation": "validation_mismatched", "test": "test_mismatched"},
     ),
     "qnli": _glue("qnli", ["question", "sentence"], ["entailment", "not_entailment"]),
     "rte": _glue("rte", ["sentence1", "sentence2"], ["entailment", "not_entailment"]),
     # SuperGLUE (MT-TaG GLUE++)
     "boolq": _super_glue("boolq", ["question", "passage"], ["False", "True"]),
-    "cb": _super_glue("cb", ["premise", "hypothesis"], ["entailment", "contradiction", "neutral"], ["accuracy", "f1_macro"]),
-    "copa": _super_glue("copa", ["premise", "question"], None, problem_type=_MULTIPLE_CHOICE, choice_fields=["choice1", "choice2"]),
+    "cb": _super_glue(
+        "cb", ["premise", "hypothesis"], ["entailment", "contradiction", "neutral"], ["accuracy", "f1_macro"]
+    ),
+    "copa": _super_glue(
+        "copa", ["premise", "question"], None, problem_type=_MULTIPLE_CHOICE, choice_fields=["choice1", "choice2"]
+    ),
     "multirc": _super_glue("multirc", ["paragraph", "question", "answer"], ["False", "True"], ["f1a"]),
     "wic": _super_glue(
-        "wic", ["sentence1", "sentence2"], ["False", "True"], problem_type=_SPAN_CLASSIFICATION,
+        "wic",
+        ["sentence1", "sentence2"],
+        ["False", "True"],
+        problem_type=_SPAN_CLASSIFICATION,
         span_fields=[["start1", "end1"], ["start2", "end2"]],
     ),
     # sentiment and NLI tasks of MT-TaG's GLUE++ and unseen-task experiments
     "rotten_tomatoes": TaskPreset(
-        "cornell-movie-review-data/rotten_tomatoes", None,
+        "cornell-movie-review-data/rotten_tomatoes",
+        None,
         {"name": "rotten_tomatoes", "text_fields": ["text"], "label_names": ["neg", "pos"]},
     ),
     "imdb": TaskPreset(
-        "stanfordnlp/imdb", None, {"name": "imdb", "text_fields": ["text"], "label_names": ["neg", "pos"]},
+        "stanfordnlp/imdb",
+        None,
+        {"name": "imdb", "text_fields": ["text"], "label_names": ["neg", "pos"]},
         {"train": "train", "validation": "test", "test": "test"},
     ),
     "yelp_polarity": TaskPreset(
-        "fancyzhx/yelp_polarity", None, {"name": "yelp_polarity", "text_fields": ["text"], "num_labels": 2},
+        "fancyzhx/yelp_polarity",
+        None,
+        {"name": "yelp_polarity", "text_fields": ["text"], "num_labels": 2},
         {"train": "train", "validation": "test", "test": "test"},
     ),
     "scitail": TaskPreset(
-        "allenai/scitail", "tsv_format",
+        "allenai/scitail",
+        "tsv_format",
         {"name": "scitail", "text_fields": ["premise", "hypothesis"], "label_names": ["entails", "neutral"]},
     ),
 }
@@ -179,7 +201,9 @@ def _read_text_rows(path: Path, problems: list[str], where: str) -> tuple[list[d
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
-        problems.append(f"{where}: {path}, line {line}: not UTF-8 text (byte {raw[err.start]:#04x}); save the file as UTF-8.")
+        problems.append(
+            f"{where}: {path}, line {line}: not UTF-8 text (byte {raw[err.start]:#04x}); save the file as UTF-8."
+        )
         return [], []
     if not text.strip():
         problems.append(f"{where}: {path} is empty.")
@@ -208,7 +232,9 @@ def _read_text_rows(path: Path, problems: list[str], where: str) -> tuple[list[d
     return rows, lines
 
 
-def _read_csv_rows(text: str, path: Path, problems: list[str], where: str, delimiter: str) -> tuple[list[dict], list[int]]:
+def _read_csv_rows(
+    text: str, path: Path, problems: list[str], where: str, delimiter: str
+) -> tuple[list[dict], list[int]]:
     """RFC 4180 rows (strict quoting: `"ab"c` is an error, not `abc`) and the line each row starts on."""
     import csv
     import io
@@ -234,7 +260,8 @@ def _read_csv_rows(text: str, path: Path, problems: list[str], where: str, delim
             lines.append(first)
     except csv.Error as err:
         problems.append(
-            f"{where}: {path}, line {previous + 1}: not valid CSV ({err}); a cell holding quotes, the delimiter or a line "
+            f"{where}: {path}, line {previous + 1}: not valid CSV ({err}); a cell holding quotes, the delimiter or a "
+            "line "
             'break must be quoted whole, its quotes doubled ("say ""hi""").'
         )
         return [], []
@@ -281,7 +308,9 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
         return None, None
     suffix = path.suffix.lower()
     if suffix not in _FILE_TYPES:
-        problems.append(f"{where}: file type of {path.name} must be one of {list(_FILE_TYPES)}, got {suffix or 'none'!r}.")
+        problems.append(
+            f"{where}: file type of {path.name} must be one of {list(_FILE_TYPES)}, got {suffix or 'none'!r}."
+        )
         return None, None
     try:
         if suffix == ".parquet":
@@ -297,11 +326,17 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
     wanted = list(dict.fromkeys(_required_fields(spec, with_labels=True)))
     present = list(dict.fromkeys(k for row in rows for k in row))
     # (a split to predict on may come without labels; training and evaluation need them)
-    absent = [name for name in wanted if name not in present and not (name == spec.label_field and split not in ("train", "validation"))]
+    absent = [
+        name
+        for name in wanted
+        if name not in present and not (name == spec.label_field and split not in ("train", "validation"))
+    ]
     if rows and absent:
         problems.append(
-            f"{where}: {path} has no field(s) {absent}; its rows have the fields {present}. Name the fields the task reads "
-            f"in the task config: `text_fields` (now {list(spec.text_fields)}) and `label_field` (now {spec.label_field!r})."
+            f"{where}: {path} has no field(s) {absent}; its rows have the fields {present}. Name the fields the task "
+            "reads "
+            f"in the task config: `text_fields` (now {list(spec.text_fields)}) and `label_field` (now "
+            f"{spec.label_field!r})."
         )
         return None, None
     problems.extend(_check_row_types(spec, rows, lines, path, where))  # the rows that parsed, beside those that did not
@@ -330,12 +365,21 @@ def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: P
             if name not in row:
                 continue
             value = row[name]
-            ok = (isinstance(value, list) and all(isinstance(w, str) for w in value)) if words else isinstance(value, str)
+            ok = (
+                (isinstance(value, list) and all(isinstance(w, str) for w in value))
+                if words
+                else isinstance(value, str)
+            )
             if not ok and value is not None:
                 expected = "a list of words" if words else "text"
-                pair = (f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`"
-                        if not words and isinstance(value, list) else "")
-                problems.append(f"{where}: {path}, line {line}, field {name!r}: expected {expected}, got {value!r}{pair}.")
+                pair = (
+                    f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`"
+                    if not words and isinstance(value, list)
+                    else ""
+                )
+                problems.append(
+                    f"{where}: {path}, line {line}, field {name!r}: expected {expected}, got {value!r}{pair}."
+                )
     return problems
 
 
@@ -363,7 +407,9 @@ def _a(kind: str) -> str:
     return kind if kind == "text" else f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
-def _check_column_kinds(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str, wanted: list[str]) -> list[str]:
+def _check_column_kinds(
+    spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str, wanted: list[str]
+) -> list[str]:
     """Each field the task reads is written one way on every row (a column of Arrow holds one type): a label column
     mixing class names and positions ("pos" and 0), booleans and numbers, lists and single labels is refused at the
     rows that differ from the first, with the kinds; so are objects, nested lists and integers beyond 64 bits."""
@@ -388,13 +434,16 @@ def _check_column_kinds(spec: TaskSpec, rows: list[dict], lines: list[int], path
                 first = (kind, line, value)
             elif kind != first[0] and not (kind == "list" and first[0].startswith("list")):
                 problems.append(
-                    f"{at}: {value!r} is {_a(kind)}, but line {first[1]} writes {first[2]!r} ({_a(first[0])}); write this field "
+                    f"{at}: {value!r} is {_a(kind)}, but line {first[1]} writes {first[2]!r} ({_a(first[0])}); write "
+                    "this field "
                     "the same way on every row (e.g. every label a class name, or every label a class position)."
                 )
     return problems
 
 
-def load_preset(name: str, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None, **overrides) -> TaskData:
+def load_preset(
+    name: str, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None, **overrides
+) -> TaskData:
     """Load a preset task from the Hub (`datasets.load_dataset(dataset, config, split=...)`)."""
     import datasets
 
@@ -409,7 +458,9 @@ def load_preset(name: str, splits: Sequence[str] = ("train", "validation"), cach
     return TaskData(spec, loaded, f"{preset.dataset}" + (f" ({preset.config})" if preset.config else ""))
 
 
-def load_task_config(path: str | os.PathLike, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None) -> list[TaskData]:
+def load_task_config(
+    path: str | os.PathLike, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None
+) -> list[TaskData]:
     """Load every task of a task-config JSON file (see module docstring). Problems in the task entries and
     data files of all tasks are reported together (`DataError`)."""
     path = Path(path)
@@ -468,7 +519,9 @@ def _directory_message(path: Path) -> str:
             f"e.g. {path / (found[0] if found else 'tasks.json')}{hint}.")
 
 
-def load_tasks(tasks: Sequence[str] | str, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None) -> list[TaskData]:
+def load_tasks(
+    tasks: Sequence[str] | str, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None
+) -> list[TaskData]:
     """Tasks by preset name, or a path to a task-config file (or a mix of both in a list)."""
     if isinstance(tasks, (str, os.PathLike)):
         tasks = [tasks]
@@ -507,7 +560,9 @@ def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train
     return problem_type_of(spec).encode_label(spec, value, where)
 
 
-def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = True, data: TaskData | None = None) -> list | None:
+def check_task_split(
+    spec: TaskSpec, dataset, split: str, with_labels: bool = True, data: TaskData | None = None
+) -> list | None:
     """Check a split before any compute: empty split, missing field, missing text, bad label. Every bad row is
     reported (`DataError`: task, file and line when known, field, value). Returns the model labels of every row
     (`encode_label`), or None without labels."""
@@ -515,7 +570,9 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
         raise DataError([f"Task {spec.name!r}: the {split} split is empty."])
     missing = [f for f in _required_fields(spec, with_labels) if f not in dataset.column_names]
     if missing:
-        raise DataError([f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."])
+        raise DataError(
+            [f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."]
+        )
     where = (lambda row: data.where(split, row)) if data is not None else (lambda row: f"{split} row {row}")
     problems = []
     kind = problem_type_of(spec)
@@ -526,12 +583,18 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
                 if not text:
                     problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} holds no words.")
             elif words and text is not None:
-                problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} must be a list of words, got {text!r}.")
+                problems.append(
+                    f"Task {spec.name!r}, {where(row)}: field {name!r} must be a list of words, got {text!r}."
+                )
             elif not words and text is not None and not isinstance(text, str):  # a list here is no text (nor a pair)
                 problems.append(
                     f"Task {spec.name!r}, {where(row)}: field {name!r} must be text, got {text!r}"
-                    + (f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`."
-                       if isinstance(text, (list, tuple)) else ".")
+                    + (
+                        f"; a text pair is two fields, e.g. `text_fields: "
+                        f"{list(spec.text_fields) + ['<second field>']}`."
+                        if isinstance(text, (list, tuple))
+                        else "."
+                    )
                 )
             elif text is None or (not words and not text.strip() and not kind.allows_empty_text):
                 problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} is empty.")
@@ -553,7 +616,9 @@ def check_task_split(spec: TaskSpec, dataset, split: str, with_labels: bool = Tr
     return labels
 
 
-def check_tasks(task_data: Sequence[TaskData], splits: Sequence[str], with_labels: bool = True) -> dict[tuple[str, str], list]:
+def check_tasks(
+    task_data: Sequence[TaskData], splits: Sequence[str], with_labels: bool = True
+) -> dict[tuple[str, str], list]:
     """`check_task_split` for every task and split, the problems of all of them reported together; returns the
     encoded labels `{(task, split): labels}` (for `tokenize_task(..., labels=...)`)."""
     labels, problems = {}, []
@@ -572,8 +637,15 @@ def check_tasks(task_data: Sequence[TaskData], splits: Sequence[str], with_label
 
 # ----------------------------------------------------------------------------------------------- tokenising
 def tokenize_task(
-    spec: TaskSpec, dataset, tokenizer, task_id: int, max_length: int = 128, split: str = "train", with_labels: bool = True,
-    max_target_length: int = 64, labels: list | None = None,
+    spec: TaskSpec,
+    dataset,
+    tokenizer,
+    task_id: int,
+    max_length: int = 128,
+    split: str = "train",
+    with_labels: bool = True,
+    max_target_length: int = 64,
+    labels: list | None = None,
 ):
     """Model columns for one task split, made by the task's problem type (`ProblemType.tokenize`): `input_ids`,
     `attention_mask`, (`token_type_ids`), `labels`, `task_ids`, and the type's own columns (`span_positions` for
@@ -594,7 +666,13 @@ def tokenize_task(
             rows["labels"] = rows.pop("labels")
         return rows
 
-    return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names, desc=f"Tokenising {spec.name} ({split})")
+    return dataset.map(
+        encode,
+        batched=True,
+        with_indices=True,
+        remove_columns=dataset.column_names,
+        desc=f"Tokenising {spec.name} ({split})",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- batching
@@ -695,7 +773,9 @@ class MultiTaskCollator:
 
     @staticmethod
     def _labels(labels: list) -> torch.Tensor:
-        is_float = any(isinstance(v, float) or (isinstance(v, list) and any(isinstance(x, float) for x in v)) for v in labels)
+        is_float = any(
+            isinstance(v, float) or (isinstance(v, list) and any(isinstance(x, float) for x in v)) for v in labels
+        )
         dtype = torch.float32 if is_float else torch.long
         if not any(isinstance(v, (list, tuple)) for v in labels):
             return torch.tensor(labels, dtype=dtype)

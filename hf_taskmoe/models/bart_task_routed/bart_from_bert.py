@@ -20,7 +20,7 @@ The mapping (BERT and BART layers are both post-LayerNorm with GELU feed-forward
 Differences that remain: BART's LayerNorms use eps 1e-5 (BERT 1e-12), so encoder hidden states match BERT's to
 about 1e-5, not bit for bit; token type ids other than 0 are not represented. Special tokens: `[CLS]` is BOS and
 the decoder start, `[SEP]` is EOS, `[PAD]` is padding.
-"""
+"""  # noqa: E501  (Markdown table rows cannot be wrapped)
 
 from __future__ import annotations
 
@@ -77,7 +77,9 @@ def bart_from_bert(
     with torch.no_grad():
         model = bart.model
         model.shared.weight.copy_(src["embeddings.word_embeddings.weight"])
-        position = src["embeddings.position_embeddings.weight"][:positions] + src["embeddings.token_type_embeddings.weight"][0]
+        position = (
+            src["embeddings.position_embeddings.weight"][:positions] + src["embeddings.token_type_embeddings.weight"][0]
+        )
         for stack in (model.encoder, model.decoder):
             stack.embed_positions.weight[2:].copy_(position)  # BART's positions sit at offset 2
             stack.embed_positions.weight[:2].zero_()

@@ -124,8 +124,12 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
             raise ValueError(f"`task_representation_source` must be a dict, got {self.task_representation_source!r}.")
         if not isinstance(self.freeze_task_embeddings, bool):
             raise ValueError(f"`freeze_task_embeddings` must be a bool, got {self.freeze_task_embeddings!r}.")
-        self.routed_encoder_layers = check_layer_list(self.routed_encoder_layers, "routed_encoder_layers", self.encoder_layers)
-        self.routed_decoder_layers = check_layer_list(self.routed_decoder_layers, "routed_decoder_layers", self.decoder_layers)
+        self.routed_encoder_layers = check_layer_list(
+            self.routed_encoder_layers, "routed_encoder_layers", self.encoder_layers
+        )
+        self.routed_decoder_layers = check_layer_list(
+            self.routed_decoder_layers, "routed_decoder_layers", self.decoder_layers
+        )
         check_float(self.gumbel_temperature, "gumbel_temperature", minimum=1e-6)
         check_float(self.gumbel_min_temperature, "gumbel_min_temperature", minimum=1e-6)
         check_float(self.gumbel_anneal_rate, "gumbel_anneal_rate", minimum=0.0)
@@ -148,11 +152,15 @@ class BartTaskRoutedConfig(TaskConfigMixin, BartConfig):
 
     @property
     def encoder_route_layers(self) -> list[int]:
-        return list(range(self.encoder_layers)) if self.routed_encoder_layers is None else list(self.routed_encoder_layers)
+        return (
+            list(range(self.encoder_layers)) if self.routed_encoder_layers is None else list(self.routed_encoder_layers)
+        )
 
     @property
     def decoder_route_layers(self) -> list[int]:
-        return list(range(self.decoder_layers)) if self.routed_decoder_layers is None else list(self.routed_decoder_layers)
+        return (
+            list(range(self.decoder_layers)) if self.routed_decoder_layers is None else list(self.routed_decoder_layers)
+        )
 
     @property
     def route_names(self) -> list[str]:

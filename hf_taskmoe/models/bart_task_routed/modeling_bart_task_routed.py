@@ -24,18 +24,29 @@ from transformers import AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGe
 from transformers import initialization as init
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
-from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoderLayer, shift_tokens_right
+from transformers.utils import ModelOutput, TransformersKwargs
 
-from ...problem_types.seq2seq import Seq2Seq
 from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...layers.routing import (
-    RouteRecorder, RoutedCache, RoutedLayer, TaskEmbedding, TaskRouter, annealed_temperature, plan_routes,
+    RoutedCache,
+    RoutedLayer,
+    RouteRecorder,
+    TaskEmbedding,
+    TaskRouter,
+    annealed_temperature,
+    plan_routes,
 )
 from ...modeling_utils import (
-    MultiTaskPreTrainedModel, check_batch_dim, check_generation_counts, check_kwargs, check_lengths, grow_embedding,
+    MultiTaskPreTrainedModel,
+    check_batch_dim,
+    check_generation_counts,
+    check_kwargs,
+    check_lengths,
+    grow_embedding,
     resolve_task_ids,
 )
+from ...problem_types.seq2seq import Seq2Seq
 from ...tasks import TaskSpec
 from .configuration_bart_task_routed import DENSE_BART_FIELDS, BartTaskRoutedConfig
 
@@ -63,7 +74,9 @@ DEFAULT_MAX_NEW_TOKENS = 64
 def _forwarded_kwargs() -> frozenset[str]:
     """Keyword arguments transformers may hand a model's `forward` (generation, attention back-ends, the Trainer),
     read from the installed release: BART's own `forward` and `TransformersKwargs`; anything else is refused."""
-    names = set(inspect.signature(BartForConditionalGeneration.forward).parameters) | set(TransformersKwargs.__annotations__)
+    names = set(inspect.signature(BartForConditionalGeneration.forward).parameters) | set(
+        TransformersKwargs.__annotations__
+    )
     # names earlier 5.x releases passed (the signatures above no longer list them there)
     names |= {"cache_position", "decoder_position_ids", "head_mask", "decoder_head_mask", "cross_attn_head_mask"}
     return frozenset(names - {"self", "kwargs"})
@@ -143,7 +156,9 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         layers = []
         for i, layer in enumerate(self.model.encoder.layers):
             if i in encoder_routes:
-                layers.append(RoutedLayer([layer] + [BartEncoderLayer(config, layer_idx=i) for _ in range(m - 1)], route))
+                layers.append(
+                    RoutedLayer([layer] + [BartEncoderLayer(config, layer_idx=i) for _ in range(m - 1)], route)
+                )
                 route += 1
             else:
                 layers.append(RoutedLayer([layer], None))
@@ -151,7 +166,9 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         slot = 1  # decoder cache slot of each expert; slot 0 records the decoded length (see `forward`)
         layers = []
         for i, layer in enumerate(self.model.decoder.layers):
-            experts = [layer] + ([BartDecoderLayer(config, layer_idx=i) for _ in range(m - 1)] if i in decoder_routes else [])
+            experts = [layer] + (
+                [BartDecoderLayer(config, layer_idx=i) for _ in range(m - 1)] if i in decoder_routes else []
+            )
             for expert in experts:
                 expert.self_attn.layer_idx = expert.encoder_attn.layer_idx = slot
                 slot += 1
@@ -185,7 +202,11 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             init.normal_(module.weight, mean=0.0, std=config.task_embedding_init_std)  # (h) random representations
         elif isinstance(module, TaskRouter):
             init.zeros_(module.disabled)  # a non-persistent buffer: loading does not fill it
-        elif isinstance(module, nn.Linear) and hasattr(self, "router") and any(module is m for m in self.router.net.modules()):
+        elif (
+            isinstance(module, nn.Linear)
+            and hasattr(self, "router")
+            and any(module is m for m in self.router.net.modules())
+        ):
             init.normal_(module.weight, mean=0.0, std=config.router_std)
             init.zeros_(module.bias)
 
@@ -196,7 +217,9 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
     def set_training_step(self, step: int) -> None:
         """Anneal the Gumbel temperature (`MultiTaskTrainer` calls this every step)."""
         c = self.config
-        self.router.temperature = annealed_temperature(step, c.gumbel_temperature, c.gumbel_min_temperature, c.gumbel_anneal_rate)
+        self.router.temperature = annealed_temperature(
+            step, c.gumbel_temperature, c.gumbel_min_temperature, c.gumbel_anneal_rate
+        )
 
     @torch.no_grad()
     def task_routing(self, tasks: list[str] | None = None) -> torch.Tensor:
@@ -217,7 +240,9 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             mask[index, expert] = True
         full = mask.all(-1)
         if full.any():
-            raise ValueError(f"Cannot disable every expert of routed layer {self.config.route_names[int(full.nonzero()[0])]}.")
+            raise ValueError(
+                f"Cannot disable every expert of routed layer {self.config.route_names[int(full.nonzero()[0])]}."
+            )
         self.router.disabled.copy_(mask)
 
     def enable_experts(self) -> None:
@@ -331,7 +356,8 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         elif tuple(routing_weights.shape) != (batch, self.config.num_routed_layers, self.config.num_experts):
             raise ValueError(
                 f"`routing_weights` must have shape (batch, routed layers, experts) = "
-                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got {tuple(routing_weights.shape)}."
+                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got "
+                f"{tuple(routing_weights.shape)}."
             )
         if labels is not None:
             if labels.dim() != 2:
@@ -340,19 +366,34 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
                 Seq2Seq.check_target_ids(labels, self.config.vocab_size)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+                decoder_input_ids = shift_tokens_right(
+                    labels, self.config.pad_token_id, self.config.decoder_start_token_id
+                )
         if use_cache is None:
             use_cache = self.config.use_cache and not self.training
         cache = self._routed_cache(cache) if use_cache else None
         # which experts run on which rows, for every routed layer at once (the forward's one host sync)
         plan = plan_routes(routing_weights, every_expert=router_logits is not None and self.router.needs_every_expert)
-        flags = {k: v for k, v in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states))
-                 if v is not None}
+        flags = {
+            k: v
+            for k, v in (("output_attentions", output_attentions), ("output_hidden_states", output_hidden_states))
+            if v is not None
+        }
         out = super().forward(
-            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
-            inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, use_cache=use_cache,
-            routing_weights=routing_weights, routing_plan=plan, return_dict=True, **{CACHE_ARG: cache}, **flags, **kwargs,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            routing_weights=routing_weights,
+            routing_plan=plan,
+            return_dict=True,
+            **{CACHE_ARG: cache},
+            **flags,
+            **kwargs,
         )
         cache = output_cache(out)
         if isinstance(cache, EncoderDecoderCache):
@@ -368,12 +409,22 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         if output_router_logits:
             decisions = routing_weights.detach().float()
             counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
-            routing = dict(routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1))
+            routing = dict(
+                routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
+            )
         output = TaskRoutedSeq2SeqOutput(
-            loss=loss, logits=out.logits, encoder_last_hidden_state=out.encoder_last_hidden_state,
-            encoder_hidden_states=out.encoder_hidden_states, encoder_attentions=out.encoder_attentions,
-            decoder_hidden_states=out.decoder_hidden_states, decoder_attentions=out.decoder_attentions,
-            cross_attentions=out.cross_attentions, task_losses=task_losses, task_ids=task_ids, **{CACHE_ARG: cache}, **routing,
+            loss=loss,
+            logits=out.logits,
+            encoder_last_hidden_state=out.encoder_last_hidden_state,
+            encoder_hidden_states=out.encoder_hidden_states,
+            encoder_attentions=out.encoder_attentions,
+            decoder_hidden_states=out.decoder_hidden_states,
+            decoder_attentions=out.decoder_attentions,
+            cross_attentions=out.cross_attentions,
+            task_losses=task_losses,
+            task_ids=task_ids,
+            **{CACHE_ARG: cache},
+            **routing,
         )
         return output if return_dict else output.to_tuple()
 
@@ -507,7 +558,8 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         if not one_hot and not force_argmax:
             raise ValueError(
                 f"Task {task!r} has a soft route (selection {self.config.selection!r}): a plain BART holds one layer "
-                "per position. Use selection='gumbel_softmax_st', or pass force_argmax=True to keep the arg-max experts."
+                "per position. Use selection='gumbel_softmax_st', or pass force_argmax=True to keep the arg-max "
+                "experts."
             )
         chosen = decisions.argmax(-1).tolist()
         config = BartConfig(**{name: getattr(self.config, name) for name in DENSE_BART_FIELDS})

@@ -50,7 +50,9 @@ class BertPALsConfig(MultiTaskBertConfig):
         check_int(self.pal_size, "pal_size", minimum=1)
         check_int(self.pal_num_heads, "pal_num_heads", minimum=1)
         if self.pal_size % self.pal_num_heads:
-            raise ValueError(f"`pal_size` ({self.pal_size}) must be a multiple of `pal_num_heads` ({self.pal_num_heads}).")
+            raise ValueError(
+                f"`pal_size` ({self.pal_size}) must be a multiple of `pal_num_heads` ({self.pal_num_heads})."
+            )
         check_choice(self.pal_decoder_init, PAL_DECODER_INITS, "pal_decoder_init")
         if self.pal_attention_dropout is not None:
             check_float(self.pal_attention_dropout, "pal_attention_dropout", minimum=0.0, maximum=1.0)
@@ -69,7 +71,9 @@ class BertPALsConfig(MultiTaskBertConfig):
         names, seen, out = self.task_names, set(), []
         for group in groups:
             if isinstance(group, (str, bytes)) or not hasattr(group, "__iter__") or not list(group):
-                raise ValueError(f"`pal_task_groups`: each group must be a non-empty list of task names, got {group!r}.")
+                raise ValueError(
+                    f"`pal_task_groups`: each group must be a non-empty list of task names, got {group!r}."
+                )
             for name in group:
                 if name not in names:
                     raise ValueError(f"`pal_task_groups`: unknown task {name!r}; the tasks are {names}.")

@@ -17,7 +17,13 @@ from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
-from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
+from transformers.models.bert.modeling_bert import (
+    BertAttention,
+    BertEmbeddings,
+    BertIntermediate,
+    BertOutput,
+    BertPooler,
+)
 
 from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, rows_by_group, split_groups
 from ...modeling_utils import MultiTaskPreTrainedModel
@@ -128,8 +134,10 @@ class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):
 
     ```python
     >>> from hf_taskmoe import BertWithPALs, TaskSpec
-    >>> tasks = [TaskSpec(name="sst", num_labels=5), TaskSpec(name="qqp", num_labels=2), TaskSpec(name="sts", problem_type="regression")]
-    >>> model = BertWithPALs.from_dense("path/or/repo-of-a-bert", tasks=tasks, pal_size=204, pal_task_groups=[["qqp", "sts"]])
+    >>> tasks = [TaskSpec(name="sst", num_labels=5), TaskSpec(name="qqp", num_labels=2),
+    ...          TaskSpec(name="sts", problem_type="regression")]
+    >>> model = BertWithPALs.from_dense("path/or/repo-of-a-bert", tasks=tasks, pal_size=204,
+    ...                                 pal_task_groups=[["qqp", "sts"]])
     ```
     """
 
@@ -145,7 +153,10 @@ class BertWithPALs(MultiTaskBertHeadsMixin, BertPALsPreTrainedModel):
         construction (`D = 0` by default)."""
         pals, config = self.bert.pals, self.config
         source = config.task_group_ids[source_task] if source_task is not None else None
-        new_modules = [nn.Linear(config.hidden_size, config.pal_size, bias=False), PALDecoder(config.pal_size, config.hidden_size)]
+        new_modules = [
+            nn.Linear(config.hidden_size, config.pal_size, bias=False),
+            PALDecoder(config.pal_size, config.hidden_size),
+        ]
         pals.encoders.append(new_modules[0])
         pals.decoders.append(new_modules[1])
         for layer in pals.layers:

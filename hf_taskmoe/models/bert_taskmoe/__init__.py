@@ -2,8 +2,8 @@
 Learners): BERT/MiniLM feed-forward blocks upcycled into experts behind task-aware or shared top-k gates."""
 
 from ...pipelines import PIPELINE_TASK
-from ...upcycling import UpcyclingRules
 from ...problem_types import ENCODER
+from ...upcycling import UpcyclingRules
 from ..multitask_bert import BERT_BACKBONE_RULES
 from ..registry import Family, register_family
 from .configuration_bert_taskmoe import BertTaskMoEConfig
@@ -24,24 +24,33 @@ def describe(c: BertTaskMoEConfig) -> str:
             f"`{c.expert_weighting}`, MoE layers {c.moe_layer_indices}")
 
 
-FAMILY = register_family(Family(
-    name="bert_taskmoe",
-    config_class=BertTaskMoEConfig,
-    model_class=BertForTaskMoE,
-    problem_types=ENCODER,
-    pipeline_task=PIPELINE_TASK,
-    describe=describe,
-    # MT-TaG section 4.3: every expert of layer i starts as a copy of layer i's FFN
-    upcycling=UpcyclingRules(
-        rename=BERT_BACKBONE_RULES + (
-            (r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_in\.(weight|bias)", r"encoder.layer.\1.intermediate.dense.\2"),
-            (r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_out\.(weight|bias)", r"encoder.layer.\1.output.dense.\2"),
-            (r"encoder\.layer\.(\d+)\.ffn_norm\.(weight|bias)", r"encoder.layer.\1.output.LayerNorm.\2"),
+FAMILY = register_family(
+    Family(
+        name="bert_taskmoe",
+        config_class=BertTaskMoEConfig,
+        model_class=BertForTaskMoE,
+        problem_types=ENCODER,
+        pipeline_task=PIPELINE_TASK,
+        describe=describe,
+        # MT-TaG section 4.3: every expert of layer i starts as a copy of layer i's FFN
+        upcycling=UpcyclingRules(
+            rename=BERT_BACKBONE_RULES
+            + (
+                (
+                    r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_in\.(weight|bias)",
+                    r"encoder.layer.\1.intermediate.dense.\2",
+                ),
+                (
+                    r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_out\.(weight|bias)",
+                    r"encoder.layer.\1.output.dense.\2",
+                ),
+                (r"encoder\.layer\.(\d+)\.ffn_norm\.(weight|bias)", r"encoder.layer.\1.output.LayerNorm.\2"),
+            ),
+            new=(r"\.mlp\.router\.", r"^heads\."),
         ),
-        new=(r"\.mlp\.router\.", r"^heads\."),
-    ),
-    dense_model_types=("bert",),
-))
+        dense_model_types=("bert",),
+    )
+)
 
 __all__ = [
     "FAMILY",

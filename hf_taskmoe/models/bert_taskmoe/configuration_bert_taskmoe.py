@@ -78,7 +78,8 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
         check_choice(self.expert_dispatch, EXPERT_DISPATCHES, "expert_dispatch")
         if self.expert_dispatch == "grouped_mm" and (self.hidden_size % 8 or self.intermediate_size % 8):
             raise ValueError(
-                "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 (grouped GEMM "
+                "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 (grouped "
+                "GEMM "
                 f"strides are 16-byte aligned), got {self.hidden_size} and {self.intermediate_size}; use 'sorted_loop'."
             )
         check_float(self.router_init_std, "router_init_std", minimum=0.0)

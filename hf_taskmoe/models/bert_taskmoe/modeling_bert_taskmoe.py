@@ -202,7 +202,8 @@ class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
     >>> from hf_taskmoe import BertForTaskMoE, TaskSpec
     >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
     >>> model = BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)
-    >>> out = model(**tokenizer(["a fine film", "a bad one"], return_tensors="pt"), task_ids=model.task_ids_for(["sst2", "stsb"]))
+    >>> out = model(**tokenizer(["a fine film", "a bad one"], return_tensors="pt"),
+    ...             task_ids=model.task_ids_for(["sst2", "stsb"]))
     ```
     """
 

@@ -80,7 +80,10 @@ class CAMTLConfig(MultiTaskBertConfig):
         check_int(self.conditional_attention_max_length, "conditional_attention_max_length", minimum=1)
         if self.conditional_attention_blocks is not None:
             check_int(
-                self.conditional_attention_blocks, "conditional_attention_blocks", 1, self.conditional_attention_max_length
+                self.conditional_attention_blocks,
+                "conditional_attention_blocks",
+                1,
+                self.conditional_attention_max_length,
             )
         if self.conditional_attention_init_std is not None:
             check_float(self.conditional_attention_init_std, "conditional_attention_init_std", minimum=0.0)
@@ -127,5 +130,7 @@ class CAMTLConfig(MultiTaskBertConfig):
     @property
     def uses_task_embedding(self) -> bool:
         """Whether any component reads the task embedding (the plain MTL baseline of Table 1 has none)."""
-        conditional = bool(self.conditional_layer_indices) and (self.conditional_attention or self.conditional_layer_norm)
+        conditional = bool(self.conditional_layer_indices) and (
+            self.conditional_attention or self.conditional_layer_norm
+        )
         return conditional or self.conditional_alignment or self.conditional_bottleneck != "none"

@@ -20,15 +20,21 @@ from transformers import initialization as init
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
-from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput, BertPooler
+from transformers.models.bert.modeling_bert import (
+    BertAttention,
+    BertEmbeddings,
+    BertIntermediate,
+    BertOutput,
+    BertPooler,
+)
 
 from ...layers.conditional import (
     BottleneckUp,
-    Conditioning,
     ConditionalAlignment,
     ConditionalAttentionBias,
     ConditionalBottleneck,
     ConditionalLayerNorm,
+    Conditioning,
     FiLM,
 )
 from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding, resolve_task_ids
@@ -57,7 +63,9 @@ class CAMTLLayer(GradientCheckpointingLayer):
         self.output = BertOutput(config)
         conditional = layer_idx in config.conditional_layer_indices
         if conditional and config.conditional_layer_norm:
-            self.attention.output.LayerNorm = ConditionalLayerNorm(config.hidden_size, config.task_dim, config.layer_norm_eps)
+            self.attention.output.LayerNorm = ConditionalLayerNorm(
+                config.hidden_size, config.task_dim, config.layer_norm_eps
+            )
             self.output.LayerNorm = ConditionalLayerNorm(config.hidden_size, config.task_dim, config.layer_norm_eps)
         self.attention_bias = (
             ConditionalAttentionBias(config.conditional_attention_max_length, config.attention_blocks, config.task_dim)
@@ -66,7 +74,9 @@ class CAMTLLayer(GradientCheckpointingLayer):
         )
         base = config.conditional_bottleneck == "base" and layer_idx in config.bottleneck_layer_indices
         self.bottleneck = (
-            ConditionalBottleneck(config.hidden_size, config.bottleneck_size or config.hidden_size // 3, config.task_dim)
+            ConditionalBottleneck(
+                config.hidden_size, config.bottleneck_size or config.hidden_size // 3, config.task_dim
+            )
             if base
             else None
         )
@@ -90,7 +100,10 @@ class CAMTLEncoder(nn.Module):
         # LARGE: the skip connection alongside every layer (Figure 3b)
         self.skip = (
             nn.ModuleList(
-                [ConditionalBottleneck(config.hidden_size, size, config.task_dim) for _ in range(config.num_hidden_layers)]
+                [
+                    ConditionalBottleneck(config.hidden_size, size, config.task_dim)
+                    for _ in range(config.num_hidden_layers)
+                ]
             )
             if config.conditional_bottleneck == "large"
             else None
@@ -144,7 +157,9 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
         super().__init__(config)
         self.task_embeddings = nn.Embedding(config.num_tasks, config.task_dim) if config.uses_task_embedding else None
         self.embeddings = BertEmbeddings(config)
-        self.alignment = ConditionalAlignment(config.hidden_size, config.task_dim) if config.conditional_alignment else None
+        self.alignment = (
+            ConditionalAlignment(config.hidden_size, config.task_dim) if config.conditional_alignment else None
+        )
         self.encoder = CAMTLEncoder(config)
         self.pooler = BertPooler(config) if config.classifier_pooling == "pooler" else None
         self.post_init()
@@ -243,7 +258,9 @@ class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
         """One more row in the task-embedding table (appendix A.4): task `source`'s, or drawn like at construction
         (`N(0, initializer_range)`). The conditional modules are shared, so nothing else grows."""
         if self.bert.task_embeddings is not None:
-            self.bert.task_embeddings = grow_embedding(self.bert.task_embeddings, new_id, source, self.config.initializer_range)
+            self.bert.task_embeddings = grow_embedding(
+                self.bert.task_embeddings, new_id, source, self.config.initializer_range
+            )
 
     # ------------------------------------------------------------------ from a dense BERT
     @classmethod

@@ -82,11 +82,14 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
     def _validate(self) -> None:
         self._validate_tasks(TABULAR, "is not supported by MMoEModel; use one of")
         self.numeric_features = check_str_list(self.numeric_features or [], "numeric_features", allow_empty=True)
-        self.categorical_features = check_str_list(self.categorical_features or [], "categorical_features", allow_empty=True)
+        self.categorical_features = check_str_list(
+            self.categorical_features or [], "categorical_features", allow_empty=True
+        )
         cards = list(self.categorical_cardinalities or [])
         if len(cards) != len(self.categorical_features):
             raise ValueError(
-                f"`categorical_cardinalities` needs one value per categorical feature ({len(self.categorical_features)}), "
+                f"`categorical_cardinalities` needs one value per categorical feature "
+                f"({len(self.categorical_features)}), "
                 f"got {len(cards)}."
             )
         self.categorical_cardinalities = [check_int(c, "categorical_cardinalities[]", minimum=1) for c in cards]
@@ -102,7 +105,11 @@ class MMoEConfig(TaskConfigMixin, PreTrainedConfig):
         check_int(self.embedding_dim, "embedding_dim", minimum=1)
         check_choice(self.architecture, ARCHITECTURES, "architecture")
         check_int(self.num_experts, "num_experts", minimum=1)
-        for name, default in (("expert_hidden_sizes", [16]), ("bottom_hidden_sizes", [113]), ("tower_hidden_sizes", [8])):
+        for name, default in (
+            ("expert_hidden_sizes", [16]),
+            ("bottom_hidden_sizes", [113]),
+            ("tower_hidden_sizes", [8]),
+        ):
             value = getattr(self, name)
             value = list(default) if value is None else value
             if isinstance(value, (str, bytes, int)) or not hasattr(value, "__iter__"):

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
@@ -149,7 +148,9 @@ class MMoEModel(MMoEPreTrainedModel):
         # all categorical features in one table (one lookup, one backward); feature j's codes start at offsets[j]
         cards = config.categorical_cardinalities
         self.embeddings = nn.Embedding(sum(cards), config.embedding_dim) if cards else None
-        self.register_buffer("category_offsets", torch.tensor([0, *cards[:-1]], dtype=torch.long).cumsum(0), persistent=False)
+        self.register_buffer(
+            "category_offsets", torch.tensor([0, *cards[:-1]], dtype=torch.long).cumsum(0), persistent=False
+        )
         args = (config.use_bias, config.hidden_act, config.dropout)
         if config.architecture == "shared_bottom":
             self.bottom = StackedMLP(1, config.input_size, config.bottom_hidden_sizes, *args)
@@ -163,7 +164,10 @@ class MMoEModel(MMoEPreTrainedModel):
         self.towers = StackedMLP(config.num_tasks, bottom_size, tower_sizes, *args) if tower_sizes else None
         head_in = tower_sizes[-1] if tower_sizes else bottom_size
         self.heads = nn.ModuleDict(
-            {s.name: nn.Linear(head_in, width, bias=config.use_bias) for s, width in zip(config.task_specs, config.task_output_sizes)}
+            {
+                s.name: nn.Linear(head_in, width, bias=config.use_bias)
+                for s, width in zip(config.task_specs, config.task_output_sizes)
+            }
         )
         self.post_init()
 
@@ -177,7 +181,9 @@ class MMoEModel(MMoEPreTrainedModel):
         config = self.config
         if config.architecture == "mmoe":
             old, experts = self.gates, config.num_experts
-            gates = nn.Linear(old.in_features, old.out_features + experts, bias=old.bias is not None).to(old.weight.device, old.weight.dtype)
+            gates = nn.Linear(old.in_features, old.out_features + experts, bias=old.bias is not None).to(
+                old.weight.device, old.weight.dtype
+            )
             self._init_weights(gates)
             gates.weight[: old.out_features] = old.weight
             if source is not None:
@@ -188,12 +194,28 @@ class MMoEModel(MMoEPreTrainedModel):
                     gates.bias[-experts:] = old.bias[source * experts : (source + 1) * experts]
             self.gates = gates
         if self.towers is not None:
-            fresh = StackedMLP(1, config.expert_hidden_sizes[-1] if config.architecture != "shared_bottom" else config.bottom_hidden_sizes[-1],
-                               config.tower_hidden_sizes, config.use_bias, config.hidden_act, config.dropout)
+            fresh = StackedMLP(
+                1,
+                config.expert_hidden_sizes[-1]
+                if config.architecture != "shared_bottom"
+                else config.bottom_hidden_sizes[-1],
+                config.tower_hidden_sizes,
+                config.use_bias,
+                config.hidden_act,
+                config.dropout,
+            )
             self._init_weights(fresh)
             for name, param in list(self.towers.named_parameters()):
-                row = param[source : source + 1] if source is not None else getattr(fresh, name).to(param.device, param.dtype)
-                setattr(self.towers, name, nn.Parameter(torch.cat([param.data, row.clone()]), requires_grad=param.requires_grad))
+                row = (
+                    param[source : source + 1]
+                    if source is not None
+                    else getattr(fresh, name).to(param.device, param.dtype)
+                )
+                setattr(
+                    self.towers,
+                    name,
+                    nn.Parameter(torch.cat([param.data, row.clone()]), requires_grad=param.requires_grad),
+                )
         spec = config.task_specs[new_id]
         head_in = next(iter(self.heads.values())).in_features
         head = nn.Linear(head_in, config.task_output_sizes[new_id], bias=config.use_bias)
@@ -206,21 +228,29 @@ class MMoEModel(MMoEPreTrainedModel):
         parts, batch = [], None
         if config.numeric_features:
             if numeric_features is None:
-                raise ValueError(f"`numeric_features` is required: (batch, {len(config.numeric_features)}) for {config.numeric_features}.")
+                raise ValueError(
+                    f"`numeric_features` is required: (batch, {len(config.numeric_features)}) for "
+                    f"{config.numeric_features}."
+                )
             if numeric_features.dim() != 2 or numeric_features.shape[1] != len(config.numeric_features):
                 raise ValueError(
-                    f"`numeric_features` must have shape (batch, {len(config.numeric_features)}), got {tuple(numeric_features.shape)}."
+                    f"`numeric_features` must have shape (batch, {len(config.numeric_features)}), got "
+                    f"{tuple(numeric_features.shape)}."
                 )
             bad = ~torch.isfinite(numeric_features) if check_values else None
             if check_values and bad.any():
                 row, col = bad.nonzero()[0].tolist()
-                raise ValueError(f"`numeric_features` holds a non-finite value in row {row}, feature {config.numeric_features[col]!r}.")
+                raise ValueError(
+                    f"`numeric_features` holds a non-finite value in row {row}, feature "
+                    f"{config.numeric_features[col]!r}."
+                )
             parts.append(numeric_features.to(self.dtype))
             batch = numeric_features.shape[0]
         if config.categorical_features:
             if categorical_features is None:
                 raise ValueError(
-                    f"`categorical_features` is required: (batch, {len(config.categorical_features)}) codes for {config.categorical_features}."
+                    f"`categorical_features` is required: (batch, {len(config.categorical_features)}) codes for "
+                    f"{config.categorical_features}."
                 )
             if categorical_features.dim() != 2 or categorical_features.shape[1] != len(config.categorical_features):
                 raise ValueError(
@@ -228,13 +258,16 @@ class MMoEModel(MMoEPreTrainedModel):
                     f"{tuple(categorical_features.shape)}."
                 )
             if batch is not None and categorical_features.shape[0] != batch:
-                raise ValueError(f"`categorical_features` has {categorical_features.shape[0]} rows, `numeric_features` {batch}.")
+                raise ValueError(
+                    f"`categorical_features` has {categorical_features.shape[0]} rows, `numeric_features` {batch}."
+                )
             if categorical_features.is_floating_point() and check_values:
                 fractional = categorical_features != categorical_features.round()
                 if fractional.any():  # `.long()` would truncate 1.7 to category 1
                     row, col = fractional.nonzero()[0].tolist()
                     raise ValueError(
-                        f"`categorical_features` must hold integer codes; row {row}, feature {config.categorical_features[col]!r} "
+                        f"`categorical_features` must hold integer codes; row {row}, feature "
+                        f"{config.categorical_features[col]!r} "
                         f"holds {categorical_features[row, col].item()}."
                     )
             codes = categorical_features.long()
@@ -243,7 +276,8 @@ class MMoEModel(MMoEPreTrainedModel):
             if check_values and bad.any():
                 row, col = bad.nonzero()[0].tolist()
                 raise ValueError(
-                    f"Categorical feature {config.categorical_features[col]!r} has code {codes[row, col].item()} in row "
+                    f"Categorical feature {config.categorical_features[col]!r} has code {codes[row, col].item()} in "
+                    "row "
                     f"{row}; codes must lie in [0, {config.categorical_cardinalities[col]})."
                 )
             embedded = self.embeddings(codes + self.category_offsets)  # (batch, features, embedding_dim)
@@ -266,7 +300,9 @@ class MMoEModel(MMoEPreTrainedModel):
         infinite = torch.isinf(labels)  # NaN marks a missing label; an infinite one is a bad label
         if infinite.any():
             row, k = infinite.nonzero()[0].tolist()
-            raise ValueError(f"Task {config.task_names[k]!r}: label {labels[row, k].item()} in row {row} is not finite.")
+            raise ValueError(
+                f"Task {config.task_names[k]!r}: label {labels[row, k].item()} in row {row} is not finite."
+            )
         for k, spec in enumerate(config.task_specs):
             problem_type_of(spec).check_tabular_column(spec, labels[:, k])
         return labels
@@ -309,7 +345,9 @@ class MMoEModel(MMoEPreTrainedModel):
         else:
             experts = self.experts(x)  # (batch, experts, h)
             # softmax in fp32: gate weights must sum to 1 under fp16/bf16 autocast too
-            gates = self.gates(x).float().view(batch, -1, config.num_experts).softmax(-1).to(experts.dtype)  # (batch, gates, experts)
+            gates = (
+                self.gates(x).float().view(batch, -1, config.num_experts).softmax(-1).to(experts.dtype)
+            )  # (batch, gates, experts)
             mixed = torch.bmm(gates, experts)  # (batch, gates, h): f^k(x) = sum_i g^k(x)_i f_i(x)
             task_inputs = mixed.expand(batch, config.num_tasks, mixed.shape[-1])  # OMoE: the one mixture for every task
             if output_gates or output_router_logits:
@@ -327,7 +365,7 @@ class MMoEModel(MMoEPreTrainedModel):
         loss = None
         if labels is not None:
             weights = {s.name: s.loss_weight for s in config.task_specs}
-            loss = sum(weights[n] * l for n, l in task_losses.items()) if task_losses else x.sum() * 0.0
+            loss = sum(weights[n] * task_loss for n, task_loss in task_losses.items()) if task_losses else x.sum() * 0.0
         output = MMoEOutput(
             loss=loss,
             logits=torch.cat(list(task_logits.values()), dim=-1),
