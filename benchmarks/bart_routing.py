@@ -113,7 +113,9 @@ def main():
     for batch in batches:
         result[f"hard_inference_ratio_{batch}"] = round(median[f"infer_hard_{batch}"] / median["infer_dense"], 3)
         for selection in routed:
-            result[f"{selection}_train_ratio_{batch}"] = round(median[f"train_{selection}_{batch}"] / median["train_dense"], 3)
+            result[f"{selection}_train_ratio_{batch}"] = round(
+                median[f"train_{selection}_{batch}"] / median["train_dense"], 3
+            )
         result[f"hard_generate_ratio_{batch}"] = round(median[f"generate_hard_{batch}"] / median["generate_dense"], 3)
     print(json.dumps(result))
 

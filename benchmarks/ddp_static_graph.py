@@ -33,10 +33,31 @@ def _port() -> int:
 
 def run(find_unused: bool, args, folder: Path, index: int) -> float:
     out = folder / f"run{index}"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-            "--master_port", str(_port()), str(ROOT / "examples" / "run_multitask.py"), "--use_cpu",
-            "--model_family", args.model_family, "--max_steps", str(args.max_steps), "--max_eval_samples", "16",
-            "--ddp_find_unused_parameters", str(find_unused).lower(), "--output_dir", str(out), "--disable_tqdm", "true"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_port()),
+        str(ROOT / "examples" / "run_multitask.py"),
+        "--use_cpu",
+        "--model_family",
+        args.model_family,
+        "--max_steps",
+        str(args.max_steps),
+        "--max_eval_samples",
+        "16",
+        "--ddp_find_unused_parameters",
+        str(find_unused).lower(),
+        "--output_dir",
+        str(out),
+        "--disable_tqdm",
+        "true",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
     summary = json.loads((out / "run_summary.json").read_text())
@@ -56,12 +77,24 @@ def main():
             order = [False, True] if r % 2 == 0 else [True, False]
             for find_unused in order:
                 name = "find_unused" if find_unused else "static"
-                times[name].append(run(find_unused, args, Path(folder), len(times["static"]) + len(times["find_unused"])))
+                times[name].append(
+                    run(find_unused, args, Path(folder), len(times["static"]) + len(times["find_unused"]))
+                )
                 print(f"{name:<12} {times[name][-1]:.3f} s/step", flush=True)
     medians = {k: statistics.median(v) for k, v in times.items()}
-    print(json.dumps({"find_unused_over_static": round(medians["find_unused"] / medians["static"], 3),
-                      "step_s": {k: round(v, 3) for k, v in medians.items()}, "runs": times,
-                      "model_family": args.model_family, "max_steps": args.max_steps, "processes": 2, "threads": args.threads}))
+    print(
+        json.dumps(
+            {
+                "find_unused_over_static": round(medians["find_unused"] / medians["static"], 3),
+                "step_s": {k: round(v, 3) for k, v in medians.items()},
+                "runs": times,
+                "model_family": args.model_family,
+                "max_steps": args.max_steps,
+                "processes": 2,
+                "threads": args.threads,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -28,11 +28,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(num_experts: int, steps: int, threads: int, folder: Path, dispatch: str = "sorted_loop", trim_every: int = 0) -> dict:
+def run(
+    num_experts: int, steps: int, threads: int, folder: Path, dispatch: str = "sorted_loop", trim_every: int = 0
+) -> dict:
     out = folder / f"experts{num_experts}-{dispatch}-{trim_every}"
-    argv = [sys.executable, str(ROOT / "examples" / "run_multitask.py"), "--num_experts", str(num_experts), "--max_steps", str(steps),
-            "--max_eval_samples", "64", "--output_dir", str(out), "--disable_tqdm", "true", "--use_cpu", "--expert_dispatch", dispatch,
-            "--release_freed_memory_every", str(trim_every)]
+    argv = [
+        sys.executable,
+        str(ROOT / "examples" / "run_multitask.py"),
+        "--num_experts",
+        str(num_experts),
+        "--max_steps",
+        str(steps),
+        "--max_eval_samples",
+        "64",
+        "--output_dir",
+        str(out),
+        "--disable_tqdm",
+        "true",
+        "--use_cpu",
+        "--expert_dispatch",
+        dispatch,
+        "--release_freed_memory_every",
+        str(trim_every),
+    ]
     subprocess.run(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": str(threads)}, check=True, capture_output=True)
     return json.loads((out / "run_summary.json").read_text())
 
@@ -52,25 +70,57 @@ def main():
         trimmed = {k: run(4, args.max_steps, args.threads, Path(folder), trim_every=k) for k in (1, 10)}
         grouped = run(4, args.max_steps, args.threads, Path(folder), "grouped_mm")
     tasks = [TaskSpec(name="t", num_labels=2)]
-    sizes = [sum(p.numel() for p in BertForTaskMoE(BertForTaskMoE.config_class(
-        tasks=tasks, vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
-        num_experts=n)).parameters()) for n in (1, 4)]
+    sizes = [
+        sum(
+            p.numel()
+            for p in BertForTaskMoE(
+                BertForTaskMoE.config_class(
+                    tasks=tasks,
+                    vocab_size=30522,
+                    hidden_size=384,
+                    num_hidden_layers=6,
+                    num_attention_heads=12,
+                    intermediate_size=1536,
+                    num_experts=n,
+                )
+            ).parameters()
+        )
+        for n in (1, 4)
+    ]
     extra_mb = (sizes[1] - sizes[0]) * 4 * 4 / 2**20  # parameter, gradient, two AdamW moments, fp32
     bound = (dense["peak_rss_mb"] + extra_mb) * 1.3
-    print(f"MT-Dense peak {dense['peak_rss_mb']:.0f} MB; MT-TaG peak {moe['peak_rss_mb']:.0f} MB (sorted loop), "
-          f"{trimmed[1]['peak_rss_mb']:.0f} / {trimmed[10]['peak_rss_mb']:.0f} MB (sorted loop, trimmed every 1 / 10 steps), "
-          f"{grouped['peak_rss_mb']:.0f} MB (grouped GEMM); extra parameters {sizes[1] - sizes[0]:,} ({extra_mb:.0f} MB with "
-          f"gradients and AdamW state); bound {bound:.0f} MB")
+    print(
+        f"MT-Dense peak {dense['peak_rss_mb']:.0f} MB; MT-TaG peak {moe['peak_rss_mb']:.0f} MB (sorted loop), "
+        f"{trimmed[1]['peak_rss_mb']:.0f} / {trimmed[10]['peak_rss_mb']:.0f} MB (sorted loop, trimmed every 1 / 10 "
+        "steps), "
+        f"{grouped['peak_rss_mb']:.0f} MB (grouped GEMM); extra parameters {sizes[1] - sizes[0]:,} ({extra_mb:.0f} MB "
+        "with "
+        f"gradients and AdamW state); bound {bound:.0f} MB"
+    )
     time = lambda r: r["train_metrics"]["train_runtime"] / r["steps"]  # noqa: E731
-    print(json.dumps({"dense_peak_mb": dense["peak_rss_mb"], "moe_peak_mb": moe["peak_rss_mb"], "grouped_peak_mb": grouped["peak_rss_mb"],
-                      "trimmed_peak_mb": {k: r["peak_rss_mb"] for k, r in trimmed.items()},
-                      "trimmed_over_bound": {k: round(r["peak_rss_mb"] / bound, 3) for k, r in trimmed.items()},
-                      "extra_state_mb": round(extra_mb, 1), "bound_mb": round(bound, 1),
-                      "moe_over_bound": round(moe["peak_rss_mb"] / bound, 3), "grouped_over_bound": round(grouped["peak_rss_mb"] / bound, 3),
-                      "step_s": {"dense": round(time(dense), 3), "moe": round(time(moe), 3),
-                                 **{f"moe_trimmed_every_{k}": round(time(r), 3) for k, r in trimmed.items()},
-                                 "grouped": round(time(grouped), 3)},
-                      "steps": args.max_steps, "threads": args.threads}))
+    print(
+        json.dumps(
+            {
+                "dense_peak_mb": dense["peak_rss_mb"],
+                "moe_peak_mb": moe["peak_rss_mb"],
+                "grouped_peak_mb": grouped["peak_rss_mb"],
+                "trimmed_peak_mb": {k: r["peak_rss_mb"] for k, r in trimmed.items()},
+                "trimmed_over_bound": {k: round(r["peak_rss_mb"] / bound, 3) for k, r in trimmed.items()},
+                "extra_state_mb": round(extra_mb, 1),
+                "bound_mb": round(bound, 1),
+                "moe_over_bound": round(moe["peak_rss_mb"] / bound, 3),
+                "grouped_over_bound": round(grouped["peak_rss_mb"] / bound, 3),
+                "step_s": {
+                    "dense": round(time(dense), 3),
+                    "moe": round(time(moe), 3),
+                    **{f"moe_trimmed_every_{k}": round(time(r), 3) for k, r in trimmed.items()},
+                    "grouped": round(time(grouped), 3),
+                },
+                "steps": args.max_steps,
+                "threads": args.threads,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,39 @@ import torch
 
 from hf_taskmoe import MMoEConfig, MMoEModel, TaskSpec
 
-CARDINALITIES = [10, 53, 48, 4, 25, 16, 6, 11, 3, 4, 7, 9, 7, 7, 52, 39, 9, 11, 10, 11, 4, 5, 6, 44, 44, 44, 6, 4, 4, 4, 3]
+CARDINALITIES = [
+    10,
+    53,
+    48,
+    4,
+    25,
+    16,
+    6,
+    11,
+    3,
+    4,
+    7,
+    9,
+    7,
+    7,
+    52,
+    39,
+    9,
+    11,
+    10,
+    11,
+    4,
+    5,
+    6,
+    44,
+    44,
+    44,
+    6,
+    4,
+    4,
+    4,
+    3,
+]
 
 
 def make_model(architecture: str) -> MMoEModel:

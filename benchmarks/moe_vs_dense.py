@@ -30,7 +30,9 @@ def main():
     models = {
         "dense": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=1),
         "moe": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=4, gating="task"),
-        "moe_grouped": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=4, gating="task", expert_dispatch="grouped_mm"),
+        "moe_grouped": BertForTaskMoE.from_dense(
+            source, tasks=tasks, num_experts=4, gating="task", expert_dispatch="grouped_mm"
+        ),
     }
     batch = make_batch(args.batch, args.seq, args.num_tasks, models["dense"].config.vocab_size)
 
@@ -38,7 +40,8 @@ def main():
     for phase, medians in results.items():
         print(
             f"{phase:<9}  dense {medians['dense'] * 1000:8.1f} ms   moe (sorted loop) {medians['moe'] * 1000:8.1f} ms "
-            f"ratio {medians['moe'] / medians['dense']:.3f}   moe (grouped GEMM) {medians['moe_grouped'] * 1000:8.1f} ms "
+            f"ratio {medians['moe'] / medians['dense']:.3f}   moe (grouped GEMM) {medians['moe_grouped'] * 1000:8.1f} "
+            "ms "
             f"ratio {medians['moe_grouped'] / medians['dense']:.3f}"
         )
 
@@ -52,7 +55,9 @@ def main():
                 "train_ratio": round(results["train"]["moe"] / results["train"]["dense"], 3),
                 "inference_ratio": round(results["inference"]["moe"] / results["inference"]["dense"], 3),
                 "grouped_train_ratio": round(results["train"]["moe_grouped"] / results["train"]["dense"], 3),
-                "grouped_inference_ratio": round(results["inference"]["moe_grouped"] / results["inference"]["dense"], 3),
+                "grouped_inference_ratio": round(
+                    results["inference"]["moe_grouped"] / results["inference"]["dense"], 3
+                ),
                 "train_ms": {k: round(v * 1000, 1) for k, v in results["train"].items()},
                 "inference_ms": {k: round(v * 1000, 1) for k, v in results["inference"].items()},
                 "threads": args.threads,

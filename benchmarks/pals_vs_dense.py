@@ -32,15 +32,19 @@ def main():
     models = {
         "dense": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=1),
         "pals": BertWithPALs.from_dense(source, tasks=tasks, pal_size=args.pal_size, pal_decoder_init="normal"),
-        "pals_no_pal_dropout": BertWithPALs.from_dense(source, tasks=tasks, pal_size=args.pal_size, pal_decoder_init="normal",
-                                                       pal_attention_dropout=0.0),
+        "pals_no_pal_dropout": BertWithPALs.from_dense(
+            source, tasks=tasks, pal_size=args.pal_size, pal_decoder_init="normal", pal_attention_dropout=0.0
+        ),
     }
     batch = make_batch(args.batch, args.seq, args.num_tasks, models["dense"].config.vocab_size)
     results = side_by_side(models, batch, args.rounds, args.warmup)
     for phase, medians in results.items():
-        print(f"{phase:<9}  dense {medians['dense'] * 1000:8.1f} ms   PALs {medians['pals'] * 1000:8.1f} ms   "
-              f"ratio {medians['pals'] / medians['dense']:.3f}   without PAL dropout "
-              f"{medians['pals_no_pal_dropout'] * 1000:8.1f} ms  ratio {medians['pals_no_pal_dropout'] / medians['dense']:.3f}")
+        print(
+            f"{phase:<9}  dense {medians['dense'] * 1000:8.1f} ms   PALs {medians['pals'] * 1000:8.1f} ms   "
+            f"ratio {medians['pals'] / medians['dense']:.3f}   without PAL dropout "
+            f"{medians['pals_no_pal_dropout'] * 1000:8.1f} ms  ratio "
+            f"{medians['pals_no_pal_dropout'] / medians['dense']:.3f}"
+        )
     dense_params = parameter_report(models["dense"]).total
     report = parameter_report(models["pals"], dense_equivalent=dense_params)
     print(f"parameters: dense {dense_params:,}, with PALs {report.total:,} (PALs {report.pal:,}; "

@@ -30,14 +30,33 @@ def run(precision: str, steps: int, threads: int, folder: Path) -> dict:
 
     if not torch.cuda.is_available():
         flags = flags + ["--use_cpu", "true"]
-    argv = [sys.executable, str(ROOT / "examples" / "run_multitask.py"), "--max_steps", str(steps), "--logging_steps", "10",
-            "--max_seq_length", "64", "--max_eval_samples", "200", "--output_dir", str(out), "--disable_tqdm", "true", *flags]
+    argv = [
+        sys.executable,
+        str(ROOT / "examples" / "run_multitask.py"),
+        "--max_steps",
+        str(steps),
+        "--logging_steps",
+        "10",
+        "--max_seq_length",
+        "64",
+        "--max_eval_samples",
+        "200",
+        "--output_dir",
+        str(out),
+        "--disable_tqdm",
+        "true",
+        *flags,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
     summary = json.loads((out / "run_summary.json").read_text())
     losses = {h["step"]: h["loss"] for h in summary["log_history"] if "loss" in h and "step" in h}
-    return {"recorded_precision": summary["precision"], "losses": losses, "eval_average": summary["metrics"].get("eval_average"),
-            "step_time_s": summary["train_metrics"]["train_runtime"] / summary["steps"]}
+    return {
+        "recorded_precision": summary["precision"],
+        "losses": losses,
+        "eval_average": summary["metrics"].get("eval_average"),
+        "step_time_s": summary["train_metrics"]["train_runtime"] / summary["steps"],
+    }
 
 
 def main():
@@ -54,8 +73,11 @@ def main():
     result = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "steps": args.max_steps}
     for p, r in runs.items():
         rel = [abs(r["losses"][s] - reference[s]) / abs(reference[s]) for s in reference if s in r["losses"]]
-        print(f"{p}: recorded {r['recorded_precision']}, step {1000 * r['step_time_s']:.1f} ms, dev average "
-              f"{100 * r['eval_average']:.2f}, training loss vs fp32: max rel diff {max(rel):.4f}, mean {sum(rel) / len(rel):.4f}")
+        print(
+            f"{p}: recorded {r['recorded_precision']}, step {1000 * r['step_time_s']:.1f} ms, dev average "
+            f"{100 * r['eval_average']:.2f}, training loss vs fp32: max rel diff {max(rel):.4f}, mean "
+            f"{sum(rel) / len(rel):.4f}"
+        )
         result[p] = {"recorded": r["recorded_precision"], "step_ms": round(1000 * r["step_time_s"], 2),
                      "step_time_ratio": round(r["step_time_s"] / runs["fp32"]["step_time_s"], 3),
                      "loss_rel_diff_max": round(max(rel), 4), "loss_rel_diff_mean": round(sum(rel) / len(rel), 4),

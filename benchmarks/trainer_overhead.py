@@ -20,10 +20,17 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import AutoTokenizer
 
 from hf_taskmoe import BertForTaskMoE
-from hf_taskmoe.training import MultiTaskCollator, MultiTaskDataset, TaskBatchSampler, build_task_sampling, load_tasks, tokenize_task
+from hf_taskmoe.training import (
+    MultiTaskCollator,
+    MultiTaskDataset,
+    TaskBatchSampler,
+    build_task_sampling,
+    load_tasks,
+    tokenize_task,
+)
 from hf_taskmoe.training.trainer import TaskView
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +56,10 @@ def main():
     tokenizer = AutoTokenizer.from_pretrained(path)
     tasks = load_tasks([str(ROOT / "examples" / "data" / "demo_mixture" / "tasks.json")], splits=("train",))
     model = BertForTaskMoE.from_dense(path, tasks=[t.spec for t in tasks], num_experts=4).train()
-    train = [TaskView(tokenize_task(t.spec, t.split("train"), tokenizer, i, args.max_seq_length), i) for i, t in enumerate(tasks)]
+    train = [
+        TaskView(tokenize_task(t.spec, t.split("train"), tokenizer, i, args.max_seq_length), i)
+        for i, t in enumerate(tasks)
+    ]
     dataset = MultiTaskDataset(train, [t.name for t in tasks])
     sampler = TaskBatchSampler([len(d) for d in train], args.batch, build_task_sampling(args.sampling), seed=0)
     collate = MultiTaskCollator(pad_token_id=tokenizer.pad_token_id)

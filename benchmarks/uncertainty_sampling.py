@@ -39,7 +39,9 @@ def main():
     vocab = model.config.vocab_size
     batch = make_batch(args.batch, args.seq, args.num_tasks, vocab)
     pool = make_batch(args.batch * args.num_tasks, args.seq, args.num_tasks, vocab, seed=1)
-    pool = {k: v[torch.argsort(pool["task_ids"], stable=True)] for k, v in pool.items()}  # b candidates per task, in task order
+    pool = {
+        k: v[torch.argsort(pool["task_ids"], stable=True)] for k, v in pool.items()
+    }  # b candidates per task, in task order
     samplers = {"uncertainty": MTUncertaintySampling(), "uncertainty_every4": MTUncertaintySampling(score_every=BLOCK)}
     step_counter = {name: 0 for name in samplers}
 
@@ -64,10 +66,13 @@ def main():
     times = {name: [] for name in names}
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else reversed(names):
-            times[name].append(timed(lambda: run(name)) / BLOCK)
+            times[name].append(timed(lambda: run(name)) / BLOCK)  # noqa: B023  (timed() calls it right away)
     medians = {name: statistics.median(t) for name, t in times.items()}
     for name in names:
-        print(f"{name:<20} {medians[name] * 1000:8.1f} ms/step   ratio to uniform {medians[name] / medians['uniform']:.3f}")
+        print(
+            f"{name:<20} {medians[name] * 1000:8.1f} ms/step   ratio to uniform "
+            f"{medians[name] / medians['uniform']:.3f}"
+        )
     print(json.dumps({
         "uncertainty_ratio": round(medians["uncertainty"] / medians["uniform"], 3),
         "uncertainty_every4_ratio": round(medians["uncertainty_every4"] / medians["uniform"], 3),

@@ -50,18 +50,30 @@ def data_for(group: str, args):
 
 
 def sizes(args) -> dict:
-    return dict(num_experts=args.num_experts, expert_hidden_sizes=[args.expert_units], bottom_hidden_sizes=[args.bottom_units],
-                tower_hidden_sizes=[args.tower_units], embedding_dim=args.embedding_dim)
+    return dict(
+        num_experts=args.num_experts,
+        expert_hidden_sizes=[args.expert_units],
+        bottom_hidden_sizes=[args.bottom_units],
+        tower_hidden_sizes=[args.tower_units],
+        embedding_dim=args.embedding_dim,
+    )
 
 
 @torch.no_grad()
 def evaluate(model, tensors, tasks) -> dict[str, float]:
     model.eval()
-    logits = torch.cat([model(**{k: v[i : i + 8192] for k, v in tensors.items() if k != "labels"}).logits for i in range(0, len(tensors["labels"]), 8192)])
+    logits = torch.cat(
+        [
+            model(**{k: v[i : i + 8192] for k, v in tensors.items() if k != "labels"}).logits
+            for i in range(0, len(tensors["labels"]), 8192)
+        ]
+    )
     model.train()
     out, col = {}, 0
     for k, task in enumerate(tasks):
-        out[task.name] = compute_task_metrics(task, logits[:, col : col + 2].numpy(), tensors["labels"][:, k].numpy())["roc_auc"]
+        out[task.name] = compute_task_metrics(task, logits[:, col : col + 2].numpy(), tensors["labels"][:, k].numpy())[
+            "roc_auc"
+        ]
         col += 2
     return out
 
@@ -92,10 +104,18 @@ def train_one(job: tuple[str, str, int, int | None], args) -> dict:
             loss.backward()
             optimizer.step()
     tasks = model.config.task_specs
-    result = {"group": group, "method": method, "seed": seed, **{f"{s}_{t}": v for s in splits for t, v in evaluate(model, splits[s], tasks).items()}}
+    result = {
+        "group": group,
+        "method": method,
+        "seed": seed,
+        **{f"{s}_{t}": v for s in splits for t, v in evaluate(model, splits[s], tasks).items()},
+    }
     if method == "MMoE" and seed == 0:
         gates = gate_distribution(model, splits["test"])
-        gates.plot(os.path.join(args.output_dir, f"gates_{group}.png"), title=f"MMoE gate weights on the test rows ({group} group)")
+        gates.plot(
+            os.path.join(args.output_dir, f"gates_{group}.png"),
+            title=f"MMoE gate weights on the test rows ({group} group)",
+        )
         result["gates"] = gates.to_dict()
     return result
 
@@ -109,7 +129,9 @@ def main():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--num_experts", type=int, default=8)
     parser.add_argument("--expert_units", type=int, default=32)
-    parser.add_argument("--bottom_units", type=int, default=256, help="Shared-Bottom / Single-Task width (= experts x units)")
+    parser.add_argument(
+        "--bottom_units", type=int, default=256, help="Shared-Bottom / Single-Task width (= experts x units)"
+    )
     parser.add_argument("--tower_units", type=int, default=8)
     parser.add_argument("--embedding_dim", type=int, default=4)
     parser.add_argument("--train_path", default=None)
@@ -144,20 +166,30 @@ def main():
             mine = [r for r in results if r["group"] == group and r["method"] == method]
             runs = {}  # seed -> merged result (Single-Task: the two one-task runs of a seed)
             for r in mine:
-                runs.setdefault(r["seed"], {}).update({k: v for k, v in r.items() if k.startswith(("validation_", "test_"))})
+                runs.setdefault(r["seed"], {}).update(
+                    {k: v for k, v in r.items() if k.startswith(("validation_", "test_"))}
+                )
             best_seed = max(runs, key=lambda s: runs[s][f"validation_{main_task}"])
             row = {}
             for t in tasks:
                 values = [runs[s][f"test_{t}"] for s in sorted(runs)]
-                row[t] = {"mean": round(100 * float(np.mean(values)), 2), "best": round(100 * runs[best_seed][f"test_{t}"], 2),
-                          "std": round(100 * float(np.std(values)), 2)}
+                row[t] = {
+                    "mean": round(100 * float(np.mean(values)), 2),
+                    "best": round(100 * runs[best_seed][f"test_{t}"], 2),
+                    "std": round(100 * float(np.std(values)), 2),
+                }
             table[method] = row
             print(f"{method:<15}" + "".join(f"{row[t]['mean']:>22.2f}{row[t]['best']:>22.2f}" for t in tasks))
         gates = next((r["gates"] for r in results if r["group"] == group and "gates" in r), None)
         tables[group] = {"tasks": tasks, "label_correlation": correlation[group], "auc": table, "mmoe_gates": gates}
     summary = {
-        "runs": args.runs, "seeds": f"0..{args.runs - 1}", "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-        "sizes": sizes(args), "minutes": round((time.time() - started) / 60, 1),
+        "runs": args.runs,
+        "seeds": f"0..{args.runs - 1}",
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "sizes": sizes(args),
+        "minutes": round((time.time() - started) / 60, 1),
         "groups": {g: {"label_correlation": v["label_correlation"], "auc": v["auc"]} for g, v in tables.items()},
     }
     with open(os.path.join(args.output_dir, "results.json"), "w") as f:

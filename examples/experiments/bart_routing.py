@@ -86,8 +86,10 @@ def main():
         if "gumbel" in name.lower():
             model = hf_taskmoe.BartTaskRouted.from_pretrained(out)
             decisions = model.task_routing()
-            routes = {"route_names": model.config.route_names,
-                      "chosen_expert": {t: decisions[i].argmax(-1).tolist() for i, t in enumerate(model.config.task_names)}}
+            routes = {
+                "route_names": model.config.route_names,
+                "chosen_expert": {t: decisions[i].argmax(-1).tolist() for i, t in enumerate(model.config.task_names)},
+            }
             plot_task_routing(decisions, model.config.task_names, model.config.route_names,
                               HERE / "results" / "bart_routing_gumbel_st.png",
                               title=f"Gumbel-softmax ST routes after {args.max_steps} steps (1 = chosen expert)")

@@ -84,7 +84,10 @@ def claim_unseen(unseen: list[dict], task: str) -> str:
 
 
 def claim_robustness(main: list[dict], clean: list[dict], common: list[str]) -> str:
-    lines = ["| model, task | beside unrelated tasks | related tasks alone | difference | verdict |", "|---|---|---|---|---|"]
+    lines = [
+        "| model, task | beside unrelated tasks | related tasks alone | difference | verdict |",
+        "|---|---|---|---|---|",
+    ]
     for method in ("mt_dense", "mt_switch", "mt_tag"):
         for task in [*common, "average"]:
             if task == "average":
@@ -167,7 +170,9 @@ def claims_text2text_unseen(records: list[dict], task: str = "trec") -> str:
     (seed, few-shot sample) pairs both ran: scores, ARG (mean relative gain, x100, ± std over the pairs), verdict."""
     from hf_taskmoe.analysis.task_routing import average_relative_gain
 
-    runs = {m: per_seed(records, m, task, variant="*") for m in ("fewshot_single_task", "fewshot_dense", "fewshot_routing")}
+    runs = {
+        m: per_seed(records, m, task, variant="*") for m in ("fewshot_single_task", "fewshot_dense", "fewshot_routing")
+    }
     lines = [f"| {task}, few-shot | first | second | difference | verdict | ARG of first over second |",
              "|---|---|---|---|---|---|"]
     for a, b in (("fewshot_dense", "fewshot_single_task"), ("fewshot_routing", "fewshot_single_task"),
@@ -188,9 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.results)
     load = lambda name: load_records(folder / f"{name}{args.suffix}.jsonl")  # noqa: E731
     if args.claims == "text2text":
-        for title, name, claims in (("Task-level MoE over BART: the paper's three findings", "text2text", claims_text2text),
-                                    ("Section 7 in the small: TREC unseen, 5 few-shot samples", "text2text_unseen",
-                                     claims_text2text_unseen)):
+        for title, name, claims in (
+            ("Task-level MoE over BART: the paper's three findings", "text2text", claims_text2text),
+            ("Section 7 in the small: TREC unseen, 5 few-shot samples", "text2text_unseen", claims_text2text_unseen),
+        ):
             print(f"### {title} ({name})\n")
             records, stale = current(load(name), Path(__file__).resolve().parent / "configs" / f"{name}.json")
             print(claims(records))

@@ -5,13 +5,13 @@
         [--results FILE ...] [--out examples/experiments/results]
 
 For each experiment: a markdown table (`<name>.md`: one row per method and variant, one column per task, then the
-small-task and all-task averages; mean ± standard deviation over seeds, x100 (the mean alone for one seed); the best mean of each column in
-bold; the number of seeds), a bar chart of the per-task scores with their standard deviations (`<name>_scores.png`),
-the dev curves during training (`<name>_curves.png`, mean over seeds) and, where cells routed between experts, each
-routed method's routes per task on the dev sets (`<name>_routes.png`, its lowest seed) with a table of the
-layers each pair of tasks shares (mean over seeds), and where cells generated
-text, sample generations (input, target and each method's output for the first dev examples of each task, lowest
-seed). A task's score is the mean of its metrics. Single-task methods (one cell per task) make one row.
+small-task and all-task averages; mean ± standard deviation over seeds, x100 (the mean alone for one seed); the best
+mean of each column in bold; the number of seeds), a bar chart of the per-task scores with their standard deviations
+(`<name>_scores.png`), the dev curves during training (`<name>_curves.png`, mean over seeds) and, where cells routed
+between experts, each routed method's routes per task on the dev sets (`<name>_routes.png`, its lowest seed) with a
+table of the layers each pair of tasks shares (mean over seeds), and where cells generated text, sample generations
+(input, target and each method's output for the first dev examples of each task, lowest seed). A task's score is the
+mean of its metrics. Single-task methods (one cell per task) make one row.
 
 Comparisons use one rule everywhere (`verdict`): a difference of means counts only when it exceeds twice the
 larger of the two standard deviations; otherwise it is reported as "no difference" ("inconclusive" with one seed).
@@ -20,7 +20,6 @@ larger of the two standard deviations; otherwise it is reported as "no differenc
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -75,7 +74,7 @@ def per_seed(records: list[dict], tasks: list[str], small: list[str]) -> dict[st
         scores = seeds.setdefault(r["seed"], {})
         scores.update({t: v for t, v in r["scores"].items() if t in tasks})
     for seeds in rows.values():
-        for seed, scores in list(seeds.items()):
+        for _seed, scores in list(seeds.items()):
             present = [t for t in tasks if t in scores]
             if len(present) == len(tasks):
                 scores["avg"] = statistics.mean(scores[t] for t in tasks)
@@ -310,7 +309,12 @@ def report(experiment_file: Path, results: Path | None, out: Path) -> str:
         text.append(f"\n![routes per task]({spec['name']}_routes.png)")
         sharing = route_sharing(records)
         if sharing:
-            text += ["", "Routes shared between tasks (layers where both send most examples to one expert):", "", sharing]
+            text += [
+                "",
+                "Routes shared between tasks (layers where both send most examples to one expert):",
+                "",
+                sharing,
+            ]
     samples = sample_generations(records)
     if samples:
         text += ["", "Sample generations (greedy; each method's lowest seed):", "", samples]
@@ -322,7 +326,9 @@ def report(experiment_file: Path, results: Path | None, out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiments", nargs="+", help="Experiment files (JSON).")
-    parser.add_argument("--results", nargs="+", help="Results files, one per experiment (default: results/<name>.jsonl).")
+    parser.add_argument(
+        "--results", nargs="+", help="Results files, one per experiment (default: results/<name>.jsonl)."
+    )
     parser.add_argument("--out", default=str(RESULTS), help="Folder for the tables and plots.")
     args = parser.parse_args(argv)
     results = args.results or [None] * len(args.experiments)

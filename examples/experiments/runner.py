@@ -325,7 +325,11 @@ def _scores(metrics: dict, tasks: list[str]) -> dict[str, float]:
     """Each task's score: the mean of its metrics (`eval_<task>_<metric>`), as the library aggregates them."""
     out = {}
     for task in tasks:
-        values = [v for k, v in metrics.items() if k.startswith(f"eval_{task}_") and not k.endswith(("loss", "runtime", "per_second"))]
+        values = [
+            v
+            for k, v in metrics.items()
+            if k.startswith(f"eval_{task}_") and not k.endswith(("loss", "runtime", "per_second"))
+        ]
         if values:
             out[task] = sum(values) / len(values)
     return out
@@ -416,11 +420,23 @@ def run_cell(cell: Cell, threads: int, python: str = sys.executable, extra_env: 
               "task": cell.task, "seed": cell.seed, "argv": cell.argv, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": threads}}
     if cell.depends_on and not (Path(cell.depends_on) / "config.json").exists():
-        return {**record, "status": "error", "error": f"the model this cell continues is missing: {cell.depends_on} (run that experiment first)"}
+        return {
+            **record,
+            "status": "error",
+            "error": f"the model this cell continues is missing: {cell.depends_on} (run that experiment first)",
+        }
     argv, resume = cell_command(cell, python, checkpoints)
     out = cell.output_dir
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
     if resume is not None:
         record["resumed_from"] = Path(resume).name
     started = time.time()
@@ -452,16 +468,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("experiment", help="An experiment file (JSON).")
     parser.add_argument("--results", help="Results file (default: examples/experiments/results/<name>.jsonl).")
     parser.add_argument("--threads", type=int, default=1, help="Threads per cell (OMP_NUM_THREADS).")
-    parser.add_argument("--runs", default=str(RUNS), help="Folder of the cells' output folders (default: runs/experiments).")
+    parser.add_argument(
+        "--runs", default=str(RUNS), help="Folder of the cells' output folders (default: runs/experiments)."
+    )
     parser.add_argument("--workers", type=int, default=1, help="Cells run at once (a GPU machine: several; here: 1).")
     parser.add_argument("--only", nargs="+", help="Run only these methods.")
     parser.add_argument("--seeds", nargs="+", type=int, help="Run only these seeds.")
-    parser.add_argument("--no_checkpoints", action="store_true",
-                        help="Save no checkpoints: an interrupted cell starts again from scratch (default: each cell saves "
-                             "one where it evaluates and an interrupted cell continues from it).")
+    parser.add_argument(
+        "--no_checkpoints",
+        action="store_true",
+        help="Save no checkpoints: an interrupted cell starts again from scratch (default: each cell saves "
+        "one where it evaluates and an interrupted cell continues from it).",
+    )
     parser.add_argument("--list", action="store_true", help="List the cells and whether they are done; run nothing.")
-    parser.add_argument("--set", nargs="+", default=[], metavar="OPTION=VALUE",
-                        help="Add run_multitask options to every cell (e.g. bf16=true on a GPU); recorded in each record.")
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="Add run_multitask options to every cell (e.g. bf16=true on a GPU); recorded in each record.",
+    )
     args = parser.parse_args(argv)
     from tqdm.auto import tqdm
 
@@ -500,7 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     failed, left = 0, 0
     with tqdm(total=len(chosen), initial=len(chosen) - len(todo), desc=spec["name"], unit="cell") as bar:
         with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:  # each cell is its own process
-            futures = {pool.submit(attempt, cell, args.threads, results, not args.no_checkpoints): cell for cell in todo}
+            futures = {
+                pool.submit(attempt, cell, args.threads, results, not args.no_checkpoints): cell for cell in todo
+            }
             for future in as_completed(futures):
                 cell, record = futures[future], future.result()
                 if isinstance(record, str):  # another runner has it

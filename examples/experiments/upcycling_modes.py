@@ -45,7 +45,9 @@ def initial_deviation() -> dict:
     real = enc["attention_mask"].bool()
     out = {}
     for weighting in ("gate", "straight_through"):
-        model = BertForTaskMoE.from_dense(path, tasks=[TaskSpec(name="t", num_labels=2)], expert_weighting=weighting).eval()
+        model = BertForTaskMoE.from_dense(
+            path, tasks=[TaskSpec(name="t", num_labels=2)], expert_weighting=weighting
+        ).eval()
         with torch.no_grad():
             a = dense(**enc).last_hidden_state
             b = model.bert(**enc, task_ids=torch.zeros(2, dtype=torch.long)).last_hidden_state
@@ -74,7 +76,17 @@ def main():
                 ]
                 t0 = time.time()
                 metrics = run_multitask.main(argv)
-                results[name].append({"seed": seed, "seconds": round(time.time() - t0), **{k: round(v, 4) for k, v in metrics.items() if k.startswith("eval_") and not k.endswith(("runtime", "per_second", "loss"))}})
+                results[name].append(
+                    {
+                        "seed": seed,
+                        "seconds": round(time.time() - t0),
+                        **{
+                            k: round(v, 4)
+                            for k, v in metrics.items()
+                            if k.startswith("eval_") and not k.endswith(("runtime", "per_second", "loss"))
+                        },
+                    }
+                )
 
     keys = [k for k in results["MT-Dense"][0] if k.startswith("eval_")]
     print(f"\n{'metric':<34}" + "".join(f"{n:>26}" for n in CONFIGS))
