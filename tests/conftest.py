@@ -31,10 +31,14 @@ TINY = dict(
 
 ALL_KINDS = [
     TaskSpec(name="sst2", num_labels=2),
-    TaskSpec(name="mnli", label_names=["entailment", "neutral", "contradiction"], text_fields=["premise", "hypothesis"]),
+    TaskSpec(
+        name="mnli", label_names=["entailment", "neutral", "contradiction"], text_fields=["premise", "hypothesis"]
+    ),
     TaskSpec(name="stsb", problem_type="regression", text_fields=["sentence1", "sentence2"]),
     TaskSpec(name="tags", problem_type="multi_label_classification", num_labels=4),
-    TaskSpec(name="copa", problem_type="multiple_choice", text_fields=["premise"], choice_fields=["choice1", "choice2"]),
+    TaskSpec(
+        name="copa", problem_type="multiple_choice", text_fields=["premise"], choice_fields=["choice1", "choice2"]
+    ),
     TaskSpec(
         name="wic",
         problem_type="span_classification",
@@ -49,7 +53,11 @@ ALL_KINDS = [
 def tiny_config(tasks=None, **overrides):
     kwargs = dict(TINY)
     kwargs.update(overrides)
-    tasks = tasks if tasks is not None else [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression")]
+    tasks = (
+        tasks
+        if tasks is not None
+        else [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression")]
+    )
     return hf_taskmoe.BertTaskMoEConfig(tasks=tasks, **kwargs)
 
 
@@ -104,7 +112,9 @@ def tiny_dense(tmp_path_factory, minilm):
 
     folder = tmp_path_factory.mktemp("tiny_bert")
     torch.manual_seed(0)
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)).save_pretrained(folder)
+    BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    ).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(minilm / name, folder / name)
     return folder

@@ -8,8 +8,8 @@ and a family defined elsewhere (a test's toy family) gets them by subclassing wi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import pytest
 import torch
@@ -72,7 +72,9 @@ class FamilyContract:
             assert type(loaded) is family.model_class and loaded.config.task_names == model.config.task_names
             with torch.no_grad():
                 got = loaded(**batch)
-            torch.testing.assert_close(_task_rows(got, self.case.output_key), _task_rows(expected, self.case.output_key), atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                _task_rows(got, self.case.output_key), _task_rows(expected, self.case.output_key), atol=1e-5, rtol=0
+            )
             assert torch.equal(loaded.task_fingerprint, model.task_fingerprint)
 
     def test_reordered_tasks_in_config_json_are_refused(self, tmp_path):
@@ -130,7 +132,9 @@ class FamilyContract:
             optimizer.zero_grad()
         model(**batch).loss.backward()
         patterns = [re.compile(p) for p in getattr(model, "_task_specific_parameters", (r"^heads\.",))]
-        specific = [(n, p) for n, p in model.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)]
+        specific = [
+            (n, p) for n, p in model.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)
+        ]
         assert specific
         without = [n for n, p in specific if p.grad is None or not p.grad.abs().sum() > 0]
         assert not without, f"no gradient: {without[:5]}"
@@ -211,7 +215,9 @@ class FamilyContract:
             inputs = {k: v for k, v in batch.items() if k != "labels"}
             with torch.no_grad():
                 expected = getattr(model, encoder)(**inputs, return_dict=True).to_tuple()
-                torch.testing.assert_close(getattr(model, encoder)(**inputs, return_dict=False), expected, atol=0, rtol=0)
+                torch.testing.assert_close(
+                    getattr(model, encoder)(**inputs, return_dict=False), expected, atol=0, rtol=0
+                )
 
     def test_hidden_states_and_attentions_as_arguments_and_from_the_config(self):
         layers = self.case.extra.get("layers")  # output field -> the config field counting its layers
@@ -266,13 +272,20 @@ class FamilyContract:
         tail = name.rsplit(".", 1)[0]
         cases = {
             "are not on file": {k: v for k, v in whole.items() if k != name},
-            "differ in shape": {**whole, name: whole[name][..., :-1].contiguous() if whole[name].shape[-1] > 1 else whole[name].repeat(2)},
+            "differ in shape": {
+                **whole,
+                name: whole[name][..., :-1].contiguous() if whole[name].shape[-1] > 1 else whole[name].repeat(2),
+            },
         }
         extra = f"{tail}.extra_weight"
         cases["have no place in the model"] = {**whole, extra: whole[name].clone()}
         for reason, tensors in cases.items():
             save_file(tensors, path, metadata={"format": "pt"})
-            with pytest.raises(ValueError, match=rf"(?s)Cannot load .*{reason}[^(]*\(.*{re.escape(extra if 'no place' in reason else name)}.*ignore_mismatched_sizes=True"):
+            with pytest.raises(
+                ValueError,
+                match=rf"(?s)Cannot load .*{reason}[^(]*\(.*"
+                      rf"{re.escape(extra if 'no place' in reason else name)}.*ignore_mismatched_sizes=True",
+            ):
                 AutoModel.from_pretrained(tmp_path)
         # opted in, as in transformers: the misshaped tensor is initialised afresh and the rest loads
         save_file(cases["differ in shape"], path, metadata={"format": "pt"})

@@ -23,11 +23,20 @@ def _batch(model, **changes):
 
 CASES = {
     "missing task_ids": (dict(task_ids=None), r"`task_ids` is required: this model has 3 tasks"),
-    "task id out of range": (dict(task_ids=torch.tensor([0, 1, 3, 0])), r"Only 3 tasks available.*found task id = 3 \(row 2\)"),
+    "task id out of range": (
+        dict(task_ids=torch.tensor([0, 1, 3, 0])),
+        r"Only 3 tasks available.*found task id = 3 \(row 2\)",
+    ),
     "negative task id": (dict(task_ids=torch.tensor([0, -1, 2, 0])), r"found task id = -1"),
     "float task ids": (dict(task_ids=torch.tensor([0.0, 1.0, 2.0, 0.0])), r"`task_ids` must be an integer tensor"),
-    "task_ids batch mismatch": (dict(task_ids=torch.tensor([0, 1, 2])), r"`task_ids` must have shape \(batch,\) = \(4,\)"),
-    "class index >= num_labels": (dict(labels=torch.tensor([2.0, 2.0, 0.5, 0.0])), r"task 'sst2' must be in \[0, 2\).*rows \[0\]"),
+    "task_ids batch mismatch": (
+        dict(task_ids=torch.tensor([0, 1, 2])),
+        r"`task_ids` must have shape \(batch,\) = \(4,\)",
+    ),
+    "class index >= num_labels": (
+        dict(labels=torch.tensor([2.0, 2.0, 0.5, 0.0])),
+        r"task 'sst2' must be in \[0, 2\).*rows \[0\]",
+    ),
     "regression labels not float": (
         dict(task_ids=torch.tensor([2, 2, 2, 2]), labels=torch.tensor([1, 2, 3, 4])),
         r"regression task 'stsb' must be floating point",
@@ -46,12 +55,26 @@ CASES = {
     ),
     "unknown task name as task_ids": (dict(task_ids=["sst2", "cola", "stsb", "sst2"]), r"'cola' is not one of"),
     "labels batch mismatch": (dict(labels=torch.tensor([1.0, 2.0, 0.5])), r"`labels` must have 4 rows"),
-    "attention_mask shape": (dict(attention_mask=torch.ones(4, 6, dtype=torch.long)), r"`attention_mask` must have shape \(batch, seq\) = \(4, 7\)"),
-    "token_type_ids batch": (dict(token_type_ids=torch.zeros(3, 7, dtype=torch.long)), r"`token_type_ids` must have shape"),
-    "input_ids 3-D": (dict(input_ids=torch.ones(4, 2, 7, dtype=torch.long)), r"`input_ids` must have shape \(batch, seq\)"),
+    "attention_mask shape": (
+        dict(attention_mask=torch.ones(4, 6, dtype=torch.long)),
+        r"`attention_mask` must have shape \(batch, seq\) = \(4, 7\)",
+    ),
+    "token_type_ids batch": (
+        dict(token_type_ids=torch.zeros(3, 7, dtype=torch.long)),
+        r"`token_type_ids` must have shape",
+    ),
+    "input_ids 3-D": (
+        dict(input_ids=torch.ones(4, 2, 7, dtype=torch.long)),
+        r"`input_ids` must have shape \(batch, seq\)",
+    ),
     "empty batch": (
-        dict(input_ids=torch.ones(0, 7, dtype=torch.long), attention_mask=None, token_type_ids=None, task_ids=torch.zeros(0, dtype=torch.long),
-             labels=None),
+        dict(
+            input_ids=torch.ones(0, 7, dtype=torch.long),
+            attention_mask=None,
+            token_type_ids=None,
+            task_ids=torch.zeros(0, dtype=torch.long),
+            labels=None,
+        ),
         r"batch is empty \(0 rows\)",
     ),
     "zero-length sequences": (
@@ -62,7 +85,10 @@ CASES = {
         dict(input_ids=torch.ones(4, 65, dtype=torch.long), attention_mask=None, token_type_ids=None),
         r"65 tokens; this model takes at most 64 \(`max_position_embeddings`\)",
     ),
-    "misspelt keyword": (dict(lables=torch.tensor([1.0, 2.0, 0.5, 0.0])), r"Unexpected keyword argument\(s\) \['lables'\] \(did you mean `labels`"),
+    "misspelt keyword": (
+        dict(lables=torch.tensor([1.0, 2.0, 0.5, 0.0])),
+        r"Unexpected keyword argument\(s\) \['lables'\] \(did you mean `labels`",
+    ),
 }
 
 
@@ -138,7 +164,9 @@ def test_mmoe_refuses_infinite_labels_fractional_codes_and_misspelt_keywords():
     from hf_taskmoe import MMoEConfig, MMoEModel
 
     tasks = [TaskSpec(name="y", problem_type="regression"), TaskSpec(name="c", num_labels=2)]
-    model = MMoEModel(MMoEConfig(tasks=tasks, numeric_features=["a"], categorical_features=["k"], categorical_cardinalities=[3]))
+    model = MMoEModel(
+        MMoEConfig(tasks=tasks, numeric_features=["a"], categorical_features=["k"], categorical_cardinalities=[3])
+    )
     x, k = torch.zeros(2, 1), torch.tensor([[0], [2]])
     with pytest.raises(ValueError, match=r"Task 'y': label inf in row 1 is not finite"):
         model(numeric_features=x, categorical_features=k, labels=torch.tensor([[0.5, 1.0], [float("inf"), 0.0]]))
@@ -209,7 +237,9 @@ def test_pipeline_truncates_at_what_the_model_takes(minilm_tokenizer):
 
     model = BertForTaskMoE(tiny_config(tasks=ALL_KINDS[:3], vocab_size=minilm_tokenizer.vocab_size)).eval()
     lengths = []
-    model.bert.embeddings.register_forward_pre_hook(lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    model.bert.embeddings.register_forward_pre_hook(
+        lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     long_text = " ".join(["word"] * 300)
     pipe = pipeline("multitask-text-classification", model=model, tokenizer=minilm_tokenizer)
     assert pipe.max_length() == 64 and pipe(long_text, task="sst2")["task"] == "sst2" and lengths[-1] == 64

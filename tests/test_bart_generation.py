@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForSeq2SeqLM, BartConfig, BartForConditionalGeneration, PreTrainedTokenizerFast, pipeline
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    BartConfig,
+    BartForConditionalGeneration,
+    PreTrainedTokenizerFast,
+    pipeline,
+)
 
 from hf_taskmoe import BartTaskRouted, TaskSpec, bart_from_bert
 from hf_taskmoe.metrics import decode_texts
@@ -40,7 +46,9 @@ def bart_tokenizer() -> PreTrainedTokenizerFast:
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     core.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
 
 
 def tiny_bart(tokenizer, convention: str) -> BartForConditionalGeneration:
@@ -53,8 +61,17 @@ def tiny_bart(tokenizer, convention: str) -> BartForConditionalGeneration:
         special = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)
     torch.manual_seed(0)
     config = BartConfig(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        encoder_attention_heads=4, decoder_attention_heads=4, max_position_embeddings=64, dropout=0.0, **special,
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        max_position_embeddings=64,
+        dropout=0.0,
+        **special,
     )
     return BartForConditionalGeneration(config)
 
@@ -69,7 +86,9 @@ def encode(model, tokenizer):
     return batch, labels, task_ids
 
 
-def overfit(model, tokenizer, lr: float, max_steps: int, check_every: int = 25, batch_rows: int | None = None) -> tuple[list[str], int]:
+def overfit(
+    model, tokenizer, lr: float, max_steps: int, check_every: int = 25, batch_rows: int | None = None
+) -> tuple[list[str], int]:
     """Plain AdamW on the examples until greedy generation reproduces every target; returns (texts, steps)."""
     batch, labels, task_ids = encode(model, tokenizer)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -127,7 +146,9 @@ def test_targets_never_begin_with_the_start_token(tokenizers):
         ids = target_token_ids(tokenizer, ["fresh", "blue green red"], max_length=3)
         first = {row[0] for row in ids}
         assert not first & {tokenizer.bos_token_id, tokenizer.cls_token_id}, convention
-        assert all(row[-1] == (tokenizer.eos_token_id if convention == "bart" else tokenizer.sep_token_id) for row in ids)
+        assert all(
+            row[-1] == (tokenizer.eos_token_id if convention == "bart" else tokenizer.sep_token_id) for row in ids
+        )
         assert max(map(len, ids)) == 3  # the end token counts towards max_length
         model = BartTaskRouted.from_dense(tiny_bart(tokenizer, convention), TASKS)
         labels = torch.tensor([row + [-100] * (3 - len(row)) for row in ids])

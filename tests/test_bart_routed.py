@@ -22,7 +22,9 @@ def dense_bart(seed=0):
 
 def routed(selection="gumbel_softmax_st", seed=0, noise=0.0, distinct=True, **kwargs):
     """A BartTaskRouted from a tiny dense BART; `distinct` moves the experts apart (as training would)."""
-    model = BartTaskRouted.from_dense(dense_bart(seed), TASKS, expert_noise_variance=noise, selection=selection, **kwargs)
+    model = BartTaskRouted.from_dense(
+        dense_bart(seed), TASKS, expert_noise_variance=noise, selection=selection, **kwargs
+    )
     if distinct:
         g = torch.Generator().manual_seed(seed + 1)
         with torch.no_grad():
@@ -104,7 +106,9 @@ def test_dense_equivalence_after_upcycling():
     assert 0 < difference < 1e-2
     experts = noisy.model.encoder.layers[0].experts
     assert not torch.equal(experts[0].fc1.weight, experts[1].fc1.weight)
-    assert (experts[0].fc1.weight - dense.model.encoder.layers[0].fc1.weight).std().item() == pytest.approx(1e-4, rel=0.1)
+    assert (experts[0].fc1.weight - dense.model.encoder.layers[0].fc1.weight).std().item() == pytest.approx(
+        1e-4, rel=0.1
+    )
 
 
 def test_generate_with_task_ids_beam_search_and_cache():
@@ -114,16 +118,33 @@ def test_generate_with_task_ids_beam_search_and_cache():
     kwargs = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
     for beams in (1, 3):
         expected = dense.generate(b["input_ids"], attention_mask=b["attention_mask"], num_beams=beams, **kwargs)
-        got = model.generate(b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], num_beams=beams, **kwargs)
+        got = model.generate(
+            b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], num_beams=beams, **kwargs
+        )
         assert torch.equal(got, expected)
     distinct = routed("gumbel_softmax_st")
     for beams in (1, 3):
-        cached = distinct.generate(b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], num_beams=beams, **kwargs)
-        uncached = distinct.generate(b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], num_beams=beams,
-                                     use_cache=False, **kwargs)
+        cached = distinct.generate(
+            b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], num_beams=beams, **kwargs
+        )
+        uncached = distinct.generate(
+            b["input_ids"],
+            attention_mask=b["attention_mask"],
+            task_ids=b["task_ids"],
+            num_beams=beams,
+            use_cache=False,
+            **kwargs,
+        )
         assert torch.equal(cached, uncached) and cached.shape == (6, 7)
-    per_task = [distinct.generate(b["input_ids"][b["task_ids"] == t], attention_mask=b["attention_mask"][b["task_ids"] == t],
-                                  task_ids=b["task_ids"][b["task_ids"] == t], **kwargs) for t in range(3)]
+    per_task = [
+        distinct.generate(
+            b["input_ids"][b["task_ids"] == t],
+            attention_mask=b["attention_mask"][b["task_ids"] == t],
+            task_ids=b["task_ids"][b["task_ids"] == t],
+            **kwargs,
+        )
+        for t in range(3)
+    ]
     mixed = distinct.generate(b["input_ids"], attention_mask=b["attention_mask"], task_ids=b["task_ids"], **kwargs)
     for t in range(3):
         assert torch.equal(mixed[b["task_ids"] == t], per_task[t])
@@ -135,7 +156,10 @@ def test_only_the_chosen_experts_run():
     for stack in (model.model.encoder, model.model.decoder):
         for i, layer in enumerate(stack.layers):
             for j, expert in enumerate(layer.experts):
-                expert.register_forward_hook(lambda m, a, o, key=(id(stack), i, j): calls.append((key, a[0].shape[0])))
+                # the default binds this expert's key (noqa: B008, id() is meant to run here)
+                expert.register_forward_hook(
+                    lambda m, a, o, key=(id(stack), i, j): calls.append((key, a[0].shape[0]))  # noqa: B008
+                )
     b = batch()
     with torch.no_grad():
         one_task = {k: v[b["task_ids"] == 1] for k, v in b.items()}
@@ -164,7 +188,9 @@ def test_export_task_gives_same_outputs():
         kwargs = dict(max_new_tokens=5, min_new_tokens=5, num_beams=2, do_sample=False)
         assert torch.equal(
             plain.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], **kwargs),
-            model.generate(inputs["input_ids"], attention_mask=inputs["attention_mask"], task_ids=b["task_ids"][rows], **kwargs),
+            model.generate(
+                inputs["input_ids"], attention_mask=inputs["attention_mask"], task_ids=b["task_ids"][rows], **kwargs
+            ),
         )
     with pytest.raises(ValueError, match="soft route"):
         routed("softmax").export_task("cls")
@@ -263,18 +289,24 @@ def test_bart_from_bert_encoder_reproduces_bert(minilm, minilm_tokenizer):
 
     bart = bart_from_bert(minilm).eval()
     bert = BertModel.from_pretrained(minilm).eval()
-    enc = minilm_tokenizer(["a short sentence", "another, much longer sentence with more words"], padding=True, return_tensors="pt")
+    enc = minilm_tokenizer(
+        ["a short sentence", "another, much longer sentence with more words"], padding=True, return_tensors="pt"
+    )
     real = enc["attention_mask"].bool()
     with torch.no_grad():
         expected = bert(**enc, output_hidden_states=True).hidden_states
-        got = bart.model.encoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_hidden_states=True).hidden_states
+        got = bart.model.encoder(
+            input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_hidden_states=True
+        ).hidden_states
         assert len(got) == len(expected) == 7
         # BART's LayerNorms have eps 1e-5 (BERT 1e-12): close, not equal
         assert max((g - e)[real].abs().max().item() for g, e in zip(got, expected)) < 1e-2
         for module in bart.modules():
             if isinstance(module, torch.nn.LayerNorm):
                 module.eps = bert.config.layer_norm_eps
-        got = bart.model.encoder(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_hidden_states=True).hidden_states
+        got = bart.model.encoder(
+            input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_hidden_states=True
+        ).hidden_states
     assert max((g - e)[real].abs().max().item() for g, e in zip(got, expected)) < 1e-5
     assert torch.equal(bart.model.decoder.layers[2].fc1.weight, bert.encoder.layer[2].intermediate.dense.weight)
     assert bart.lm_head.weight.data_ptr() == bart.model.shared.weight.data_ptr()
@@ -283,7 +315,9 @@ def test_bart_from_bert_encoder_reproduces_bert(minilm, minilm_tokenizer):
 
 
 def test_route_analysis(tmp_path):
-    decisions = torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]])
+    decisions = torch.tensor(
+        [[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [1.0, 0.0]], [[0.0, 1.0], [0.0, 1.0]], [[0.0, 1.0], [1.0, 0.0]]]
+    )
     features = {"classification": [1, 1, 0, 0], "constant": [1, 1, 1, 1]}
     r, p = route_feature_correlation(decisions, features)
     assert r.shape == (4, 2) and np.isnan(r[:, 1]).all()
@@ -330,6 +364,8 @@ def test_task_representations(minilm_tokenizer):
     fisher = fisher_task_embeddings(dense, minilm_tokenizer, tasks, dim=4, probe_steps=2, lora_rank=2)
     assert fisher.shape == (3, 4) and torch.all(fisher[:, 3] == 0)  # 3 tasks: at most 3 PCA components
     assert fisher[:, :2].abs().sum() > 0
-    model = BartTaskRouted.from_dense(dense, [TaskSpec(name=n, problem_type="seq2seq") for n in tasks], task_embedding_dim=4)
+    model = BartTaskRouted.from_dense(
+        dense, [TaskSpec(name=n, problem_type="seq2seq") for n in tasks], task_embedding_dim=4
+    )
     model.set_task_embeddings(fisher)
     assert torch.equal(model.router.task_embeddings.weight.detach(), fisher)

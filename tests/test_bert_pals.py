@@ -8,7 +8,11 @@ from hf_taskmoe import BertPALsConfig, BertPALsModel, BertWithPALs, TaskSpec, pa
 from .conftest import ALL_KINDS, TINY, random_batch
 from .test_trainer import TASKS, make_trainer
 
-THREE = [TaskSpec(name="sst", num_labels=5), TaskSpec(name="qqp", num_labels=2), TaskSpec(name="sts", problem_type="regression")]
+THREE = [
+    TaskSpec(name="sst", num_labels=5),
+    TaskSpec(name="qqp", num_labels=2),
+    TaskSpec(name="sts", problem_type="regression"),
+]
 
 
 def pals_config(tasks=THREE, **overrides):

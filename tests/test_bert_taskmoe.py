@@ -17,14 +17,18 @@ def _model(config=None, seed=0):
 
 def _labels_for(config, task_ids):
     specs = config.task_specs
-    return torch.tensor([1.0 if specs[t].problem_type != "regression" else 0.25 * (i + 1) for i, t in enumerate(task_ids.tolist())])
+    return torch.tensor(
+        [1.0 if specs[t].problem_type != "regression" else 0.25 * (i + 1) for i, t in enumerate(task_ids.tolist())]
+    )
 
 
 def test_forward_shapes_and_routing_outputs():
     config = tiny_config(num_experts=3)
     model = _model(config)
     batch = random_batch(config)
-    out = model(**batch, labels=_labels_for(config, batch["task_ids"]), output_router_logits=True, output_hidden_states=True)
+    out = model(
+        **batch, labels=_labels_for(config, batch["task_ids"]), output_router_logits=True, output_hidden_states=True
+    )
     assert out.loss.shape == () and set(out.task_losses) == {"a", "b"}
     assert out.task_logits["a"].shape == (3, 3) and out.task_logits["b"].shape == (3, 1)
     assert len(out.router_logits) == 2 and out.router_logits[0].shape == (6, 9, 3)

@@ -18,7 +18,11 @@ from hf_taskmoe.layers.conditional import (
 
 from .conftest import ALL_KINDS, TINY, random_batch
 
-THREE = [TaskSpec(name="sst", num_labels=5), TaskSpec(name="qqp", num_labels=2), TaskSpec(name="sts", problem_type="regression")]
+THREE = [
+    TaskSpec(name="sst", num_labels=5),
+    TaskSpec(name="qqp", num_labels=2),
+    TaskSpec(name="sts", problem_type="regression"),
+]
 TINY4 = dict(TINY, num_hidden_layers=4)
 
 
@@ -84,7 +88,11 @@ def test_fresh_model_from_dense_computes_the_dense_bert(bottleneck):
     )
     model.eval()
     assert not report.unused
-    assert all(n.startswith("heads.") or any(k in n for k in (".film.", "attention_bias", "alignment", "bottleneck", "skip", "task_embeddings")) for n in report.new)
+    assert all(
+        n.startswith("heads.")
+        or any(k in n for k in (".film.", "attention_bias", "alignment", "bottleneck", "skip", "task_embeddings"))
+        for n in report.new
+    )
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     plain = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     ours = model(**batch, output_hidden_states=True).hidden_states
@@ -92,7 +100,9 @@ def test_fresh_model_from_dense_computes_the_dense_bert(bottleneck):
     for a, b in zip(ours, ref):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     # the paper's random A_n (default std) bias the attention a little
-    moved = CAMTLModel.from_dense(bert, tasks=THREE, conditional_attention_max_length=16, conditional_bottleneck=bottleneck).eval()
+    moved = CAMTLModel.from_dense(
+        bert, tasks=THREE, conditional_attention_max_length=16, conditional_bottleneck=bottleneck
+    ).eval()
     diff = (moved.bert(**batch).last_hidden_state - ref[-1]).abs().max()
     assert 1e-6 < diff < 0.5
 
@@ -102,7 +112,9 @@ def test_fresh_model_from_real_minilm_computes_minilm(minilm):
     model = CAMTLModel.from_dense(minilm, tasks=THREE, conditional_attention_init_std=0.0).eval()
     batch = random_batch(model.config, batch=4, seq=12, task_ids=torch.tensor([0, 1, 2, 0]))
     plain = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
-    torch.testing.assert_close(model.bert(**batch).last_hidden_state, dense(**plain).last_hidden_state, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        model.bert(**batch).last_hidden_state, dense(**plain).last_hidden_state, atol=1e-5, rtol=0
+    )
     assert model.config.upcycled_from == str(minilm)
     assert model.config.frozen_layers == 3 and model.config.conditional_layer_indices == [3, 4, 5]
     assert model.config.attention_blocks == 3  # N = d / L = 384 / 128
@@ -176,7 +188,9 @@ def test_padding_and_variable_lengths_do_not_change_real_tokens():
     model = _model()
     torch.manual_seed(3)
     ids = torch.randint(1, 99, (1, 7))
-    short = model(input_ids=ids, attention_mask=torch.ones_like(ids), task_ids=torch.tensor([1]), output_hidden_states=True)
+    short = model(
+        input_ids=ids, attention_mask=torch.ones_like(ids), task_ids=torch.tensor([1]), output_hidden_states=True
+    )
     padded_ids = torch.cat([ids, torch.zeros(1, 5, dtype=torch.long)], 1)
     mask = torch.cat([torch.ones(1, 7, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long)], 1)
     padded = model(input_ids=padded_ids, attention_mask=mask, task_ids=torch.tensor([1]), output_hidden_states=True)
@@ -195,7 +209,9 @@ def test_tasks_are_conditioned_and_mixed_batch_equals_task_by_task():
         rows = batch["task_ids"] == t
         torch.testing.assert_close(mixed[rows], alone[rows], atol=1e-5, rtol=0)
         if t:
-            assert (alone - model.bert(**{**batch, "task_ids": torch.zeros(6, dtype=torch.long)}).last_hidden_state).abs().max() > 1e-4
+            assert (
+                alone - model.bert(**{**batch, "task_ids": torch.zeros(6, dtype=torch.long)}).last_hidden_state
+            ).abs().max() > 1e-4
 
 
 def test_frozen_layers_stay_unchanged_after_a_training_step():
@@ -204,7 +220,9 @@ def test_frozen_layers_stay_unchanged_after_a_training_step():
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert any(n.startswith("bert.embeddings.") for n in frozen)
-    assert any(n.startswith("bert.encoder.layer.1.") for n in frozen) and not any(n.startswith("bert.encoder.layer.2.") for n in frozen)
+    assert any(n.startswith("bert.encoder.layer.1.") for n in frozen) and not any(
+        n.startswith("bert.encoder.layer.2.") for n in frozen
+    )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     labels = torch.tensor([1, 0, 0.3, 4, 1, -0.2])
@@ -223,8 +241,12 @@ def test_save_load_auto_round_trip_keeps_outputs_and_freezing(tmp_path):
     loaded = AutoModel.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, CAMTLModel)
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
-    torch.testing.assert_close(loaded.bert(**batch).last_hidden_state, model.bert(**batch).last_hidden_state, atol=0, rtol=0)
-    assert {n for n, p in loaded.named_parameters() if not p.requires_grad} == {n for n, p in model.named_parameters() if not p.requires_grad}
+    torch.testing.assert_close(
+        loaded.bert(**batch).last_hidden_state, model.bert(**batch).last_hidden_state, atol=0, rtol=0
+    )
+    assert {n for n, p in loaded.named_parameters() if not p.requires_grad} == {
+        n for n, p in model.named_parameters() if not p.requires_grad
+    }
 
 
 def test_add_task_grows_the_embedding_table():
@@ -261,7 +283,10 @@ def test_bad_config_values_name_the_field():
 
 def test_parameter_overhead_for_bert_base_with_eight_glue_tasks():
     """The accounting helper on BERT-base with the paper's 8 GLUE tasks, against the count by hand."""
-    glue = [TaskSpec(name=n, num_labels=k) for n, k in [("cola", 2), ("mnli", 3), ("mrpc", 2), ("qnli", 2), ("qqp", 2), ("rte", 2), ("sst2", 2)]]
+    glue = [
+        TaskSpec(name=n, num_labels=k)
+        for n, k in [("cola", 2), ("mnli", 3), ("mrpc", 2), ("qnli", 2), ("qqp", 2), ("rte", 2), ("sst2", 2)]
+    ]
     glue.append(TaskSpec(name="stsb", problem_type="regression"))
     d, dense = 768, 109_482_240
     with torch.device("meta"):
@@ -278,7 +303,9 @@ def test_parameter_overhead_for_bert_base_with_eight_glue_tasks():
     assert report.task_embedding == 8 * d
     assert round(report.ratio_to_dense, 3) == 1.205
     with torch.device("meta"):
-        smaller = parameter_report(CAMTLModel(CAMTLConfig.from_dense_config(BertConfig(), glue, task_embedding_dim=384)), dense)
+        smaller = parameter_report(
+            CAMTLModel(CAMTLConfig.from_dense_config(BertConfig(), glue, task_embedding_dim=384)), dense
+        )
     assert round(smaller.ratio_to_dense, 3) == 1.107
 
 
@@ -289,7 +316,9 @@ def test_covariance_similarity():
     assert covariance_similarity(x, 3 * x[torch.randperm(200)]) == pytest.approx(1.0)  # scale and order free
     # eq. 7 as printed: ||S||_F / tr S for identical inputs
     eigenvalues = torch.linalg.eigvalsh((x.T @ x).double())
-    assert covariance_similarity(x, x, energy=1.0, normalized=False) == pytest.approx((eigenvalues.norm() / eigenvalues.sum()).item(), rel=1e-6)
+    assert covariance_similarity(x, x, energy=1.0, normalized=False) == pytest.approx(
+        (eigenvalues.norm() / eigenvalues.sum()).item(), rel=1e-6
+    )
     left = torch.cat([torch.randn(100, 4), torch.zeros(100, 4)], 1)
     right = torch.cat([torch.zeros(100, 4), torch.randn(100, 4)], 1)
     assert covariance_similarity(left, right) == pytest.approx(0.0, abs=1e-9)

@@ -9,11 +9,30 @@ import copy
 import pytest
 import torch
 
-from hf_taskmoe import BertForTaskMoE, BertPALsConfig, BertTaskMoEConfig, BertWithPALs, CAMTLConfig, CAMTLModel, TaskSpec
+from hf_taskmoe import (
+    BertForTaskMoE,
+    BertPALsConfig,
+    BertTaskMoEConfig,
+    BertWithPALs,
+    CAMTLConfig,
+    CAMTLModel,
+    TaskSpec,
+)
 
-SIZES = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # no dropout: eager and compiled see the same net
-TASKS = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3), TaskSpec(name="c", problem_type="regression")]
+SIZES = dict(
+    vocab_size=60,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)  # no dropout: eager and compiled see the same net
+TASKS = [
+    TaskSpec(name="a", num_labels=2),
+    TaskSpec(name="b", num_labels=3),
+    TaskSpec(name="c", problem_type="regression"),
+]
 FAMILIES = {
     "mt_tag": lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES)),
     "pals": lambda: BertWithPALs(BertPALsConfig(tasks=TASKS, pal_size=8, pal_num_heads=2, **SIZES)),
@@ -31,8 +50,14 @@ def _batches(n=12, rows=6, length=8):
             torch.randint(0, 2, (), generator=g).float() if t == 0 else torch.randint(0, 3, (), generator=g).float()
             if t == 1 else torch.randn((), generator=g) for t in task_ids.tolist()
         ])
-        batches.append({"input_ids": torch.randint(3, 60, (rows, length), generator=g),
-                        "attention_mask": torch.ones(rows, length, dtype=torch.long), "task_ids": task_ids, "labels": labels})
+        batches.append(
+            {
+                "input_ids": torch.randint(3, 60, (rows, length), generator=g),
+                "attention_mask": torch.ones(rows, length, dtype=torch.long),
+                "task_ids": task_ids,
+                "labels": labels,
+            }
+        )
     return batches
 
 

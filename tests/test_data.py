@@ -4,7 +4,6 @@ import datasets
 import pytest
 import torch
 
-from hf_taskmoe import TaskSpec
 from hf_taskmoe.training import MultiTaskCollator, MultiTaskDataset, load_task_config, load_tasks, tokenize_task
 from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
 
@@ -28,7 +27,13 @@ def test_single_and_pair_texts(minilm_tokenizer):
 
 
 def test_multiple_choice_keeps_one_row_per_example(minilm_tokenizer):
-    data = _ds(premise=["The man broke his toe."], question=["cause"], choice1=["He dropped a hammer."], choice2=["He ate."], label=[0])
+    data = _ds(
+        premise=["The man broke his toe."],
+        question=["cause"],
+        choice1=["He dropped a hammer."],
+        choice2=["He ate."],
+        label=[0],
+    )
     tok = tokenize_task(COPA, data, minilm_tokenizer, task_id=4)
     assert len(tok) == 1 and len(tok[0]["input_ids"]) == 2
     assert "hammer" in minilm_tokenizer.decode(tok[0]["input_ids"][0])
@@ -56,9 +61,20 @@ def test_collator_pads_a_mixed_batch():
     features = [
         {"input_ids": [101, 5, 102], "attention_mask": [1, 1, 1], "labels": 1, "task_ids": 0},
         {"input_ids": [101, 6, 7, 8, 102], "attention_mask": [1] * 5, "labels": 0.75, "task_ids": 2},
-        {"input_ids": [[101, 9, 102], [101, 9, 10, 102]], "attention_mask": [[1] * 3, [1] * 4], "labels": 1, "task_ids": 4},
+        {
+            "input_ids": [[101, 9, 102], [101, 9, 10, 102]],
+            "attention_mask": [[1] * 3, [1] * 4],
+            "labels": 1,
+            "task_ids": 4,
+        },
         {"input_ids": [101, 11, 12, 102], "attention_mask": [1] * 4, "labels": [-100, 3, 0, -100], "task_ids": 6},
-        {"input_ids": [101, 13, 102], "attention_mask": [1] * 3, "labels": 0, "task_ids": 5, "span_positions": [[1, 2], [1, 2]]},
+        {
+            "input_ids": [101, 13, 102],
+            "attention_mask": [1] * 3,
+            "labels": 0,
+            "task_ids": 5,
+            "span_positions": [[1, 2], [1, 2]],
+        },
     ]
     batch = MultiTaskCollator(pad_token_id=0, pad_to_multiple_of=8)(features)
     assert batch["input_ids"].shape == (6, 8)  # the copa example became two consecutive rows
@@ -90,7 +106,11 @@ def test_task_config_loads_local_files(tmp_path):
     (tmp_path / "tasks.json").write_text(json.dumps(config))
     (task,) = load_task_config(tmp_path / "tasks.json", splits=("train", "validation", "test"))
     assert task.spec.label_names == ["neg", "pos"]
-    assert len(task.split("train")) == 2 and task.split("validation")["text"] == ["ok"] and task.split("test")["label"] == ["neg"]
+    assert (
+        len(task.split("train")) == 2
+        and task.split("validation")["text"] == ["ok"]
+        and task.split("test")["label"] == ["neg"]
+    )
 
 
 def test_demo_mixture_config_is_valid():
@@ -103,7 +123,21 @@ def test_demo_mixture_config_is_valid():
 
 
 def test_presets_describe_the_paper_tasks():
-    assert {"cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "boolq", "cb", "copa", "multirc", "wic"} <= set(TASK_PRESETS)
+    assert {
+        "cola",
+        "sst2",
+        "mrpc",
+        "qqp",
+        "stsb",
+        "mnli",
+        "qnli",
+        "rte",
+        "boolq",
+        "cb",
+        "copa",
+        "multirc",
+        "wic",
+    } <= set(TASK_PRESETS)
     assert TASK_PRESETS["stsb"].task_spec().problem_type == "regression"
     assert TASK_PRESETS["copa"].task_spec().choice_fields == ["choice1", "choice2"]
     assert TASK_PRESETS["mnli"].splits["validation"] == "validation_matched"
@@ -116,7 +150,11 @@ def test_presets_describe_the_paper_tasks():
         (SST2, dict(text=["x"], label=[1]), r"Task 'sst2': the train split has no field\(s\) \['sentence'\]"),
         (SST2, dict(sentence=["x"]), r"no field\(s\) \['label'\]"),
         (SST2, dict(sentence=["fine", "good"], label=[1, 2]), r"Task 'sst2', train row 1: label 2 is outside"),
-        (MNLI, dict(premise=["a"], hypothesis=["b"], label=["maybe"]), r"label 'maybe' is not one of the task's labels \['entailment'"),
+        (
+            MNLI,
+            dict(premise=["a"], hypothesis=["b"], label=["maybe"]),
+            r"label 'maybe' is not one of the task's labels \['entailment'",
+        ),
         (STSB, dict(sentence1=["a"], sentence2=["b"], label=["high"]), r"regression label 'high' is not a number"),
         (SST2, dict(sentence=["ok", ""], label=[1, 0]), r"train row 1: field 'sentence' is empty"),
         (SST2, dict(sentence=[], label=[]), r"Task 'sst2': the train split is empty"),
@@ -131,10 +169,14 @@ def test_bad_data_stops_naming_task_field_and_row(minilm_tokenizer, spec, column
 def test_unknown_task_and_missing_files(tmp_path):
     with pytest.raises(ValueError, match="Unknown task 'glue-sst2'.*presets are"):
         load_tasks(["glue-sst2"])
-    (tmp_path / "tasks.json").write_text(json.dumps({"tasks": [{"name": "t", "num_labels": 2, "train_file": "nope.jsonl"}]}))
+    (tmp_path / "tasks.json").write_text(
+        json.dumps({"tasks": [{"name": "t", "num_labels": 2, "train_file": "nope.jsonl"}]})
+    )
     with pytest.raises(ValueError, match=r"Task .t. \(train\): file .*nope.jsonl does not exist"):
         load_task_config(tmp_path / "tasks.json")
-    (tmp_path / "bad.json").write_text(json.dumps({"tasks": [{"name": "t", "problem_type": "ranking", "num_labels": 2}]}))
+    (tmp_path / "bad.json").write_text(
+        json.dumps({"tasks": [{"name": "t", "problem_type": "ranking", "num_labels": 2}]})
+    )
     with pytest.raises(ValueError, match=r"tasks\[0\].*problem_type"):
         load_task_config(tmp_path / "bad.json")
 
@@ -189,7 +231,12 @@ def test_malformed_csv_is_refused_by_line(tmp_path, content, match):
 
 def test_jsonl_with_unicode_line_separators_inside_strings_loads(tmp_path):
     text = "one\u2028two\u2029three\x85four\x1cfive\x0bsix"
-    rows = json.dumps({"text": text, "label": "pos"}, ensure_ascii=False) + "\n" + json.dumps({"text": "x", "label": "neg"}) + "\n"
+    rows = (
+        json.dumps({"text": text, "label": "pos"}, ensure_ascii=False)
+        + "\n"
+        + json.dumps({"text": "x", "label": "neg"})
+        + "\n"
+    )
     task, labels = _load(_task_file(tmp_path, "u.jsonl", rows))
     assert task.split("train")["text"] == [text, "x"] and labels == [1, 0] and task.lines["train"] == [1, 2]
 
@@ -205,16 +252,33 @@ def test_json_array_rows_are_named_by_their_line(tmp_path):
 @pytest.mark.parametrize(
     "rows, match",
     [
-        (['{"text": "a", "label": "pos"}', '{"text": "b", "label": 0}'],
-         r"Task 't' \(train\): .*m.jsonl, line 2, field 'label': 0 is a number, but line 1 writes 'pos' \(text\)"),
-        (['{"text": "a", "label": 1}', '{"text": "b", "label": true}'], r"m.jsonl, line 2, field 'label': True is a boolean"),
-        (['{"text": "a", "label": ["pos"]}', '{"text": "b", "label": "neg"}'], r"line 2, field 'label': 'neg' is text, but line 1"),
+        (
+            ['{"text": "a", "label": "pos"}', '{"text": "b", "label": 0}'],
+            r"Task 't' \(train\): .*m.jsonl, line 2, field 'label': 0 is a number, but line 1 writes 'pos' \(text\)",
+        ),
+        (
+            ['{"text": "a", "label": 1}', '{"text": "b", "label": true}'],
+            r"m.jsonl, line 2, field 'label': True is a boolean",
+        ),
+        (
+            ['{"text": "a", "label": ["pos"]}', '{"text": "b", "label": "neg"}'],
+            r"line 2, field 'label': 'neg' is text, but line 1",
+        ),
         (['{"text": "a", "label": {"x": 1}}'], r"line 1, field 'label': \{'x': 1\} is an object"),
         (['{"text": "a", "label": ["pos", 1]}'], r"line 1, field 'label': .* is a mixed list"),
         (['{"text": "a", "label": 100000000000000000000000}'], r"line 1, field 'label': the integer .* is too large"),
-        (['{"text": "a", "label": "\u00b2"}'], r"Task 't', train file .*m.jsonl, line 1: label '\u00b2' is not one of the task's labels"),
-        (['{"text": "a", "label": [0, 1]}'], r"line 1: a single_label_classification label is one class .* got \[0, 1\]"),
-        (['{"text": ["a", "b"], "label": "pos"}'], r"line 1, field 'text': expected text, got \['a', 'b'\]; a text pair is two fields"),
+        (
+            ['{"text": "a", "label": "\u00b2"}'],
+            r"Task 't', train file .*m.jsonl, line 1: label '\u00b2' is not one of the task's labels",
+        ),
+        (
+            ['{"text": "a", "label": [0, 1]}'],
+            r"line 1: a single_label_classification label is one class .* got \[0, 1\]",
+        ),
+        (
+            ['{"text": ["a", "b"], "label": "pos"}'],
+            r"line 1, field 'text': expected text, got \['a', 'b'\]; a text pair is two fields",
+        ),
     ],
 )
 def test_labels_and_texts_of_the_wrong_kind_are_refused_by_file_and_line(tmp_path, rows, match):
@@ -237,9 +301,13 @@ def test_regression_targets_are_plain_numbers_of_the_task_width(tmp_path):
 
 def test_multi_label_rows_list_classes_never_a_guessed_multi_hot(tmp_path):
     spec = dict(problem_type="multi_label_classification", label_names=["a", "b", "c"])
-    _, labels = _load(_task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": ["a", "c"]}\n{"text": "y", "label": ["c"]}\n', **spec))
+    _, labels = _load(
+        _task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": ["a", "c"]}\n{"text": "y", "label": ["c"]}\n', **spec)
+    )
     assert labels == [[1, 0, 1], [0, 0, 1]]
-    _, labels = _load(_task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": [0, 2]}\n{"text": "y", "label": []}\n', **spec))
+    _, labels = _load(
+        _task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": [0, 2]}\n{"text": "y", "label": []}\n', **spec)
+    )
     assert labels == [[1, 0, 1], [0, 0, 0]]
     with pytest.raises(DataError, match=r"line 1: label \[1, 0, 1\] could be a multi-hot row"):
         _load(_task_file(tmp_path, "ml.jsonl", '{"text": "x", "label": [1, 0, 1]}\n', **spec))
@@ -252,8 +320,13 @@ def test_token_rows_need_one_tag_per_word(tmp_path, minilm_tokenizer):
     good = '{"text": ["Ann", "lives", "here"], "label": ["B", "O", "O"]}\n'
     task, labels = _load(_task_file(tmp_path, "tok.jsonl", good, **spec))
     assert labels == [[1, 0, 0]]
-    for line in ('{"text": ["Ann", "lives"], "label": ["B", "O", "O"]}', '{"text": ["Ann", "lives", "here"], "label": ["B"]}'):
-        with pytest.raises(DataError, match=r"tok.jsonl, line 2: \d label\(s\) \(field 'label'\) for \d word\(s\) \(field 'text'\)"):
+    for line in (
+        '{"text": ["Ann", "lives"], "label": ["B", "O", "O"]}',
+        '{"text": ["Ann", "lives", "here"], "label": ["B"]}',
+    ):
+        with pytest.raises(
+            DataError, match=r"tok.jsonl, line 2: \d label\(s\) \(field 'label'\) for \d word\(s\) \(field 'text'\)"
+        ):
             _load(_task_file(tmp_path, "tok.jsonl", good + line + "\n", **spec))
     with pytest.raises(DataError, match=r"line 1: field 'text' holds no words"):
         _load(_task_file(tmp_path, "tok.jsonl", '{"text": [], "label": []}\n', **spec))
@@ -264,21 +337,30 @@ def test_token_rows_need_one_tag_per_word(tmp_path, minilm_tokenizer):
 
 def test_a_text_pair_written_as_a_list_is_refused_before_the_tokenizer(minilm_tokenizer):
     data = _ds(sentence1=[["a", "b"]], sentence2=["c"], label=[0.5])
-    with pytest.raises(DataError, match=r"Task 'stsb', train row 0: field 'sentence1' must be text, got \['a', 'b'\]; a text pair is two fields"):
+    with pytest.raises(
+        DataError,
+        match=r"Task 'stsb', train row 0: field 'sentence1' must be text, got \['a', 'b'\]; a text pair is two fields",
+    ):
         tokenize_task(STSB, data, minilm_tokenizer, task_id=0)
 
 
 def test_paths_that_are_directories_or_numbers_are_refused_in_one_paragraph(tmp_path):
     (tmp_path / "train.jsonl").mkdir()
-    with pytest.raises(DataError, match=r"Task 't' \(train\): .*train.jsonl is a directory, not a data file; name one .*\.jsonl"):
+    with pytest.raises(
+        DataError, match=r"Task 't' \(train\): .*train.jsonl is a directory, not a data file; name one .*\.jsonl"
+    ):
         load_task_config(_task_file(tmp_path, "train.jsonl", None))
     for value in (5, ["a.jsonl"], ""):
-        with pytest.raises(DataError, match=r"tasks\[0\] \(task 't'\): `train_file` must be the path of a data file .*, got"):
+        with pytest.raises(
+            DataError, match=r"tasks\[0\] \(task 't'\): `train_file` must be the path of a data file .*, got"
+        ):
             load_task_config(_task_file(tmp_path, value, None))
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "glue.json").write_text("{}")
     for load in (load_task_config, load_tasks):
-        with pytest.raises(ValueError, match=r"Task config .*configs is a directory, not a task-config file; pass .*glue.json"):
+        with pytest.raises(
+            ValueError, match=r"Task config .*configs is a directory, not a task-config file; pass .*glue.json"
+        ):
             load(tmp_path / "configs")
     with pytest.raises(ValueError, match="preset name or the path of a task-config JSON file, got 3"):
         load_tasks([3])
@@ -288,8 +370,12 @@ def test_a_field_under_another_name_is_refused_listing_the_file_s_fields(tmp_pat
     from hf_taskmoe.training.data import DataError, load_task_config
 
     (tmp_path / "train.jsonl").write_text('{"sentence": "a fine film", "sentiment": "pos"}\n')
-    (tmp_path / "tasks.json").write_text(json.dumps([{"name": "sst", "label_names": ["neg", "pos"], "train_file": "train.jsonl"}]))
+    (tmp_path / "tasks.json").write_text(
+        json.dumps([{"name": "sst", "label_names": ["neg", "pos"], "train_file": "train.jsonl"}])
+    )
     with pytest.raises(DataError) as err:
         load_task_config(tmp_path / "tasks.json", splits=("train",))
     message = str(err.value)
-    assert "'sentiment'" in message and "'sentence'" in message and "label_field" in message and "text_fields" in message
+    assert (
+        "'sentiment'" in message and "'sentence'" in message and "label_field" in message and "text_fields" in message
+    )

@@ -35,7 +35,21 @@ LABEL_SETS = [["neg", "pos"], ["True", "False"], ["1", "0"], ["a", "b", "c"]]
 MISSING = object()  # the row has no label field at all
 
 # characters that break naive readers: delimiters, quotes, CR/LF, and what str.splitlines also splits at
-TRICKY = list(',;"\'\t\r\n \\') + ["\r\n", "\u2028", "\u2029", "\x85", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c", "\ufeff", "é", "²", "🙂"]
+TRICKY = list(',;"\'\t\r\n \\') + [
+    "\r\n",
+    "\u2028",
+    "\u2029",
+    "\x85",
+    "\x1c",
+    "\x1d",
+    "\x1e",
+    "\x0b",
+    "\x0c",
+    "\ufeff",
+    "é",
+    "²",
+    "🙂",
+]
 pieces = st.lists(
     st.one_of(st.sampled_from(TRICKY), st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=4)),
     max_size=6,
@@ -57,7 +71,9 @@ def any_json_label(names):
     return st.one_of(
         st.sampled_from(names),  # a class name
         st.integers(-1, len(names)),  # a position, or just outside the range
-        st.sampled_from([True, False, 0.0, 1.0, 1.5, -1.0, float("nan"), 1e300, 2**64, None, MISSING, "", "²", "0", "1", "7", "x"]),
+        st.sampled_from(
+            [True, False, 0.0, 1.0, 1.5, -1.0, float("nan"), 1e300, 2**64, None, MISSING, "", "²", "0", "1", "7", "x"]
+        ),
         st.lists(st.sampled_from(names + [0, 1]), max_size=2),
         texts,
     )
@@ -184,8 +200,13 @@ def test_jsonl_rows_load_as_written_or_are_refused_by_line(case):
 @SETTINGS
 def test_json_array_rows_load_as_written_or_are_refused_by_line(case):
     names, rows = case
-    items = [json.dumps({"text": t} if label is MISSING else {"text": t, "label": label}, ensure_ascii=False) for t, label in rows]
-    content = "[\n" + ",\n".join(items) + "\n]\n"  # item i starts on line i + 2 (U+2028 inside a string is no line break)
+    items = [
+        json.dumps({"text": t} if label is MISSING else {"text": t, "label": label}, ensure_ascii=False)
+        for t, label in rows
+    ]
+    content = (
+        "[\n" + ",\n".join(items) + "\n]\n"
+    )  # item i starts on line i + 2 (U+2028 inside a string is no line break)
     check_file("train.json", content, rows, [i + 2 for i in range(len(rows))], names)
 
 
@@ -217,7 +238,11 @@ def test_the_oracle_agrees_with_the_documented_examples():
     """The oracle itself, on the cases the issue names (so a wrong oracle cannot make the properties vacuous)."""
     assert expected_class(True, ["True", "False"]) == 0 and expected_class(False, ["True", "False"]) == 1
     assert expected_class(True, ["neg", "pos"]) is None and expected_class("²", ["neg", "pos"]) is None
-    assert expected_class("1", ["1", "0"]) == 0 and expected_class(1, ["1", "0"]) is None and expected_class(1, ["neg", "pos"]) == 1
+    assert (
+        expected_class("1", ["1", "0"]) == 0
+        and expected_class(1, ["1", "0"]) is None
+        and expected_class(1, ["neg", "pos"]) == 1
+    )
     assert expected_class([0, 1], ["neg", "pos"]) is None and expected_class(1.5, ["neg", "pos"]) is None
     assert invalid_rows([("a", "pos"), ("b", 0)], ["neg", "pos"]) == {1}  # a column mixing names and positions
     assert invalid_rows([("a", "pos"), (" \u2028", "neg")], ["neg", "pos"]) == {1}  # a text of separators only

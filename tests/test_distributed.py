@@ -25,8 +25,20 @@ def _free_port() -> int:
 ])
 def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, family, find_unused):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path), family] + (["find_unused"] if find_unused else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(_free_port()),
+        str(SCRIPT),
+        str(tmp_path),
+        family,
+    ] + (["find_unused"] if find_unused else [])
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -47,7 +59,12 @@ def test_deepspeed_zero2_on_a_task_mixture(tmp_path, family):
     step: every rank reduces the same gradient buckets, and the replicas stay identical."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
     config = Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / "zero2.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path), family, str(config)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

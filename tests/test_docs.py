@@ -15,9 +15,9 @@ on the getting-started page) run once.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -125,7 +125,9 @@ def run_text2text_pipeline(code: str, ctx: Context) -> None:
     folder = ctx.tmp_path / "routed"
     folder.mkdir()
     save_routed_seq2seq(ctx.fixture("tiny_dense"), folder)
-    gen = ctx.run(_replace(code, '"path/to/a/saved/bart-routed-model"', repr(str(folder))), label="text2text pipeline")["gen"]
+    gen = ctx.run(_replace(code, '"path/to/a/saved/bart-routed-model"', repr(str(folder))), label="text2text pipeline")[
+        "gen"
+    ]
     out = gen([{"text": "a", "task": "boolq"}, {"text": "b", "task": "trec"}])
     assert [r["task"] for r in out] == ["boolq", "trec"] and all(isinstance(r["generated_text"], str) for r in out)
 
@@ -177,7 +179,11 @@ def run_export(code: str, ctx: Context) -> None:
 def run_routing_analytics(code: str, ctx: Context) -> None:
     import datasets
 
-    rows = {"input_ids": [[101, 2023 + i, 102] for i in range(8)], "attention_mask": [[1, 1, 1]] * 8, "labels": [0, 1] * 4}
+    rows = {
+        "input_ids": [[101, 2023 + i, 102] for i in range(8)],
+        "attention_mask": [[1, 1, 1]] * 8,
+        "labels": [0, 1] * 4,
+    }
     code = _replace(code, 'report_to="tensorboard"',
                     'report_to="none", use_cpu=True, per_device_train_batch_size=4, save_strategy="no"')
     scope = {"train_sets": {"a": datasets.Dataset.from_dict(rows), "b": datasets.Dataset.from_dict(rows)}}
@@ -192,7 +198,10 @@ def run_ordinal_problem_type(code: str, ctx: Context) -> None:
 
     scope = ctx.run(code, label="ordinal problem type")
     assert get_problem_type("ordinal_classification").head_class is scope["OrdinalHead"]
-    assert tuple(scope["out"].task_logits["stars"].shape) == (2, 4) and set(scope["out"].task_losses) == {"stars", "sst2"}
+    assert tuple(scope["out"].task_logits["stars"].shape) == (2, 4) and set(scope["out"].task_losses) == {
+        "stars",
+        "sst2",
+    }
     scope["out"].loss.backward()
     assert scope["model"].heads["stars"].thresholds.weight.grad is not None
 
@@ -260,7 +269,9 @@ def test_the_pages_follow_the_snippet_convention():
         text = page.read_text(encoding="utf-8")
         # an indented fence (inside a list) would not be found above, and so would never run
         assert not re.search(r"^[ \t]+```python", text, re.M), f"{page}: put Python blocks at the start of a line"
-        for mark in re.finditer(r"^" + MARK.pattern + r"[ \t]*$", text, re.M):  # a marker line sits right before a block
+        for mark in re.finditer(
+            r"^" + MARK.pattern + r"[ \t]*$", text, re.M
+        ):  # a marker line sits right before a block
             assert text[mark.end():].startswith("\n```python"), f"{page}: {mark.group(0)} is not right before a block"
     for first in ALL_BLOCKS:  # a block repeated on another page carries the same marker, since it runs once
         twins = [b for b in ALL_BLOCKS if b.code == first.code]

@@ -5,11 +5,11 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModel
 
-from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel, MMoEModel
+from hf_taskmoe import BertForTaskMoE, BertWithPALs, MMoEModel
 
+from .conftest import random_batch, tiny_config
 from .test_bart_routed import batch as seq2seq_batch
 from .test_bart_routed import routed as bart_routed
-from .conftest import random_batch, tiny_config
 from .test_bert_pals import pals_config
 from .test_camtl import _model as camtl_model
 from .test_mmoe import batch as tabular_batch
@@ -17,15 +17,28 @@ from .test_mmoe import config as mmoe_config
 
 # family -> (build a tiny model, a batch, the LoRA target modules documented in the README)
 FAMILIES = {
-    "bert_taskmoe": (lambda: BertForTaskMoE(tiny_config(num_experts=3)), lambda m: random_batch(m.config),
-                     ["query", "value", "w_in", "w_out"]),
-    "bert_pals": (lambda: BertWithPALs(pals_config(pal_decoder_init="normal")), lambda m: random_batch(m.config),
-                  ["query", "value", "intermediate.dense", "output.dense"]),
-    "camtl": (lambda: camtl_model().train(), lambda m: random_batch(m.config),
-              ["query", "value", "intermediate.dense", "output.dense"]),
+    "bert_taskmoe": (
+        lambda: BertForTaskMoE(tiny_config(num_experts=3)),
+        lambda m: random_batch(m.config),
+        ["query", "value", "w_in", "w_out"],
+    ),
+    "bert_pals": (
+        lambda: BertWithPALs(pals_config(pal_decoder_init="normal")),
+        lambda m: random_batch(m.config),
+        ["query", "value", "intermediate.dense", "output.dense"],
+    ),
+    "camtl": (
+        lambda: camtl_model().train(),
+        lambda m: random_batch(m.config),
+        ["query", "value", "intermediate.dense", "output.dense"],
+    ),
     "mmoe": (lambda: MMoEModel(mmoe_config()), lambda m: tabular_batch(), ["gates", "click", "genre", "rating"]),
     # every expert is a whole BART layer: LoRA on its attention and FFN reaches each expert's copy
-    "bart_routed": (lambda: bart_routed("gumbel_softmax_st"), lambda m: seq2seq_batch(), ["q_proj", "v_proj", "fc1", "fc2"]),
+    "bart_routed": (
+        lambda: bart_routed("gumbel_softmax_st"),
+        lambda m: seq2seq_batch(),
+        ["q_proj", "v_proj", "fc1", "fc2"],
+    ),
 }
 
 
@@ -75,7 +88,9 @@ def test_lora_trains_saves_reloads_and_merges(family, tmp_path):
         torch.testing.assert_close(logits, tuned[name], atol=1e-5, rtol=1e-5)
     untouched = build()
     untouched.load_state_dict(state)
-    assert any(not torch.allclose(_outputs(untouched.eval(), batch)[n], tuned[n]) for n in tuned)  # LoRA changed something
+    assert any(
+        not torch.allclose(_outputs(untouched.eval(), batch)[n], tuned[n]) for n in tuned
+    )  # LoRA changed something
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -144,7 +159,9 @@ def test_bert_large_shaped_mttag_saves_sharded_and_loads_lazily_onto_a_device(tm
     loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.bfloat16, device_map="cpu")
     grown = int(open("/proc/self/statm").read().split()[1]) * 4096 - before
     assert type(loaded) is BertForTaskMoE and loaded.device.type == "cpu"
-    assert grown < 0.5 * total * 2, f"resident memory grew by {grown / 2**20:.0f} MB for {total * 2 / 2**20:.0f} MB of weights"
+    assert grown < 0.5 * total * 2, (
+        f"resident memory grew by {grown / 2**20:.0f} MB for {total * 2 / 2**20:.0f} MB of weights"
+    )
     named = dict(loaded.named_parameters())
     assert all(torch.equal(named[n], p) for n, p in probe.items())
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > 0

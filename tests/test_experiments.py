@@ -29,10 +29,24 @@ def _tasks(folder: Path) -> Path:
     for name, data in rows.items():
         (folder / name).mkdir(parents=True)
         (folder / name / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data))
-    config = {"tasks": [
-        {"name": "pos", "label_names": ["neg", "pos"], "text_fields": ["text"], "train_file": "pos/train.jsonl", "validation_file": "pos/train.jsonl"},
-        {"name": "score", "problem_type": "regression", "text_fields": ["text"], "train_file": "score/train.jsonl", "validation_file": "score/train.jsonl"},
-    ]}
+    config = {
+        "tasks": [
+            {
+                "name": "pos",
+                "label_names": ["neg", "pos"],
+                "text_fields": ["text"],
+                "train_file": "pos/train.jsonl",
+                "validation_file": "pos/train.jsonl",
+            },
+            {
+                "name": "score",
+                "problem_type": "regression",
+                "text_fields": ["text"],
+                "train_file": "score/train.jsonl",
+                "validation_file": "score/train.jsonl",
+            },
+        ]
+    }
     (folder / "tasks.json").write_text(json.dumps(config))
     return folder / "tasks.json"
 
@@ -40,9 +54,20 @@ def _tasks(folder: Path) -> Path:
 def _experiment(tmp_path: Path, tiny_dense, methods: list[dict]) -> Path:
     tasks = _tasks(tmp_path / "data")
     spec = {
-        "name": "tiny", "tasks": str(tasks), "seeds": [1, 2], "small_tasks": ["score"],
-        "common": {"model_name_or_path": str(tiny_dense), "max_steps": 2, "per_device_train_batch_size": 4,
-                   "max_seq_length": 16, "use_cpu": True, "eval_strategy": "steps", "eval_steps": 1, "logging_steps": 1},
+        "name": "tiny",
+        "tasks": str(tasks),
+        "seeds": [1, 2],
+        "small_tasks": ["score"],
+        "common": {
+            "model_name_or_path": str(tiny_dense),
+            "max_steps": 2,
+            "per_device_train_batch_size": 4,
+            "max_seq_length": 16,
+            "use_cpu": True,
+            "eval_strategy": "steps",
+            "eval_steps": 1,
+            "logging_steps": 1,
+        },
         "methods": methods,
     }
     path = tmp_path / "tiny.json"
@@ -51,7 +76,9 @@ def _experiment(tmp_path: Path, tiny_dense, methods: list[dict]) -> Path:
 
 
 def _run(path: Path, tmp_path: Path, *extra: str) -> int:
-    return runner.main([str(path), "--results", str(tmp_path / "results.jsonl"), "--runs", str(tmp_path / "runs"), *extra])
+    return runner.main(
+        [str(path), "--results", str(tmp_path / "results.jsonl"), "--runs", str(tmp_path / "runs"), *extra]
+    )
 
 
 def test_two_methods_two_seeds_restart_and_report(tmp_path, tiny_dense):
@@ -61,13 +88,18 @@ def test_two_methods_two_seeds_restart_and_report(tmp_path, tiny_dense):
     ])
     assert _run(path, tmp_path) == 0
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert [(r["method"], r["seed"]) for r in records] == [("mt_dense", 1), ("mt_tag", 1), ("mt_dense", 2), ("mt_tag", 2)]
+    assert [(r["method"], r["seed"]) for r in records] == [
+        ("mt_dense", 1),
+        ("mt_tag", 1),
+        ("mt_dense", 2),
+        ("mt_tag", 2),
+    ]
     for r in records:
         assert r["status"] == "ok" and r["steps"] == 2 and set(r["scores"]) == {"pos", "score"}
         assert sum(r["examples_seen"].values()) == 8  # 2 steps of 4 rows
         assert r["curve"] and r["curve"][-1]["step"] == 2  # dev scores during training
         assert r["versions"]["torch"] and r["wall_time_s"] > 0 and r["peak_rss_mb"] > 0
-        assert f"--seed" in r["argv"] and str(r["seed"]) == r["argv"][r["argv"].index("--seed") + 1]
+        assert "--seed" in r["argv"] and str(r["seed"]) == r["argv"][r["argv"].index("--seed") + 1]
     assert not list((tmp_path / "runs").rglob("*.safetensors"))  # weights nobody continues are dropped
     # a restart runs nothing: every cell is done
     assert _run(path, tmp_path) == 0
@@ -76,7 +108,11 @@ def test_two_methods_two_seeds_restart_and_report(tmp_path, tiny_dense):
     assert all(bool(r["routing"]) == (r["method"] == "mt_tag") for r in records)
     routing = records[1]["routing"]
     assert set(routing["tasks"]) == {"pos", "score"} and routing["num_experts"] == 2
-    assert all(sum(layer["shares"]) == pytest.approx(1.0, abs=1e-3) for t in routing["tasks"].values() for layer in t["per_layer"])
+    assert all(
+        sum(layer["shares"]) == pytest.approx(1.0, abs=1e-3)
+        for t in routing["tasks"].values()
+        for layer in t["per_layer"]
+    )
     markdown = report.report(path, tmp_path / "results.jsonl", tmp_path / "out")
     assert "| mt_dense |" in markdown and "| mt_tag |" in markdown and "± " in markdown
     assert (tmp_path / "out" / "tiny_scores.png").exists() and (tmp_path / "out" / "tiny_curves.png").exists()
@@ -116,7 +152,9 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
         printed = capsys.readouterr()
         assert "mt_dense/seed1: running in another runner (otherhost 4242)" in printed.out + printed.err
         assert "1 running in another runner" in printed.out
-        runner.main([str(path), "--results", str(tmp_path / "results.jsonl"), "--runs", str(tmp_path / "runs"), "--list"])
+        runner.main(
+            [str(path), "--results", str(tmp_path / "results.jsonl"), "--runs", str(tmp_path / "runs"), "--list"]
+        )
         assert "running  mt_dense/seed1  (otherhost 4242)" in capsys.readouterr().out
     finally:
         holder.kill()
@@ -125,7 +163,14 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
     assert runner.lock_holder(cells[0]) is None
     # a cell another runner finished after this one made its plan is not trained again (its argv could not run)
     cells[0].argv = ["--no_such_option"]
-    finished = {"cell": cells[0].key, "method": "mt_dense", "seed": 1, "status": "ok", "scores": {}, "argv": cells[0].argv}
+    finished = {
+        "cell": cells[0].key,
+        "method": "mt_dense",
+        "seed": 1,
+        "status": "ok",
+        "scores": {},
+        "argv": cells[0].argv,
+    }
     runner.append_record(tmp_path / "results.jsonl", finished)
     assert runner.attempt(cells[0], 1, tmp_path / "results.jsonl") == "finished by another runner"
     assert runner.lock_holder(cells[0]) is None  # attempt released it
@@ -134,7 +179,9 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
     assert runner.lock_holder(cells[0]) is None
 
 
-def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uninterrupted_one(tmp_path, tiny_dense, capsys):
+def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uninterrupted_one(
+    tmp_path, tiny_dense, capsys
+):
     path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
     spec = json.loads(path.read_text())
     spec["common"].update(max_steps=24, eval_steps=4)
@@ -145,8 +192,14 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uni
     assert not list(whole.output_dir.glob("checkpoint-*"))  # a finished cell keeps no checkpoint
     # the same cell's process killed (kill -9) once it starts its checkpoint of step 12 (complete or not)
     argv, resume = runner.cell_command(cell)
-    assert resume is None and argv[argv.index("--save_strategy") + 1] == "steps" and "no" not in argv[argv.index("--save_strategy"):][:2]
-    process = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert (
+        resume is None
+        and argv[argv.index("--save_strategy") + 1] == "steps"
+        and "no" not in argv[argv.index("--save_strategy") :][:2]
+    )
+    process = subprocess.Popen(
+        argv, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 120
     while not (cell.output_dir / "checkpoint-12").exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -169,7 +222,11 @@ def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uni
     # a folder left by another command line, or by a run without checkpoints, is not resumed: it starts afresh
     cell.output_dir.joinpath("checkpoint-4").mkdir()
     assert runner.resumable_checkpoint(cell) is None  # not complete
-    cell.argv = _with(cell.argv, "--learning_rate", "0.5") if "--learning_rate" in cell.argv else [*cell.argv, "--learning_rate", "0.5"]
+    cell.argv = (
+        _with(cell.argv, "--learning_rate", "0.5")
+        if "--learning_rate" in cell.argv
+        else [*cell.argv, "--learning_rate", "0.5"]
+    )
     assert runner.resumable_checkpoint(cell) is None and runner.cell_command(cell, checkpoints=False)[1] is None
     assert not cell.output_dir.joinpath("checkpoint-4").exists()
 
@@ -184,8 +241,17 @@ def test_a_cell_whose_options_changed_since_it_ran_is_stale_and_runs_again(tmp_p
     _, cells = runner.load_experiment(path, tmp_path / "runs")
     results = tmp_path / "results.jsonl"
     # seed 1 ran this command line; seed 2 ran it with another budget
-    records = [{"cell": c.key, "method": "mt_dense", "seed": c.seed, "status": "ok", "scores": {"pos": 0.5, "score": 0.7}, "argv": argv}
-               for c, argv in ((cells[0], cells[0].argv), (cells[1], _with(cells[1].argv, "--max_steps", "3")))]
+    records = [
+        {
+            "cell": c.key,
+            "method": "mt_dense",
+            "seed": c.seed,
+            "status": "ok",
+            "scores": {"pos": 0.5, "score": 0.7},
+            "argv": argv,
+        }
+        for c, argv in ((cells[0], cells[0].argv), (cells[1], _with(cells[1].argv, "--max_steps", "3")))
+    ]
     for record in records:
         runner.append_record(results, record)
     assert runner.finished(records[0], cells[0]) and not runner.finished(records[1], cells[1])
@@ -228,16 +294,40 @@ def test_single_task_method_trains_one_task_alone(tmp_path, tiny_dense):
 def test_tables_render_from_a_results_file_written_by_hand(tmp_path):
     records = []
     for seed, (a, b) in enumerate([(0.80, 0.50), (0.82, 0.54), (0.78, 0.52)], start=1):
-        records.append({"cell": f"mt/seed{seed}", "method": "mt", "seed": seed, "status": "ok", "scores": {"x": a, "y": b}})
-        records.append({"cell": f"st/x/seed{seed}", "method": "st", "task": "x", "seed": seed, "status": "ok", "scores": {"x": 0.70}})
-        records.append({"cell": f"st/y/seed{seed}", "method": "st", "task": "y", "seed": seed, "status": "ok", "scores": {"y": 0.60}})
+        records.append(
+            {"cell": f"mt/seed{seed}", "method": "mt", "seed": seed, "status": "ok", "scores": {"x": a, "y": b}}
+        )
+        records.append(
+            {
+                "cell": f"st/x/seed{seed}",
+                "method": "st",
+                "task": "x",
+                "seed": seed,
+                "status": "ok",
+                "scores": {"x": 0.70},
+            }
+        )
+        records.append(
+            {
+                "cell": f"st/y/seed{seed}",
+                "method": "st",
+                "task": "y",
+                "seed": seed,
+                "status": "ok",
+                "scores": {"y": 0.60},
+            }
+        )
     records.append({"cell": "mt/seed4", "method": "mt", "seed": 4, "status": "error", "error": "boom"})
     results = tmp_path / "hand.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in records))
     spec = tmp_path / "hand.json"
     spec.write_text(json.dumps({"name": "hand", "tasks": "-", "seeds": [1, 2, 3], "methods": [], "small_tasks": ["y"]}))
     markdown = report.report(spec, results, tmp_path)
-    lines = {line.split("|")[1].strip(): line for line in markdown.splitlines() if line.startswith("| ") and "---" not in line}
+    lines = {
+        line.split("|")[1].strip(): line
+        for line in markdown.splitlines()
+        if line.startswith("| ") and "---" not in line
+    }
     # mt: x 80.00 ± 2.00, y 52.00 ± 2.00, per-seed averages 65, 68, 65 -> 66.00 ± 1.73; st: 70, 60, avg 65, std 0
     assert lines["mt"] == "| mt | **80.00 ± 2.00** | 52.00 ± 2.00 | 52.00 ± 2.00 | **66.00 ± 1.73** | 3 |"
     assert lines["st"] == "| st | 70.00 ± 0.00 | **60.00 ± 0.00** | **60.00 ± 0.00** | 65.00 ± 0.00 | 3 |"
@@ -251,9 +341,14 @@ def test_tables_render_from_a_results_file_written_by_hand(tmp_path):
 def test_cost_adds_the_cells_wall_times_and_says_when_a_resumed_cell_counts_only_its_last_part():
     records = [{"process_wall_time_s": 1800, "peak_rss_mb": 900, "device": "cpu", "machine": {"threads": 1}},
                {"process_wall_time_s": 3600, "peak_rss_mb": 1200, "device": "cpu", "machine": {"threads": 1}}]
-    assert report.cost(records) == "2 cells, 1.50 h of wall time in all (cpu, 1 thread(s) per cell), peak memory of a cell 1200 MB"
+    assert (
+        report.cost(records)
+        == "2 cells, 1.50 h of wall time in all (cpu, 1 thread(s) per cell), peak memory of a cell 1200 MB"
+    )
     records[1]["resumed_from"] = "checkpoint-114"
-    assert report.cost(records).startswith("2 cells, at least (for 1 cell(s) resumed from a checkpoint, the part after it) 1.50 h")
+    assert report.cost(records).startswith(
+        "2 cells, at least (for 1 cell(s) resumed from a checkpoint, the part after it) 1.50 h"
+    )
 
 
 def test_text2text_findings_follow_the_two_std_rule_on_per_seed_averages():
@@ -263,7 +358,10 @@ def test_text2text_findings_follow_the_two_std_rule_on_per_seed_averages():
         out = []
         for seed, (a, b) in enumerate(per_seed_scores, start=1):
             if single:  # one cell per task, gathered by seed
-                out += [{"method": method, "task": t, "seed": seed, "status": "ok", "scores": {t: v}} for t, v in (("a", a), ("b", b))]
+                out += [
+                    {"method": method, "task": t, "seed": seed, "status": "ok", "scores": {t: v}}
+                    for t, v in (("a", a), ("b", b))
+                ]
             else:
                 out.append({"method": method, "seed": seed, "status": "ok", "scores": {"a": a, "b": b}})
         return out
@@ -272,10 +370,16 @@ def test_text2text_findings_follow_the_two_std_rule_on_per_seed_averages():
         text = claims.claims_text2text(rows, tasks)
         return [line.split("|")[2].strip() for line in text.splitlines()[-3:]], text
 
-    base = records("single_task", [(0.5, 0.5)] * 3, single=True) + records("mt_dense", [(0.60, 0.60), (0.62, 0.62), (0.58, 0.58)])
+    base = records("single_task", [(0.5, 0.5)] * 3, single=True) + records(
+        "mt_dense", [(0.60, 0.60), (0.62, 0.62), (0.58, 0.58)]
+    )
     # average well above dense (0.70 vs 0.60, std 0.02); Gumbel-ST above hard; Gumbel-ST not above dense (0.61)
-    rows = base + records("average", [(0.70, 0.70)] * 3) + records("gumbel_st", [(0.61, 0.61), (0.60, 0.60), (0.62, 0.62)]) \
+    rows = (
+        base
+        + records("average", [(0.70, 0.70)] * 3)
+        + records("gumbel_st", [(0.61, 0.61), (0.60, 0.60), (0.62, 0.62)])
         + records("hard", [(0.40, 0.40)] * 3)
+    )
     found, text = outcomes(rows)
     assert found == ["reproduced", "reproduced", "reproduced"], text
     assert "| average vs mt_dense | 70.00 ± 0.00 | 60.00 ± 2.00 | +10.00 | higher (3 seeds) |" in text
@@ -294,7 +398,10 @@ def test_text2text_findings_follow_the_two_std_rule_on_per_seed_averages():
 
 def test_sample_generations_table_shows_each_methods_output_beside_input_and_target():
     def record(method, seed, outputs, task=None):
-        samples = [{"task": "labels", "input": f"text {i} | piped", "target": "yes", "output": o} for i, o in enumerate(outputs)]
+        samples = [
+            {"task": "labels", "input": f"text {i} | piped", "target": "yes", "output": o}
+            for i, o in enumerate(outputs)
+        ]
         return {"cell": f"{method}/seed{seed}", "method": method, "task": task, "seed": seed, "status": "ok",
                 "scores": {"labels": 1.0}, "samples": samples}
 
@@ -321,9 +428,13 @@ def test_text2text_unseen_claims_pair_seeds_and_samples_and_report_the_relative_
     # dense: +50% on every sample; 70.00 ± 8.66 vs 46.67 ± 5.77 -> 23.33 > 2 x 8.66
     assert lines[2] == ("| fewshot_dense vs fewshot_single_task | 70.00 ± 8.66 | 46.67 ± 5.77 | +23.33 | higher "
                         "(3 seed x sample pairs) | +50.0 ± 0.0% |")
-    assert lines[3].startswith("| fewshot_routing vs fewshot_single_task | 45.00 ± 7.07 | 45.00 ± 7.07 | +0.00 | no difference (2 seed")
+    assert lines[3].startswith(
+        "| fewshot_routing vs fewshot_single_task | 45.00 ± 7.07 | 45.00 ± 7.07 | +0.00 | no difference (2 seed"
+    )
     assert lines[3].endswith("| +0.0 ± 0.0% |")
-    assert lines[4].startswith("| fewshot_dense vs fewshot_routing | 67.50 ± 10.61 | 45.00 ± 7.07 | +22.50 | higher (2 seed")
+    assert lines[4].startswith(
+        "| fewshot_dense vs fewshot_routing | 67.50 ± 10.61 | 45.00 ± 7.07 | +22.50 | higher (2 seed"
+    )
 
 
 def test_route_sharing_table_averages_the_seeds_and_skips_routes_that_decide_nothing():
@@ -337,10 +448,16 @@ def test_route_sharing_table_averages_the_seeds_and_skips_routes_that_decide_not
         return stats.to_dict()
 
     same, apart = [[[4, 0], [4, 0]], [[0, 4], [0, 4]]], [[[4, 0], [0, 4]], [[0, 4], [0, 4]]]
-    records = [{"method": "hard", "seed": 1, "routing": routing(same)}, {"method": "hard", "seed": 2, "routing": routing(apart)},
-               {"method": "average", "seed": 1, "routing": routing([[[2, 2], [2, 2]]] * 2)}, {"method": "dense", "seed": 1}]
+    records = [
+        {"method": "hard", "seed": 1, "routing": routing(same)},
+        {"method": "hard", "seed": 2, "routing": routing(apart)},
+        {"method": "average", "seed": 1, "routing": routing([[[2, 2], [2, 2]]] * 2)},
+        {"method": "dense", "seed": 1},
+    ]
     lines = report.route_sharing(records).splitlines()
-    assert lines[0].startswith("**hard** (2 seed(s); 2 routed layers of 2 experts: two independent random routes would share 1.0)")
+    assert lines[0].startswith(
+        "**hard** (2 seed(s); 2 routed layers of 2 experts: two independent random routes would share 1.0)"
+    )
     assert lines[4:] == ["| a | 2.0 | 1.5 |", "| b | 1.5 | 2.0 |"]  # 2 shared layers under seed 1, 1 under seed 2
     assert report.route_sharing(records[2:]) == ""
 

@@ -28,7 +28,10 @@ FAMILIES = {
     "bert_pals": (lambda: BertWithPALs(pals_config(pal_decoder_init="normal")), lambda m: random_batch(m.config)),
     "camtl": (camtl_model, lambda m: random_batch(m.config)),
     "mmoe": (lambda: MMoEModel(mmoe_config()), lambda m: {k: v for k, v in tabular_batch().items() if k != "labels"}),
-    "bart_routed": (lambda: bart_routed("gumbel_softmax_st"), lambda m: {k: v for k, v in seq2seq_batch().items() if k != "labels"}),
+    "bart_routed": (
+        lambda: bart_routed("gumbel_softmax_st"),
+        lambda m: {k: v for k, v in seq2seq_batch().items() if k != "labels"},
+    ),
 }
 
 
@@ -39,14 +42,21 @@ def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, tmp
     build, make_batch = FAMILIES[family]
     torch.manual_seed(0)
     model = build().eval()
-    folder = export_for_remote_code(model, tmp_path / "export", tokenizer=AutoTokenizer.from_pretrained(minilm),
-                                    metrics={f"eval_{model.config.task_names[0]}_{model.config.task_specs[0].metrics[0]}": 0.5})
+    folder = export_for_remote_code(
+        model,
+        tmp_path / "export",
+        tokenizer=AutoTokenizer.from_pretrained(minilm),
+        metrics={f"eval_{model.config.task_names[0]}_{model.config.task_specs[0].metrics[0]}": 0.5},
+    )
     files = sorted(p.name for p in folder.iterdir())
     stem = f"modeling_{model.config.model_type}"
     assert f"{stem}.py" in files and "model.safetensors" in files and "tokenizer.json" in files and "README.md" in files
     config = json.loads((folder / "config.json").read_text())
     autos = ["AutoModel"] + (["AutoModelForSeq2SeqLM"] if family == "bart_routed" else [])
-    assert config["auto_map"] == {"AutoConfig": f"{stem}.{type(model.config).__name__}", **{a: f"{stem}.{type(model).__name__}" for a in autos}}
+    assert config["auto_map"] == {
+        "AutoConfig": f"{stem}.{type(model.config).__name__}",
+        **{a: f"{stem}.{type(model).__name__}" for a in autos},
+    }
     assert getattr(model.config, "auto_map", None) is None  # the live model's config is left as it was
     card = ModelCard.load(folder / "README.md")
     assert len(card.data.eval_results) == 1 and type(model).__name__ in card.content
@@ -68,7 +78,9 @@ def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, tmp
         assert torch.equal(loaded["generated"], model.generate(**batch, max_new_tokens=5, num_beams=2, do_sample=False))
     assert set(loaded["task_logits"]) == set(expected)
     for name, logits in expected.items():
-        torch.testing.assert_close(loaded["task_logits"][name], logits, atol=1e-6, rtol=1e-5)  # another process: BLAS may split work differently
+        torch.testing.assert_close(
+            loaded["task_logits"][name], logits, atol=1e-6, rtol=1e-5
+        )  # another process: BLAS may split work differently
 
 
 def test_bundle_is_self_contained_and_refuses_shadowed_names(monkeypatch):

@@ -60,8 +60,11 @@ def _tiny_bart():
 
 def bart_batch(model, ids, rows=None, seed=0):
     g = torch.Generator().manual_seed(seed)
-    batch = {"input_ids": torch.randint(3, 60, (len(ids), 7), generator=g), "labels": torch.randint(3, 60, (len(ids), 5), generator=g),
-             "task_ids": ids}
+    batch = {
+        "input_ids": torch.randint(3, 60, (len(ids), 7), generator=g),
+        "labels": torch.randint(3, 60, (len(ids), 5), generator=g),
+        "task_ids": ids,
+    }
     return batch if rows is None else {k: v[rows] for k, v in batch.items()}
 
 
@@ -91,10 +94,17 @@ def mmoe_batch(model, ids, rows=None, seed=0):
     """MMoE rows carry every task's label (no task ids): `ids` gives the number of rows."""
     g = torch.Generator().manual_seed(seed)
     n = len(ids)
-    labels = [torch.randint(0, s.num_labels, (n,), generator=g).float() if s.problem_type != "regression" else torch.randn(n, generator=g)
-              for s in model.config.task_specs]
-    batch = {"numeric_features": torch.randn(n, 2, generator=g), "categorical_features": torch.randint(0, 5, (n, 1), generator=g),
-             "labels": torch.stack(labels, 1)}
+    labels = [
+        torch.randint(0, s.num_labels, (n,), generator=g).float()
+        if s.problem_type != "regression"
+        else torch.randn(n, generator=g)
+        for s in model.config.task_specs
+    ]
+    batch = {
+        "numeric_features": torch.randn(n, 2, generator=g),
+        "categorical_features": torch.randint(0, 5, (n, 1), generator=g),
+        "labels": torch.stack(labels, 1),
+    }
     return batch if rows is None else {k: v[rows] for k, v in batch.items()}
 
 
@@ -103,37 +113,69 @@ ENCODER_EXTRA = {"encoder": "bert", "layers": {"hidden_states": "num_hidden_laye
 
 CASES = {
     "bert_taskmoe": FamilyCase(
-        "bert_taskmoe", ENCODER_TASKS,
+        "bert_taskmoe",
+        ENCODER_TASKS,
         lambda tasks: hf_taskmoe.BertForTaskMoE(hf_taskmoe.BertTaskMoEConfig(tasks=tasks, num_experts=3, **NO_DROPOUT)),
-        encoder_batch, NEW_ENCODER_TASK,
-        dense_equivalent=_encoder_equivalence(hf_taskmoe.BertForTaskMoE, num_experts=3, expert_weighting="straight_through"),
+        encoder_batch,
+        NEW_ENCODER_TASK,
+        dense_equivalent=_encoder_equivalence(
+            hf_taskmoe.BertForTaskMoE, num_experts=3, expert_weighting="straight_through"
+        ),
         extra=ENCODER_EXTRA,
     ),
     "bert_pals": FamilyCase(
-        "bert_pals", ENCODER_TASKS,
-        lambda tasks: hf_taskmoe.BertWithPALs(hf_taskmoe.BertPALsConfig(tasks=tasks, pal_size=8, pal_num_heads=2, **NO_DROPOUT)),
-        encoder_batch, NEW_ENCODER_TASK,
+        "bert_pals",
+        ENCODER_TASKS,
+        lambda tasks: hf_taskmoe.BertWithPALs(
+            hf_taskmoe.BertPALsConfig(tasks=tasks, pal_size=8, pal_num_heads=2, **NO_DROPOUT)
+        ),
+        encoder_batch,
+        NEW_ENCODER_TASK,
         dense_equivalent=_encoder_equivalence(hf_taskmoe.BertWithPALs, pal_size=8, pal_num_heads=2),
         extra=ENCODER_EXTRA,
     ),
     "camtl": FamilyCase(
-        "camtl", ENCODER_TASKS,
-        lambda tasks: hf_taskmoe.CAMTLModel(hf_taskmoe.CAMTLConfig(tasks=tasks, conditional_attention_max_length=16, **NO_DROPOUT)),
-        encoder_batch, NEW_ENCODER_TASK,
-        dense_equivalent=_encoder_equivalence(hf_taskmoe.CAMTLModel, conditional_attention_max_length=16, conditional_attention_init_std=0.0),
+        "camtl",
+        ENCODER_TASKS,
+        lambda tasks: hf_taskmoe.CAMTLModel(
+            hf_taskmoe.CAMTLConfig(tasks=tasks, conditional_attention_max_length=16, **NO_DROPOUT)
+        ),
+        encoder_batch,
+        NEW_ENCODER_TASK,
+        dense_equivalent=_encoder_equivalence(
+            hf_taskmoe.CAMTLModel, conditional_attention_max_length=16, conditional_attention_init_std=0.0
+        ),
         extra=ENCODER_EXTRA,
     ),
     "bart_routed": FamilyCase(
-        "bart_routed", [TaskSpec(name=n, problem_type="seq2seq") for n in "xyz"],
+        "bart_routed",
+        [TaskSpec(name=n, problem_type="seq2seq") for n in "xyz"],
         lambda tasks: hf_taskmoe.BartTaskRouted.from_dense(_tiny_bart(), tasks, selection="gumbel_softmax_st"),
-        bart_batch, TaskSpec(name="w", problem_type="seq2seq"), learns_steps=80, dense_equivalent=_bart_equivalence,
-        extra={"layers": {
-            "encoder_hidden_states": "encoder_layers", "encoder_attentions": "encoder_layers",
-            "decoder_hidden_states": "decoder_layers", "decoder_attentions": "decoder_layers", "cross_attentions": "decoder_layers",
-        }},
+        bart_batch,
+        TaskSpec(name="w", problem_type="seq2seq"),
+        learns_steps=80,
+        dense_equivalent=_bart_equivalence,
+        extra={
+            "layers": {
+                "encoder_hidden_states": "encoder_layers",
+                "encoder_attentions": "encoder_layers",
+                "decoder_hidden_states": "decoder_layers",
+                "decoder_attentions": "decoder_layers",
+                "cross_attentions": "decoder_layers",
+            }
+        },
     ),
-    "mmoe": FamilyCase("mmoe", MMOE_TASKS, mmoe_build, mmoe_batch, TaskSpec(name="genre", num_labels=3), output_key="task_logits",
-                       learns_steps=200, learns_lr=1e-2, extra={"task_ids": False}),
+    "mmoe": FamilyCase(
+        "mmoe",
+        MMOE_TASKS,
+        mmoe_build,
+        mmoe_batch,
+        TaskSpec(name="genre", num_labels=3),
+        output_key="task_logits",
+        learns_steps=200,
+        learns_lr=1e-2,
+        extra={"task_ids": False},
+    ),
 }
 
 

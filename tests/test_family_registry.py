@@ -15,7 +15,13 @@ from transformers import AutoModel, PreTrainedConfig
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
 from hf_taskmoe.layers.heads import MultiTaskHeads
-from hf_taskmoe.modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, check_input_shapes, check_kwargs, heads_to_output_fields
+from hf_taskmoe.modeling_utils import (
+    MultiTaskModelOutput,
+    MultiTaskPreTrainedModel,
+    check_input_shapes,
+    check_kwargs,
+    heads_to_output_fields,
+)
 from hf_taskmoe.models import FAMILIES, Family, register_family
 from hf_taskmoe.tasks import TaskConfigMixin
 from hf_taskmoe.upcycling import UpcyclingRules, load_dense_model, upcycle
@@ -35,7 +41,9 @@ class ToyConfig(TaskConfigMixin, PreTrainedConfig):
         self.tasks, self.vocab_size, self.hidden_size = tasks, vocab_size, hidden_size
         self.max_position_embeddings = max_position_embeddings
         super().__init__(pad_token_id=pad_token_id, **kwargs)
-        self._validate_tasks(("single_label_classification", "regression"), "is not supported by the toy family; it supports")
+        self._validate_tasks(
+            ("single_label_classification", "regression"), "is not supported by the toy family; it supports"
+        )
 
 
 class ToyModel(MultiTaskPreTrainedModel):
@@ -65,7 +73,11 @@ class ToyModel(MultiTaskPreTrainedModel):
         batch, seq = check_input_shapes(input_ids, None, self.max_input_length(), attention_mask=attention_mask)
         task_ids, rows, prepared = self._prepare_task_batch(task_ids, batch, seq, labels, None)
         hidden = self.embeddings(input_ids)  # (batch, seq, hidden)
-        mask = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).unsqueeze(-1).to(hidden.dtype)
+        mask = (
+            (attention_mask if attention_mask is not None else torch.ones_like(input_ids))
+            .unsqueeze(-1)
+            .to(hidden.dtype)
+        )
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # (batch, hidden)
         out = self.heads(hidden, pooled, rows, prepared)
         output = MultiTaskModelOutput(loss=out.loss, task_ids=task_ids, **heads_to_output_fields(out))
@@ -82,9 +94,15 @@ class ToyModel(MultiTaskPreTrainedModel):
 
 
 TOY = Family(
-    name="toy", config_class=ToyConfig, model_class=ToyModel, problem_types=("single_label_classification", "regression"),
-    pipeline_task=hf_taskmoe.PIPELINE_TASK, describe=lambda c: f"a toy: embeddings of size {c.hidden_size}, mean-pooled",
-    upcycling=UpcyclingRules(rename=((r"embeddings\.weight", r"embeddings.word_embeddings.weight"),), new=(r"^heads\.",)),
+    name="toy",
+    config_class=ToyConfig,
+    model_class=ToyModel,
+    problem_types=("single_label_classification", "regression"),
+    pipeline_task=hf_taskmoe.PIPELINE_TASK,
+    describe=lambda c: f"a toy: embeddings of size {c.hidden_size}, mean-pooled",
+    upcycling=UpcyclingRules(
+        rename=((r"embeddings\.weight", r"embeddings.word_embeddings.weight"),), new=(r"^heads\.",)
+    ),
     dense_model_types=("bert",),
 )
 
@@ -97,8 +115,15 @@ def toy_family():
 
 
 TOY_TASKS = [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression")]
-TOY_CASE = FamilyCase("toy", TOY_TASKS, lambda tasks: ToyModel(ToyConfig(tasks=tasks)), encoder_batch, TaskSpec(name="c", num_labels=2),
-                      learns_steps=150, learns_lr=1e-2)
+TOY_CASE = FamilyCase(
+    "toy",
+    TOY_TASKS,
+    lambda tasks: ToyModel(ToyConfig(tasks=tasks)),
+    encoder_batch,
+    TaskSpec(name="c", num_labels=2),
+    learns_steps=150,
+    learns_lr=1e-2,
+)
 
 
 class TestToyFamilyContract(FamilyContract):
@@ -120,15 +145,36 @@ def test_the_toy_family_trains_through_run_multitask_and_gets_a_card(tmp_path, t
     import run_multitask
 
     out = tmp_path / "toy"
-    metrics = run_multitask.main([
-        "--model_family", "toy", "--model_name_or_path", str(tiny_dense), "--output_dir", str(out), "--max_steps", "3",
-        "--per_device_train_batch_size", "4", "--max_train_samples", "8", "--max_eval_samples", "4", "--max_seq_length", "16",
-        "--use_cpu", "--disable_tqdm", "true",
-    ])
+    metrics = run_multitask.main(
+        [
+            "--model_family",
+            "toy",
+            "--model_name_or_path",
+            str(tiny_dense),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "3",
+            "--per_device_train_batch_size",
+            "4",
+            "--max_train_samples",
+            "8",
+            "--max_eval_samples",
+            "4",
+            "--max_seq_length",
+            "16",
+            "--use_cpu",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert "eval_average" in metrics
     model = AutoModel.from_pretrained(out)
     assert type(model) is ToyModel and model.config.task_names[0] == "rotten_tomatoes"
     card = ModelCard.load(out / "README.md")
     assert "a toy: embeddings of size 32, mean-pooled" in card.content
-    copied = torch.equal(model.embeddings.weight, hf_taskmoe.upcycling.load_dense_model(str(tiny_dense)).model.embeddings.word_embeddings.weight)
+    copied = torch.equal(
+        model.embeddings.weight,
+        hf_taskmoe.upcycling.load_dense_model(str(tiny_dense)).model.embeddings.word_embeddings.weight,
+    )
     assert not copied  # trained three steps away from the dense embeddings it was upcycled from

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,9 +23,30 @@ import run_multitask  # noqa: E402
 
 def _argv(out, model, *extra):
     return [
-        "--model_name_or_path", str(model), "--output_dir", str(out), "--max_steps", "24", "--per_device_train_batch_size", "4",
-        "--max_train_samples", "16", "--max_eval_samples", "4", "--max_seq_length", "16", "--use_cpu", "--num_experts", "2",
-        "--logging_steps", "4", "--disable_tqdm", "true", "--do_eval", "false", *extra,
+        "--model_name_or_path",
+        str(model),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "24",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_samples",
+        "16",
+        "--max_eval_samples",
+        "4",
+        "--max_seq_length",
+        "16",
+        "--use_cpu",
+        "--num_experts",
+        "2",
+        "--logging_steps",
+        "4",
+        "--disable_tqdm",
+        "true",
+        "--do_eval",
+        "false",
+        *extra,
     ]
 
 
@@ -41,7 +61,11 @@ def _equal(a: dict, b: dict) -> bool:
 def test_kill_9_while_training_then_resume_latest_gives_the_same_weights(tmp_path, tiny_dense):
     run_multitask.main(_argv(tmp_path / "whole", tiny_dense))
     killed = tmp_path / "killed"
-    argv = [sys.executable, str(ROOT / "examples" / "run_multitask.py"), *_argv(killed, tiny_dense, "--save_strategy", "steps", "--save_steps", "4")]
+    argv = [
+        sys.executable,
+        str(ROOT / "examples" / "run_multitask.py"),
+        *_argv(killed, tiny_dense, "--save_strategy", "steps", "--save_steps", "4"),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}  # the same arithmetic as this process
     process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
@@ -55,7 +79,9 @@ def test_kill_9_while_training_then_resume_latest_gives_the_same_weights(tmp_pat
     assert checkpoints
     with pytest.raises(ValueError, match="holds another run"):  # not resuming: refused, nothing mixed
         run_multitask.main(_argv(killed, tiny_dense))
-    run_multitask.main(_argv(killed, tiny_dense, "--resume_from_checkpoint", "latest", "--save_strategy", "steps", "--save_steps", "4"))
+    run_multitask.main(
+        _argv(killed, tiny_dense, "--resume_from_checkpoint", "latest", "--save_strategy", "steps", "--save_steps", "4")
+    )
     assert _equal(_weights(killed), _weights(tmp_path / "whole"))
 
 
@@ -67,9 +93,13 @@ def test_a_checkpoint_cut_short_while_saving_is_skipped_or_refused(tmp_path, tin
     for name in ("optimizer.pt", "scheduler.pt"):
         (out / "checkpoint-16" / name).unlink()
     with pytest.raises(ValueError, match=r"checkpoint-16 is incomplete: optimizer.pt, scheduler.pt missing"):
-        run_multitask.main(_argv(out, tiny_dense, "--max_steps", "16", "--resume_from_checkpoint", str(out / "checkpoint-16")))
+        run_multitask.main(
+            _argv(out, tiny_dense, "--max_steps", "16", "--resume_from_checkpoint", str(out / "checkpoint-16"))
+        )
     (out / "model.safetensors").unlink()
-    run_multitask.main(_argv(out, tiny_dense, "--max_steps", "16", "--resume_from_checkpoint", "latest"))  # checkpoint-8
+    run_multitask.main(
+        _argv(out, tiny_dense, "--max_steps", "16", "--resume_from_checkpoint", "latest")
+    )  # checkpoint-8
     assert _equal(_weights(out), whole)
 
 
@@ -92,8 +122,12 @@ def test_continuing_with_a_contradicting_task_file_is_refused(tmp_path, tiny_den
     demo["tasks"][0]["label_names"] = ["fresh", "rotten"]  # the same task, its labels in the other order
     demo["tasks"][1]["metrics"] = ["accuracy", "f1_macro"]
     (tmp_path / "tasks.json").write_text(json.dumps(demo))
-    with pytest.raises(ValueError, match=r"(?s)task 'rotten_tomatoes': label_names saved \['rotten', 'fresh'\].*task 'trec': metrics"):
-        run_multitask.main(_argv(tmp_path / "second", first, "--tasks", str(tmp_path / "tasks.json"), "--max_steps", "2"))
+    with pytest.raises(
+        ValueError, match=r"(?s)task 'rotten_tomatoes': label_names saved \['rotten', 'fresh'\].*task 'trec': metrics"
+    ):
+        run_multitask.main(
+            _argv(tmp_path / "second", first, "--tasks", str(tmp_path / "tasks.json"), "--max_steps", "2")
+        )
 
 
 def test_export_replaces_what_it_wrote_and_a_failed_export_leaves_the_previous_one(tmp_path, tiny_dense, monkeypatch):

@@ -140,18 +140,42 @@ def test_span_task_needs_valid_spans():
     "task_ids, labels, match",
     [
         # one-hot rows for a single-label task: refused by shape (nothing in the batch takes wider labels)
-        ([0, 0], torch.tensor([[1, 0], [0, 1]]), r"single-label task 'sst2' must have shape \(batch,\) or \(batch, 1\), got \(2, 2\).*argmax"),
+        (
+            [0, 0],
+            torch.tensor([[1, 0], [0, 1]]),
+            r"single-label task 'sst2' must have shape \(batch,\) or \(batch, 1\), got \(2, 2\).*argmax",
+        ),
         ([1, 0], torch.tensor([[0, 0, 1], [1, 0, -100]]), r"single-label task '(sst2|mnli)' must have shape"),
         # three targets for a one-output regression
-        ([2, 2], torch.tensor([[0.1, 0.2, 0.3], [1.0, 2.0, 3.0]]), r"regression task 'stsb' must have shape \(batch,\) or \(batch, 1\), got \(2, 3\)"),
+        (
+            [2, 2],
+            torch.tensor([[0.1, 0.2, 0.3], [1.0, 2.0, 3.0]]),
+            r"regression task 'stsb' must have shape \(batch,\) or \(batch, 1\), got \(2, 3\)",
+        ),
         ([4, 4], torch.tensor([[1, 0], [1, 0]]), r"multiple-choice task 'copa' must have shape"),
         ([5], torch.tensor([[1, 0]]), r"span-classification task 'wic' must have shape"),
-        ([3], torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]]), r"multi-label task 'tags' must have shape \(batch, 4\), got \(1, 5\)"),
+        (
+            [3],
+            torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0]]),
+            r"multi-label task 'tags' must have shape \(batch, 4\), got \(1, 5\)",
+        ),
         ([0, 0], torch.zeros(2, 1, 1, dtype=torch.long), r"'sst2' must have shape"),
         # in a mixed batch with token labels the -100 padding is fine, anything else beyond column 0 is not
-        ([0, 6], torch.tensor([[0, 1, -100], [1, 2, 3]]), r"'sst2' take 1 value\(s\) per row, but rows \[0\] hold more"),
-        ([6, 2], torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, -100.0]]), r"'stsb' take 1 value\(s\) per row, but rows \[1\]"),
-        ([3, 6], torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0, 0.0]]), r"'tags' take 4 value\(s\) per row, but rows \[0\]"),
+        (
+            [0, 6],
+            torch.tensor([[0, 1, -100], [1, 2, 3]]),
+            r"'sst2' take 1 value\(s\) per row, but rows \[0\] hold more",
+        ),
+        (
+            [6, 2],
+            torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, -100.0]]),
+            r"'stsb' take 1 value\(s\) per row, but rows \[1\]",
+        ),
+        (
+            [3, 6],
+            torch.tensor([[1.0, 0.0, 0.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0, 0.0]]),
+            r"'tags' take 4 value\(s\) per row, but rows \[0\]",
+        ),
     ],
 )
 def test_labels_shaped_for_another_task_are_refused_not_read_in_part(task_ids, labels, match):

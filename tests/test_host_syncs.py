@@ -17,14 +17,29 @@ import pytest
 import torch
 
 import hf_taskmoe
-from hf_taskmoe import BertForTaskMoE, BertPALsConfig, BertTaskMoEConfig, BertWithPALs, CAMTLConfig, CAMTLModel, TaskSpec
+from hf_taskmoe import (
+    BertForTaskMoE,
+    BertPALsConfig,
+    BertTaskMoEConfig,
+    BertWithPALs,
+    CAMTLConfig,
+    CAMTLModel,
+    TaskSpec,
+)
 from hf_taskmoe.modeling_utils import BatchChecker
 
 PACKAGE = str(Path(hf_taskmoe.__file__).parent)
 SIZES = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
-TASKS = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3), TaskSpec(name="c", problem_type="regression")]
+TASKS = [
+    TaskSpec(name="a", num_labels=2),
+    TaskSpec(name="b", num_labels=3),
+    TaskSpec(name="c", problem_type="regression"),
+]
 FAMILIES = {
-    "mt_tag_grouped_mm": (lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, expert_dispatch="grouped_mm", **SIZES)), 1),
+    "mt_tag_grouped_mm": (
+        lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, expert_dispatch="grouped_mm", **SIZES)),
+        1,
+    ),
     "mt_tag_sorted_loop": (lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES)), 1 + 2),
     "pals": (lambda: BertWithPALs(BertPALsConfig(tasks=TASKS, pal_size=8, pal_num_heads=2, **SIZES)), 1),
     "camtl": (lambda: CAMTLModel(CAMTLConfig(tasks=TASKS, conditional_attention_max_length=8, **SIZES)), 1),
@@ -126,10 +141,20 @@ def test_trainer_checks_batches_in_its_collator(tmp_path):
 
     model = FAMILIES["camtl"][0]()
     rows = {"input_ids": [[5, 6, 7, 8]] * 4, "attention_mask": [[1, 1, 1, 1]] * 4}
-    train = {"a": Dataset.from_dict({**rows, "labels": [0, 1, 0, 5]}), "b": Dataset.from_dict({**rows, "labels": [0, 1, 2, 1]}),
-             "c": Dataset.from_dict({**rows, "labels": [0.5, 1.0, 1.5, 2.0]})}
-    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=4, use_cpu=True,
-                                      report_to="none", save_strategy="no", task_sampling="round_robin")
+    train = {
+        "a": Dataset.from_dict({**rows, "labels": [0, 1, 0, 5]}),
+        "b": Dataset.from_dict({**rows, "labels": [0, 1, 2, 1]}),
+        "c": Dataset.from_dict({**rows, "labels": [0.5, 1.0, 1.5, 2.0]}),
+    }
+    args = MultiTaskTrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        task_sampling="round_robin",
+    )
     trainer = MultiTaskTrainer(model=model, args=args, train_dataset=train)
     seen = []
     model.register_forward_pre_hook(lambda module, args: seen.append(1))
@@ -149,7 +174,9 @@ def test_the_checked_collator_reads_and_writes_through_and_pickles():
     checked.pad_to_multiple_of = 8
     assert inner.pad_to_multiple_of == 8 and checked.pad_to_multiple_of == 8
     copy = pickle.loads(pickle.dumps(checked))  # a DataLoader worker's copy
-    batch = copy([{"input_ids": [5, 6, 7], "task_ids": 0, "labels": 1}, {"input_ids": [5, 6], "task_ids": 2, "labels": 0.5}])
+    batch = copy(
+        [{"input_ids": [5, 6, 7], "task_ids": 0, "labels": 1}, {"input_ids": [5, 6], "task_ids": 2, "labels": 0.5}]
+    )
     assert batch["input_ids"].shape == (2, 8)
     with pytest.raises(ValueError, match="out-of-range"):
         copy([{"input_ids": [5, 6, 7], "task_ids": 0, "labels": 4}])

@@ -3,8 +3,7 @@ import pytest
 from scipy import stats
 from sklearn import metrics as skm
 
-from hf_taskmoe import TaskSpec
-from hf_taskmoe import metrics
+from hf_taskmoe import TaskSpec, metrics
 from hf_taskmoe.metrics import DEFAULT_METRICS, METRIC_REGISTRY, aggregate_scores, compute_task_metrics, load_metric
 
 rng = np.random.default_rng(0)
@@ -41,12 +40,16 @@ def test_shipped_metrics_match_scipy_and_sklearn(name, preds, refs, reference):
 def test_multilabel_micro_f1_matches_sklearn():
     refs = rng.integers(0, 2, (50, 4))
     preds = np.where(rng.random((50, 4)) < 0.7, refs, 1 - refs)
-    assert _compute("f1_micro", predictions=preds, references=refs) == pytest.approx(skm.f1_score(refs, preds, average="micro"))
+    assert _compute("f1_micro", predictions=preds, references=refs) == pytest.approx(
+        skm.f1_score(refs, preds, average="micro")
+    )
 
 
 def test_multiple_choice_accuracy_and_exact_match():
     scores = [[0.1, 0.9], [2.0, -1.0], [0.3, 0.2]]
-    assert load_metric("multiple_choice_accuracy").compute(predictions=scores, references=[1, 0, 1])["multiple_choice_accuracy"] == pytest.approx(2 / 3)
+    assert load_metric("multiple_choice_accuracy").compute(predictions=scores, references=[1, 0, 1])[
+        "multiple_choice_accuracy"
+    ] == pytest.approx(2 / 3)
     em = load_metric("exact_match").compute(predictions=["Yes ", "no", "maybe"], references=["Yes", "No", "maybe"])
     assert em["exact_match"] == pytest.approx(2 / 3)
 
@@ -94,7 +97,9 @@ def test_roc_auc_scores_the_positive_class_probability():
     assert got["roc_auc"] == pytest.approx(skm.roc_auc_score(refs, logits[:, 1] - logits[:, 0]), abs=1e-12)
     assert 0.6 < got["roc_auc"] <= 1.0
     with pytest.raises(ValueError, match="binary task"):
-        compute_task_metrics(TaskSpec(name="c3", num_labels=3, metrics=["roc_auc"]), rng.normal(size=(10, 3)), np.arange(10) % 3)
+        compute_task_metrics(
+            TaskSpec(name="c3", num_labels=3, metrics=["roc_auc"]), rng.normal(size=(10, 3)), np.arange(10) % 3
+        )
 
 
 def test_rouge_against_hand_counts():
@@ -120,10 +125,15 @@ def test_seq2seq_metrics_decode_generated_ids(minilm_tokenizer):
 
     task = TaskSpec(name="t", problem_type="seq2seq", metrics=["exact_match", "rouge1"])
     labels = target_token_ids(minilm_tokenizer, ["fresh", "rotten tomatoes"])
-    assert [minilm_tokenizer.convert_ids_to_tokens(r) for r in labels] == [["fresh", "[SEP]"], ["rotten", "tomatoes", "[SEP]"]]
+    assert [minilm_tokenizer.convert_ids_to_tokens(r) for r in labels] == [
+        ["fresh", "[SEP]"],
+        ["rotten", "tomatoes", "[SEP]"],
+    ]
     labels = np.array([labels[0] + [-100], labels[1]])
     # generated rows after the start token: the answer, [SEP], then padding
-    predictions = np.array([[*target_token_ids(minilm_tokenizer, ["fresh"])[0], 0], target_token_ids(minilm_tokenizer, ["rotten x"])[0]])
+    predictions = np.array(
+        [[*target_token_ids(minilm_tokenizer, ["fresh"])[0], 0], target_token_ids(minilm_tokenizer, ["rotten x"])[0]]
+    )
     out = compute_task_metrics(task, predictions, labels, tokenizer=minilm_tokenizer)
     assert out["exact_match"] == 0.5 and out["rouge1"] == pytest.approx((1 + 1 / 2) / 2)
     with pytest.raises(ValueError, match="tokenizer"):
@@ -189,14 +199,23 @@ OLD_MODULE_VALUES = {
     "rouge2": 0.12, "rougeL": 0.5833333333333334,
 }
 OLD_EVALUATION_VALUES = {
-    "cls3": {"accuracy": 0.7, "f1_macro": 0.7008547008547009, "f1_micro": 0.7, "matthews_correlation": 0.5509473189696001},
+    "cls3": {
+        "accuracy": 0.7,
+        "f1_macro": 0.7008547008547009,
+        "f1_micro": 0.7,
+        "matthews_correlation": 0.5509473189696001,
+    },
     "bin": {"accuracy": 0.8, "f1": 0.8, "f1a": 0.8000000000000002, "matthews_correlation": 0.6, "roc_auc": 0.88},
     "reg": {"pearson": 0.9669636120976478, "spearmanr": 0.9507278005253982},
     "multi": {"f1_micro": 0.7692307692307693, "f1": 0.7692307692307693},
     "mc": {"multiple_choice_accuracy": 0.8, "accuracy": 0.8},
     "tok": {"accuracy": 0.3333333333333333, "f1_macro": 0.3},
-    "gen": {"exact_match": 0.3333333333333333, "rouge1": 0.8030303030303031, "rouge2": 0.22222222222222218,
-            "rougeL": 0.8030303030303031},
+    "gen": {
+        "exact_match": 0.3333333333333333,
+        "rouge1": 0.8030303030303031,
+        "rouge2": 0.22222222222222218,
+        "rougeL": 0.8030303030303031,
+    },
 }
 
 
@@ -222,20 +241,46 @@ def _evaluation_cases():
     generated = np.array([[2, 3, 4, 5, 2, 6, 1, 0], [8, 9, 1, 0, 0, 0, 0, 0], [10, 1, 10, 0, 0, 0, 0, 0]])
     targets = np.array([[2, 3, 5, 2, 6, 1, -100, -100], [7, 9, 1, *[-100] * 5], [10, 1, *[-100] * 6]])
     return [
-        (TaskSpec(name="cls3", num_labels=3, metrics=["accuracy", "f1_macro", "f1_micro", "matthews_correlation"]),
-         (np.eye(3)[F_PRED3] + 0.01).astype(f32), np.array(F_REF3)),
-        (TaskSpec(name="bin", num_labels=2, metrics=["accuracy", "f1", "f1a", "matthews_correlation", "roc_auc"]),
-         binary_logits, np.array(F_SCORE_REF)),
-        (TaskSpec(name="reg", problem_type="regression", metrics=["pearson", "spearmanr"]),
-         np.array(F_X, dtype=f32)[:, None], np.array(F_Y, dtype=f32)),
-        (TaskSpec(name="multi", problem_type="multi_label_classification", num_labels=3, metrics=["f1_micro", "f1"]),
-         np.where(np.array(F_MULTI_PRED) == 1, 0.7, -0.4).astype(f32), np.array(F_MULTI_REF)),
-        (TaskSpec(name="mc", problem_type="multiple_choice", choice_fields=["a", "b", "c"],
-                  metrics=["multiple_choice_accuracy", "accuracy"]), np.array(F_CHOICES, dtype=f32), np.array(F_CHOICE_REF)),
-        (TaskSpec(name="tok", problem_type="token_classification", num_labels=3, metrics=["accuracy", "f1_macro"]),
-         token_logits, tokens),
-        (TaskSpec(name="gen", problem_type="seq2seq", metrics=["exact_match", "rouge1", "rouge2", "rougeL"]),
-         generated, targets),
+        (
+            TaskSpec(name="cls3", num_labels=3, metrics=["accuracy", "f1_macro", "f1_micro", "matthews_correlation"]),
+            (np.eye(3)[F_PRED3] + 0.01).astype(f32),
+            np.array(F_REF3),
+        ),
+        (
+            TaskSpec(name="bin", num_labels=2, metrics=["accuracy", "f1", "f1a", "matthews_correlation", "roc_auc"]),
+            binary_logits,
+            np.array(F_SCORE_REF),
+        ),
+        (
+            TaskSpec(name="reg", problem_type="regression", metrics=["pearson", "spearmanr"]),
+            np.array(F_X, dtype=f32)[:, None],
+            np.array(F_Y, dtype=f32),
+        ),
+        (
+            TaskSpec(name="multi", problem_type="multi_label_classification", num_labels=3, metrics=["f1_micro", "f1"]),
+            np.where(np.array(F_MULTI_PRED) == 1, 0.7, -0.4).astype(f32),
+            np.array(F_MULTI_REF),
+        ),
+        (
+            TaskSpec(
+                name="mc",
+                problem_type="multiple_choice",
+                choice_fields=["a", "b", "c"],
+                metrics=["multiple_choice_accuracy", "accuracy"],
+            ),
+            np.array(F_CHOICES, dtype=f32),
+            np.array(F_CHOICE_REF),
+        ),
+        (
+            TaskSpec(name="tok", problem_type="token_classification", num_labels=3, metrics=["accuracy", "f1_macro"]),
+            token_logits,
+            tokens,
+        ),
+        (
+            TaskSpec(name="gen", problem_type="seq2seq", metrics=["exact_match", "rouge1", "rouge2", "rougeL"]),
+            generated,
+            targets,
+        ),
     ]
 
 
@@ -257,7 +302,10 @@ def test_evaluation_calls_the_registry_not_evaluate(monkeypatch):
     monkeypatch.setattr(evaluate, "load", refuse)
     cases = _evaluation_cases()
     assert {m for task, _, _ in cases for m in task.metrics} == set(DEFAULT_METRICS)
-    got = {task.name: compute_task_metrics(task, logits, labels, tokenizer=WordTokenizer()) for task, logits, labels in cases}
+    got = {
+        task.name: compute_task_metrics(task, logits, labels, tokenizer=WordTokenizer())
+        for task, logits, labels in cases
+    }
     assert got == OLD_EVALUATION_VALUES
 
 
@@ -282,7 +330,9 @@ def test_register_metric_feeds_what_the_metric_reads_and_guards_the_defaults():
         assert seen["predictions"] == pytest.approx([1 / (1 + np.exp(-1)), 1 / (1 + np.exp(1))])
         assert got == {"mean_positive_score": pytest.approx(0.5), "accuracy": 1.0}
         module = load_metric("mean_positive_score")  # the evaluate face of a user's metric too
-        assert module.compute(prediction_scores=[0.2, 0.4], references=[0, 1])["mean_positive_score"] == pytest.approx(0.3)
+        assert module.compute(prediction_scores=[0.2, 0.4], references=[0, 1])["mean_positive_score"] == pytest.approx(
+            0.3
+        )
         with pytest.raises(ValueError, match="already registered"):
             metrics.register_metric("mean_positive_score", mean_score)
     finally:

@@ -10,13 +10,23 @@ from hf_taskmoe import MMoEConfig, MMoEModel, TaskSpec, parameter_report
 from hf_taskmoe.analysis import gate_distribution
 from hf_taskmoe.training import TabularCollator, load_census_income, synthetic_task_pair
 
-TASKS = [TaskSpec(name="click", num_labels=2), TaskSpec(name="genre", num_labels=3), TaskSpec(name="rating", problem_type="regression")]
+TASKS = [
+    TaskSpec(name="click", num_labels=2),
+    TaskSpec(name="genre", num_labels=3),
+    TaskSpec(name="rating", problem_type="regression"),
+]
 
 
 def config(**overrides):
     kwargs = dict(
-        tasks=TASKS, numeric_features=["age", "price"], categorical_features=["city", "device"],
-        categorical_cardinalities=[5, 3], embedding_dim=3, num_experts=4, expert_hidden_sizes=[6], tower_hidden_sizes=[4],
+        tasks=TASKS,
+        numeric_features=["age", "price"],
+        categorical_features=["city", "device"],
+        categorical_cardinalities=[5, 3],
+        embedding_dim=3,
+        num_experts=4,
+        expert_hidden_sizes=[6],
+        tower_hidden_sizes=[4],
         bottom_hidden_sizes=[7],
     )
     kwargs.update(overrides)
@@ -27,9 +37,17 @@ def batch(n=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     return {
         "numeric_features": torch.randn(n, 2, generator=g),
-        "categorical_features": torch.stack([torch.randint(0, 5, (n,), generator=g), torch.randint(0, 3, (n,), generator=g)], 1),
-        "labels": torch.stack([torch.randint(0, 2, (n,), generator=g).float(), torch.randint(0, 3, (n,), generator=g).float(),
-                               torch.randn(n, generator=g)], 1),
+        "categorical_features": torch.stack(
+            [torch.randint(0, 5, (n,), generator=g), torch.randint(0, 3, (n,), generator=g)], 1
+        ),
+        "labels": torch.stack(
+            [
+                torch.randint(0, 2, (n,), generator=g).float(),
+                torch.randint(0, 3, (n,), generator=g).float(),
+                torch.randn(n, generator=g),
+            ],
+            1,
+        ),
     }
 
 
@@ -39,7 +57,11 @@ def test_shapes_loss_and_gates(architecture):
     model = MMoEModel(config(architecture=architecture))
     out = model(**batch(), output_gates=True)
     assert out.logits.shape == (8, 2 + 3 + 1)
-    assert {k: tuple(v.shape) for k, v in out.task_logits.items()} == {"click": (8, 2), "genre": (8, 3), "rating": (8, 1)}
+    assert {k: tuple(v.shape) for k, v in out.task_logits.items()} == {
+        "click": (8, 2),
+        "genre": (8, 3),
+        "rating": (8, 1),
+    }
     assert torch.isfinite(out.loss) and set(out.task_losses) == {"click", "genre", "rating"}
     torch.testing.assert_close(out.loss, sum(out.task_losses.values()))
     if architecture == "shared_bottom":
@@ -54,10 +76,13 @@ def test_shapes_loss_and_gates(architecture):
 
 
 def test_paper_parameter_counts():
-    """Section 5.1: 100 x 16 x 8 + 16 x 8 x 2 = 13,056 for experts + towers; Shared-Bottom of 113 units about the same."""
+    """Section 5.1: 100 x 16 x 8 + 16 x 8 x 2 = 13,056 for experts + towers; Shared-Bottom of 113 units about the
+    same."""
     tasks = [TaskSpec(name="y1", problem_type="regression"), TaskSpec(name="y2", problem_type="regression")]
     common = dict(tasks=tasks, numeric_features=[f"x{i}" for i in range(100)], use_bias=False)
-    reports = {a: parameter_report(MMoEModel(MMoEConfig(architecture=a, **common))) for a in ("mmoe", "omoe", "shared_bottom")}
+    reports = {
+        a: parameter_report(MMoEModel(MMoEConfig(architecture=a, **common))) for a in ("mmoe", "omoe", "shared_bottom")
+    }
     for arch in ("mmoe", "omoe"):
         assert reports[arch].expert == 100 * 16 * 8 and reports[arch].tower == 16 * 8 * 2
         assert reports[arch].expert + reports[arch].tower == 13_056
@@ -78,7 +103,9 @@ def test_missing_labels_are_masked_out_of_their_task_loss():
     out = model(**masked)
     logits = full.task_logits
     expected_click = torch.nn.functional.cross_entropy(logits["click"][4:], b["labels"][4:, 0].long())
-    expected_rating = torch.nn.functional.mse_loss(logits["rating"][[0, 1, 2, 3, 4, 5, 7], 0], b["labels"][[0, 1, 2, 3, 4, 5, 7], 2])
+    expected_rating = torch.nn.functional.mse_loss(
+        logits["rating"][[0, 1, 2, 3, 4, 5, 7], 0], b["labels"][[0, 1, 2, 3, 4, 5, 7], 2]
+    )
     torch.testing.assert_close(out.task_losses["click"], expected_click)
     torch.testing.assert_close(out.task_losses["rating"], expected_rating)
     none = dict(b, labels=torch.full_like(b["labels"], float("nan")))
@@ -115,7 +142,12 @@ def test_init_follows_glorot_and_zero_bias():
         (dict(categorical_cardinalities=[5]), "one value per categorical feature"),
         (dict(numeric_features=["click"]), "also listed as input features"),
         (dict(expert_hidden_sizes=[]), "at least one layer"),
-        (dict(tasks=[TaskSpec(name="t", problem_type="multiple_choice", text_fields=["q"], choice_fields=["a", "b"])]), "not supported"),
+        (
+            dict(
+                tasks=[TaskSpec(name="t", problem_type="multiple_choice", text_fields=["q"], choice_fields=["a", "b"])]
+            ),
+            "not supported",
+        ),
         (dict(numeric_features=[], categorical_features=[], categorical_cardinalities=[]), "at least one input column"),
     ],
 )
@@ -128,9 +160,23 @@ def test_bad_inputs_raise_naming_the_problem():
     model = MMoEModel(config())
     b = batch()
     with pytest.raises(ValueError, match="'city' has code 9 in row 2"):
-        model(**dict(b, categorical_features=b["categorical_features"].index_put((torch.tensor([2]), torch.tensor([0])), torch.tensor(9))))
+        model(
+            **dict(
+                b,
+                categorical_features=b["categorical_features"].index_put(
+                    (torch.tensor([2]), torch.tensor([0])), torch.tensor(9)
+                ),
+            )
+        )
     with pytest.raises(ValueError, match="non-finite value in row 1, feature 'price'"):
-        model(**dict(b, numeric_features=b["numeric_features"].index_put((torch.tensor([1]), torch.tensor([1])), torch.tensor(float("inf")))))
+        model(
+            **dict(
+                b,
+                numeric_features=b["numeric_features"].index_put(
+                    (torch.tensor([1]), torch.tensor([1])), torch.tensor(float("inf"))
+                ),
+            )
+        )
     with pytest.raises(ValueError, match=r"shape \(batch, num_tasks\) = \(8, 3\)"):
         model(**dict(b, labels=b["labels"][:, :2]))
     with pytest.raises(ValueError, match="Task 'genre': label 3.0 in row 0"):
@@ -144,13 +190,26 @@ def test_trains_with_the_plain_trainer_from_a_dataset(tmp_path):
     n = 64
     age = rng.normal(size=n)
     rows = {
-        "age": age.tolist(), "price": rng.normal(size=n).tolist(), "city": rng.integers(0, 5, n).tolist(),
-        "device": rng.integers(0, 3, n).tolist(), "click": (age > 0).astype(int).tolist(),
-        "genre": rng.integers(0, 3, n).tolist(), "rating": [None if i % 5 == 0 else float(a) for i, a in enumerate(age)],
+        "age": age.tolist(),
+        "price": rng.normal(size=n).tolist(),
+        "city": rng.integers(0, 5, n).tolist(),
+        "device": rng.integers(0, 3, n).tolist(),
+        "click": (age > 0).astype(int).tolist(),
+        "genre": rng.integers(0, 3, n).tolist(),
+        "rating": [None if i % 5 == 0 else float(a) for i, a in enumerate(age)],
     }
     data = datasets.Dataset.from_dict(rows)
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, max_steps=8, learning_rate=1e-2,
-                             report_to="none", use_cpu=True, remove_unused_columns=False, save_strategy="no", disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,
+        max_steps=8,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        remove_unused_columns=False,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     collator = TabularCollator(model.config)
     assert torch.isnan(collator([data[0]])["labels"][0, 2])  # None -> NaN, masked
     before = model.experts.weight_0.detach().clone()
@@ -181,7 +240,9 @@ def test_synthetic_generator_follows_section_3_2():
     for p, data in pairs.items():
         cos = data.w1 @ data.w2 / (np.linalg.norm(data.w1) * np.linalg.norm(data.w2))
         assert cos == pytest.approx(p, abs=1e-12)
-        assert np.linalg.norm(data.w1) == pytest.approx(1.0) and data.x.shape == (4000, 100) and data.y.shape == (4000, 2)
+        assert (
+            np.linalg.norm(data.w1) == pytest.approx(1.0) and data.x.shape == (4000, 100) and data.y.shape == (4000, 2)
+        )
     corr = [pairs[p].label_correlation for p in (0.0, 0.5, 0.9, 1.0)]
     assert corr == sorted(corr) and corr[-1] > 0.95 and abs(corr[0]) < 0.1
     with pytest.raises(ValueError, match="correlation"):
@@ -227,5 +288,8 @@ def test_model_card_for_an_mmoe_model(tmp_path):
     card = render_model_card(model, metrics={"eval_click_accuracy": 0.71, "eval_rating_pearson": 0.5})
     card.save(tmp_path / "README.md")
     loaded = ModelCard.load(tmp_path / "README.md")
-    assert {(r.dataset_name, r.metric_type) for r in loaded.data.eval_results} >= {("click", "accuracy"), ("rating", "pearson")}
+    assert {(r.dataset_name, r.metric_type) for r in loaded.data.eval_results} >= {
+        ("click", "accuracy"),
+        ("rating", "pearson"),
+    }
     assert "MMoE (one softmax gate per task): 4 experts" in loaded.content

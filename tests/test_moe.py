@@ -10,9 +10,15 @@ B, S, D, F_, N, T = 3, 5, 16, 24, 4, 3
 def _config(num_tasks=T, expert_weighting="gate", compute_aux_loss=False, compute_z_loss=False, **kwargs):
     """The layer reads its config (as transformers' sparse MLPs do); the sizes of this file's tests."""
     return BertTaskMoEConfig(
-        tasks=[TaskSpec(name=f"t{i}", num_labels=2) for i in range(num_tasks)], hidden_size=D, intermediate_size=F_,
-        num_hidden_layers=1, num_attention_heads=2, expert_weighting=expert_weighting,
-        router_aux_loss_coef=1.0 if compute_aux_loss else 0.0, router_z_loss_coef=1.0 if compute_z_loss else 0.0, **kwargs,
+        tasks=[TaskSpec(name=f"t{i}", num_labels=2) for i in range(num_tasks)],
+        hidden_size=D,
+        intermediate_size=F_,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        expert_weighting=expert_weighting,
+        router_aux_loss_coef=1.0 if compute_aux_loss else 0.0,
+        router_z_loss_coef=1.0 if compute_z_loss else 0.0,
+        **kwargs,
     )
 
 
@@ -82,7 +88,9 @@ def test_straight_through_value_is_the_expert_and_gradient_is_the_gates():
     gate, st = _moe(expert_weighting="gate"), _moe(expert_weighting="straight_through")
     x, task_ids = _inputs()
     out = st(x, task_ids)
-    experts_only = torch.stack([st.experts[e](x[b, s]) for b in range(B) for s in range(S) for e in [out.expert_index[b, s, 0]]])
+    experts_only = torch.stack(
+        [st.experts[e](x[b, s]) for b in range(B) for s in range(S) for e in [out.expert_index[b, s, 0]]]
+    )
     torch.testing.assert_close(out.hidden_states.reshape(-1, D), experts_only, atol=1e-6, rtol=1e-6)
 
     # d loss / d gate weights: identical for both weightings (only the forward value differs, by g*)

@@ -39,7 +39,9 @@ def test_single_pair_and_mixed_batch_match_the_model(saved):
     assert single["score"] == pytest.approx(probs.max().item(), abs=1e-5)
 
     pair = pipe({"text": "A man plays.", "text_pair": "A man is playing."}, task="stsb")
-    assert pair["score"] == pytest.approx(_direct(model, tok, "A man plays.", "A man is playing.", "stsb").item(), abs=1e-5)
+    assert pair["score"] == pytest.approx(
+        _direct(model, tok, "A man plays.", "A man is playing.", "stsb").item(), abs=1e-5
+    )
 
     rows = [
         {"text": "tagged words", "task": "tags"},
@@ -60,7 +62,9 @@ def test_single_pair_and_mixed_batch_match_the_model(saved):
             assert list(result["scores"].values()) == pytest.approx(expected.tolist(), abs=1e-4)
             assert result["labels"] == [f"LABEL_{i}" for i in range(3) if expected[i] > 0.5]
     top = pipe("a fine film", task="sst2", top_k=2)["top"]
-    assert [t["label"] for t in top] == sorted(["negative", "positive"], key=lambda l: -probs[["negative", "positive"].index(l)].item())
+    assert [t["label"] for t in top] == sorted(
+        ["negative", "positive"], key=lambda label: -probs[["negative", "positive"].index(label)].item()
+    )
 
 
 def test_pipeline_bad_inputs_and_other_families(saved, minilm):
@@ -88,7 +92,10 @@ def test_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved, tmp_path, mo
     pipe = pipeline(hf_taskmoe.PIPELINE_TASK, model="org/mttag-multitask", model_kwargs={"cache_dir": str(cache)},
                     tokenizer=AutoTokenizer.from_pretrained(saved))
     local = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))
-    for inputs in ({"text": "a fine film", "task": "sst2"}, {"text": "A man plays.", "text_pair": "A man is playing.", "task": "stsb"}):
+    for inputs in (
+        {"text": "a fine film", "task": "sst2"},
+        {"text": "A man plays.", "text_pair": "A man is playing.", "task": "stsb"},
+    ):
         assert pipe(inputs) == local(inputs)
 
 
@@ -98,7 +105,10 @@ def save_routed_seq2seq(tiny_dense, folder):
     from hf_taskmoe import BartTaskRouted, bart_from_bert
 
     torch.manual_seed(0)
-    tasks = [TaskSpec(name="trec", problem_type="seq2seq"), TaskSpec(name="boolq", problem_type="seq2seq", text_fields=["question", "passage"])]
+    tasks = [
+        TaskSpec(name="trec", problem_type="seq2seq"),
+        TaskSpec(name="boolq", problem_type="seq2seq", text_fields=["question", "passage"]),
+    ]
     model = BartTaskRouted.from_dense(bart_from_bert(tiny_dense), tasks, num_experts=2).eval()
     with torch.no_grad():  # distinct experts and routes, as training would leave them
         for name, p in model.named_parameters():
@@ -142,7 +152,9 @@ def test_text2text_pipeline_single_pair_and_mixed_batch_match_generate(saved_seq
     expected = [direct(r["text"], r.get("text_pair"), r["task"]) for r in rows]
     assert [r["generated_text"] for r in results] == expected
     # the task matters: the same text through the other task's routes
-    assert direct("Who wrote Hamlet?", None, "boolq") != expected[0] or direct("is water wet", None, "trec") != expected[1]
+    assert (
+        direct("Who wrote Hamlet?", None, "boolq") != expected[0] or direct("is water wet", None, "trec") != expected[1]
+    )
 
 
 def test_text2text_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved_seq2seq, tmp_path, monkeypatch):
@@ -152,8 +164,13 @@ def test_text2text_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved_seq
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     make_hub_cache(tmp_path / "cache", "org/routed-multitask", saved_seq2seq)
-    pipe = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model="org/routed-multitask", model_kwargs={"cache_dir": str(tmp_path / "cache")},
-                    tokenizer=AutoTokenizer.from_pretrained(saved_seq2seq), max_new_tokens=5)
+    pipe = pipeline(
+        hf_taskmoe.TEXT2TEXT_PIPELINE_TASK,
+        model="org/routed-multitask",
+        model_kwargs={"cache_dir": str(tmp_path / "cache")},
+        tokenizer=AutoTokenizer.from_pretrained(saved_seq2seq),
+        max_new_tokens=5,
+    )
     local = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(saved_seq2seq), max_new_tokens=5)
     rows = [{"text": "Who wrote Hamlet?", "task": "trec"}, {"text": "is it", "text_pair": "It is.", "task": "boolq"}]
     assert pipe(rows) == local(rows)
@@ -161,7 +178,9 @@ def test_text2text_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved_seq
 
 def test_pipelines_refuse_the_other_problem_types(saved, saved_seq2seq):
     classifier = BertForTaskMoE.from_pretrained(saved)
-    text2text = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=classifier, tokenizer=AutoTokenizer.from_pretrained(saved))
+    text2text = pipeline(
+        hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=classifier, tokenizer=AutoTokenizer.from_pretrained(saved)
+    )
     with pytest.raises(ValueError, match=r"'sst2' is single_label_classification; this pipeline serves \['seq2seq'\]"):
         text2text("a fine film", task="sst2")
     with pytest.raises(ValueError, match="'trec' is seq2seq; this pipeline serves"):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from hf_taskmoe import BertTaskMoEConfig, BertForTaskMoE, MMoEConfig, TaskSpec
+from hf_taskmoe import BertForTaskMoE, BertTaskMoEConfig, MMoEConfig, TaskSpec
 from hf_taskmoe.layers.task_head import TaskHead
 from hf_taskmoe.models import FAMILIES
 from hf_taskmoe.problem_types import (

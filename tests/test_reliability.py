@@ -104,9 +104,30 @@ def test_a_cross_device_export_that_fails_midway_leaves_the_previous_export_usab
 # ---------------------------------------------------------------------------------------------- the script's runs
 def _argv(out, model, *extra):
     return [
-        "--model_name_or_path", str(model), "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4",
-        "--max_train_samples", "8", "--max_eval_samples", "4", "--max_seq_length", "16", "--use_cpu", "--num_experts", "2",
-        "--disable_tqdm", "true", "--do_eval", "false", "--report_to", "none", *extra,
+        "--model_name_or_path",
+        str(model),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_samples",
+        "8",
+        "--max_eval_samples",
+        "4",
+        "--max_seq_length",
+        "16",
+        "--use_cpu",
+        "--num_experts",
+        "2",
+        "--disable_tqdm",
+        "true",
+        "--do_eval",
+        "false",
+        "--report_to",
+        "none",
+        *extra,
     ]
 
 
@@ -128,8 +149,21 @@ def _bad_task_file(tmp_path):
     folder = tmp_path / "bad"
     (folder / "t").mkdir(parents=True)
     (folder / "t" / "train.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "odd", "label": "meh"}\n')
-    (folder / "tasks.json").write_text(json.dumps({"tasks": [{"name": "t", "label_names": ["neg", "pos"], "text_fields": ["text"],
-                                                              "train_file": "t/train.jsonl", "validation_file": "t/train.jsonl"}]}))
+    (folder / "tasks.json").write_text(
+        json.dumps(
+            {
+                "tasks": [
+                    {
+                        "name": "t",
+                        "label_names": ["neg", "pos"],
+                        "text_fields": ["text"],
+                        "train_file": "t/train.jsonl",
+                        "validation_file": "t/train.jsonl",
+                    }
+                ]
+            }
+        )
+    )
     return folder / "tasks.json"
 
 
@@ -140,9 +174,13 @@ def test_a_second_run_into_a_claimed_output_dir_is_refused_naming_the_first(tmp_
     import time
 
     out = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, str(ROOT / "examples" / "run_multitask.py"),
-                              *_argv(out, tiny_dense, "--max_steps", "100000")], cwd=ROOT,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "run_multitask.py"), *_argv(out, tiny_dense, "--max_steps", "100000")],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     lock = tmp_path / ".run.lock"
     try:
         deadline = time.time() + 120
@@ -150,8 +188,12 @@ def test_a_second_run_into_a_claimed_output_dir_is_refused_naming_the_first(tmp_
             time.sleep(0.05)
         assert lock.exists(), "the first run never claimed its folder"
         time.sleep(0.2)  # its record written
-        _refused(capsys, _argv(out, tiny_dense), rf"in use by the run with pid {first.pid} on host {socket.gethostname()}, started 20",
-                 r"Wait for that run to finish, or pass another --output_dir")
+        _refused(
+            capsys,
+            _argv(out, tiny_dense),
+            rf"in use by the run with pid {first.pid} on host {socket.gethostname()}, started 20",
+            r"Wait for that run to finish, or pass another --output_dir",
+        )
         assert json.loads(lock.read_text())["pid"] == first.pid  # the refused run left the first's claim alone
     finally:
         first.kill()
@@ -190,7 +232,9 @@ def test_overwrite_keeps_the_previous_run_until_the_new_one_is_saved(tmp_path, t
     run_multitask.main(_argv(out, tiny_dense, "--save_strategy", "steps", "--save_steps", "2"))
     before = _run_files(out)
     assert (out / "checkpoint-2").is_dir()
-    _refused(capsys, _argv(out, tiny_dense, "--overwrite_output_dir", "--tasks", str(_bad_task_file(tmp_path))), "line 2")
+    _refused(
+        capsys, _argv(out, tiny_dense, "--overwrite_output_dir", "--tasks", str(_bad_task_file(tmp_path))), "line 2"
+    )
     assert _run_files(out) == before and (out / "checkpoint-2").is_dir()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")]  # no staging, no lock left
 
@@ -255,7 +299,9 @@ def _dense_with(tmp_path, minilm, **config):
 
     folder = tmp_path / "dense"
     torch.manual_seed(0)
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **config)).save_pretrained(folder)
+    BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **config)
+    ).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(minilm / name, folder / name)
     return folder
@@ -267,21 +313,31 @@ def test_token_ids_beyond_the_vocabulary_or_type_vocab_size_are_refused_before_t
     from hf_taskmoe.modeling_utils import BatchChecker
 
     small_vocab = _dense_with(tmp_path / "v", minilm, vocab_size=500)
-    _refused(capsys, _argv(tmp_path / "a", small_vocab),
-             r"Task 'rotten_tomatoes', train example \d+: the tokenizer .* gives input_ids \d+, but the model's vocabulary "
-             r"\(vocab_size\) has 500 entries: the tokenizer is not the model's")
+    _refused(
+        capsys,
+        _argv(tmp_path / "a", small_vocab),
+        r"Task 'rotten_tomatoes', train example \d+: the tokenizer .* gives input_ids \d+, but the model's vocabulary "
+        r"\(vocab_size\) has 500 entries: the tokenizer is not the model's",
+    )
     assert not (tmp_path / "a" / "model.safetensors").exists()
     one_segment = _dense_with(tmp_path / "t", minilm, type_vocab_size=1)  # boolq's question/passage pairs use segment 1
-    _refused(capsys, _argv(tmp_path / "b", one_segment), r"Task 'boolq', train example \d+: .* gives token_type_ids 1, but the "
-             r"model's token type table \(type_vocab_size\) has 1 entries")
+    _refused(
+        capsys,
+        _argv(tmp_path / "b", one_segment),
+        r"Task 'boolq', train example \d+: .* gives token_type_ids 1, but the "
+        r"model's token type table \(type_vocab_size\) has 1 entries",
+    )
 
     model = BertForTaskMoE.from_dense(small_vocab, [TaskSpec(name="a", num_labels=2)], num_experts=2)
     check = BatchChecker.for_model(model)
     ok = {"input_ids": torch.tensor([[1, 499], [2, 3]]), "token_type_ids": torch.zeros(2, 2, dtype=torch.long),
           "task_ids": torch.tensor([0, 0]), "labels": torch.tensor([0, 1])}
     check(ok)
-    with pytest.raises(ValueError, match=r"`input_ids` holds 500 \(row 1, position 0, and 0 more out of range\), but the "
-                                         r"model's vocabulary \(`vocab_size`\) has 500 entries .*another tokenizer"):
+    with pytest.raises(
+        ValueError,
+        match=r"`input_ids` holds 500 \(row 1, position 0, and 0 more out of range\), but the "
+        r"model's vocabulary \(`vocab_size`\) has 500 entries .*another tokenizer",
+    ):
         check({**ok, "input_ids": torch.tensor([[1, 2], [500, 3]])})
     with pytest.raises(ValueError, match=r"`token_type_ids` holds 2 .*`type_vocab_size`\) has 2 entries"):
         check({**ok, "token_type_ids": torch.tensor([[0, 0], [0, 2]])})
@@ -300,7 +356,9 @@ def test_zero_batch_size_or_steps_are_refused_in_one_paragraph(tmp_path, tiny_de
     are refused: exit 2 in the script, a ValueError from MultiTaskTrainingArguments."""
     from hf_taskmoe.training import MultiTaskTrainingArguments
 
-    _refused(capsys, _argv(tmp_path / "out", tiny_dense, option, value), rf"Invalid arguments: `{field}` must be a positive")
+    _refused(
+        capsys, _argv(tmp_path / "out", tiny_dense, option, value), rf"Invalid arguments: `{field}` must be a positive"
+    )
     assert not (tmp_path / "out").exists()
     with pytest.raises(ValueError, match=rf"`{field}` must be a positive"):
         MultiTaskTrainingArguments(output_dir=str(tmp_path / "o"), use_cpu=True, **{field: 0})
@@ -309,7 +367,8 @@ def test_zero_batch_size_or_steps_are_refused_in_one_paragraph(tmp_path, tiny_de
 @pytest.mark.parametrize("name", ["trainer_state.json", "task_sampler.json"])
 def test_a_truncated_checkpoint_file_is_named_and_latest_falls_back(tmp_path, tiny_dense, capsys, caplog, name):
     """kill -9 while the newest checkpoint's trainer_state.json / task_sampler.json was written: resuming from it
-    names the file and the checkpoint (exit 2); `latest` takes the newest complete checkpoint, saying which it skipped."""
+    names the file and the checkpoint (exit 2); `latest` takes the newest complete checkpoint, saying which it
+    skipped."""
     out = tmp_path / "run"
     run_multitask.main(_argv(out, tiny_dense, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2"))
     path = out / "checkpoint-4" / name
@@ -323,7 +382,10 @@ def test_a_truncated_checkpoint_file_is_named_and_latest_falls_back(tmp_path, ti
     with caplog.at_level(logging.WARNING, logger="hf_taskmoe"):
         run_multitask.main(_argv(out, tiny_dense, "--max_steps", "4", "--resume_from_checkpoint", "latest",
                                  "--save_strategy", "no"))
-    assert any(f"Skipping the incomplete checkpoint {out / 'checkpoint-4'}" in r.message and name in r.message for r in caplog.records)
+    assert any(
+        f"Skipping the incomplete checkpoint {out / 'checkpoint-4'}" in r.message and name in r.message
+        for r in caplog.records
+    )
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 4  # continued from checkpoint-2
     assert (out / "model.safetensors").exists()
 
@@ -334,7 +396,9 @@ def test_a_generation_count_of_zero_is_refused_by_the_pipeline(tiny_dense, tmp_p
 
     from .test_pipeline import save_routed_seq2seq
 
-    pipe = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(save_routed_seq2seq(tiny_dense, tmp_path / "m")), max_new_tokens=3)
+    pipe = pipeline(
+        hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(save_routed_seq2seq(tiny_dense, tmp_path / "m")), max_new_tokens=3
+    )
     for keyword in ("num_beams", "num_return_sequences", "max_new_tokens"):
         with pytest.raises(ValueError, match=rf"`{keyword}` must be a positive integer, got 0"):
             pipe("What is the capital of France?", task="trec", **{keyword: 0})
@@ -355,7 +419,9 @@ def test_a_config_object_that_does_not_describe_a_saved_model_is_refused_too(tmp
     assert loaded.config.num_experts == 3 and any("experts.2" in k for k in info["missing_keys"])
 
 
-def test_an_unreadable_file_or_a_full_disk_is_a_refusal_not_an_internal_error(tmp_path, tiny_dense, capsys, monkeypatch):
+def test_an_unreadable_file_or_a_full_disk_is_a_refusal_not_an_internal_error(
+    tmp_path, tiny_dense, capsys, monkeypatch
+):
     """An unreadable data file (permissions; simulated, root reads everything) exits 2 naming the file; a disk that
     fills while the new model is saved exits 2 naming the file, and --overwrite_output_dir leaves the earlier run."""
     import transformers.modeling_utils
@@ -370,7 +436,11 @@ def test_an_unreadable_file_or_a_full_disk_is_a_refusal_not_an_internal_error(tm
         return real(self)
 
     monkeypatch.setattr(Path, "read_bytes", denied)
-    _refused(capsys, _argv(tmp_path / "out", tiny_dense, "--tasks", str(task_file)), r"t/train.jsonl could not be read \(Permission denied\)")
+    _refused(
+        capsys,
+        _argv(tmp_path / "out", tiny_dense, "--tasks", str(task_file)),
+        r"t/train.jsonl could not be read \(Permission denied\)",
+    )
     monkeypatch.undo()
 
     out = tmp_path / "run"
@@ -381,14 +451,19 @@ def test_an_unreadable_file_or_a_full_disk_is_a_refusal_not_an_internal_error(tm
         raise OSError(errno.ENOSPC, "No space left on device", str(filename))
 
     monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", disk_full)
-    _refused(capsys, _argv(out, tiny_dense, "--overwrite_output_dir", "--seed", "3"),
-             r"cannot use .*model.safetensors: No space left on device\. Check the path, its permissions and the free space")
+    _refused(
+        capsys,
+        _argv(out, tiny_dense, "--overwrite_output_dir", "--seed", "3"),
+        r"cannot use .*model.safetensors: No space left on device\. Check the path, its permissions and the free space",
+    )
     monkeypatch.undo()
     assert _run_files(out) == before
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")]
 
 
-def test_the_trainer_refuses_a_batch_tokenised_for_another_vocabulary_before_the_model_runs(tmp_path, tiny_dense, minilm):
+def test_the_trainer_refuses_a_batch_tokenised_for_another_vocabulary_before_the_model_runs(
+    tmp_path, tiny_dense, minilm
+):
     """In Python: `MultiTaskTrainer.train` on ids the model's embedding has no row for (a tokenizer with a larger
     vocabulary) stops with the collator's ValueError, not an IndexError inside the embedding; no step is taken."""
     from datasets import Dataset
@@ -397,12 +472,23 @@ def test_the_trainer_refuses_a_batch_tokenised_for_another_vocabulary_before_the
 
     model = BertForTaskMoE.from_dense(_dense_with(tmp_path, minilm, vocab_size=500), [TaskSpec(name="a", num_labels=2)],
                                       num_experts=2)
-    rows = Dataset.from_dict({"input_ids": [[101, 7592, 102], [101, 200, 102]], "attention_mask": [[1, 1, 1]] * 2, "labels": [0, 1]})
+    rows = Dataset.from_dict(
+        {"input_ids": [[101, 7592, 102], [101, 200, 102]], "attention_mask": [[1, 1, 1]] * 2, "labels": [0, 1]}
+    )
     calls = []
     model.register_forward_pre_hook(lambda module, args: calls.append(1))
-    args = MultiTaskTrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2, max_steps=1, use_cpu=True,
-                                      report_to="none", save_strategy="no", disable_tqdm=True)
+    args = MultiTaskTrainingArguments(
+        output_dir=str(tmp_path / "o"),
+        per_device_train_batch_size=2,
+        max_steps=1,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     trainer = MultiTaskTrainer(model=model, args=args, train_dataset={"a": rows})
-    with pytest.raises(ValueError, match=r"`input_ids` holds (7592|101|102) .*vocabulary \(`vocab_size`\) has 500 entries"):
+    with pytest.raises(
+        ValueError, match=r"`input_ids` holds (7592|101|102) .*vocabulary \(`vocab_size`\) has 500 entries"
+    ):
         trainer.train()
     assert not calls and trainer.state.global_step == 0

@@ -48,7 +48,9 @@ def test_statistics_survive_their_dict_and_refuse_a_damaged_one(tmp_path):
     stats = RoutingStatistics.from_output(out, model)
     back = RoutingStatistics.from_dict(json.loads(json.dumps(stats.to_dict())))
     assert back.task_names == stats.task_names and back.layers == stats.layers and back.unit == stats.unit
-    assert torch.allclose(back.shares, stats.shares, atol=1e-4) and torch.allclose(back.entropy, stats.entropy, atol=1e-3)
+    assert torch.allclose(back.shares, stats.shares, atol=1e-4) and torch.allclose(
+        back.entropy, stats.entropy, atol=1e-3
+    )
     assert torch.equal(back.tokens.round().long(), stats.tokens)
     assert back.plot(tmp_path / "back.png").stat().st_size > 0
     broken = stats.to_dict()
@@ -151,7 +153,9 @@ def test_routing_reaches_tensorboard_event_files(tmp_path, monkeypatch):
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))  # transformers 5: no `logging_dir` argument
     torch.manual_seed(0)
     model = BertForTaskMoE(tiny_config(tasks=TASKS, num_experts=3))
-    trainer = make_trainer(tmp_path, model=model, log_routing=True, max_steps=4, logging_steps=2, report_to="tensorboard")
+    trainer = make_trainer(
+        tmp_path, model=model, log_routing=True, max_steps=4, logging_steps=2, report_to="tensorboard"
+    )
     trainer.train()
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
@@ -193,11 +197,26 @@ def test_mmoe_gates_with_a_plain_trainer(tmp_path):
         RoutingAnalyticsCallback(MMoEModel(mmoe_config(architecture="shared_bottom")))
 
     rng = np.random.default_rng(0)
-    rows = {"age": rng.normal(size=64).tolist(), "price": rng.normal(size=64).tolist(), "city": rng.integers(0, 5, 64).tolist(),
-            "device": rng.integers(0, 3, 64).tolist(), "click": rng.integers(0, 2, 64).tolist(),
-            "genre": rng.integers(0, 3, 64).tolist(), "rating": rng.normal(size=64).tolist()}
-    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=16, max_steps=6, logging_steps=3,
-                             report_to="none", use_cpu=True, remove_unused_columns=False, save_strategy="no", disable_tqdm=True)
+    rows = {
+        "age": rng.normal(size=64).tolist(),
+        "price": rng.normal(size=64).tolist(),
+        "city": rng.integers(0, 5, 64).tolist(),
+        "device": rng.integers(0, 3, 64).tolist(),
+        "click": rng.integers(0, 2, 64).tolist(),
+        "genre": rng.integers(0, 3, 64).tolist(),
+        "rating": rng.normal(size=64).tolist(),
+    }
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,
+        max_steps=6,
+        logging_steps=3,
+        report_to="none",
+        use_cpu=True,
+        remove_unused_columns=False,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     model = MMoEModel(mmoe_config())
     scope = {"mmoe": model, "args": args, "data": datasets.Dataset.from_dict(rows)}
     exec(compile(_snippet("### Gates of MMoEModel with a plain `Trainer`"), "README MMoE analytics", "exec"), scope)

@@ -18,9 +18,29 @@ import run_multitask  # noqa: E402
 
 def _argv(out, model, *extra):
     return [
-        "--model_name_or_path", str(model), "--output_dir", str(out), "--do_train", "--do_eval",
-        "--max_steps", "3", "--per_device_train_batch_size", "4", "--max_train_samples", "12", "--max_eval_samples", "8",
-        "--max_seq_length", "32", "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true",
+        "--model_name_or_path",
+        str(model),
+        "--output_dir",
+        str(out),
+        "--do_train",
+        "--do_eval",
+        "--max_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_samples",
+        "12",
+        "--max_eval_samples",
+        "8",
+        "--max_seq_length",
+        "32",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--save_strategy",
+        "no",
+        "--disable_tqdm",
+        "true",
         *extra,
     ]
 
@@ -32,7 +52,15 @@ def test_script_trains_evaluates_and_writes_its_outputs(tmp_path, tiny_dense, ca
     for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"):
         assert any(k.startswith(f"eval_{task}_") and not k.endswith("loss") for k in metrics), task
     out = tmp_path / "out"
-    for name in ("model.safetensors", "config.json", "tokenizer.json", "eval_results.json", "routing.json", "routing_heatmap.png", "README.md"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "eval_results.json",
+        "routing.json",
+        "routing_heatmap.png",
+        "README.md",
+    ):
         assert (out / name).exists(), name
     model = AutoModel.from_pretrained(out)
     assert isinstance(model, BertForTaskMoE) and model.config.num_experts == 2
@@ -60,9 +88,24 @@ def test_bad_input_stops_before_training(tmp_path, tiny_dense):
     bad = tmp_path / "bad"
     (bad / "t").mkdir(parents=True)
     (bad / "t" / "train.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "odd", "label": "meh"}\n')
-    (bad / "tasks.json").write_text(json.dumps({"tasks": [{"name": "t", "label_names": ["neg", "pos"], "text_fields": ["text"],
-                                                           "train_file": "t/train.jsonl", "validation_file": "t/train.jsonl"}]}))
-    with pytest.raises(ValueError, match=r"Task 't', train file .*train.jsonl, line 2: label 'meh' is not one of the task's labels"):
+    (bad / "tasks.json").write_text(
+        json.dumps(
+            {
+                "tasks": [
+                    {
+                        "name": "t",
+                        "label_names": ["neg", "pos"],
+                        "text_fields": ["text"],
+                        "train_file": "t/train.jsonl",
+                        "validation_file": "t/train.jsonl",
+                    }
+                ]
+            }
+        )
+    )
+    with pytest.raises(
+        ValueError, match=r"Task 't', train file .*train.jsonl, line 2: label 'meh' is not one of the task's labels"
+    ):
         run_multitask.main(_argv(tmp_path / "y", tiny_dense, "--tasks", str(bad / "tasks.json")))
     assert not (tmp_path / "y" / "model.safetensors").exists()
 
@@ -80,10 +123,24 @@ def test_two_stage_protocol_options(tmp_path, tiny_dense):
 
 def test_script_builds_bert_with_pals(tmp_path, tiny_dense):
     """--model_family bert_pals with annealed sampling, a PAL group and the task-specific second stage."""
-    run_multitask.main(_argv(
-        tmp_path / "out", tiny_dense, "--model_family", "bert_pals", "--pal_size", "16", "--pal_num_heads", "4",
-        "--pal_task_groups", "rotten_tomatoes,tweet_sentiment", "--task_sampling", "annealed", "--task_specific_steps", "1",
-    ))
+    run_multitask.main(
+        _argv(
+            tmp_path / "out",
+            tiny_dense,
+            "--model_family",
+            "bert_pals",
+            "--pal_size",
+            "16",
+            "--pal_num_heads",
+            "4",
+            "--pal_task_groups",
+            "rotten_tomatoes,tweet_sentiment",
+            "--task_sampling",
+            "annealed",
+            "--task_specific_steps",
+            "1",
+        )
+    )
     model = AutoModel.from_pretrained(tmp_path / "out")
     assert isinstance(model, BertWithPALs) and model.config.pal_size == 16
     assert ["rotten_tomatoes", "tweet_sentiment"] in model.config.pal_groups and model.bert.pals.num_groups == 4
@@ -112,12 +169,35 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
     layers, generation-based evaluation with text metrics, per-role learning rates, then the per-task export."""
     from hf_taskmoe import BartTaskRouted
 
-    metrics = run_multitask.main(_argv(
-        tmp_path / "out", tiny_dense, "--model_family", "bart_routed", "--tasks", str(ROOT / "examples/data/text2text/tasks.json"),
-        "--max_target_length", "16", "--predict_with_generate", "--generation_max_length", "6", "--generation_num_beams", "2",
-        "--group_learning_rates", "router=1e-3,task_embedding=1e-2", "--logging_steps", "1", "--log_routing",
-    ))
-    for key in ("eval_trec_exact_match", "eval_xsum_rouge1", "eval_xsum_rougeL", "eval_newsgroups_loss", "eval_average"):
+    metrics = run_multitask.main(
+        _argv(
+            tmp_path / "out",
+            tiny_dense,
+            "--model_family",
+            "bart_routed",
+            "--tasks",
+            str(ROOT / "examples/data/text2text/tasks.json"),
+            "--max_target_length",
+            "16",
+            "--predict_with_generate",
+            "--generation_max_length",
+            "6",
+            "--generation_num_beams",
+            "2",
+            "--group_learning_rates",
+            "router=1e-3,task_embedding=1e-2",
+            "--logging_steps",
+            "1",
+            "--log_routing",
+        )
+    )
+    for key in (
+        "eval_trec_exact_match",
+        "eval_xsum_rouge1",
+        "eval_xsum_rougeL",
+        "eval_newsgroups_loss",
+        "eval_average",
+    ):
         assert key in metrics
         assert key.endswith("loss") or 0.0 <= metrics[key] <= 1.0
     model = AutoModel.from_pretrained(tmp_path / "out")
@@ -126,13 +206,17 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
     card = ModelCard.load(tmp_path / "out" / "README.md")
     assert "Task-level MoE over BART" in card.content and "evaluation examples per expert" in card.content
     metric_keys = [f"eval_{t.name}_{m}" for t in model.config.task_specs for m in t.metrics]
-    assert len(card.data.eval_results) == len([k for k in metric_keys if k in metrics])  # one per (task, dataset, metric)
+    assert len(card.data.eval_results) == len(
+        [k for k in metric_keys if k in metrics]
+    )  # one per (task, dataset, metric)
     assert {r.task_type for r in card.data.eval_results} == {"text2text-generation"}
     assert model.export_task("xsum").config.model_type == "bart"
     # routing analytics: training shares per (task, routed layer) in the logs; evaluation routes are the arg-max
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     logged = [h for h in history if "routing/trec/E0/expert0" in h]
-    assert logged and all(sum(h[f"routing/trec/E0/expert{e}"] for e in range(3)) == pytest.approx(1.0, abs=1e-3) for h in logged)
+    assert logged and all(
+        sum(h[f"routing/trec/E0/expert{e}"] for e in range(3)) == pytest.approx(1.0, abs=1e-3) for h in logged
+    )
     evaluated = json.loads((tmp_path / "out" / "routing.json").read_text())
     chosen = model.task_routing().argmax(-1)  # (tasks, routed layers)
     for t, task in enumerate(model.config.task_names):
@@ -140,7 +224,9 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
             assert layer["shares"][int(chosen[t, i])] == 1.0 and layer["unused_experts"] == 2
     assert (tmp_path / "out" / "routing_train.json").exists() and (tmp_path / "out" / "routing_heatmap.png").exists()
     samples = json.loads((tmp_path / "out" / "generations.json").read_text())  # input, target, output per task
-    assert {s["task"] for s in samples} == set(model.config.task_names) and all({"input", "target", "output"} <= set(s) for s in samples)
+    assert {s["task"] for s in samples} == set(model.config.task_names) and all(
+        {"input", "target", "output"} <= set(s) for s in samples
+    )
 
 
 def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):
@@ -148,8 +234,13 @@ def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):
     from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
 
     model = BartTaskRouted.from_dense(bart_from_bert(tiny_dense), [TaskSpec(name="a", problem_type="seq2seq")])
-    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), learning_rate=1e-5, group_learning_rates="router=1e-3,task_embedding=1e-2",
-                                      report_to=[], use_cpu=True)
+    args = MultiTaskTrainingArguments(
+        output_dir=str(tmp_path),
+        learning_rate=1e-5,
+        group_learning_rates="router=1e-3,task_embedding=1e-2",
+        report_to=[],
+        use_cpu=True,
+    )
     trainer = MultiTaskTrainer(model=model, args=args)
     optimizer = trainer.create_optimizer()
     rates = {}
@@ -160,7 +251,9 @@ def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):
     assert rates[id(model.router.net.dense_in.weight)] == 1e-3
     assert rates[id(model.model.encoder.layers[0].experts[1].fc1.weight)] == 1e-5
     assert len(rates) == sum(1 for p in model.parameters() if p.requires_grad)
-    bad = MultiTaskTrainingArguments(output_dir=str(tmp_path), group_learning_rates={"gate": 1e-3}, report_to=[], use_cpu=True)
+    bad = MultiTaskTrainingArguments(
+        output_dir=str(tmp_path), group_learning_rates={"gate": 1e-3}, report_to=[], use_cpu=True
+    )
     with pytest.raises(ValueError, match="parameter roles"):
         MultiTaskTrainer(model=model, args=bad).create_optimizer()
     with pytest.raises(ValueError, match="role=rate"):
@@ -178,14 +271,22 @@ def test_an_argument_overrides_one_default_and_keeps_the_preset():
     _, data, _, training = run_multitask.parse_args(["--tasks", "my/tasks.json", "--learning_rate", "3e-5"])
     assert training.learning_rate == 3e-5 and training.num_train_epochs == 3 and training.max_steps == -1
     assert training.output_dir == "runs/my" and data.max_seq_length == 128  # the task-config preset
-    model, _, _, _ = run_multitask.parse_args(["--model_family", "camtl", "--conditional_attention", "--no_conditional_alignment"])
-    assert model.conditional_attention is True and model.conditional_alignment is False and model.conditional_layer_norm is None
+    model, _, _, _ = run_multitask.parse_args(
+        ["--model_family", "camtl", "--conditional_attention", "--no_conditional_alignment"]
+    )
+    assert (
+        model.conditional_attention is True
+        and model.conditional_alignment is False
+        and model.conditional_layer_norm is None
+    )
 
 
 def test_help_fits_two_screens_and_names_the_demo(capsys):
     assert run_multitask.cli(["--help"]) == 0
     text = capsys.readouterr().out
-    assert len(text.splitlines()) < 110 and "No options: the demo" in text and "runs/demo" in text and "--help_all" in text
+    assert (
+        len(text.splitlines()) < 110 and "No options: the demo" in text and "runs/demo" in text and "--help_all" in text
+    )
     assert "--num_experts" in text and "--task_sampling" in text and "--learning_rate" in text
 
 
@@ -200,7 +301,9 @@ def test_no_checkpoint_unless_asked(tmp_path, tiny_dense):
 def _bad_task_file(tmp_path, rows, spec_extra=None):
     folder = tmp_path / "bad"
     (folder / "t").mkdir(parents=True, exist_ok=True)
-    (folder / "t" / "train.jsonl").write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    (folder / "t" / "train.jsonl").write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
+    )
     spec = {"name": "t", "label_names": ["neg", "pos"], "text_fields": ["text"], "train_file": "t/train.jsonl",
             "validation_file": "t/train.jsonl", **(spec_extra or {})}
     (folder / "tasks.json").write_text(json.dumps({"tasks": [spec]}))
@@ -215,11 +318,15 @@ def test_every_bad_row_is_listed_and_the_script_exits_2_without_a_traceback(tmp_
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and "--debug" in err
     assert "line 2: not a JSON object" in err and "line 3, field 'text': expected text, got 7" in err
-    config = _bad_task_file(tmp_path, [{"text": "fine", "label": "pos"}] + [{"text": f"row {i}", "label": "meh"} for i in range(25)])
+    config = _bad_task_file(
+        tmp_path, [{"text": "fine", "label": "pos"}] + [{"text": f"row {i}", "label": "meh"} for i in range(25)]
+    )
     code = run_multitask.cli(_argv(tmp_path / "z", tiny_dense, "--tasks", str(config)))
     err = capsys.readouterr().err
     assert code == 2 and "50 problem(s) in the data" in err and "... and 30 more" in err  # 25 rows x 2 splits, 20 shown
-    assert "train.jsonl, line 2: label 'meh'" in err and "line 21" in err and not (tmp_path / "z" / "config.json").exists()
+    assert (
+        "train.jsonl, line 2: label 'meh'" in err and "line 21" in err and not (tmp_path / "z" / "config.json").exists()
+    )
     with pytest.raises(ValueError):
         run_multitask.cli(_argv(tmp_path / "z", tiny_dense, "--tasks", str(config), "--debug"))
 
@@ -235,7 +342,10 @@ def test_integer_labels_map_through_label_values_and_ambiguity_is_refused(tmp_pa
     labels = check_tasks(tasks, ["train"])
     assert labels[("t", "train")] == [0, 1, 2, 3, 4, 4]
     config = _bad_task_file(tmp_path, rows, {"label_names": names})  # 1..5 read as positions: 5 is out of range
-    with pytest.raises(DataError, match=r'If the file counts classes from 1, say so in the task-config: "label_values": \[1, 2, 3, 4, 5\]'):
+    with pytest.raises(
+        DataError,
+        match=r'If the file counts classes from 1, say so in the task-config: "label_values": \[1, 2, 3, 4, 5\]',
+    ):
         check_tasks(load_tasks([str(config)]), ["train"])
     config = _bad_task_file(tmp_path, [{"text": "x", "label": 1}], {"label_names": ["1", "2"]})
     with pytest.raises(DataError, match=r"label 1 could be class position 1 \('2'\) or the class named '1'"):
@@ -255,7 +365,10 @@ def test_the_card_names_its_base_model_by_repo_id_and_passes_the_hub_checks(tmp_
     # the usage snippet loads the folder the model was saved in, by the path the run was given (a repo id once pushed)
     assert f'AutoModel.from_pretrained("{tmp_path / "my-mttag"}")' in card.content
     assert card.data.model_name == "my-mttag" and "a local checkpoint (tiny_bert" in card.content
-    assert "target -" in card.content and "| rotten_tomatoes | single_label_classification | rotten, fresh |" in card.content
+    assert (
+        "target -" in card.content
+        and "| rotten_tomatoes | single_label_classification | rotten, fresh |" in card.content
+    )
     assert 'pipeline("multitask-text-classification"' in card.content and "AutoModel.from_pretrained" in card.content
     assert "![routing heatmap" in card.content and (tmp_path / "my-mttag" / "routing_heatmap.png").exists()
     default = run_multitask.default_model_path()
@@ -270,9 +383,13 @@ def test_the_card_names_its_base_model_by_repo_id_and_passes_the_hub_checks(tmp_
 
 
 def test_a_failed_push_says_what_happened_and_where_the_model_is(tmp_path, tiny_dense, monkeypatch, capsys):
-    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 34)  # the tests run offline (HF_HUB_OFFLINE=1): the upload fails at once
+    monkeypatch.setenv(
+        "HF_TOKEN", "hf_" + "x" * 34
+    )  # the tests run offline (HF_HUB_OFFLINE=1): the upload fails at once
     out = tmp_path / "pushed"
-    code = run_multitask.cli(_argv(out, tiny_dense, "--max_steps", "2", "--push_to_hub", "--hub_model_id", "someone/pushed"))
+    code = run_multitask.cli(
+        _argv(out, tiny_dense, "--max_steps", "2", "--push_to_hub", "--hub_model_id", "someone/pushed")
+    )
     err = capsys.readouterr().err
     assert code == 1  # saved locally, then a non-zero exit: scripts and CI notice
     assert "The upload to the Hub failed" in err and str(out) in err and "hf upload someone/pushed" in err
@@ -341,7 +458,12 @@ def test_text_task_representations_and_an_added_tasks_route_from_its_data(tmp_pa
     run_multitask.main(_argv(tmp_path / "first", tiny_dense, "--tasks", str(seen), "--task_names", "alpha", "beta",
                              "--freeze_task_embeddings", *common))
     first = AutoModel.from_pretrained(tmp_path / "first")
-    assert first.config.task_representation_source == {"kind": "text", "base": str(tiny_dense), "pooling": "avg", "examples": 4}
+    assert first.config.task_representation_source == {
+        "kind": "text",
+        "base": str(tiny_dense),
+        "pooling": "avg",
+        "examples": 4,
+    }
     tokenizer = AutoTokenizer.from_pretrained(tiny_dense)
     base = bart_from_bert(tiny_dense)
     pairs = {name: [(json.loads(line)["text"], json.loads(line)["label"])

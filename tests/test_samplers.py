@@ -26,7 +26,9 @@ def _tasks_of(sampler, epoch=0):
     ],
 )
 def test_sampled_task_shares_match_the_strategy(name, options, expected):
-    sampler = TaskBatchSampler(SIZES, batch_size=32, strategy=build_task_sampling(name, **options), num_batches=1000, seed=7)
+    sampler = TaskBatchSampler(
+        SIZES, batch_size=32, strategy=build_task_sampling(name, **options), num_batches=1000, seed=7
+    )
     np.testing.assert_allclose(sampler.probabilities(), expected, rtol=1e-12)
     tasks, _ = _tasks_of(sampler)
     shares = np.bincount(tasks, minlength=3) / len(tasks)
@@ -66,12 +68,16 @@ def test_homogeneous_batches_hold_one_task_and_heterogeneous_mix():
     for batch in homo.epoch_batches(0):
         assert len(set((np.searchsorted(homo.offsets, batch, side="right") - 1).tolist())) == 1
     hetero = TaskBatchSampler(SIZES, 16, build_task_sampling("uniform"), num_batches=50, seed=1)
-    mixed = [len(set((np.searchsorted(hetero.offsets, b, side="right") - 1).tolist())) > 1 for b in hetero.epoch_batches(0)]
+    mixed = [
+        len(set((np.searchsorted(hetero.offsets, b, side="right") - 1).tolist())) > 1 for b in hetero.epoch_batches(0)
+    ]
     assert sum(mixed) > 45
 
 
 def test_batches_depend_only_on_seed_and_epoch():
-    make = lambda seed: TaskBatchSampler(SIZES, 8, build_task_sampling("proportional"), num_batches=20, seed=seed)
+    def make(seed):
+        return TaskBatchSampler(SIZES, 8, build_task_sampling("proportional"), num_batches=20, seed=seed)
+
     assert list(make(3).epoch_batches(1)) == list(make(3).epoch_batches(1))
     assert list(make(3).epoch_batches(1)) != list(make(3).epoch_batches(2))
     assert list(make(3).epoch_batches(1)) != list(make(4).epoch_batches(1))

@@ -8,7 +8,11 @@ from hf_taskmoe.problem_types import get_problem_type
 from .conftest import ALL_KINDS
 
 
-@pytest.mark.parametrize("spec", ALL_KINDS + [TaskSpec(name="sum", problem_type="seq2seq", text_fields=["document"])], ids=lambda s: s.problem_type)
+@pytest.mark.parametrize(
+    "spec",
+    ALL_KINDS + [TaskSpec(name="sum", problem_type="seq2seq", text_fields=["document"])],
+    ids=lambda s: s.problem_type,
+)
 def test_json_round_trip(spec):
     assert TaskSpec.from_json(spec.to_json()) == spec
     assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
@@ -24,7 +28,9 @@ def test_derived_values():
     assert TaskSpec(name="r", problem_type="regression").num_labels == 1
     copa = TaskSpec(name="copa", problem_type="multiple_choice", choice_fields=["c1", "c2", "c3"])
     assert copa.num_labels == 3 and copa.num_choices == 3
-    assert TaskSpec(name="x", num_labels=2).metrics == list(get_problem_type("single_label_classification").default_metrics)
+    assert TaskSpec(name="x", num_labels=2).metrics == list(
+        get_problem_type("single_label_classification").default_metrics
+    )
     assert TaskSpec(name="r", problem_type="regression").metrics == ["pearson", "spearmanr"]
 
 
@@ -78,7 +84,9 @@ def test_parse_tasks():
 
 @pytest.mark.parametrize("name", ["training", "tasks", "keys", "forward", "train", "items"])
 def test_names_that_are_module_dict_attributes_are_refused_at_construction(name):
-    with pytest.raises(ValueError, match=rf"`name` '{name}' is reserved.*Rename the task.*reserved names are \[.*'training'"):
+    with pytest.raises(
+        ValueError, match=rf"`name` '{name}' is reserved.*Rename the task.*reserved names are \[.*'training'"
+    ):
         TaskSpec(name=name, num_labels=2)
     with pytest.raises(ValueError, match=rf"tasks\[1\].*'{name}' is reserved"):
         parse_tasks([{"name": "a", "num_labels": 2}, {"name": name, "num_labels": 2}])
@@ -89,16 +97,17 @@ def test_reserved_names_cover_every_attribute_a_task_name_could_collide_with():
     to `RESERVED_TASK_NAMES`, or a task of that name would break every ModuleDict keyed by task name."""
     from torch import nn
 
+    from hf_taskmoe import BertForTaskMoE
     from hf_taskmoe.layers.heads import MultiTaskHeads
     from hf_taskmoe.tasks import RESERVED_TASK_NAMES
-
-    from hf_taskmoe import BertForTaskMoE
 
     from .conftest import tiny_config
 
     BertForTaskMoE(tiny_config())  # transformers adds `nn.Module.smart_apply` when it first initialises a model
     heads = MultiTaskHeads([TaskSpec(name="a", num_labels=2)], hidden_size=4, dropout=0.0)
-    attributes = {n for n in set(dir(heads)) | set(vars(heads)) | set(dir(nn.ModuleDict)) if not n.startswith("_")} - {"a"}
+    attributes = {n for n in set(dir(heads)) | set(vars(heads)) | set(dir(nn.ModuleDict)) if not n.startswith("_")} - {
+        "a"
+    }
     assert attributes <= RESERVED_TASK_NAMES, sorted(attributes - RESERVED_TASK_NAMES)
 
 

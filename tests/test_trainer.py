@@ -1,4 +1,3 @@
-import os
 import sys
 
 import datasets
@@ -48,8 +47,12 @@ def make_trainer(tmp_path, name="run", model=None, train=None, evals=None, seed=
     )
     args.update(overrides)
     sets = train if train is not None else task_sets(model.config)
-    return MultiTaskTrainer(model=model, args=MultiTaskTrainingArguments(**args), train_dataset=sets,
-                            eval_dataset=evals if evals is not None else task_sets(model.config, sizes=(10, 10, 10), seed=1))
+    return MultiTaskTrainer(
+        model=model,
+        args=MultiTaskTrainingArguments(**args),
+        train_dataset=sets,
+        eval_dataset=evals if evals is not None else task_sets(model.config, sizes=(10, 10, 10), seed=1),
+    )
 
 
 def test_trains_logs_per_task_losses_and_evaluates_each_task(tmp_path):
@@ -88,7 +91,9 @@ def test_resume_from_checkpoint_ends_with_the_same_weights(tmp_path, sampling):
 
     fresh = make_trainer(tmp_path, "other", **{**common, "max_steps": 8}, seed=0)
     fresh.train()  # sanity: a run that does not resume also reaches the same weights (same seed)
-    torch.testing.assert_close(_weights(fresh.model)["heads.a.classifier.weight"], expected["heads.a.classifier.weight"])
+    torch.testing.assert_close(
+        _weights(fresh.model)["heads.a.classifier.weight"], expected["heads.a.classifier.weight"]
+    )
 
 
 def test_resume_with_another_sampler_configuration_is_refused(tmp_path):
@@ -161,7 +166,9 @@ def test_model_aware_sampler_chooses_the_rows(tmp_path):
     try:
         trainer = make_trainer(tmp_path, task_sampling="test_pick_first_rows", max_steps=3)
         rows = []
-        trainer.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        trainer.model.register_forward_pre_hook(
+            lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+        )
         trainer.train()
         assert trainer.task_sampler.strategy.calls == 3 and rows == [8, 8, 8]
     finally:
@@ -175,10 +182,22 @@ def test_model_card_parses_with_one_eval_result_per_task_dataset_metric(tmp_path
     trainer.create_model_card()
     card = ModelCard.load(tmp_path / "run" / "README.md")
     results = {(r.task_name, r.dataset_name, r.metric_type) for r in card.data.eval_results}
-    assert results == {("a", "org/data-a", "accuracy"), ("b", "org/data-b", "pearson"), ("b", "org/data-b", "spearmanr"),
-                       ("c", "org/data-c", "accuracy"), ("c", "org/data-c", "f1")}
+    assert results == {
+        ("a", "org/data-a", "accuracy"),
+        ("b", "org/data-b", "pearson"),
+        ("b", "org/data-b", "spearmanr"),
+        ("c", "org/data-c", "accuracy"),
+        ("c", "org/data-c", "f1"),
+    }
     text = card.content
-    for fragment in ("MT-TaG (task-aware gates)", "## Tasks", "## Results", "## Training set-up", "task sampling: proportional", "apache-2.0"):
+    for fragment in (
+        "MT-TaG (task-aware gates)",
+        "## Tasks",
+        "## Results",
+        "## Training set-up",
+        "task sampling: proportional",
+        "apache-2.0",
+    ):
         assert fragment in text, fragment
 
 
@@ -186,9 +205,17 @@ def test_trainer_bad_inputs(tmp_path):
     model = BertForTaskMoE(tiny_config(tasks=TASKS))
     sets = task_sets(model.config)
     with pytest.raises(ValueError, match="unknown task 'zz'"):
-        MultiTaskTrainer(model=model, args=MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True), train_dataset={**sets, "zz": sets["a"]})
+        MultiTaskTrainer(
+            model=model,
+            args=MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True),
+            train_dataset={**sets, "zz": sets["a"]},
+        )
     with pytest.raises(ValueError, match=r"`train_dataset\['b'\]` is empty: task 'b' has no examples"):
-        MultiTaskTrainer(model=model, args=MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True), train_dataset={**sets, "b": sets["b"].select([])})
+        MultiTaskTrainer(
+            model=model,
+            args=MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True),
+            train_dataset={**sets, "b": sets["b"].select([])},
+        )
     with pytest.raises(ValueError, match="needs `MultiTaskTrainingArguments`"):
         MultiTaskTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path)), train_dataset=sets)
     with pytest.raises(ValueError, match="task_sampling"):
@@ -221,7 +248,9 @@ def test_half_precision_full_eval_leaves_the_training_weights_as_they_were(tmp_p
     trainer.save_model(str(tmp_path / "saved"))
     from safetensors.torch import load_file
 
-    assert {t.dtype for t in load_file(tmp_path / "saved" / "model.safetensors").values() if t.is_floating_point()} == {torch.float32}
+    assert {t.dtype for t in load_file(tmp_path / "saved" / "model.safetensors").values() if t.is_floating_point()} == {
+        torch.float32
+    }
 
 
 def test_fsdp_without_a_gpu_is_refused_not_replaced_by_ddp(tmp_path):

@@ -13,7 +13,7 @@ from hf_taskmoe.modeling_utils import MultiTaskModelOutput
 from hf_taskmoe.training import MTUncertaintySampling, MultiTaskTrainingArguments, example_layout
 from hf_taskmoe.training.samplers import build_task_sampling
 
-from .conftest import TINY, random_batch, tiny_config
+from .conftest import random_batch, tiny_config
 from .test_bert_pals import pals_config
 from .test_camtl import camtl_config
 from .test_trainer import make_trainer
@@ -72,7 +72,11 @@ def _by_hand(probabilities: list[list[list[float]]]) -> np.ndarray:
 
 
 def test_selection_matches_algorithm_1_by_hand():
-    specs = [TaskSpec(name="binary", num_labels=2), TaskSpec(name="three", num_labels=3), TaskSpec(name="four", num_labels=4)]
+    specs = [
+        TaskSpec(name="binary", num_labels=2),
+        TaskSpec(name="three", num_labels=3),
+        TaskSpec(name="four", num_labels=4),
+    ]
     probabilities = [
         [[0.5, 0.5], [0.9, 0.1], [0.99, 0.01]],
         [[0.2, 0.3, 0.5], [0.8, 0.1, 0.1], [1 / 3, 1 / 3, 1 / 3]],
@@ -171,7 +175,9 @@ def test_works_with_every_family(family):
 
 
 def test_trainer_trains_with_uncertainty_sampling_and_logs_task_shares(tmp_path):
-    trainer = make_trainer(tmp_path, task_sampling="uncertainty", max_steps=4, logging_steps=2, uncertainty_score_every=2)
+    trainer = make_trainer(
+        tmp_path, task_sampling="uncertainty", max_steps=4, logging_steps=2, uncertainty_score_every=2
+    )
     assert isinstance(trainer.task_sampler.strategy, MTUncertaintySampling)
     assert trainer.task_sampler.strategy.score_every == 2
     rows = []

@@ -22,12 +22,16 @@ def test_report_lists_copied_and_new_weights_and_every_expert_is_the_ffn():
     bert = _tiny_bert()
     model, report = BertForTaskMoE.from_dense(bert, tasks=TASKS, num_experts=3, output_loading_info=True)
     names = dict(model.named_parameters())
-    assert set(report.copied) | set(report.new) == set(model.state_dict()) - {"task_fingerprint"}  # bookkeeping, not a weight
+    assert set(report.copied) | set(report.new) == set(model.state_dict()) - {
+        "task_fingerprint"
+    }  # bookkeeping, not a weight
     assert all("router" in n or n.startswith("heads.") for n in report.new)
     assert not report.unused
     for i, layer in enumerate(bert.encoder.layer):
         for e in range(3):
-            assert torch.equal(names[f"bert.encoder.layer.{i}.mlp.experts.{e}.w_in.weight"], layer.intermediate.dense.weight)
+            assert torch.equal(
+                names[f"bert.encoder.layer.{i}.mlp.experts.{e}.w_in.weight"], layer.intermediate.dense.weight
+            )
             assert torch.equal(names[f"bert.encoder.layer.{i}.mlp.experts.{e}.w_out.bias"], layer.output.dense.bias)
         assert torch.equal(names[f"bert.encoder.layer.{i}.ffn_norm.weight"], layer.output.LayerNorm.weight)
     assert "copied" in report.summary() and model.config.upcycled_from
@@ -39,7 +43,9 @@ def test_function_preserving_mode_on_tiny_bert(weighting, equal):
     model = BertForTaskMoE.from_dense(bert, tasks=TASKS, num_experts=4, expert_weighting=weighting).eval()
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1] * 3))
     with torch.no_grad():
-        dense = bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"])
+        dense = bert(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"]
+        )
         moe = model.bert(**batch)
     real = batch["attention_mask"].bool()
     diff = (dense.last_hidden_state - moe.last_hidden_state)[real].abs().max().item()
@@ -60,7 +66,11 @@ def test_checkpoint_without_pooler_is_an_error_unless_not_strict(tmp_path):
     bert = _tiny_bert()
     bert.save_pretrained(tmp_path)
     weights = load_file(tmp_path / "model.safetensors")
-    save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if not k.startswith("pooler.")},
+        tmp_path / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     with pytest.raises(ValueError, match=r"lacks 2 weights.*pooler"):
         BertForTaskMoE.from_dense(str(tmp_path), tasks=TASKS)
     model, report = BertForTaskMoE.from_dense(str(tmp_path), tasks=TASKS, strict=False, output_loading_info=True)
@@ -95,7 +105,9 @@ def test_repo_id_resolves_offline_from_hub_cache(tmp_path):
     assert type(loaded) is BertForTaskMoE
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1] * 3))
     with torch.no_grad():
-        torch.testing.assert_close(loaded(**batch).task_logits["sst2"], model(**batch).task_logits["sst2"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            loaded(**batch).task_logits["sst2"], model(**batch).task_logits["sst2"], atol=1e-5, rtol=0
+        )
 
 
 # --------------------------------------------------------------------------- real MiniLM weights

@@ -22,9 +22,28 @@ ENV_SECRET = "sk-ENVsecretNEVERwritten9876"
 
 def _argv(out, model, *extra):
     return [
-        "--model_name_or_path", str(model), "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "4",
-        "--max_train_samples", "12", "--max_eval_samples", "8", "--max_seq_length", "32", "--use_cpu", "--report_to", "none",
-        "--disable_tqdm", "true", "--num_experts", "2", *extra,
+        "--model_name_or_path",
+        str(model),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--max_train_samples",
+        "12",
+        "--max_eval_samples",
+        "8",
+        "--max_seq_length",
+        "32",
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--num_experts",
+        "2",
+        *extra,
     ]
 
 
@@ -41,8 +60,21 @@ def test_a_token_reaches_no_file_and_the_push_uploads_only_the_allow_list(tmp_pa
     monkeypatch.setattr(huggingface_hub, "create_repo", lambda *a, **k: None)
     monkeypatch.setattr(huggingface_hub, "upload_folder", lambda **kwargs: uploads.append(kwargs))
     out = tmp_path / "run"
-    code = run_multitask.cli(_argv(out, tiny_dense, "--save_strategy", "steps", "--save_steps", "1", "--hub_token", SECRET,
-                                   "--push_to_hub", "--hub_model_id", "someone/run"))
+    code = run_multitask.cli(
+        _argv(
+            out,
+            tiny_dense,
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "1",
+            "--hub_token",
+            SECRET,
+            "--push_to_hub",
+            "--hub_model_id",
+            "someone/run",
+        )
+    )
     assert code == 0, capsys.readouterr().err
     assert (out / "checkpoint-2" / "training_args.bin").exists() and (out / "run_summary.json").exists()
     assert _files_holding(out, SECRET) == [] and _files_holding(out, ENV_SECRET) == []
@@ -51,7 +83,14 @@ def test_a_token_reaches_no_file_and_the_push_uploads_only_the_allow_list(tmp_pa
     (upload,) = uploads
     assert upload["token"] == SECRET and upload["folder_path"] == str(out)
     pushed = set(upload["allow_patterns"])
-    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "eval_results.json", "routing_heatmap.png"} <= pushed
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "README.md",
+        "eval_results.json",
+        "routing_heatmap.png",
+    } <= pushed
     assert not pushed & {"training_args.bin", "run_summary.json", "trainer_state.json"}
     assert all("/" not in name and (out / name).is_file() for name in pushed)  # top-level files only: no checkpoint
 
@@ -64,7 +103,9 @@ def test_a_failed_push_exits_1_after_saving_and_prints_the_same_allow_list(tmp_p
 
     monkeypatch.setattr(huggingface_hub, "create_repo", refuse)
     out = tmp_path / "pushed"
-    code = run_multitask.cli(_argv(out, tiny_dense, "--hub_token", SECRET, "--push_to_hub", "--hub_model_id", "someone/pushed"))
+    code = run_multitask.cli(
+        _argv(out, tiny_dense, "--hub_token", SECRET, "--push_to_hub", "--hub_model_id", "someone/pushed")
+    )
     err = capsys.readouterr().err
     assert code == 1
     assert (out / "model.safetensors").exists() and (out / "README.md").exists() and (out / "tokenizer.json").exists()
@@ -77,7 +118,17 @@ def test_a_failed_push_exits_1_after_saving_and_prints_the_same_allow_list(tmp_p
 
 
 def test_secret_named_options_are_redacted_and_taken_out_of_the_arguments():
-    argv = ["--hub_token", "a", "--x_password=b", "--api_key", "c", "--max_steps", "3", "--include_tokens_per_second", "true"]
+    argv = [
+        "--hub_token",
+        "a",
+        "--x_password=b",
+        "--api_key",
+        "c",
+        "--max_steps",
+        "3",
+        "--include_tokens_per_second",
+        "true",
+    ]
     assert run_multitask.redacted_argv(argv) == [
         "--hub_token", "<redacted>", "--x_password=<redacted>", "--api_key", "<redacted>", "--max_steps", "3",
         "--include_tokens_per_second", "true",
@@ -93,22 +144,39 @@ def test_seq2seq_scores_under_plain_names_come_from_generated_text(tmp_path, tin
     from hf_taskmoe.metrics import load_metric
 
     tasks = str(ROOT / "examples/data/text2text/tasks.json")
-    common = ("--model_family", "bart_routed", "--tasks", tasks, "--task_names", "xsum", "trec", "--max_eval_samples", "3",
-              "--max_target_length", "8", "--max_steps", "1")
+    common = (
+        "--model_family",
+        "bart_routed",
+        "--tasks",
+        tasks,
+        "--task_names",
+        "xsum",
+        "trec",
+        "--max_eval_samples",
+        "3",
+        "--max_target_length",
+        "8",
+        "--max_steps",
+        "1",
+    )
     metrics = run_multitask.main(_argv(tmp_path / "gen", tiny_dense, *common))
     assert {"eval_xsum_rouge1", "eval_trec_exact_match", "eval_average"} <= set(metrics)
     assert not any(k.endswith("_teacher_forced") for k in metrics)
     samples = json.loads((tmp_path / "gen" / "generations.json").read_text())
     xsum = [s for s in samples if s["task"] == "xsum"]
     assert len(xsum) == 3
-    rouge = load_metric("rouge1").compute(predictions=[s["output"] for s in xsum], references=[s["target"] for s in xsum])
+    rouge = load_metric("rouge1").compute(
+        predictions=[s["output"] for s in xsum], references=[s["target"] for s in xsum]
+    )
     assert metrics["eval_xsum_rouge1"] == pytest.approx(rouge["rouge1"], abs=1e-6)
 
     forced = run_multitask.main(_argv(tmp_path / "forced", tiny_dense, *common, "--predict_with_generate", "false"))
     assert "eval_xsum_rouge1_teacher_forced" in forced and "eval_xsum_rouge1" not in forced
     assert "eval_average" not in forced  # teacher-forced scores are kept out of the averages
     card = ModelCard.load(tmp_path / "forced" / "README.md")
-    assert "rouge1_teacher_forced" in card.content and not card.data.eval_results  # in the table, not in the model-index
+    assert (
+        "rouge1_teacher_forced" in card.content and not card.data.eval_results
+    )  # in the table, not in the model-index
 
 
 def test_every_score_sits_beside_its_baseline_and_a_task_at_it_is_flagged():
@@ -119,7 +187,12 @@ def test_every_score_sits_beside_its_baseline_and_a_task_at_it_is_flagged():
     base = {"clf": run_multitask.baseline_scores(clf, [2, 2, 1, 0, 2], [2, 1, 2, 0]),
             "reg": run_multitask.baseline_scores(reg, [1.0, 2.0, 3.0], [0.5, 2.5])}
     assert base == {"clf": {"accuracy": 0.5}, "reg": {"pearson": 0.0}}  # majority class 2; a constant's correlation: 0
-    metrics = {"eval_clf_accuracy": 0.5, "eval_reg_pearson": 0.8, "eval_average": 0.65, "eval_small_tasks_average": 0.65}
+    metrics = {
+        "eval_clf_accuracy": 0.5,
+        "eval_reg_pearson": 0.8,
+        "eval_average": 0.65,
+        "eval_small_tasks_average": 0.65,
+    }
     table = run_multitask.results_table([clf, reg], metrics, baselines=base)
     rows = {line.split()[0]: line for line in table.splitlines()}
     assert "50.00" in rows["clf"] and rows["clf"].count("50.00") == 2 and "at or below its baseline" in rows["clf"]
@@ -138,7 +211,9 @@ def test_the_script_prints_baselines_and_task_names_on_evaluation_bars(tmp_path,
         assert f"Evaluation [{task}]" in captured.err
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
     assert set(summary["baselines"]) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"}
-    saved = json.loads((tmp_path / "out" / "eval_results.json").read_text())  # the metrics file: each score's baseline too
+    saved = json.loads(
+        (tmp_path / "out" / "eval_results.json").read_text()
+    )  # the metrics file: each score's baseline too
     assert saved["eval_boolq_accuracy_baseline"] == summary["baselines"]["boolq"]["accuracy"]
     printed = captured.out[captured.out.index("eval metrics"):].splitlines()
     at = next(i for i, line in enumerate(printed) if line.split()[0] == "eval_trec_accuracy")
@@ -146,7 +221,9 @@ def test_the_script_prints_baselines_and_task_names_on_evaluation_bars(tmp_path,
 
 
 # ------------------------------------------------------------------------------------------- exit status
-def test_user_errors_are_one_paragraph_and_internal_errors_keep_their_traceback(tmp_path, tiny_dense, monkeypatch, capsys):
+def test_user_errors_are_one_paragraph_and_internal_errors_keep_their_traceback(
+    tmp_path, tiny_dense, monkeypatch, capsys
+):
     code = run_multitask.cli(_argv(tmp_path / "a", tiny_dense, "--tasks", "no_such_task"))
     err = capsys.readouterr().err
     assert code == 2 and "Unknown task 'no_such_task'" in err and "Traceback" not in err and "internal error" not in err
@@ -168,7 +245,9 @@ def test_user_errors_are_one_paragraph_and_internal_errors_keep_their_traceback(
 
 
 def test_an_offline_preset_fails_in_one_paragraph_that_says_presets_download(tmp_path, tiny_dense, capsys):
-    code = run_multitask.cli(_argv(tmp_path / "p", tiny_dense, "--tasks", "rte"))  # the tests run with HF_DATASETS_OFFLINE=1
+    code = run_multitask.cli(
+        _argv(tmp_path / "p", tiny_dense, "--tasks", "rte")
+    )  # the tests run with HF_DATASETS_OFFLINE=1
     captured = capsys.readouterr()
     assert code == 2 and "downloading from the Hugging Face Hub" in captured.out
     assert "Could not download the preset task data" in captured.err and "Traceback" not in captured.err
@@ -205,7 +284,11 @@ def test_the_card_names_local_data_by_what_it_is_and_types_regression(tmp_path, 
     assert all(r.dataset_name.endswith("(local files)") for r in results)
     assert {r.task_type for r in results if r.task_name == "tweet_sentiment"} == {"text-regression"}
     assert {r.task_type for r in results if r.task_name == "trec"} == {"text-classification"}
-    assert "Read from: examples/data/demo_mixture/tasks.json (sources and licences: examples/data/demo_mixture/PROVENANCE.md)" in card.content
+    assert (
+        "Read from: examples/data/demo_mixture/tasks.json (sources and licences: "
+        "examples/data/demo_mixture/PROVENANCE.md)"
+        in card.content
+    )
     for made_up in ("pang-lee/", "li-roth/", "hutto-gilbert/", "uci/sms"):
         assert made_up not in card.content
     # the usage snippet loads the folder the run saved, and it does load there
@@ -246,7 +329,9 @@ def test_a_metric_name_with_html_and_a_pipe_stays_one_cell(tiny_dense):
     model = BertForTaskMoE.from_dense(tiny_dense, [task], num_experts=2)
     model.config.tasks[0]["metrics"] = ["acc|<u>x</u>"]  # as a hand-edited config would carry it
     card = render_model_card(model, metrics={"eval_t_acc|<u>x</u>": 0.5})
-    header = next(line for line in card.content.splitlines() if line.startswith("| task |") and "problem type" not in line)
+    header = next(
+        line for line in card.content.splitlines() if line.startswith("| task |") and "problem type" not in line
+    )
     row = next(line for line in card.content.splitlines() if line.startswith("| t | 50.00"))
     assert header.count("|") == row.count("|") == 3 and "<u>" not in card.content.split("---", 2)[2]
 
@@ -271,8 +356,12 @@ def test_a_resumed_run_counts_examples_and_time_from_its_first_step(tmp_path, ti
     run_multitask.main(first)
     progress = json.loads((out / "checkpoint-2" / "training_progress.json").read_text())
     assert sum(progress["examples_seen"].values()) == 2 * 4 and progress["train_seconds"] > 0
-    run_multitask.main(first[:first.index("--max_steps")] + ["--max_steps", "4"] + first[first.index("--max_steps") + 2:]
-                       + ["--resume_from_checkpoint", "latest"])
+    run_multitask.main(
+        first[: first.index("--max_steps")]
+        + ["--max_steps", "4"]
+        + first[first.index("--max_steps") + 2 :]
+        + ["--resume_from_checkpoint", "latest"]
+    )
     summary = json.loads((out / "run_summary.json").read_text())
     assert summary["steps"] == 4 and sum(summary["examples_seen"].values()) == 4 * 4  # 2 steps before, 2 after
     assert summary["counts_cover_whole_run"] and summary["train_time_s"] > summary["train_time_s_this_run"] > 0
@@ -297,9 +386,13 @@ def test_quick_start_then_pipeline_snippets_run_as_written_in_a_fresh_interprete
     readme = (ROOT / "README.md").read_text()
     quick = _run_as_written(_snippet(readme, "## Quick start"), tmp_path, minilm)
     assert quick.returncode == 0, quick.stderr[-3000:]
-    assert (tmp_path / "my-mttag" / "model.safetensors").exists() and (tmp_path / "my-mttag" / "tokenizer.json").exists()
+    assert (tmp_path / "my-mttag" / "model.safetensors").exists() and (
+        tmp_path / "my-mttag" / "tokenizer.json"
+    ).exists()
     deployment = (ROOT / "docs" / "deployment.md").read_text()
-    pipe = _run_as_written(_snippet(deployment, "## Multi-task pipeline") + "\nprint(pipe('a fine film', task='sst2'))", tmp_path, minilm)
+    pipe = _run_as_written(
+        _snippet(deployment, "## Multi-task pipeline") + "\nprint(pipe('a fine film', task='sst2'))", tmp_path, minilm
+    )
     assert pipe.returncode == 0, pipe.stderr[-3000:]
     assert "'task': 'sst2'" in pipe.stdout.splitlines()[-1]
 

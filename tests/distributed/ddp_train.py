@@ -14,7 +14,16 @@ import datasets
 import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
-from hf_taskmoe import BartTaskRouted, BertForTaskMoE, BertTaskMoEConfig, BertWithPALs, BertPALsConfig, CAMTLConfig, CAMTLModel, TaskSpec
+from hf_taskmoe import (
+    BartTaskRouted,
+    BertForTaskMoE,
+    BertPALsConfig,
+    BertTaskMoEConfig,
+    BertWithPALs,
+    CAMTLConfig,
+    CAMTLModel,
+    TaskSpec,
+)
 from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
 
 out, family = sys.argv[1], sys.argv[2]
@@ -29,7 +38,11 @@ if family == "bart_routed":
         encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=32))
     model = BartTaskRouted.from_dense(dense, tasks, selection="hard")  # hard: only the chosen expert runs
 else:
-    tasks = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3), TaskSpec(name="c", problem_type="regression")]
+    tasks = [
+        TaskSpec(name="a", num_labels=2),
+        TaskSpec(name="b", num_labels=3),
+        TaskSpec(name="c", problem_type="regression"),
+    ]
     model = {
         "bert_taskmoe": lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=tasks, num_experts=4, **SIZES)),
         "bert_pals": lambda: BertWithPALs(BertPALsConfig(tasks=tasks, pal_size=8, pal_num_heads=2, **SIZES)),
@@ -47,16 +60,31 @@ def labels(task):
 
 
 train = {
-    t.name: datasets.Dataset.from_dict({
-        "input_ids": torch.randint(3, 50, (12, 3), generator=g).tolist(), "attention_mask": [[1, 1, 1]] * 12, "labels": labels(t),
-    })
+    t.name: datasets.Dataset.from_dict(
+        {
+            "input_ids": torch.randint(3, 50, (12, 3), generator=g).tolist(),
+            "attention_mask": [[1, 1, 1]] * 12,
+            "labels": labels(t),
+        }
+    )
     for t in tasks
 }
 seen = []
 args = MultiTaskTrainingArguments(
-    output_dir=os.path.join(out, "run"), use_cpu=True, ddp_backend="gloo", per_device_train_batch_size=1,
-    max_steps=6, learning_rate=1e-2, task_sampling="round_robin", batching="homogeneous", report_to="none",
-    save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **({"ddp_find_unused_parameters": True} if engine == "find_unused" else {"deepspeed": engine} if engine else {}),
+    output_dir=os.path.join(out, "run"),
+    use_cpu=True,
+    ddp_backend="gloo",
+    per_device_train_batch_size=1,
+    max_steps=6,
+    learning_rate=1e-2,
+    task_sampling="round_robin",
+    batching="homogeneous",
+    report_to="none",
+    save_strategy="no",
+    logging_steps=1,
+    disable_tqdm=True,
+    seed=0,
+    **({"ddp_find_unused_parameters": True} if engine == "find_unused" else {"deepspeed": engine} if engine else {}),
 )
 trainer = MultiTaskTrainer(model=model, args=args, train_dataset=train)
 collate = trainer.data_collator
@@ -65,7 +93,11 @@ trainer.train()
 ddp = trainer.model_wrapped
 checksum = sum(float(p.detach().double().sum()) for p in model.parameters())
 with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-    task_losses = [sorted(k for k in h if k[:-5] in ("a", "b", "c") and k.endswith("_loss")) for h in trainer.state.log_history if "loss" in h]
+    task_losses = [
+        sorted(k for k in h if k[:-5] in ("a", "b", "c") and k.endswith("_loss"))
+        for h in trainer.state.log_history
+        if "loss" in h
+    ]
     json.dump({"checksum": checksum, "seen": seen, "world": trainer.args.world_size, "task_losses": task_losses,
                "find_unused_parameters": getattr(ddp, "find_unused_parameters", None),
                "wrapper": type(ddp).__name__,
