@@ -12,6 +12,15 @@ from typing import Any, TypeVar
 V = TypeVar("V")
 
 
+def is_capturing() -> bool:
+    """Whether the forward is being captured into a program whose shapes may not depend on tensor values
+    (`torch.export`, ONNX export through it, `torch.jit.trace`): layers then take their paths without data-dependent
+    shapes (masked dense experts, PALs batched across groups, every head on every row)."""
+    import torch
+
+    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+
+
 def lookup(registry: Mapping[str, V], key: Any, field: str) -> V:
     """Return ``registry[key]``; on a miss, raise a ``ValueError`` listing the valid keys."""
     try:

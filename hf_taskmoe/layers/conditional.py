@@ -136,7 +136,12 @@ class ConditionalAttentionBias(nn.Module):
                 f"Conditional attention covers sequences of at most `conditional_attention_max_length` = "
                 f"{self.max_length} tokens, got {length}; raise it in the config or truncate the inputs."
             )
-        bias = self.task_matrices(cond.table, length)[cond.task_ids].unsqueeze(1).to(dtype)  # (batch, 1, L, L)
+        # cropped by gathering positions rather than slicing: a slice is a view whose contiguity depends on whether
+        # `length` equals the full size, which torch.export would turn into a guard on the sequence length
+        keep = torch.arange(length, device=cond.task_ids.device)
+        full = self.task_matrices(cond.table, self.num_blocks * self.block_size)  # (tasks, N*b, N*b)
+        bias = full.index_select(0, cond.task_ids).index_select(1, keep).index_select(2, keep)  # (batch, L, L)
+        bias = bias.unsqueeze(1).to(dtype)  # (batch, 1, L, L)
         if key_mask is not None:
             bias = bias.masked_fill(~key_mask.bool()[:, None, None, :], torch.finfo(dtype).min)
         return bias

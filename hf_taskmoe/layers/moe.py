@@ -10,8 +10,10 @@ Equations of the MT-TaG paper (section 3.1), for a token x of task t:
 
 Dispatch follows `notes/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
 `argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice,
-and the outputs are put back with the inverse permutation. Never every expert on every token; one
-device-to-host sync per layer (the per-expert token counts).
+and the outputs are put back with the inverse permutation. Never every expert on every token in training; one
+device-to-host sync per layer for `sorted_loop` (the per-expert token counts), none for `grouped_mm`. A captured
+program (`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert on every token, masked
+by the combine weights (`TaskMoE._masked_experts`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
-from ..utils import lookup
+from ..utils import is_capturing, lookup
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
@@ -199,22 +201,10 @@ class TaskMoE(nn.Module):
         weights = self._combine_weights(top_p).to(hidden_states.dtype)  # (batch, seq, k)
 
         x = hidden_states.reshape(-1, hidden)  # (tokens, hidden)
-        flat_expert = top_e.reshape(-1)  # (tokens*k,) slot s = token s//k, its (s%k)-th choice
-        order = torch.argsort(flat_expert, stable=True)  # slots grouped by expert
-        counts = torch.bincount(flat_expert, minlength=self.num_experts)
-        token_of_slot = order // self.top_k if self.top_k > 1 else order
-        x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
-        if self.dispatch == "grouped_mm":
-            y_sorted = self._grouped_experts(x_sorted, flat_expert.index_select(0, order), counts)
+        if is_capturing():  # torch.export / ONNX / jit.trace: no shape may depend on the routes
+            y = self._masked_experts(x, top_e.reshape(-1, self.top_k), weights.reshape(-1, self.top_k))
         else:
-            y_sorted = _expert_loop(self.experts, x_sorted, counts)  # (tokens*k, hidden)
-        y_sorted = y_sorted * weights.reshape(-1).index_select(0, order).unsqueeze(-1)
-        if self.top_k == 1:
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(order.numel(), device=order.device)
-            y = y_sorted.index_select(0, inverse)  # (tokens, hidden) back in token order
-        else:
-            y = torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
+            y = self._sorted_experts(x, top_e.reshape(-1), weights.reshape(-1))
 
         mask = token_mask.reshape(-1) if token_mask is not None else None
         return MoEOutput(
@@ -225,6 +215,36 @@ class TaskMoE(nn.Module):
             aux_loss=self._load_balancing_loss(probs, top_e, mask) if self.compute_aux_loss else None,
             z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
         )
+
+    def _sorted_experts(self, x: torch.Tensor, flat_expert: torch.Tensor, flat_weight: torch.Tensor) -> torch.Tensor:
+        """Each expert on the tokens routed to it (`notes/moe-dispatch.md`): slots sorted by expert, one `F.linear`
+        pair per expert's slice (`sorted_loop`) or one grouped GEMM per projection (`grouped_mm`), outputs put back
+        in token order. `flat_expert` / `flat_weight` `(tokens*k,)`: slot s = token s//k, its (s%k)-th choice."""
+        order = torch.argsort(flat_expert, stable=True)  # slots grouped by expert
+        # tokens per expert, counted without `bincount` (whose output size is read back from the device on a GPU)
+        counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device)
+        counts = counts.scatter_add_(0, flat_expert, torch.ones_like(flat_expert))  # (experts,)
+        token_of_slot = order // self.top_k if self.top_k > 1 else order
+        x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
+        if self.dispatch == "grouped_mm":
+            y_sorted = self._grouped_experts(x_sorted, flat_expert.index_select(0, order), counts)
+        else:
+            y_sorted = _expert_loop(self.experts, x_sorted, counts)  # (tokens*k, hidden)
+        y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
+        if self.top_k == 1:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel(), device=order.device)
+            return y_sorted.index_select(0, inverse)  # (tokens, hidden) back in token order
+        return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
+
+    def _masked_experts(self, x: torch.Tensor, top_e: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The dispatch of a captured program (`torch.export`, ONNX): every expert on every token, each output
+        scaled by the token's weight for that expert (its combine weight when chosen, 0 otherwise), so no shape
+        depends on the routes. The same sum as the sorted dispatch, at `num_experts` times the FFN compute: for
+        serving, never for training. `top_e` / `weights` `(tokens, k)`."""
+        combine = weights.new_zeros(x.shape[0], self.num_experts).scatter_add(1, top_e, weights)  # (tokens, experts)
+        outputs = torch.stack([expert(x) for expert in self.experts], dim=1)  # (tokens, experts, hidden)
+        return torch.einsum("teh,te->th", outputs, combine.to(outputs.dtype))  # (tokens, hidden)
 
     def _grouped_experts(
         self, x_sorted: torch.Tensor, sorted_expert: torch.Tensor, counts: torch.Tensor
@@ -255,25 +275,28 @@ class TaskMoE(nn.Module):
         batch, seq, k = top_e.shape
         token_task = task_ids.view(batch, 1, 1).expand(batch, seq, k)  # (batch, seq, k)
         cell = token_task * self.num_experts + top_e  # (batch, seq, k) index into (tasks, experts)
-        if token_mask is not None:
-            cell = cell[token_mask]  # (real tokens, k)
-        counts = torch.bincount(cell.reshape(-1), minlength=self.num_tasks * self.num_experts)
+        real = torch.ones_like(cell) if token_mask is None else token_mask.long().unsqueeze(-1).expand_as(cell)
+        # a scatter into a table of fixed size: no read of how many tokens were real (nor of the largest index)
+        counts = torch.zeros(self.num_tasks * self.num_experts, dtype=torch.long, device=cell.device)
+        counts = counts.scatter_add_(0, cell.reshape(-1), real.reshape(-1))
         return counts.view(self.num_tasks, self.num_experts)
 
     def _load_balancing_loss(self, probs, top_e, mask) -> torch.Tensor:
         """Switch Transformer's `N * sum_i f_i P_i` over the real tokens of the layer (all tasks together)."""
         probs = probs.reshape(-1, self.num_experts)  # (tokens, experts)
         dispatch = F.one_hot(top_e.reshape(probs.shape[0], -1), self.num_experts).sum(1).float()  # (tokens, experts)
-        if mask is not None:
-            probs, dispatch = probs[mask], dispatch[mask]
-        fraction = dispatch.mean(0) / self.top_k  # f_i: share of routed slots per expert
-        mean_prob = probs.mean(0)  # P_i
+        # means over the real tokens, weighted by the mask (no boolean indexing: its size would be read back)
+        real = probs.new_ones(probs.shape[0], 1) if mask is None else mask.reshape(-1, 1).to(probs.dtype)
+        tokens = real.sum().clamp(min=1)
+        fraction = (dispatch * real).sum(0) / tokens / self.top_k  # f_i: share of routed slots per expert
+        mean_prob = (probs * real).sum(0) / tokens  # P_i
         return self.num_experts * torch.sum(fraction * mean_prob)
 
     @staticmethod
     def _z_loss(logits, mask) -> torch.Tensor:
         """ST-MoE router z-loss: mean of logsumexp(logits)^2 over the real tokens."""
         z = torch.logsumexp(logits.reshape(-1, logits.shape[-1]), dim=-1)  # (tokens,)
-        if mask is not None:
-            z = z[mask]
-        return (z**2).mean()
+        if mask is None:
+            return (z**2).mean()
+        real = mask.reshape(-1).to(z.dtype)
+        return (z**2 * real).sum() / real.sum().clamp(min=1)

@@ -30,17 +30,21 @@ class PALAttention(nn.Module):
         self.value = nn.Linear(pal_size, pal_size, bias=False)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        batch, seq, size = x.shape
+        return self.attend(self.query(x), self.key(x), self.value(x), key_mask)
 
-        def heads(proj: nn.Linear) -> torch.Tensor:
-            return proj(x).view(batch, seq, self.num_heads, size // self.num_heads).transpose(1, 2)  # (B, h, T, s/h)
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None):
+        """The attention of projected queries, keys and values, each `(B, T, s)`; heads concatenated, no W^O."""
+        batch, seq, size = query.shape
+
+        def heads(projected: torch.Tensor) -> torch.Tensor:
+            return projected.view(batch, seq, self.num_heads, size // self.num_heads).transpose(1, 2)  # (B, h, T, s/h)
 
         out = F.scaled_dot_product_attention(
-            heads(self.query), heads(self.key), heads(self.value),
+            heads(query), heads(key), heads(value),
             attn_mask=key_mask,  # (B, 1, 1, T) bool: True = attend
             dropout_p=self.dropout if self.training else 0.0,
         )  # (B, h, T, s/h)
-        return out.transpose(1, 2).reshape(batch, seq, size)  # heads concatenated, no W^O
+        return out.transpose(1, 2).reshape(batch, seq, size)
 
 
 class PALDecoder(nn.Linear):
@@ -84,14 +88,18 @@ class ProjectedAttentionLayers(nn.Module):
         self,
         x: torch.Tensor,
         layer_idx: int,
-        group_rows: list[tuple[int, torch.Tensor | None]],
+        group_rows: list[tuple[int, torch.Tensor | None]] | torch.LongTensor,
         key_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """`GELU(PAL_{l,g}(x))` for each row's group: `x` `(batch, seq, d)` is the layer's input.
 
-        `group_rows` (from `split_groups`) lists each group present with its row indices (None = all rows),
-        so a task-homogeneous batch runs one PAL on the whole batch, and a mixed one gathers rows per group.
+        `group_rows` is either the list (from `rows_by_group`) of each group present with its row
+        indices (None = all rows), so a task-homogeneous batch runs one PAL on the whole batch and a mixed one gathers
+        rows per group; or each row's group id `(batch,)`, and every row runs through its own group's PAL at once
+        (`_batched`), with no shape that depends on the batch's mix of groups.
         """
+        if isinstance(group_rows, torch.Tensor):
+            return self._batched(x, layer_idx, group_rows, key_mask)
         attention = self.attention[str(layer_idx)]
         if len(group_rows) == 1 and group_rows[0][1] is None:
             g = group_rows[0][0]
@@ -106,21 +114,30 @@ class ProjectedAttentionLayers(nn.Module):
             out = (pal.new_zeros(x.shape) if out is None else out).index_copy(0, rows, pal)
         return out
 
+    def _batched(self, x: torch.Tensor, layer_idx: int, group_ids: torch.LongTensor, key_mask) -> torch.Tensor:
+        """Every row through its own group's PAL in one batched product per projection: each projection's weights are
+        stacked over the groups and gathered per row. No host sync and no data-dependent shape (what `torch.export`,
+        ONNX and a sync-free training step need); the same numbers as the per-group path."""
+        attention = self.attention[str(layer_idx)]
 
-def split_groups(group_ids: torch.LongTensor) -> list[tuple[int, torch.Tensor | None]]:
-    """`[(group, row indices)]` of the groups present in a batch; one group -> `[(group, None)]` (no gather).
-    Host syncs (`unique`, `nonzero`): the encoder on its own uses it; the task models pass `rows_by_group`'s."""
-    present = torch.unique(group_ids).tolist()
-    if len(present) == 1:
-        return [(present[0], None)]
-    return [(g, (group_ids == g).nonzero(as_tuple=True)[0]) for g in present]
+        def row_weights(linears) -> torch.Tensor:  # (batch, out, in): each row's group's weight
+            return torch.stack([linear.weight for linear in linears]).index_select(0, group_ids)
+
+        h = torch.einsum("btd,bsd->bts", x, row_weights(self.encoders))  # (B, T, s): E_g x
+        query, key, value = (
+            torch.einsum("bts,bos->bto", h, row_weights([getattr(a, name) for a in attention]))  # (B, T, s)
+            for name in ("query", "key", "value")
+        )
+        out = attention[0].attend(query, key, value, key_mask)  # (B, T, s); the groups' attentions share settings
+        return F.gelu(torch.einsum("bts,bds->btd", out, row_weights(self.decoders)))  # (B, T, d): D_g
 
 
 def rows_by_group(
     task_rows: dict[int, torch.Tensor], task_groups: list[int], batch: int
 ) -> list[tuple[int, torch.Tensor | None]]:
-    """`split_groups` from the rows of each task present (host-side structure, no sync): each group's rows are its
-    tasks' rows concatenated; a group holding every row -> `[(group, None)]` (no gather)."""
+    """`[(group, row indices)]` of the groups present, from the rows of each task present (host-side structure, no
+    sync): each group's rows are its tasks' rows concatenated; a group holding every row -> `[(group, None)]` (no
+    gather)."""
     groups: dict[int, list[torch.Tensor]] = {}
     for t, rows in task_rows.items():
         groups.setdefault(task_groups[t], []).append(rows)
