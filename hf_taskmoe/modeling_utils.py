@@ -535,8 +535,9 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
 
 
 def heads_to_output_fields(heads_out: HeadsOutput) -> dict:
+    losses = heads_out.task_losses  # a `PresentTasks` is not asked its length: that would read back the task mix
     return {
         "logits": heads_out.logits,
         "task_logits": heads_out.task_logits,
-        "task_losses": heads_out.task_losses or None,
+        "task_losses": None if isinstance(losses, dict) and not losses else losses,
     }

@@ -1,8 +1,10 @@
 """No host sync in the training forward: every read of a device tensor's value by the host (`.tolist()`,
-`.item()`, `bool(t)`, `nonzero`, `unique`, boolean-mask indexing) stalls a GPU stream. For a batch marked
-`values_checked=True` (the Trainer's: its collator checked the batch on the CPU) the library's own code reads back one
-thing per forward: the per-task row counts that split the batch among the heads. The sort-and-loop expert dispatch
-adds one per MoE layer (its slice sizes); the grouped-GEMM dispatch none.
+`.item()`, `.cpu()`, `bool(t)`, `nonzero`, `unique`, boolean-mask indexing) stalls a GPU stream. For a batch marked
+`values_checked=True` (the Trainer's: its collator checked the batch on the CPU) the library's own code reads nothing
+back: every head runs on every row (`MultiTaskHeads.forward_every_row`), PALs run batched across their groups, the
+routes of BART's straight-through training are not planned on the host, per-task losses stay on the device. The one
+exception is the sort-and-loop expert dispatch: one read per MoE layer (its slice sizes); the grouped-GEMM dispatch
+reads none.
 
 On CPU nothing stalls, so these tests count the calls that would, wherever they come from in `hf_taskmoe`."""
 
@@ -38,11 +40,12 @@ TASKS = [
 FAMILIES = {
     "mt_tag_grouped_mm": (
         lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, expert_dispatch="grouped_mm", **SIZES)),
-        1,
+        0,
     ),
-    "mt_tag_sorted_loop": (lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES)), 1 + 2),
-    "pals": (lambda: BertWithPALs(BertPALsConfig(tasks=TASKS, pal_size=8, pal_num_heads=2, **SIZES)), 1),
-    "camtl": (lambda: CAMTLModel(CAMTLConfig(tasks=TASKS, conditional_attention_max_length=8, **SIZES)), 1),
+    # one read per MoE layer (2 layers)
+    "mt_tag_sorted_loop": (lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES)), 2),
+    "pals": (lambda: BertWithPALs(BertPALsConfig(tasks=TASKS, pal_size=8, pal_num_heads=2, **SIZES)), 0),
+    "camtl": (lambda: CAMTLModel(CAMTLConfig(tasks=TASKS, conditional_attention_max_length=8, **SIZES)), 0),
 }
 
 
@@ -68,7 +71,8 @@ def host_reads():
         patched.append((owner, name, original))
         setattr(owner, name, reading)
 
-    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "nonzero", "__getitem__", "masked_select"):
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "nonzero", "__getitem__",
+                 "masked_select"):
         wrap(torch.Tensor, name)
     for name in ("nonzero", "unique", "masked_select"):
         wrap(torch, name)
@@ -91,7 +95,7 @@ def _mixed_batch(padded: bool):
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("padded", [False, True])
-def test_training_forward_and_backward_read_back_once_per_forward(family, padded):
+def test_training_forward_and_backward_read_nothing_back(family, padded):
     build, expected = FAMILIES[family]
     torch.manual_seed(0)
     model = build().train()
@@ -106,17 +110,64 @@ def test_training_forward_and_backward_read_back_once_per_forward(family, padded
     assert len(checked_calls) > expected
 
 
+def _seq2seq_family():
+    from .test_bart_routed import batch, routed
+
+    return routed("gumbel_softmax_st").train(), batch()
+
+
+def _tabular_family():
+    from hf_taskmoe import MMoEModel
+
+    from .test_mmoe import batch, config
+
+    return MMoEModel(config()).train(), batch()
+
+
+@pytest.mark.parametrize("family", [_seq2seq_family, _tabular_family], ids=["bart_routed_st", "mmoe"])
+def test_seq2seq_and_tabular_training_forward_and_backward_read_nothing_back(family):
+    """BartTaskRouted (straight-through training: every expert runs, so its routes are not planned on the host; the
+    router routes every task of its table; per-task losses are summed by task on the device) and MMoE."""
+    torch.manual_seed(0)
+    model, batch = family()
+    with host_reads() as calls:
+        out = model(**batch, values_checked=True)
+        out.loss.backward()
+    assert not calls, Counter(calls)
+    checked = model(**batch)  # the per-task losses read back the tasks present only when looked at
+    assert set(out.task_losses) == set(checked.task_losses)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_skipping_the_value_checks_changes_no_number(family):
+@pytest.mark.parametrize("task_ids", [[0, 1, 2, 0, 1, 2], [1, 1, 1, 1, 1, 1], [2, 0, 0, 2, 2, 0]],
+                         ids=["three_tasks", "one_task", "one_task_absent"])
+def test_skipping_the_value_checks_changes_no_number(family, task_ids):
+    """Every head on every row (a checked batch) gives the split forward's loss, per-task losses and logits, and the
+    same gradients: those of an absent task's head (and PALs) are zero instead of None."""
     build, _ = FAMILIES[family]
     torch.manual_seed(0)
     model = build().eval()
-    batch = _mixed_batch(padded=True)
+    batch = {**_mixed_batch(padded=True), "task_ids": torch.tensor(task_ids)}
+    batch["labels"] = torch.where(torch.tensor(task_ids) == 1, batch["labels"].round().clamp(0, 2), batch["labels"])
+    batch["labels"] = torch.where(torch.tensor(task_ids) == 0, batch["labels"].round().clamp(0, 1), batch["labels"])
+    assert BatchChecker.for_model(model)(batch)
     checked = model(**batch)
+    checked.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
     unchecked = model(**batch, values_checked=True)
+    unchecked.loss.backward()
     torch.testing.assert_close(unchecked.loss, checked.loss)
+    assert set(unchecked.task_logits) == set(checked.task_logits) == set(unchecked.task_losses)
     for name, logits in checked.task_logits.items():
         torch.testing.assert_close(unchecked.task_logits[name], logits)
+        torch.testing.assert_close(unchecked.task_losses[name], checked.task_losses[name])
+    # `logits`: the tasks' logit shapes differ (2, 3, 1), so a checked batch gives none, whatever tasks it holds
+    # (which are present is not read back); the split forward gives a one-task batch's own
+    assert unchecked.logits is None
+    for name, param in model.named_parameters():
+        if param.grad is not None:
+            torch.testing.assert_close(param.grad, grads.get(name, torch.zeros_like(param)), atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -3,7 +3,11 @@
 
 A batch may mix tasks. `MultiTaskHeads` splits the rows by task with one stable `argsort` of
 `task_ids` (rows keep their order inside a task), runs each task's head on its rows only, and returns
-per-task logits and losses plus the total loss.
+per-task logits and losses plus the total loss. That split reads the per-task row counts back from the device; a
+batch checked on the host (`values_checked=True`) instead runs every head on every row and takes each row's loss and
+logits from its own task's head (`forward_every_row`): no host sync and no shape that depends on the task mix, which
+torch.export, ONNX and CUDA graphs need. Heads of tasks absent from such a batch then get zero gradients (as under
+DDP's static graph), so an optimizer with momentum or weight decay moves them too.
 
 Label format per row (the collator pads a mixed batch's labels to one 2-D tensor with -100):
 
@@ -21,11 +25,13 @@ mixed batch with wider tasks (`TaskHead.label_width`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .task_head import IGNORE_INDEX, TaskHead, bad_rows  # noqa: F401 (part of this module's API)
 
@@ -46,14 +52,82 @@ def build_head(task: TaskSpec, hidden_size: int, dropout: float, scale_loss_by_n
     return kind.head_class(task, hidden_size, dropout, scale_loss_by_num_classes)
 
 
+class PresentTasks:
+    """`{task name: value}` over the tasks present in a batch, from values computed for every task by a forward that
+    never read back which tasks are present (`MultiTaskHeads.forward_every_row`): the first access reads the per-task
+    row counts (one host read, after the forward). With `rows=True` each value is a per-row tensor of the whole batch
+    and a task's entry is its rows in batch order, what the split forward gives; otherwise a value is the task's own
+    (a loss). `present()` and `stacked()` give the same without any host read.
+
+    Read it like a dict (`[name]`, `get`, `keys`, `items`, `values`, `in`, `len`, iteration, `dict(...)`). It is no
+    `Mapping` subclass on purpose: tools that rebuild every mapping of a model's output (accelerate's fp32 conversion
+    under mixed precision) leave it as it is instead of reading it back at each step."""
+
+    def __init__(self, names: list[str], task_ids: torch.Tensor, values: list[torch.Tensor], rows: bool):
+        self.names = list(names)
+        self.task_ids = task_ids
+        self.values = values
+        self.rows = rows
+        self._present: list[str] | None = None
+        self._selected: dict[str, torch.Tensor] = {}
+
+    def present(self) -> torch.Tensor:
+        """`(tasks,)` bool: whether each task has rows in the batch (on the device)."""
+        counts = torch.zeros(len(self.names), dtype=torch.long, device=self.task_ids.device)
+        return counts.scatter_add_(0, self.task_ids, torch.ones_like(self.task_ids)) > 0
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(values (tasks,), present (tasks,))` of one scalar per task (losses), in `names` order."""
+        return torch.stack(self.values), self.present()
+
+    def _names_present(self) -> list[str]:
+        if self._present is None:
+            self._present = [n for n, p in zip(self.names, self.present().tolist()) if p]  # the one host read
+        return self._present
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names_present():
+            raise KeyError(name)
+        if name not in self._selected:
+            task = self.names.index(name)
+            value = self.values[task]
+            self._selected[name] = value[self.task_ids == task] if self.rows else value
+        return self._selected[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names_present())
+
+    def __len__(self) -> int:
+        return len(self._names_present())
+
+    def __contains__(self, name) -> bool:
+        return name in self._names_present()
+
+    def keys(self) -> list[str]:
+        return list(self._names_present())
+
+    def values(self) -> list[torch.Tensor]:
+        return [self[name] for name in self._names_present()]
+
+    def items(self) -> list[tuple[str, torch.Tensor]]:
+        return [(name, self[name]) for name in self._names_present()]
+
+    def get(self, name: str, default=None):
+        return self[name] if name in self else default
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict(self)!r})"
+
+
 @dataclass
 class HeadsOutput:
-    """What `MultiTaskHeads` returns. `task_rows[name]` holds the batch rows of each task present."""
+    """What `MultiTaskHeads` returns. `task_rows[name]` holds the batch rows of each task present (split forward
+    only; `forward_every_row` gives `PresentTasks` as `task_logits` and `task_losses`)."""
 
     loss: torch.Tensor | None = None
     logits: torch.Tensor | None = None
-    task_logits: dict[str, torch.Tensor] = field(default_factory=dict)
-    task_losses: dict[str, torch.Tensor] = field(default_factory=dict)
+    task_logits: dict[str, torch.Tensor] | PresentTasks = field(default_factory=dict)
+    task_losses: dict[str, torch.Tensor] | PresentTasks = field(default_factory=dict)
     task_rows: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -147,6 +221,90 @@ class MultiTaskHeads(nn.ModuleDict):
         out.logits = self._batch_logits(out, sequence_output.shape[0])
         return out
 
+    # -- every head on every row: the sync-free forward and exported programs -----------------------------------
+    def every_row_ready(self) -> bool:
+        """Whether every head can run on every row (`TaskHead.every_row`), so `forward_every_row` serves the model."""
+        return all(head.every_row for head in self.values())
+
+    def logit_widths(self) -> list[int]:
+        """The last dimension of each task's logits (task id order): what a row of the padded logits of
+        `forward_every_row(padded=True)` (an exported program's output) holds before its zeros."""
+        return [self[t.name].logit_shape()[-1] for t in self.tasks]
+
+    def check_exportable(self) -> None:
+        """Refuse, naming the tasks, heads an exported program cannot serve: heads that need the batch split by
+        task (multiple choice, extractive QA), that read `span_positions` (not a program input), or logits of
+        another rank than the others' (a token head beside sequence heads)."""
+        split = [t.name for t in self.tasks if not self[t.name].every_row]
+        spans = [t.name for t in self.tasks if self[t.name].reads_spans]
+        ranks = {len(self[t.name].logit_shape()) for t in self.tasks}
+        if split or spans or len(ranks) > 1:
+            raise ValueError(
+                f"Only tasks whose heads run on every row with logits of one rank can be exported (single-label, "
+                f"multi-label, regression; or only token classification); tasks needing the batch split "
+                f"{split}, reading span positions {spans}, logit ranks {sorted(ranks)}."
+            )
+
+    def forward_every_row(
+        self,
+        sequence_output: torch.Tensor,
+        pooled_output: torch.Tensor,
+        task_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        span_positions: torch.Tensor | None = None,
+        padded: bool = False,
+    ) -> HeadsOutput:
+        """Every head on every row; each row's logits and loss from its own task's head (`loss_on_rows`), with no host
+        sync and no shape that depends on the batch's task mix (needs `every_row_ready()`).
+
+        For a batch whose values, shapes and dtypes were checked on the host (`BatchChecker`): a head that cannot read
+        the batch's labels (shaped or typed for other tasks only) or needs `span_positions` the batch lacks has no row
+        in it and takes no part. The loss is the split forward's (the mean over labelled examples, each task weighted
+        by its `loss_weight`); `task_logits` and `task_losses` are `PresentTasks` (the tasks present, read back on
+        first access); `logits` holds each row's own task's logits when every task's have one shape, else None, or,
+        `padded`, zero-padded to the widest task (`logit_widths`), what exported programs return.
+        """
+        batch = sequence_output.shape[0]
+        seq_len = sequence_output.shape[1]
+        all_logits, losses, weighted, examples = [], [], [], []
+        for t, task in enumerate(self.tasks):
+            head = self[task.name]
+            if head.reads_spans and span_positions is None:  # no row of this task: its logits are never read
+                shape = [batch] + [seq_len if n is None else n for n in head.logit_shape()]
+                all_logits.append(sequence_output.new_zeros(shape))
+                losses.append(sequence_output.new_zeros((), dtype=torch.float32))
+                continue
+            logits = head(sequence_output, pooled_output, span_positions)  # (batch, ...) every row
+            all_logits.append(logits)
+            prepared = self._labels_on_every_row(head, labels, seq_len) if labels is not None else None
+            if prepared is None:
+                losses.append(logits.new_zeros((), dtype=torch.float32))
+                continue
+            loss, n = head.loss_on_rows(logits, prepared, task_ids == t)
+            losses.append(loss)
+            weighted.append(loss * (task.loss_weight * n))
+            examples.append(n)
+        names = [t.name for t in self.tasks]
+        out = HeadsOutput(task_logits=PresentTasks(names, task_ids, all_logits, rows=True))
+        if weighted:  # as in `forward`: 0 on the graph for a batch whose labels are all ignored
+            out.loss = torch.stack(weighted).sum() / torch.stack(examples).sum().clamp(min=1)
+            out.task_losses = PresentTasks(names, task_ids, losses, rows=False)
+        shapes = [self[t.name].logit_shape() for t in self.tasks]
+        if padded or all(shape == shapes[0] for shape in shapes):
+            out.logits = _own_task_rows(all_logits, task_ids)
+        return out
+
+    @staticmethod
+    def _labels_on_every_row(head: TaskHead, labels: torch.Tensor, seq_len: int) -> torch.Tensor | None:
+        """`head`'s prepared labels of every row (other tasks' rows hold whatever their task's labels are), or None
+        when no row of its task can be in the batch: the head refuses the labels' shape or dtype (a check that reads
+        no value; `BatchChecker` refused the batch on the host if a row of that task was there)."""
+        rows = torch.arange(labels.shape[0], device=labels.device)  # named in messages only
+        try:
+            return head.prepare_labels(labels, rows, seq_len, padded=True, check_values=False)
+        except ValueError:
+            return None
+
     def _batch_logits(self, out: HeadsOutput, batch_size: int) -> torch.Tensor | None:
         """Logits in batch order: the task's own logits for a one-task batch; for a mixed batch, rows stacked
         when every task present gives per-row logits of one shape; otherwise None (use `task_logits`)."""
@@ -161,3 +319,13 @@ class MultiTaskHeads(nn.ModuleDict):
         for name in names:
             logits.index_copy_(0, out.task_rows[name], out.task_logits[name])
         return logits
+
+
+def _own_task_rows(per_task: list[torch.Tensor], task_ids: torch.Tensor) -> torch.Tensor:
+    """Each row's logits from its own task: `per_task[t]` `(batch, ..., width_t)` are every task's logits on every
+    row, zero-padded here to the widest task and gathered by `task_ids` -> `(batch, ..., max width)`."""
+    width = max(logits.shape[-1] for logits in per_task)
+    padded = [F.pad(logits, (0, width - logits.shape[-1])) for logits in per_task]
+    stacked = torch.stack(padded, dim=1)  # (batch, tasks, ..., width)
+    index = task_ids.view(-1, 1, *([1] * (stacked.dim() - 2))).expand(-1, 1, *stacked.shape[2:])  # (B, 1, ..., w)
+    return stacked.gather(1, index).squeeze(1)  # (batch, ..., width)

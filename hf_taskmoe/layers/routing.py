@@ -218,11 +218,11 @@ class TaskRouter(nn.Module):
             return self.select(logits.float(), self.disabled, temperature=self.temperature, training=training)
 
     def forward(self, task_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        present, row_task = torch.unique(task_ids, return_inverse=True)  # route each task once
+        # route each task once, every task of the table (a few rows): finding the tasks present would read them back
         with torch.autocast(device_type=task_ids.device.type, enabled=False):
-            logits = self.task_logits(present).float()  # (present tasks, layers, experts)
+            logits = self.task_logits().float()  # (tasks, layers, experts)
         decisions = self._decide(logits, self.training)
-        return decisions[row_task], logits[row_task]  # (batch, layers, experts) each
+        return decisions.index_select(0, task_ids), logits.index_select(0, task_ids)  # (batch, layers, experts) each
 
 
 # ----------------------------------------------------------------------------------------------- layers
@@ -240,9 +240,12 @@ def plan_routes(routing_weights: torch.Tensor, every_expert: bool = False) -> li
 
     An expert runs on the rows whose decision for it is not 0 (all rows when `every_expert`, which the
     straight-through gradient needs). Computed once per forward for all layers: the decisions are copied to
-    the host once (the one device-to-host sync of the forward), the row indices go back to the device.
+    the host once (the one device-to-host sync of the forward), the row indices go back to the device. With
+    `every_expert` nothing is read: every expert runs on every row, scaled by its decisions.
     """
     batch, layers, experts = routing_weights.shape
+    if every_expert:
+        return [[PlanEntry(j, None, scale=True) for j in range(experts)] for _ in range(layers)]
     host = routing_weights.detach().float().cpu()  # (batch, layers, experts); the forward's one host sync
     used = host != 0
     grad = routing_weights.requires_grad and torch.is_grad_enabled()

@@ -32,6 +32,12 @@ class TaskHead(nn.Module):
 
     #: whether logits line up with rows (False for multiple choice: one logit vector per group of rows)
     per_row = True
+    #: whether the head may run on every row of a mixed batch, its loss taken on its task's rows (`loss_on_rows`):
+    #: the forward of a batch checked on the host (no host sync) and exported programs need it; a head without it
+    #: is served by splitting the batch by task
+    every_row = False
+    #: whether `forward` reads `span_positions`
+    reads_spans = False
 
     def __init__(self, task: TaskSpec, hidden_size: int, dropout: float, scale_loss_by_num_classes: bool = False):
         super().__init__()
@@ -114,6 +120,30 @@ class TaskHead(nn.Module):
     # -- loss -----------------------------------------------------------------------------------
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def logit_shape(self) -> tuple[int | None, ...]:
+        """The shape of one row's logits (`None`: the sequence length), for a head with `every_row`: `(num_labels,)`
+        here; a head with logits per token says `(None, num_labels)`."""
+        return (self.num_labels,)
+
+    def loss_on_rows(
+        self, logits: torch.Tensor, labels: torch.Tensor, member: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(loss, labelled examples)` of the rows where `member` `(batch,)` is True, from the head's logits and
+        prepared labels on every row of the batch (`every_row`); the other rows' labels belong to other tasks, may
+        hold anything and count for nothing. Here for integer labels: those rows' labels become -100, which `loss`
+        and `labelled_examples` ignore; a head with float labels overrides it."""
+        keep = member.view(-1, *([1] * (labels.dim() - 1)))  # (batch, 1, ...)
+        labels = labels.masked_fill(~keep, IGNORE_INDEX)
+        return self.loss(logits, labels), self.labelled_examples(labels)
+
+    def _mean_on_rows(self, per_value: torch.Tensor, member: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean of `per_value` `(batch, k)` over the rows where `member` is True, and their number (every row of
+        a float-label task is a labelled example): `where`, not a product, so another task's label stays out even
+        where it makes the value infinite."""
+        kept = torch.where(member.unsqueeze(-1), per_value, torch.zeros_like(per_value))
+        rows = member.sum().float()
+        return kept.sum() / (rows * per_value.shape[-1]).clamp(min=1), rows
 
     def num_examples(self, num_rows: int) -> int:
         return num_rows

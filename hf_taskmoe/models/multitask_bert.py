@@ -20,6 +20,7 @@ from transformers.models.bert.modeling_bert import BertEmbeddings
 from ..layers.heads import MultiTaskHeads
 from ..modeling_utils import (
     MultiTaskModelOutput,
+    check_batch_dim,
     check_input_shapes,
     check_kwargs,
     heads_to_output_fields,
@@ -30,6 +31,13 @@ from ..tasks import TaskConfigMixin
 from ..utils import check_choice, check_int, check_layer_list
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
+
+#: why `torch.jit.trace` of a task model is refused: it would record the example batch's per-task row counts
+TRACING_REFUSED = (
+    "torch.jit.trace would record the example batch's task mix (its per-task row counts) and answer other mixes "
+    "wrongly; export with torch.export instead: hf_taskmoe.onnx_export.export_program(model), or "
+    "hf_taskmoe.export_onnx(model, path) for ONNX (docs/deployment.md, 'Export to ONNX')."
+)
 
 # upcycling rules every BERT family shares: embeddings, attention and pooler come from the same names
 BERT_BACKBONE_RULES = (
@@ -337,12 +345,38 @@ class MultiTaskBertHeadsMixin:
         *flags, values_checked: bool = False, **kwargs,
     ):
         """Check the batch (labels before the encoder runs), encode, run each row's head.
-        Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`."""
+        Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`.
+
+        A batch checked on the host (`values_checked`) runs every head on every row when the heads allow it
+        (`MultiTaskHeads.forward_every_row`): nothing is read back from the device, and no shape depends on the task
+        mix, so torch.export and ONNX capture it (`hf_taskmoe.onnx_export`). Otherwise the batch is split by task."""
         check_kwargs(kwargs, self.forward)
+        if torch.jit.is_tracing():
+            raise ValueError(TRACING_REFUSED)
         batch, seq = check_input_shapes(
             input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
+        exporting = torch.compiler.is_exporting()
+        if exporting:
+            if not values_checked:
+                raise ValueError(
+                    "An exported program cannot check values: export the forward with `values_checked=True` and check "
+                    "each batch on the host before it runs (hf_taskmoe.modeling_utils.BatchChecker)."
+                )
+            if labels is not None:
+                raise ValueError("Export the forward for inference: leave `labels` out (a loss needs labels).")
+            self.heads.check_exportable()
+        if values_checked and self.heads.every_row_ready():
+            check_batch_dim(batch, labels=labels, span_positions=span_positions)
+            task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values=False)
+            encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                        task_ids, *flags, task_rows=None)
+            heads_out = self.heads.forward_every_row(encoded.last_hidden_state, encoded.pooler_output, task_ids,
+                                                     labels, span_positions, padded=exporting)
+            if exporting:  # a program returns tensors: `logits`, each row's own task's, zero-padded (`logit_widths`)
+                heads_out.task_logits = None
+            return task_ids, encoded, heads_out
         task_ids, task_rows, prepared = self._prepare_task_batch(
             task_ids, batch, seq, labels, span_positions, check_values=not values_checked
         )

@@ -30,6 +30,8 @@ from .labels import class_index, number
 class SequenceClassificationHead(TaskHead):
     """`P(c|x_t) = softmax(U_t h(x_t))` on the pooled representation (MT-TaG eq. 7)."""
 
+    every_row = True
+
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
         self.classifier = nn.Linear(hidden_size, task.num_labels)
@@ -70,9 +72,14 @@ class MultiLabelClassificationHead(SequenceClassificationHead):
     def loss(self, logits, labels):
         return F.binary_cross_entropy_with_logits(logits.float(), labels)
 
+    def loss_on_rows(self, logits, labels, member):
+        return self._mean_on_rows(F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none"), member)
+
 
 class RegressionHead(TaskHead):
     """`S(x_t) = V_t h(x_t)` (MT-TaG eq. 8), mean squared error."""
+
+    every_row = True
 
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
@@ -102,6 +109,9 @@ class RegressionHead(TaskHead):
 
     def loss(self, logits, labels):
         return F.mse_loss(logits.float(), labels)
+
+    def loss_on_rows(self, logits, labels, member):
+        return self._mean_on_rows(F.mse_loss(logits.float(), labels, reduction="none"), member)
 
 
 class MultipleChoiceHead(TaskHead):
@@ -150,6 +160,9 @@ class MultipleChoiceHead(TaskHead):
 class SpanClassificationHead(TaskHead):
     """WiC-style: [CLS] representation concatenated with the mean of each word span's tokens."""
 
+    every_row = True
+    reads_spans = True
+
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
         self.num_spans = task.num_spans
@@ -191,6 +204,11 @@ class SpanClassificationHead(TaskHead):
 
 class TokenClassificationHead(TaskHead):
     """A class per token; labels of -100 (special tokens, padding, non-first word pieces) are ignored."""
+
+    every_row = True
+
+    def logit_shape(self):
+        return (None, self.num_labels)
 
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)

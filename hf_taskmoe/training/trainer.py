@@ -24,6 +24,7 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArg
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction, speed_metrics
 
+from ..layers.heads import PresentTasks
 from ..layers.task_head import IGNORE_INDEX
 from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..modeling_utils import BatchChecker, HostCheckedCollator
@@ -73,17 +74,28 @@ class TaskLossTracker:
         self.sums: torch.Tensor | None = None  # (tasks,)
         self.counts: torch.Tensor | None = None  # (tasks,)
 
-    def update(self, task_losses: dict[str, torch.Tensor]) -> None:
+    def update(self, task_losses: dict[str, torch.Tensor] | PresentTasks) -> None:
+        """Add one step's per-task losses: a dict of the tasks present, or the `PresentTasks` of a sync-free forward
+        (a loss for every task and which are present, added on the device without reading back which)."""
+        if isinstance(task_losses, PresentTasks):
+            losses, present = task_losses.stacked()  # (tasks,) each, in the model's task order
+            self._start(losses.device)
+            order = torch.tensor([self.task_names.index(n) for n in task_losses.names], device=losses.device)
+            self.sums.index_add_(0, order, losses.detach().float() * present)
+            self.counts.index_add_(0, order, present.float())
+            return
         if not task_losses:
             return
-        device = next(iter(task_losses.values())).device
-        if self.sums is None:
-            self.sums = torch.zeros(len(self.task_names), device=device)
-            self.counts = torch.zeros(len(self.task_names), device=device)
+        self._start(next(iter(task_losses.values())).device)
         for name, loss in task_losses.items():
             i = self.task_names.index(name)
             self.sums[i] += loss.detach().float()
             self.counts[i] += 1
+
+    def _start(self, device) -> None:
+        if self.sums is None:
+            self.sums = torch.zeros(len(self.task_names), device=device)
+            self.counts = torch.zeros(len(self.task_names), device=device)
 
     def pop_means(self, accelerator=None) -> dict[str, float]:
         sums, counts = self.sums, self.counts
@@ -378,7 +390,7 @@ class MultiTaskTrainer(Trainer):
         outputs = model(**inputs, **({"output_router_logits": True} if record_routing else {}))
         if record_routing:
             self.routing_analytics.record(outputs.routing_counts)
-        if model.training and getattr(outputs, "task_losses", None):
+        if model.training and getattr(outputs, "task_losses", None) is not None:  # (its truth would be a host read)
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
         if (
@@ -513,11 +525,15 @@ class MultiTaskTrainer(Trainer):
         loss = outputs.loss.detach() if labels is not None and outputs.loss is not None else None
         if prediction_loss_only:
             return loss, None, None
-        if outputs.logits is None:
+        logits = outputs.logits
+        by_task = getattr(outputs, "task_logits", None)
+        if logits is None and by_task is not None and set(by_task) == {task.name}:
+            logits = by_task[task.name]  # a sync-free forward gives no `logits` when its tasks' logit shapes differ
+        if logits is None:
             raise ValueError("An evaluation batch must hold rows of one task (evaluate each task's set on its own).")
         if labels is not None:
             labels = kind.eval_labels(task, labels)  # e.g. multiple choice: one label per example, not per choice row
-        return loss, outputs.logits.detach(), labels
+        return loss, logits.detach(), labels
 
     def _seq2seq_prediction_step(self, model, inputs, labels):
         """Loss (teacher-forced) and predicted target tokens: `generate()`'s with `predict_with_generate` (without

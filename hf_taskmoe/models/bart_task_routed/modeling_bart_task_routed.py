@@ -28,6 +28,7 @@ from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoder
 from transformers.utils import ModelOutput, TransformersKwargs
 
 from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...layers.heads import PresentTasks
 from ...layers.routing import (
     RoutedCache,
     RoutedLayer,
@@ -488,11 +489,12 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         specs = self.config.task_specs
         weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
         loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
-        task_losses = {}
-        for t in torch.unique(task_ids).tolist():
-            rows = task_ids == t
-            task_losses[specs[t].name] = row_sums[rows].sum() / counts[rows].sum().clamp_min(1)
-        return loss, task_losses
+        # each task's own mean, for every task on the device (no read of which tasks are present): the tasks present
+        # are read back only when `task_losses` is looked at
+        sums = row_sums.new_zeros(len(specs)).index_add(0, task_ids, row_sums)  # (tasks,)
+        tokens = counts.new_zeros(len(specs)).index_add(0, task_ids, counts)  # (tasks,)
+        per_task = sums / tokens.clamp_min(1)
+        return loss, PresentTasks([s.name for s in specs], task_ids, list(per_task.unbind()), rows=False)
 
     # ------------------------------------------------------------------ generation
     def generate(self, *args, **kwargs):
