@@ -48,6 +48,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".layers.heads": ("MultiTaskHeads",),
     ".layers.moe": ("TaskMoE",),
     ".upcycling": ("UpcyclingReport", "upcycle"),
+    ".onnx_export": ("export_onnx",),
     ".analysis": ("ParameterReport", "parameter_report", "RoutingStatistics"),
     ".pipelines": ("PIPELINE_TASK", "MultiTaskTextClassificationPipeline", "MultiTaskText2TextGenerationPipeline",
                    "TEXT2TEXT_PIPELINE_TASK"),
