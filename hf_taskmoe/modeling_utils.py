@@ -208,7 +208,9 @@ class BatchChecker:
     calls it stays small when a `DataLoader` sends it to worker processes."""
 
     def __init__(self, tasks: list[TaskSpec], with_heads: bool, vocab_size: int | None = None,
-                 type_vocab_size: int | None = None):
+                 type_vocab_size: int | None = None, marks_batches: bool = True):
+        #: whether `HostCheckedCollator` marks a checked batch `values_checked=True` (the model's forward takes it)
+        self.marks_batches = marks_batches
         self.task_names = [t.name for t in tasks]
         self.heads = MultiTaskHeads(tasks, hidden_size=1, dropout=0.0) if with_heads else None
         self.vocab_size = vocab_size
@@ -222,6 +224,7 @@ class BatchChecker:
             isinstance(getattr(model, "heads", None), MultiTaskHeads),
             vocab_size=sizes["input_ids"],
             type_vocab_size=sizes["token_type_ids"],
+            marks_batches=_takes_values_checked(model),
         )
 
     @staticmethod
@@ -270,6 +273,15 @@ class BatchChecker:
         return True
 
 
+def _takes_values_checked(model) -> bool:
+    """Whether the model's forward (under a peft wrapper: its base model's) takes `values_checked`: a family
+    registered by a user may not."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "values_checked" in inspect.signature(base.forward).parameters
+
+
 class HostCheckedCollator:
     """A collator followed by a `BatchChecker`: every batch is checked on the CPU where it is made. Other attributes
     read and write through to the wrapped collator (`trainer.data_collator.pad_to_multiple_of = 8` works)."""
@@ -295,7 +307,7 @@ class HostCheckedCollator:
 
     def __call__(self, features):
         batch = self.collator(features)
-        if self.checker(batch):
+        if self.checker(batch) and self.checker.marks_batches:
             batch["values_checked"] = True  # the model's forward then reads no value back from the device
         return batch
 
