@@ -49,7 +49,8 @@ RESERVED_TASK_NAMES = frozenset({
     # added to nn.Module at run time by transformers' `PreTrainedModel.initialize_weights`
     "smart_apply",
     # MultiTaskHeads' own attributes and methods
-    "add_task", "check_inputs", "dropout", "hidden_size", "scale_loss_by_num_classes", "split_rows", "tasks",
+    "add_task", "check_exportable", "check_inputs", "dropout", "every_row_ready", "forward_every_row", "hidden_size",
+    "logit_widths", "scale_loss_by_num_classes", "split_rows", "tasks",
 })
 
 

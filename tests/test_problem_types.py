@@ -69,6 +69,8 @@ def _minimal_fields(name: str) -> dict:
         fields.update(text_fields=["s1", "s2"], span_fields=[["a", "b"]])
     if kind.has_classes:
         fields["num_labels"] = 3
+    if kind.pipeline_inputs == ("question", "context"):  # extractive QA reads a question and its context
+        fields["text_fields"] = ["question", "context"]
     return fields
 
 

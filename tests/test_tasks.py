@@ -19,7 +19,7 @@ def test_json_round_trip(spec):
 
 
 def test_every_problem_type_is_covered():
-    assert {s.problem_type for s in ALL_KINDS} | {"seq2seq"} == set(PROBLEM_TYPES)
+    assert {s.problem_type for s in ALL_KINDS} | {"seq2seq", "extractive_qa"} == set(PROBLEM_TYPES)
 
 
 def test_derived_values():

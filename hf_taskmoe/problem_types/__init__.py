@@ -14,10 +14,12 @@ from .base import (
     register_problem_type,
 )
 from .classification import DEFAULT_PROBLEM_TYPE  # registers the encoder types
+from .extractive_qa import ExtractiveQA  # registers extractive question answering
 from .seq2seq import target_token_ids  # registers seq2seq
 
 __all__ = [
     "DEFAULT_PROBLEM_TYPE",
+    "ExtractiveQA",
     "ENCODER",
     "PROBLEM_TYPES",
     "TABULAR",
