@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..layers.heads import IGNORE_INDEX, TaskHead
+from ..layers.task_head import IGNORE_INDEX, TaskHead
 from .base import ENCODER, ProblemType, register_problem_type
 
 #: one example's answers, as SQuAD writes them: {"text": [...], "answer_start": [...]} (character offsets)
