@@ -1,8 +1,8 @@
 """Every encoder family exports (issue 34): `torch.export` of the model's own forward and ONNX through
 `hf_taskmoe.export_onnx`, with a dynamic batch size and sequence length, one program for every task mix. Traced on a
 batch of 3 rows x 8 tokens holding both tasks, each program is run on 5 rows x 11 tokens with another mix (4 + 1,
-padding) and gives what the eager model gives, within 1e-4; `torch.jit.trace`, which would bake in the example's
-task mix, is refused with a pointer here."""
+padding) and gives what the eager model gives, within 1e-4; `torch.jit.trace` of a task model, which would bake in
+the example's task mix, is refused with a pointer here, and a traced encoder answers another mix rightly."""
 
 from __future__ import annotations
 
@@ -106,3 +106,16 @@ def test_jit_trace_is_refused_and_points_to_export(family):
     model = _model(family)
     with pytest.raises(ValueError, match="export_onnx"):
         torch.jit.trace(model, example_kwarg_inputs=dict(TRACED), strict=False)
+
+
+@pytest.mark.parametrize("family", ["mt_tag_sorted_loop", "pals", "camtl"])
+def test_jit_trace_of_the_encoder_answers_another_task_mix(family):
+    """The encoders have no data-dependent shape while traced (masked dense experts, PALs batched across groups), so a
+    traced encoder gives the eager hidden states on a batch of another size, length and task mix."""
+    encoder = _model(family).bert
+    names = ("input_ids", "attention_mask", "token_type_ids", "task_ids")
+    traced = torch.jit.trace(encoder, example_kwarg_inputs={n: TRACED[n] for n in names}, strict=False)
+    with torch.no_grad():
+        expected = encoder(**{n: SERVED[n] for n in names}).last_hidden_state
+    torch.testing.assert_close(traced(**{n: SERVED[n] for n in names})["last_hidden_state"], expected,
+                               atol=1e-4, rtol=1e-4)
