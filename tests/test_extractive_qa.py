@@ -38,12 +38,18 @@ DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "extractive_q
 
 
 def _rows(split: str) -> list[dict]:
-    return [json.loads(line) for line in (DATA / f"{split}.jsonl").read_text(encoding="utf-8").split("\n") if line.strip()]
+    return [
+        json.loads(line) for line in (DATA / f"{split}.jsonl").read_text(encoding="utf-8").split("\n") if line.strip()
+    ]
 
 
 def _tokenize(tokenizer, rows, max_length=384, stride=128, with_answers=True):
     return tokenize_qa(
-        tokenizer, [r["question"] for r in rows], [r["context"] for r in rows], max_length, stride,
+        tokenizer,
+        [r["question"] for r in rows],
+        [r["context"] for r in rows],
+        max_length,
+        stride,
         [r["answers"] for r in rows] if with_answers else None,
     )
 
@@ -59,7 +65,7 @@ def _labelled_text(features, f, context):
     offsets = features["offset_mapping"][f]
     if offsets[s] is None:
         return None
-    return context[offsets[s][0]:offsets[e][1]]
+    return context[offsets[s][0] : offsets[e][1]]
 
 
 # ----------------------------------------------------------------------------------------------- the data set
@@ -71,7 +77,7 @@ def test_the_shipped_set_is_extractive_small_and_split_by_passage():
         texts, starts = row["answers"]["text"], row["answers"]["answer_start"]
         assert len(texts) == len(starts) >= 1
         for text, start in zip(texts, starts):
-            assert text and row["context"][start:start + len(text)] == text, row["id"]
+            assert text and row["context"][start : start + len(text)] == text, row["id"]
     assert not {r["context"] for r in train} & {r["context"] for r in dev}  # no passage in both splits
     assert len({r["id"] for r in train + dev}) == len(train) + len(dev)
     assert sum(p.stat().st_size for p in DATA.glob("*.jsonl")) < 2 * 1024 * 1024
@@ -96,7 +102,7 @@ def test_labels_map_back_to_the_answer_text_for_every_training_example(minilm_to
             start = rows[i]["answers"]["answer_start"][0]
             assert answer in text and len(text) > len(answer), (answer, text)
             context = rows[i]["context"]
-            inside_word = start > 0 and context[start - 1].isalnum() or context[start + len(answer):][:1].isalnum()
+            inside_word = start > 0 and context[start - 1].isalnum() or context[start + len(answer) :][:1].isalnum()
             assert inside_word, (answer, text)
 
 
@@ -116,7 +122,7 @@ def test_features_carry_segments_example_index_and_context_only_offsets(minilm_t
                 continue
             assert kind == 1 and token not in (cls, sep)
             piece = minilm_tokenizer.convert_ids_to_tokens(token).removeprefix("##")  # lower case, accents stripped
-            assert _plain(context[offset[0]:offset[1]]) == piece
+            assert _plain(context[offset[0] : offset[1]]) == piece
 
 
 def test_a_long_context_in_strided_windows_keeps_every_answer_in_a_window(minilm_tokenizer):
@@ -133,7 +139,9 @@ def test_a_long_context_in_strided_windows_keeps_every_answer_in_a_window(minilm
     checked = 0
     for example, fs in windows.items():
         row = rows[example]
-        whole = minilm_tokenizer(row["context"], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        whole = minilm_tokenizer(row["context"], add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
         covered = {tuple(o) for f in fs for o in features["offset_mapping"][f] if o is not None}
         assert covered == {tuple(o) for o in whole}  # no context token falls between windows
         start = row["answers"]["answer_start"][0]
@@ -152,8 +160,14 @@ def test_a_long_context_in_strided_windows_keeps_every_answer_in_a_window(minilm
 def test_a_question_longer_than_max_question_length_is_cut_and_bad_inputs_are_refused(minilm_tokenizer):
     context = "Paris is the capital of France . " * 3
     long_question = "what " * 200 + "is the capital of France ?"
-    features = tokenize_qa(minilm_tokenizer, [long_question], [context], max_length=96, stride=16,
-                           answers=[{"text": ["Paris"], "answer_start": [0]}])
+    features = tokenize_qa(
+        minilm_tokenizer,
+        [long_question],
+        [context],
+        max_length=96,
+        stride=16,
+        answers=[{"text": ["Paris"], "answer_start": [0]}],
+    )
     question_tokens = features["token_type_ids"][0].count(0) - 2  # [CLS] q [SEP]
     assert question_tokens == 64
     assert _labelled_text(features, 0, context) == "Paris"
@@ -188,13 +202,17 @@ def test_gold_spans_decode_back_to_their_text_across_windows(minilm_tokenizer):
         if not gold:
             continue
         logits = [
-            _spike(features, f, features["start_positions"][f], features["end_positions"][f]) if f == gold[-1]
+            _spike(features, f, features["start_positions"][f], features["end_positions"][f])
+            if f == gold[-1]
             else (np.zeros(len(features["input_ids"][f])), np.zeros(len(features["input_ids"][f])))
             for f in fs
         ]
         decoded[example] = decode_best_span(
-            [s for s, _ in logits], [e for _, e in logits], [features["offset_mapping"][f] for f in fs],
-            rows[example]["context"], max_answer_length=64,
+            [s for s, _ in logits],
+            [e for _, e in logits],
+            [features["offset_mapping"][f] for f in fs],
+            rows[example]["context"],
+            max_answer_length=64,
         )
     assert len(decoded) >= 0.95 * len(rows)
     exact = sum(decoded[i] == rows[i]["answers"]["text"][0] for i in decoded)
@@ -226,8 +244,10 @@ def test_decoding_keeps_to_valid_spans():
     assert decode_best_span(start, end, offsets, context, max_answer_length=2) == "beta gamma"
     # (-1, -1) marks non-context tokens as well as None; a 2-D array holds one row per feature
     minus = [(-1, -1) if o is None else o for o in offsets]
-    assert decode_best_span(np.stack([start, start]), np.stack([end, end]), [minus, minus], context,
-                            max_answer_length=2) == "beta gamma"
+    assert (
+        decode_best_span(np.stack([start, start]), np.stack([end, end]), [minus, minus], context, max_answer_length=2)
+        == "beta gamma"
+    )
     spans = best_spans(start, end, offsets, context, n_best=3)
     assert [s["answer"] for s in spans] == ["alpha beta gamma delta", "alpha beta gamma", "beta gamma delta"]
     assert (spans[0]["start"], spans[0]["end"], spans[0]["score"], spans[0]["feature"]) == (0, 22, 10.0, 0)
@@ -249,8 +269,13 @@ def test_torch_logits_with_padding_beyond_the_offsets():
 # ----------------------------------------------------------------------------------------------- metrics
 @pytest.mark.parametrize(
     "text, normalized",
-    [("The Cat!", "cat"), ("  an   apple,  a pear ", "apple pear"), ("Theory of the U.S.", "theory of us"),
-     ("anthem", "anthem"), ("", "")],
+    [
+        ("The Cat!", "cat"),
+        ("  an   apple,  a pear ", "apple pear"),
+        ("Theory of the U.S.", "theory of us"),
+        ("anthem", "anthem"),
+        ("", ""),
+    ],
 )
 def test_normalize_answer(text, normalized):
     assert normalize_answer(text) == normalized
@@ -299,8 +324,15 @@ def qa_type():
 def _qa_spec(**overrides):
     from hf_taskmoe import TaskSpec
 
-    return TaskSpec(**{"name": "qa", "problem_type": "extractive_qa", "text_fields": ["question", "context"],
-                       "label_field": "answers", **overrides})
+    return TaskSpec(
+        **{
+            "name": "qa",
+            "problem_type": "extractive_qa",
+            "text_fields": ["question", "context"],
+            "label_field": "answers",
+            **overrides,
+        }
+    )
 
 
 def _qa_dataset(rows):
@@ -328,11 +360,21 @@ def test_rows_are_checked_and_tokenised_into_windows(qa_type, minilm_tokenizer):
     spec, rows = _qa_spec(), _rows("validation")[:30]
     labels = check_task_split(spec, _qa_dataset(rows), "validation")
     assert labels[0] == rows[0]["answers"]
-    tokenised = tokenize_task(spec, _qa_dataset(rows), minilm_tokenizer, 3, max_length=128, split="validation",
-                              labels=labels)
+    tokenised = tokenize_task(
+        spec, _qa_dataset(rows), minilm_tokenizer, 3, max_length=128, split="validation", labels=labels
+    )
     assert len(tokenised) > len(rows)  # long contexts give several windows
-    assert {"input_ids", "attention_mask", "token_type_ids", "labels", "task_ids", "window", "offset_mapping",
-            "context", "answer_texts"} <= set(tokenised.column_names)
+    assert {
+        "input_ids",
+        "attention_mask",
+        "token_type_ids",
+        "labels",
+        "task_ids",
+        "window",
+        "offset_mapping",
+        "context",
+        "answer_texts",
+    } <= set(tokenised.column_names)
     assert tokenised["window"].count(0) == len(rows) and set(tokenised["task_ids"]) == {3}
     example = -1
     for row in tokenised:
@@ -372,9 +414,15 @@ def _tiny_model(tokenizer, tasks):
     import hf_taskmoe
 
     torch.manual_seed(0)
-    config = hf_taskmoe.BertTaskMoEConfig(tasks=tasks, vocab_size=tokenizer.vocab_size, hidden_size=32,
-                                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                                          max_position_embeddings=128)
+    config = hf_taskmoe.BertTaskMoEConfig(
+        tasks=tasks,
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=128,
+    )
     return hf_taskmoe.BertForTaskMoE(config)
 
 
@@ -384,8 +432,15 @@ def test_a_mixed_batch_trains_the_span_head_beside_a_classifier(qa_type, minilm_
 
     spec, classes = _qa_spec(), TaskSpec(name="kind", num_labels=3, text_fields=["text"])
     rows = _rows("train")[:4]
-    qa = tokenize_task(spec, _qa_dataset(rows), minilm_tokenizer, 0, max_length=128, split="train",
-                       labels=check_task_split(spec, _qa_dataset(rows), "train"))
+    qa = tokenize_task(
+        spec,
+        _qa_dataset(rows),
+        minilm_tokenizer,
+        0,
+        max_length=128,
+        split="train",
+        labels=check_task_split(spec, _qa_dataset(rows), "train"),
+    )
     import datasets
 
     texts = datasets.Dataset.from_list([{"text": "where is it?", "label": 2}, {"text": "who?", "label": 0}])
@@ -397,8 +452,10 @@ def test_a_mixed_batch_trains_the_span_head_beside_a_classifier(qa_type, minilm_
     out = model(**batch)
     assert out.task_logits["qa"].shape == (3, batch["input_ids"].shape[1], 2)
     logits, labels = out.task_logits["qa"], batch["labels"][:3]
-    expected = (torch.nn.functional.cross_entropy(logits[..., 0], labels[:, 0])
-                + torch.nn.functional.cross_entropy(logits[..., 1], labels[:, 1])) / 2
+    expected = (
+        torch.nn.functional.cross_entropy(logits[..., 0], labels[:, 0])
+        + torch.nn.functional.cross_entropy(logits[..., 1], labels[:, 1])
+    ) / 2
     torch.testing.assert_close(out.task_losses["qa"], expected)  # the mean of the start and end cross-entropy
     out.loss.backward()
     assert model.heads["qa"].qa_outputs.weight.grad.abs().sum() > 0
@@ -428,8 +485,15 @@ def test_metrics_decode_each_example_over_its_windows(qa_type, minilm_tokenizer)
     from hf_taskmoe.training.trainer import TaskView
 
     spec, rows = _qa_spec(), _rows("validation")[:40]
-    tokenised = tokenize_task(spec, _qa_dataset(rows), minilm_tokenizer, 0, max_length=128, split="validation",
-                              labels=check_task_split(spec, _qa_dataset(rows), "validation"))
+    tokenised = tokenize_task(
+        spec,
+        _qa_dataset(rows),
+        minilm_tokenizer,
+        0,
+        max_length=128,
+        split="validation",
+        labels=check_task_split(spec, _qa_dataset(rows), "validation"),
+    )
     labels = np.asarray(tokenised["labels"])
     predictions, references = qa_type.decode(_gold_logits(tokenised), tokenised)
     assert references == [r["answers"]["text"] for r in rows]
@@ -454,13 +518,15 @@ def test_pipeline_output_finds_the_answer_in_a_later_window(qa_type, minilm_toke
     start_char = context.index("Lyon")
     width = max(len(f["input_ids"]) for f in features)
     logits = torch.zeros(len(features), width, 2)
-    hit = next(i for i, f in enumerate(features) if any(o is not None and o[0] == start_char for o in f["offset_mapping"]))
+    hit = next(
+        i for i, f in enumerate(features) if any(o is not None and o[0] == start_char for o in f["offset_mapping"])
+    )
     token = next(t for t, o in enumerate(features[hit]["offset_mapping"]) if o is not None and o[0] == start_char)
     logits[hit, token] = 12.0  # start and end on "lyon"
     logits[hit, 1] = 50.0  # a question token scores higher: never an answer
     result = qa_type.pipeline_result(spec, logits, features, item)
     assert result["task"] == "qa" and result["answer"] == "Lyon"
-    assert context[result["start"]:result["end"]] == "Lyon" and 0.9 < result["score"] <= 1.0
+    assert context[result["start"] : result["end"]] == "Lyon" and 0.9 < result["score"] <= 1.0
     top = qa_type.pipeline_result(spec, logits, features, item, top_k=3)["top"]
     assert len(top) == 3 and top[0]["answer"] == "Lyon" and top[0]["score"] >= top[1]["score"] >= top[2]["score"]
 

@@ -26,7 +26,7 @@ import math
 import re
 import string
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -57,10 +57,10 @@ def _check_answers(answers: Answers, context: str, where: str) -> tuple[int, int
     text, start = texts[0], starts[0]
     if isinstance(start, bool) or not isinstance(start, int) or not isinstance(text, str) or not text:
         raise ValueError(f"{where}: an answer is a non-empty text and an integer offset, got {text!r} at {start!r}.")
-    if not 0 <= start <= len(context) - len(text) or context[start:start + len(text)] != text:
+    if not 0 <= start <= len(context) - len(text) or context[start : start + len(text)] != text:
         raise ValueError(
             f"{where}: the answer {text!r} is not at character {start} of its context "
-            f"(the context there reads {context[max(start, 0):max(start, 0) + len(text)]!r})."
+            f"(the context there reads {context[max(start, 0) : max(start, 0) + len(text)]!r})."
         )
     return start, start + len(text)
 
@@ -107,13 +107,16 @@ def tokenize_qa(
         token inside the feature, both the [CLS] position when the answer is not wholly inside the window).
     """
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("`tokenize_qa` needs a fast tokenizer (it reads character offsets); load it with use_fast=True.")
+        raise ValueError(
+            "`tokenize_qa` needs a fast tokenizer (it reads character offsets); load it with use_fast=True."
+        )
     if isinstance(questions, str) or isinstance(contexts, str):
         raise ValueError("`questions` and `contexts` are lists of texts (one per example), not a single text.")
     if len(questions) != len(contexts) or (answers is not None and len(answers) != len(questions)):
         raise ValueError(
             f"`questions` ({len(questions)}), `contexts` ({len(contexts)})"
-            + (f" and `answers` ({len(answers)})" if answers is not None else "") + " must have one entry per example."
+            + (f" and `answers` ({len(answers)})" if answers is not None else "")
+            + " must have one entry per example."
         )
     for name, value in (("max_length", max_length), ("stride", stride), ("max_question_length", max_question_length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "stride" else 1):
@@ -122,7 +125,11 @@ def tokenize_qa(
     for i, (q, c) in enumerate(zip(questions, contexts)):
         if not isinstance(q, str) or not q.strip() or not isinstance(c, str) or not c.strip():
             raise ValueError(f"{where(i)}: the question and the context must be non-empty texts, got {q!r} and {c!r}.")
-    spans = [_check_answers(a, c, where(i)) for i, (a, c) in enumerate(zip(answers, contexts))] if answers is not None else None
+    spans = (
+        [_check_answers(a, c, where(i)) for i, (a, c) in enumerate(zip(answers, contexts))]
+        if answers is not None
+        else None
+    )
 
     # leading spaces of a question count as tokens for some tokenizers and would eat the context's room
     questions = [_cut_question(tokenizer, q.lstrip(), max_question_length) for q in questions]
@@ -214,10 +221,10 @@ def best_spans(
 
     `start_logits` / `end_logits` hold one row per feature of the example (`tokenize_qa`'s features with its
     `example_index`: a 2-D array or a list of 1-D arrays), `offsets` each feature's `offset_mapping`; a single 1-D
-    array is one feature, given with that feature's `offset_mapping` (or a list holding it). In each feature the `n_best` highest start and
-    end logits are paired; a pair counts when both tokens are context tokens (an offset that is None or negative,
-    e.g. (-1, -1), marks another token), start <= end and the span is at most `max_answer_length` tokens. Padding
-    beyond a feature's offsets is ignored."""
+    array is one feature, given with that feature's `offset_mapping` (or a list holding it). In each feature the
+    `n_best` highest start and end logits are paired; a pair counts when both tokens are context tokens (an offset
+    that is None or negative, e.g. (-1, -1), marks another token), start <= end and the span is at most
+    `max_answer_length` tokens. Padding beyond a feature's offsets is ignored."""
     starts, ends = _per_feature(start_logits, "start_logits"), _per_feature(end_logits, "end_logits")
     if _is_one_feature(offsets):
         offsets = [offsets]
@@ -239,13 +246,15 @@ def best_spans(
                 if not is_context[e] or e < s or e - s + 1 > max_answer_length:
                     continue
                 begin, finish = int(feature_offsets[s][0]), int(feature_offsets[e][1])
-                candidates.append({
-                    "answer": context[begin:finish],
-                    "start": begin,
-                    "end": finish,
-                    "score": float(start_row[s] + end_row[e]),
-                    "feature": feature,
-                })
+                candidates.append(
+                    {
+                        "answer": context[begin:finish],
+                        "start": begin,
+                        "end": finish,
+                        "score": float(start_row[s] + end_row[e]),
+                        "feature": feature,
+                    }
+                )
     candidates.sort(key=lambda c: -c["score"])
     return candidates[:n_best]
 
@@ -361,8 +370,11 @@ def _columns(dataset) -> dict[str, list]:
     """The columns of a tokenised set (a `datasets.Dataset`, a view holding one as `.dataset`, or a list of rows)."""
     dataset = getattr(dataset, "dataset", dataset)  # the trainer's TaskView wraps the tokenised set
     if hasattr(dataset, "column_names"):
-        return {name: list(dataset[name]) for name in dataset.column_names
-                if name in ("window", "offset_mapping", "context", "answer_texts")}
+        return {
+            name: list(dataset[name])
+            for name in dataset.column_names
+            if name in ("window", "offset_mapping", "context", "answer_texts")
+        }
     rows = list(dataset)
     return {name: [row[name] for row in rows] for name in (rows[0] if rows else {})}
 
@@ -425,10 +437,20 @@ class ExtractiveQA(ProblemType):
             )
         texts, starts = value["text"], value["answer_start"]
         if not isinstance(texts, (list, tuple)) or not isinstance(starts, (list, tuple)) or len(texts) != len(starts):
-            raise ValueError(f"{where}: the answers need lists of the same length under 'text' and 'answer_start', got {value!r}.")
+            raise ValueError(
+                f"{where}: the answers need lists of the same length under 'text' and 'answer_start', got {value!r}."
+            )
         for text, start in zip(texts, starts):
-            if not isinstance(text, str) or not text or isinstance(start, bool) or not isinstance(start, int) or start < 0:
-                raise ValueError(f"{where}: an answer is a non-empty text at a character offset >= 0, got {text!r} at {start!r}.")
+            if (
+                not isinstance(text, str)
+                or not text
+                or isinstance(start, bool)
+                or not isinstance(start, int)
+                or start < 0
+            ):
+                raise ValueError(
+                    f"{where}: an answer is a non-empty text at a character offset >= 0, got {text!r} at {start!r}."
+                )
         return {"text": list(texts), "answer_start": list(starts)}
 
     def check_row(self, spec, row, label, where):
@@ -437,9 +459,9 @@ class ExtractiveQA(ProblemType):
             return []
         return [
             f"Task {spec.name!r}, {where}: the answer {text!r} is not at character {start} of the context (field "
-            f"{spec.text_fields[1]!r}), which reads {context[start:start + len(text)]!r} there."
+            f"{spec.text_fields[1]!r}), which reads {context[start : start + len(text)]!r} there."
             for text, start in zip(label["text"], label["answer_start"])
-            if context[start:start + len(text)] != text
+            if context[start : start + len(text)] != text
         ]
 
     def tokenize(self, spec, batch, labels, tokenizer, max_length, where, stride: int | None = None, **options):
@@ -447,9 +469,16 @@ class ExtractiveQA(ProblemType):
         place among its example's windows: 0 starts an example), `offset_mapping` (characters of each context token
         in the context, `[-1, -1]` elsewhere), `context`, and with labels `answer_texts`, which the metrics read."""
         questions, contexts = batch[spec.text_fields[0]], batch[spec.text_fields[1]]
-        features = tokenize_qa(tokenizer, questions, contexts, max_length,
-                               self.stride(max_length) if stride is None else stride, labels,
-                               self.question_length(max_length), where=where)
+        features = tokenize_qa(
+            tokenizer,
+            questions,
+            contexts,
+            max_length,
+            self.stride(max_length) if stride is None else stride,
+            labels,
+            self.question_length(max_length),
+            where=where,
+        )
         example_index = features.pop("example_index")
         offsets = features.pop("offset_mapping")
         out = {k: v for k, v in features.items() if k not in ("start_positions", "end_positions")}
@@ -469,7 +498,9 @@ class ExtractiveQA(ProblemType):
         columns = _columns(dataset)
         missing = [c for c in ("window", "offset_mapping", "context") if c not in columns]
         if missing:
-            raise ValueError(f"The evaluation set has no column(s) {missing}: tokenise it with the problem type (tokenize_task).")
+            raise ValueError(
+                f"The evaluation set has no column(s) {missing}: tokenise it with the problem type (tokenize_task)."
+            )
         windows, offsets, contexts = columns["window"], columns["offset_mapping"], columns["context"]
         if len(windows) != len(logits):
             raise ValueError(f"{len(logits)} rows of logits for an evaluation set of {len(windows)} rows (windows).")
@@ -478,10 +509,16 @@ class ExtractiveQA(ProblemType):
         predictions = []
         for first, stop in zip(starts[:-1], starts[1:]):
             rows = range(first, stop)
-            predictions.append(decode_best_span(
-                [logits[f, :, 0] for f in rows], [logits[f, :, 1] for f in rows], [offsets[f] for f in rows],
-                contexts[first], self.max_answer_length, self.n_best,
-            ))
+            predictions.append(
+                decode_best_span(
+                    [logits[f, :, 0] for f in rows],
+                    [logits[f, :, 1] for f in rows],
+                    [offsets[f] for f in rows],
+                    contexts[first],
+                    self.max_answer_length,
+                    self.n_best,
+                )
+            )
         return predictions, [references[f] for f in starts[:-1]] if references is not None else None
 
     def compute_metrics(self, spec, logits, labels, run_metric, dataset=None, **context):
@@ -495,14 +532,18 @@ class ExtractiveQA(ProblemType):
             )
         predictions, references = self.decode(logits, dataset)
         if references is None:
-            raise ValueError(f"Task {spec.name!r}: the evaluation set has no answers (`answer_texts`) to score against.")
+            raise ValueError(
+                f"Task {spec.name!r}: the evaluation set has no answers (`answer_texts`) to score against."
+            )
         scores = squad_scores(predictions, references)
         results = {}
         for name in spec.metrics:
             if name in scores:
                 results[name] = scores[name]
             else:
-                results[name] = run_metric(name, {"predictions": predictions, "references": [r[0] if r else "" for r in references]}, None)
+                results[name] = run_metric(
+                    name, {"predictions": predictions, "references": [r[0] if r else "" for r in references]}, None
+                )
         return results
 
     def baseline_logits(self, spec, source_labels, num_rows):
@@ -519,11 +560,19 @@ class ExtractiveQA(ProblemType):
 
     # ------------------------------------------------------------------ pipelines, cards
     def pipeline_encode(self, spec, item, tokenizer, max_length, **extra):
-        features = tokenize_qa(tokenizer, [item["question"]], [item["context"]], max_length, self.stride(max_length),
-                               max_question_length=self.question_length(max_length))
+        features = tokenize_qa(
+            tokenizer,
+            [item["question"]],
+            [item["context"]],
+            max_length,
+            self.stride(max_length),
+            max_question_length=self.question_length(max_length),
+        )
         keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in features]
-        return [{**{k: features[k][f] for k in keys}, "offset_mapping": features["offset_mapping"][f]}
-                for f in range(len(features["input_ids"]))]
+        return [
+            {**{k: features[k][f] for k in keys}, "offset_mapping": features["offset_mapping"][f]}
+            for f in range(len(features["input_ids"]))
+        ]
 
     def pipeline_result(self, spec, logits, features, item, top_k=None):
         """`{"task", "answer", "score", "start", "end"}` (`top_k`: `{"task", "top": [...]}` with the k best spans):
@@ -536,10 +585,17 @@ class ExtractiveQA(ProblemType):
             context_token = torch.tensor([o is not None and o[1] > o[0] for o in offsets[:n]])
             scores = logits[f, :n].masked_fill(~context_token[:, None], float("-inf"))
             normalised.append(torch.log_softmax(scores, dim=0).numpy())  # (n, 2): log p(start), log p(end)
-        spans = best_spans([s[:, 0] for s in normalised], [s[:, 1] for s in normalised],
-                           [row["offset_mapping"] for row in features], item["context"], self.max_answer_length,
-                           max(self.n_best, top_k or 1))
-        found = [{"answer": s["answer"], "score": math.exp(s["score"]), "start": s["start"], "end": s["end"]} for s in spans]
+        spans = best_spans(
+            [s[:, 0] for s in normalised],
+            [s[:, 1] for s in normalised],
+            [row["offset_mapping"] for row in features],
+            item["context"],
+            self.max_answer_length,
+            max(self.n_best, top_k or 1),
+        )
+        found = [
+            {"answer": s["answer"], "score": math.exp(s["score"]), "start": s["start"], "end": s["end"]} for s in spans
+        ]
         if top_k is None:
             return {"task": spec.name, **(found[0] if found else {"answer": "", "score": 0.0, "start": 0, "end": 0})}
         return {"task": spec.name, "top": found[:top_k]}
