@@ -313,13 +313,13 @@ class MultiTaskBertHeadsMixin:
         values_checked (`bool`, *optional*, defaults to `False`):
             The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
             `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
-            then reads no value back from the device (no host sync; MT-TaG's `sorted_loop` dispatch excepted): every
-            head runs on every row (`MultiTaskHeads.forward_every_row`) and the loss, the per-task losses and logits
-            and the gradients are the same (heads of absent tasks get zero gradients instead of none).
-            `task_logits` / `task_losses` then read back which tasks are present when first looked at, `logits` is
-            None when the tasks' logit shapes differ, and labels a head cannot read mean its task is absent (the host
-            check refused the batch otherwise). Models with a multiple-choice or extractive-QA task split the batch
-            as without the flag. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
+            then skips the value checks (each a read back from the device) and gives the same loss, per-task
+            losses, logits and gradients. An eager forward still reads the per-task row counts once to split the
+            batch among the heads (an absent task's head gets no gradient). Under capture (torch.export, ONNX,
+            torch.compile) every head runs on every row (`MultiTaskHeads.forward_every_row`) and nothing is read
+            back; there `task_logits` / `task_losses` read back which tasks are present when first looked at, and
+            `logits` is None when the tasks' logit shapes differ. Models with a multiple-choice or extractive-QA task
+            split the batch. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
         """
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
@@ -352,9 +352,12 @@ class MultiTaskBertHeadsMixin:
         """Check the batch (labels before the encoder runs), encode, run each row's head.
         Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`.
 
-        A batch checked on the host (`values_checked`) runs every head on every row when the heads allow it
-        (`MultiTaskHeads.forward_every_row`): nothing is read back from the device, and no shape depends on the task
-        mix, so torch.export and ONNX capture it (`hf_taskmoe.onnx_export`). Otherwise the batch is split by task."""
+        A batch checked on the host (`values_checked`) that is being captured (torch.export, ONNX, torch.compile)
+        runs every head on every row when the heads allow it (`MultiTaskHeads.forward_every_row`): nothing is read
+        back from the device and no shape depends on the task mix. An eager forward splits the batch by task (one
+        read of the per-task row counts): there the heads of tasks absent from the batch get no gradient at all,
+        where the every-row path gives them zeros, which AdamW's momentum and weight decay would still act on --
+        training would then depend on whether the batch was checked on the host."""
         check_kwargs(kwargs, self.forward)
         if torch.jit.is_tracing():
             raise ValueError(TRACING_REFUSED)
@@ -372,7 +375,7 @@ class MultiTaskBertHeadsMixin:
             if labels is not None:
                 raise ValueError("Export the forward for inference: leave `labels` out (a loss needs labels).")
             self.heads.check_exportable()
-        if values_checked and self.heads.every_row_ready():
+        if values_checked and self.heads.every_row_ready() and torch.compiler.is_compiling():
             check_batch_dim(batch, labels=labels, span_positions=span_positions)
             task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values=False)
             encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,

@@ -242,13 +242,13 @@ class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
         values_checked (`bool`, *optional*, defaults to `False`):
             The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
             `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
-            then reads no value back from the device (no host sync; MT-TaG's `sorted_loop` dispatch excepted): every
-            head runs on every row (`MultiTaskHeads.forward_every_row`) and the loss, the per-task losses and logits
-            and the gradients are the same (heads of absent tasks get zero gradients instead of none).
-            `task_logits` / `task_losses` then read back which tasks are present when first looked at, `logits` is
-            None when the tasks' logit shapes differ, and labels a head cannot read mean its task is absent (the host
-            check refused the batch otherwise). Models with a multiple-choice or extractive-QA task split the batch
-            as without the flag. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
+            then skips the value checks (each a read back from the device) and gives the same loss, per-task
+            losses, logits and gradients. An eager forward still reads the per-task row counts once to split the
+            batch among the heads (an absent task's head gets no gradient). Under capture (torch.export, ONNX,
+            torch.compile) every head runs on every row (`MultiTaskHeads.forward_every_row`) and nothing is read
+            back; there `task_logits` / `task_losses` read back which tasks are present when first looked at, and
+            `logits` is None when the tasks' logit shapes differ. Models with a multiple-choice or extractive-QA task
+            split the batch. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
         """
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
