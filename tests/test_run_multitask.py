@@ -484,3 +484,15 @@ def test_text_task_representations_and_an_added_tasks_route_from_its_data(tmp_pa
                              "--model_family", "bart_routed", "--max_target_length", "8", "--do_eval", "false"))
     with pytest.raises(run_multitask.UsageError, match="task_representation_source"):
         run_multitask.main(_argv(tmp_path / "again", tmp_path / "learned", "--tasks", str(seen), *common))
+
+
+def test_extractive_qa_trains_through_the_script(tmp_path, tiny_dense):
+    """The shipped extractive-QA set (examples/data/extractive_qa): windows of 32 tokens, SQuAD EM/F1, a card filed
+    under question-answering, an Auto load."""
+    qa = ROOT / "examples" / "data" / "extractive_qa" / "tasks.json"
+    metrics = run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--tasks", str(qa), "--num_experts", "2"))
+    assert {"eval_disfl_qa_exact_match", "eval_disfl_qa_f1"} <= set(metrics)
+    assert 0.0 <= metrics["eval_disfl_qa_f1"] <= 1.0
+    model = AutoModel.from_pretrained(tmp_path / "out")
+    assert model.config.task_specs[0].problem_type == "extractive_qa"
+    assert "question-answering" in (tmp_path / "out" / "README.md").read_text()

@@ -62,6 +62,9 @@ class ProblemType:
     text_is_words: ClassVar[bool] = False
     #: an empty text field is a valid row (e.g. an empty choice context)
     allows_empty_text: ClassVar[bool] = False
+    #: the label is a JSON object (extractive QA's `{"text": [...], "answer_start": [...]}`), checked by
+    #: `encode_label` rather than as a column of one kind
+    label_is_object: ClassVar[bool] = False
     #: spec fields only this type may use (checked by `TaskSpec`): e.g. `("choice_fields",)`
     own_spec_fields: ClassVar[tuple[str, ...]] = ()
     #: the pipeline that serves the type (`"classification"`, `"text2text"`, `"question-answering"`) and the keys
