@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -126,14 +127,19 @@ class ProblemType:
         (`token_type_ids`), `labels` when `labels` (the encoded labels of these rows) is given, and the type's extra
         columns. May return more rows than it was given (long contexts split into windows). `where(i)` names row i
         for errors. `task_ids` is added by the caller."""
-        texts = [batch[f] for f in self.text_fields(spec)]
-        n = len(texts[0])
-        if len(texts) > 2:  # e.g. MultiRC: (paragraph + question, answer)
-            texts = [[_join([t[i] for t in texts[:-1]]) for i in range(n)], texts[-1]]
-        out = dict(tokenizer(*texts, truncation=True, max_length=max_length))
+        out = self._encode_texts(spec, batch, tokenizer, max_length)
         if labels is not None:
             out["labels"] = list(labels)
         return out
+
+    def _encode_texts(self, spec: TaskSpec, batch: dict, tokenizer, max_length: int, **tokenizer_kwargs) -> dict:
+        """The rows' text fields as one text or a pair (three or more: all but the last joined, e.g. MultiRC's
+        (paragraph + question, answer)), tokenised."""
+        texts = [batch[f] for f in self.text_fields(spec)]
+        n = len(texts[0])
+        if len(texts) > 2:
+            texts = [[_join([t[i] for t in texts[:-1]]) for i in range(n)], texts[-1]]
+        return dict(tokenizer(*texts, truncation=True, max_length=max_length, **tokenizer_kwargs))
 
     # ------------------------------------------------------------------ tabular towers (MMoE)
     def check_tabular_column(self, spec: TaskSpec, column: torch.Tensor) -> None:
@@ -195,7 +201,7 @@ class ProblemType:
         """Logits of a trivial predictor fitted on `source_labels` (the training labels): the majority class; None
         where no trivial baseline applies."""
         width = self.logit_width(spec)
-        majority = max(set(int(v) for v in source_labels), key=[int(v) for v in source_labels].count)
+        majority = Counter(int(v) for v in source_labels).most_common(1)[0][0]  # ties: the first seen
         logits = np.zeros((num_rows, width), dtype=np.float32)
         logits[:, majority] = 1.0
         return logits

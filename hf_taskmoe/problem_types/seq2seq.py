@@ -30,12 +30,8 @@ class Seq2Seq(ProblemType):
         return value
 
     def tokenize(self, spec, batch, labels, tokenizer, max_length, where, max_target_length: int = 64, **options):
-        texts = [batch[f] for f in spec.text_fields]
-        n = len(texts[0])
-        if len(texts) > 2:
-            texts = [[" ".join(v for v in (t[i] for t in texts[:-1]) if v) for i in range(n)], texts[-1]]
         # encoder-decoder inputs carry no segment ids
-        out = dict(tokenizer(*texts, truncation=True, max_length=max_length, return_token_type_ids=False))
+        out = self._encode_texts(spec, batch, tokenizer, max_length, return_token_type_ids=False)
         if labels is not None:
             out["labels"] = target_token_ids(tokenizer, list(labels), max_target_length)
         return out
