@@ -1,0 +1,181 @@
+"""The backbone layer: where each architecture keeps the modules a method wraps, declared once per `model_type`.
+
+A method never re-implements an architecture. It builds the dense model's own base model
+(`AutoModel.from_config`), then replaces or wraps a few of its modules in place, found through the architecture's
+`Backbone` declaration: the feed-forward block (MT-TaG turns it into experts that are copies of it), the attention's
+output projection (PALs add beside it), the layer norms and the embeddings (CA-MTL conditions them on the task).
+The dense model's own `forward` then runs as it always does -- its attention kernels, masks, rotary positions and
+local/global layers included -- and the wrapped modules read the batch's task ids from a `TaskContext` the family
+fills before each call. This is peft's target-module maps and adapters' model mixins, for task-conditioned modules.
+
+Adding an architecture is one `register_backbone(Backbone(...))` (see `encoders.py`) and one entry in the test matrix
+(`tests/test_backbones.py`). Only public seams are used: module attributes (`get_submodule` / `set_submodule`) and
+torch's module hooks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+#: what a backbone is (`Backbone.kind`)
+ENCODER_BACKBONE = "encoder"
+DECODER_BACKBONE = "decoder"
+ENCODER_DECODER_BACKBONE = "encoder-decoder"
+
+
+@dataclass(frozen=True)
+class FFNSite:
+    """Where a layer's feed-forward block lives (paths relative to the layer).
+
+    Two shapes are declared:
+
+    - a *split* FFN (BERT and its descendants): `module` is the first half (`intermediate`, which runs `w_in` then the
+      activation), `w_in` / `act` / `w_out` the paths of its input projection, activation and output projection.
+      The output projection sits in a module that also adds the residual and normalises (`output.dense` inside
+      `BertOutput`); the method's module replaces `module` and computes the whole FFN, and `w_out` becomes an identity.
+    - a *whole* FFN module (DistilBERT's `ffn`, ModernBERT's gated `mlp`, Llama's `mlp`): `module` only; `w_in` /
+      `w_out` stay None and experts are copies of the whole module.
+
+    `gated`: the FFN is a GLU (its experts cannot use the plain two-projection grouped GEMM).
+    """
+
+    module: str
+    w_in: str | None = None
+    act: str | None = None
+    w_out: str | None = None
+    gated: bool = False
+
+    @property
+    def split(self) -> bool:
+        return self.w_out is not None
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """One architecture, as the methods see it. Paths are dotted attribute paths.
+
+    Args:
+        model_type: transformers' `model_type` of the dense config (`"roberta"`, `"modernbert"`, ...).
+        kind: `"encoder"`, `"decoder"` (a causal LM) or `"encoder-decoder"`.
+        layers: path from the base model to the `ModuleList` of its (encoder) layers.
+        ffn: the feed-forward block of a layer (`FFNSite`).
+        attention: path, in a layer, of the self-attention module that receives the attention mask (a keyword
+            `attention_mask` or its second positional argument).
+        attention_output: path, in a layer, of the projection whose output joins the residual stream after attention
+            (PALs add their output beside it).
+        norms: paths, in a layer, of its layer norms (CA-MTL's conditional layer norm replaces them), in order.
+        embeddings: path from the base model to the embeddings module (its output is the first layer's input).
+        post_norm: the layer normalises after adding the residual (BERT) rather than before the sub-layer (ModernBERT).
+        segment_ids: the model takes `token_type_ids` (segment embeddings); without them a tokenizer's segment ids are
+            not passed on.
+        pooler: path of the base model's pooler (BERT's tanh pooler over [CLS]); None: the architecture has none.
+        attention_bias: whether an additive float mask reaches the attention scores as they are computed
+            (CA-MTL's conditional attention adds its task bias there); None: no such seam, said by `why_no_bias`.
+        why_no_bias: the reason and the alternative, when `attention_bias` is False.
+        config_fields: names of the dense config's fields for the hidden size, the number of layers and heads, and
+            the maximum input length (`hidden_size`, `num_hidden_layers`, ...: DistilBERT calls them `dim`,
+            `n_layers`).
+        decoder_layers: path of an encoder-decoder's decoder layers.
+    """
+
+    model_type: str
+    kind: str
+    layers: str
+    ffn: FFNSite
+    attention: str | None = None
+    attention_output: str | None = None
+    norms: tuple[str, ...] = ()
+    embeddings: str = "embeddings"
+    post_norm: bool = True
+    segment_ids: bool = True
+    pooler: str | None = None
+    attention_bias: bool = True
+    why_no_bias: str = ""
+    config_fields: dict = field(default_factory=dict)
+    decoder_layers: str | None = None
+
+    def config_value(self, config, name: str):
+        """The dense config's value for one of the canonical names (`hidden_size`, `num_hidden_layers`,
+        `num_attention_heads`, `max_position_embeddings`, `layer_norm_eps`, `hidden_dropout_prob`)."""
+        return getattr(config, self.config_fields.get(name, name), None)
+
+    def layer_list(self, base_model: nn.Module) -> nn.ModuleList:
+        return base_model.get_submodule(self.layers)
+
+
+#: every declared architecture, by `model_type`
+BACKBONES: dict[str, Backbone] = {}
+
+
+def register_backbone(backbone: Backbone, exist_ok: bool = False) -> Backbone:
+    """Declare an architecture: the methods of its kind then accept its checkpoints."""
+    if backbone.model_type in BACKBONES and not exist_ok and BACKBONES[backbone.model_type] != backbone:
+        raise ValueError(f"A backbone for model_type {backbone.model_type!r} is already declared; pass exist_ok=True.")
+    BACKBONES[backbone.model_type] = backbone
+    return backbone
+
+
+def backbone_names(kind: str | None = None) -> list[str]:
+    """The declared `model_type`s (of one `kind`), sorted."""
+    return sorted(name for name, b in BACKBONES.items() if kind is None or b.kind == kind)
+
+
+def get_backbone(model_type: str, kind: str | None = None, method: str = "This method") -> Backbone:
+    """The declaration of `model_type`; a `ValueError` listing the supported ones otherwise."""
+    backbone = BACKBONES.get(model_type)
+    if backbone is None or (kind is not None and backbone.kind != kind):
+        raise ValueError(
+            f"{method} does not support model_type {model_type!r}; supported {kind or ''} backbones: "
+            f"{backbone_names(kind)}. A new architecture is one hf_taskmoe.backbones.register_backbone(...) "
+            "declaration (docs/backbones.md)."
+        )
+    return backbone
+
+
+class TaskContext:
+    """What the wrapped modules of one model read during a forward: the batch's task ids and token mask, and what
+    they report back (each MoE layer's routing). A plain object, not a module: it holds no weights, is not saved,
+    and torch.export / torch.compile trace its attribute writes like any Python side effect.
+
+    The family fills it (`begin`) before calling the dense model and empties it (`end`) after, so no tensor of a
+    batch outlives its forward."""
+
+    def __init__(self):
+        self.end()
+
+    def begin(self, task_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **flags) -> None:
+        self.task_ids = task_ids
+        self.token_mask = attention_mask.bool() if attention_mask is not None else None
+        self.flags = flags
+        self.reports = []
+        self.layer_input = None
+
+    def end(self) -> None:
+        self.task_ids = None
+        self.token_mask = None
+        self.flags = {}
+        self.reports = []
+        self.layer_input = None
+
+    def require_task_ids(self) -> torch.Tensor:
+        if self.task_ids is None:
+            raise RuntimeError(
+                "A task-conditioned module ran outside its model's forward (no task ids were set): call the model, "
+                "not its backbone, with `task_ids`."
+            )
+        return self.task_ids
+
+
+def replace_module(root: nn.Module, path: str, new: nn.Module) -> nn.Module:
+    """Put `new` at `path` under `root`; return the module that was there."""
+    old = root.get_submodule(path)
+    root.set_submodule(path, new)
+    return old
+
+
+def layer_hidden_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    """The hidden states a layer (or its attention) was called with: `hidden_states=` or the first argument."""
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
