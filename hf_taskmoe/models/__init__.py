@@ -5,11 +5,11 @@ new folder here (or a `register_family` call anywhere)."""
 import importlib
 import pkgutil
 
-from .registry import FAMILIES, Family, family_of, get_family, register_family
+from .registry import FAMILIES, Family, family_for, family_of, get_family, register_family
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.ispkg:
         importlib.import_module(f"{__name__}.{_module.name}")
 
 
-__all__ = ["FAMILIES", "Family", "family_of", "get_family", "register_family"]
+__all__ = ["FAMILIES", "Family", "family_for", "family_of", "get_family", "register_family"]

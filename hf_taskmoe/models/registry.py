@@ -41,6 +41,10 @@ class Family:
             type into one `from_dense` takes (BartTaskRouted: a BERT is warm-started into a BART).
         script_defaults: optional `(values) -> {config field: value}`: config values the example script derives
             from its own options when the user sets none (CA-MTL: conditional attention as long as the inputs).
+        method: the method the family implements (`"mt-tag"`, `"pals"`, `"ca-mtl"`, `"task-routing"`, ...). Families
+            of one method on different backbones share it: `family_for` picks the one that takes a checkpoint's
+            `model_type` (`run_multitask.py --model_family bert_taskmoe` on a RoBERTa checkpoint builds the
+            backbone-generic MT-TaG).
     """
 
     name: str
@@ -54,6 +58,7 @@ class Family:
     dense_model_types: tuple[str, ...] = ()
     prepare_dense: Callable[[Any, Any], Any] | None = None
     script_defaults: Callable[[dict], dict] | None = None
+    method: str | None = None
     extras: dict = field(default_factory=dict)
 
     @property
@@ -104,6 +109,27 @@ def register_family(family: Family, exist_ok: bool = False) -> Family:
 def get_family(name: str) -> Family:
     """The family registered as `name` (`run_multitask.py --model_family`)."""
     return lookup(FAMILIES, name, "model_family")
+
+
+def family_for(name: str, model_type: str) -> Family:
+    """The family that builds `name`'s method (a family name or a method name) from a dense checkpoint of
+    `model_type`: the named family itself when it takes that type, else another family of its method that does.
+    A `ValueError` lists the model types the method supports when none takes it."""
+    named = FAMILIES.get(name)
+    method = named.method if named is not None else name
+    if named is None and not any(f.method == method for f in FAMILIES.values()):
+        lookup(FAMILIES, name, "model_family")  # raises, listing the families
+    if named is not None and (model_type in named.dense_model_types or method is None):
+        return named
+    candidates = [f for f in FAMILIES.values() if f.method == method]
+    for family in candidates:
+        if model_type in family.dense_model_types:
+            return family
+    supported = sorted({t for f in candidates for t in f.dense_model_types})
+    raise ValueError(
+        f"The {method} method ({name!r}) cannot be built from a {model_type!r} checkpoint; it supports the model "
+        f"types {supported}."
+    )
 
 
 def family_of(config_or_model_type) -> Family:

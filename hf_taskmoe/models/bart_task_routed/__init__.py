@@ -42,6 +42,7 @@ FAMILY = register_family(Family(
         new=(r"^router\.", r"^final_logits_bias$"),
     ),
     dense_model_types=("bart", "bert"),
+    method="task-routing",
     prepare_dense=prepare_dense,
 ))
 

@@ -29,6 +29,7 @@ FAMILY = register_family(
             new=(r"(^|\.)pals\.", r"^heads\."),
         ),
         dense_model_types=("bert",),
+        method="pals",
     )
 )
 

@@ -49,6 +49,7 @@ FAMILY = register_family(
             new=(r"\.mlp\.router\.", r"^heads\."),
         ),
         dense_model_types=("bert",),
+        method="mt-tag",
     )
 )
 

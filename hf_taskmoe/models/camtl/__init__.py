@@ -45,6 +45,7 @@ FAMILY = register_family(
             ),
         ),
         dense_model_types=("bert",),
+        method="ca-mtl",
         # conditional attention is built for a fixed length: by default the length the script truncates inputs to
         script_defaults=lambda values: {"conditional_attention_max_length": values["max_seq_length"]},
     )
