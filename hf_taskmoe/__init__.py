@@ -37,9 +37,11 @@ def _lazy_exports(package: str, table: dict[str, tuple[str, ...]]):
 from . import models, pipelines  # noqa: E402, F401
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    ".models": ("FAMILIES", "Family", "family_of", "get_family", "register_family"),
+    ".models": ("FAMILIES", "Family", "family_for", "family_of", "get_family", "register_family"),
+    ".backbones": ("Backbone", "FFNSite", "backbone_names", "register_backbone"),
     ".tasks": ("PROBLEM_TYPES", "TaskSpec", "parse_tasks"),
     ".models.bert_taskmoe": ("BertTaskMoEConfig", "BertForTaskMoE", "BertTaskMoEModel", "TaskMoEOutput"),
+    ".models.task_moe": ("TaskMoEConfig", "TaskMoEForMultiTask"),
     ".models.bert_pals": ("BertPALsConfig", "BertWithPALs", "BertPALsModel"),
     ".models.camtl": ("CAMTLBertModel", "CAMTLConfig", "CAMTLModel"),
     ".models.mmoe": ("MMoEConfig", "MMoEModel"),

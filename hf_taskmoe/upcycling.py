@@ -107,7 +107,8 @@ def upcycle(dense: DenseCheckpoint | PreTrainedModel, target: PreTrainedModel, s
     """Copy the dense model's weights into `target` following the rules of `target.config.model_type`."""
     from .models.registry import family_of
 
-    rules = family_of(target.config).upcycling
+    # a backbone-generic model knows its own rules (they depend on the architecture it wraps)
+    rules = target.upcycling_rules() if hasattr(target, "upcycling_rules") else family_of(target.config).upcycling
     if rules is None:
         raise ValueError(
             f"The family of {type(target).__name__} is not built from a dense checkpoint (no upcycling rules)."

@@ -18,6 +18,8 @@ by the combine weights (`TaskMoE._masked_experts`).
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -59,6 +61,15 @@ class ExpertFFN(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.w_out(self.act(self.w_in(hidden_states)))
+
+    @classmethod
+    def copy_of(cls, w_in: nn.Linear, act: nn.Module, w_out: nn.Linear) -> ExpertFFN:
+        """An expert whose projections are copies of a dense FFN's (`w_in`, `act`, `w_out`: the dense model's own
+        modules, e.g. BERT's `intermediate.dense`, `intermediate.intermediate_act_fn`, `output.dense`)."""
+        expert = cls.__new__(cls)
+        nn.Module.__init__(expert)
+        expert.w_in, expert.act, expert.w_out = copy.deepcopy(w_in), act, copy.deepcopy(w_out)
+        return expert
 
 
 class TaskGate(nn.Module):
@@ -138,10 +149,12 @@ class TaskMoE(nn.Module):
       of `"gate"`. An upcycled model with identical experts computes exactly what the dense model did.
     """
 
-    def __init__(self, config, layer_idx: int | None = None):
+    def __init__(self, config, layer_idx: int | None = None, experts: Sequence[nn.Module] | None = None):
         """`config`: a `BertTaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
         `top_k`, `expert_weighting`, the auxiliary-loss coefficients, the tasks). A layer outside
-        `config.moe_layer_indices` (`layer_idx`) is dense: one expert, no gate."""
+        `config.moe_layer_indices` (`layer_idx`) is dense: one expert, no gate. `experts`: the experts themselves,
+        e.g. copies of a dense model's FFN (`hf_taskmoe.models.task_moe`), instead of fresh `ExpertFFN`s; any module
+        mapping `(..., hidden)` to `(..., hidden)` works (`grouped_mm` needs `ExpertFFN`s)."""
         super().__init__()
         moe_layer = layer_idx is None or layer_idx in config.moe_layer_indices
         self.num_experts = config.num_experts if moe_layer else 1
@@ -151,8 +164,12 @@ class TaskMoE(nn.Module):
         self.expert_weighting = config.expert_weighting
         self.compute_aux_loss = config.router_aux_loss_coef > 0
         self.compute_z_loss = config.router_z_loss_coef > 0
+        if experts is not None and len(experts) != self.num_experts:
+            raise ValueError(f"TaskMoE of layer {layer_idx} takes {self.num_experts} experts, got {len(experts)}.")
         self.experts = nn.ModuleList(
-            [
+            experts
+            if experts is not None
+            else [
                 ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act)
                 for _ in range(self.num_experts)
             ]

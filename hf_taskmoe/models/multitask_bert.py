@@ -345,6 +345,12 @@ class MultiTaskBertHeadsMixin:
     def set_input_embeddings(self, value):
         self.bert.set_input_embeddings(value)
 
+    def _run_encoder(self, *args, **kwargs):
+        """The encoder on checked inputs (`input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+        task_ids, *flags, task_rows=`): the BERT families' `self.bert._encode`; a backbone-generic family runs the
+        dense model's own forward (`hf_taskmoe.models.backbone_encoder`)."""
+        return self.bert._encode(*args, **kwargs)
+
     def _encode_and_score(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
         *flags, values_checked: bool = False, **kwargs,
@@ -378,7 +384,7 @@ class MultiTaskBertHeadsMixin:
         if values_checked and self.heads.every_row_ready() and torch.compiler.is_compiling():
             check_batch_dim(batch, labels=labels, span_positions=span_positions)
             task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values=False)
-            encoded = self.bert._encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            encoded = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
                                         task_ids, *flags, task_rows=None)
             heads_out = self.heads.forward_every_row(encoded.last_hidden_state, encoded.pooler_output, task_ids,
                                                      labels, span_positions, padded=exporting)
@@ -388,7 +394,7 @@ class MultiTaskBertHeadsMixin:
         task_ids, task_rows, prepared = self._prepare_task_batch(
             task_ids, batch, seq, labels, span_positions, check_values=not values_checked
         )
-        encoded = self.bert._encode(
+        encoded = self._run_encoder(
             input_ids,
             attention_mask,
             token_type_ids,

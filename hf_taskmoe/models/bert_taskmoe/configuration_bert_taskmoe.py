@@ -9,6 +9,32 @@ from ..multitask_bert import CLASSIFIER_POOLINGS, MultiTaskBertConfig
 __all__ = ["BertTaskMoEConfig", "CLASSIFIER_POOLINGS"]
 
 
+def validate_moe_fields(config) -> None:
+    """The checks of MT-TaG's own fields, shared by `BertTaskMoEConfig` and the backbone-generic `TaskMoEConfig`."""
+    check_int(config.num_experts, "num_experts", minimum=1)
+    check_choice(config.gating, GATING_TYPES, "gating")
+    check_int(config.top_k, "top_k", minimum=1, maximum=config.num_experts)
+    check_choice(config.expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
+    check_choice(config.expert_dispatch, EXPERT_DISPATCHES, "expert_dispatch")
+    if config.expert_dispatch == "grouped_mm" and (config.hidden_size % 8 or config.intermediate_size % 8):
+        raise ValueError(
+            "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 (grouped GEMM "
+            f"strides are 16-byte aligned), got {config.hidden_size} and {config.intermediate_size}; use "
+            "'sorted_loop'."
+        )
+    check_float(config.router_init_std, "router_init_std", minimum=0.0)
+    check_float(config.router_aux_loss_coef, "router_aux_loss_coef", minimum=0.0)
+    check_float(config.router_z_loss_coef, "router_z_loss_coef", minimum=0.0)
+    config.moe_layers = config._check_layer_list("moe_layers")
+
+
+def moe_layer_indices(config) -> list[int]:
+    """Layers whose FFN is a mixture (all layers when `moe_layers` is None; none when `num_experts=1`)."""
+    if config.num_experts == 1:
+        return []
+    return list(range(config.num_hidden_layers)) if config.moe_layers is None else list(config.moe_layers)
+
+
 class BertTaskMoEConfig(MultiTaskBertConfig):
     r"""
     Configuration of a BERT encoder whose feed-forward blocks are mixtures of experts with task-aware
@@ -71,26 +97,10 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
 
     def _validate(self) -> None:
         super()._validate()
-        check_int(self.num_experts, "num_experts", minimum=1)
-        check_choice(self.gating, GATING_TYPES, "gating")
-        check_int(self.top_k, "top_k", minimum=1, maximum=self.num_experts)
-        check_choice(self.expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
-        check_choice(self.expert_dispatch, EXPERT_DISPATCHES, "expert_dispatch")
-        if self.expert_dispatch == "grouped_mm" and (self.hidden_size % 8 or self.intermediate_size % 8):
-            raise ValueError(
-                "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 (grouped "
-                "GEMM "
-                f"strides are 16-byte aligned), got {self.hidden_size} and {self.intermediate_size}; use 'sorted_loop'."
-            )
-        check_float(self.router_init_std, "router_init_std", minimum=0.0)
-        check_float(self.router_aux_loss_coef, "router_aux_loss_coef", minimum=0.0)
-        check_float(self.router_z_loss_coef, "router_z_loss_coef", minimum=0.0)
-        self.moe_layers = self._check_layer_list("moe_layers")
+        validate_moe_fields(self)
 
     # ------------------------------------------------------------------ views
     @property
     def moe_layer_indices(self) -> list[int]:
         """Layers whose FFN is a mixture (all layers when `moe_layers` is None; none when `num_experts=1`)."""
-        if self.num_experts == 1:
-            return []
-        return list(range(self.num_hidden_layers)) if self.moe_layers is None else list(self.moe_layers)
+        return moe_layer_indices(self)

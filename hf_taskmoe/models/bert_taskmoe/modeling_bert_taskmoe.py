@@ -18,7 +18,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertPooler
 from transformers.utils import ModelOutput
 
-from ...layers.moe import SharedGate, TaskGate, TaskMoE
+from ...layers.moe import MoEOutput, SharedGate, TaskGate, TaskMoE
 from ...modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, heads_to_output_fields
 from ...tasks import TaskSpec
 from ..multitask_bert import (
@@ -69,6 +69,21 @@ class TaskMoEOutput(MultiTaskModelOutput):
     routing_counts: torch.LongTensor | None = None
     aux_loss: torch.FloatTensor | None = None
     z_loss: torch.FloatTensor | None = None
+
+
+def moe_encoder_fields(moe_outputs: list[MoEOutput], routed: bool) -> dict:
+    """The routing fields of `TaskMoEEncoderOutput` from each layer's `MoEOutput` (dense layers route nothing):
+    router logits, chosen experts and per-task counts when `routed`; the mean aux and z losses when computed."""
+    moe_layers = [moe for moe in moe_outputs if moe.router_logits is not None]
+    aux = [moe.aux_loss for moe in moe_layers if moe.aux_loss is not None]
+    z = [moe.z_loss for moe in moe_layers if moe.z_loss is not None]
+    return dict(
+        router_logits=tuple(moe.router_logits for moe in moe_layers) if routed else None,
+        expert_indices=tuple(moe.expert_index for moe in moe_layers) if routed else None,
+        routing_counts=torch.stack([moe.routing_counts for moe in moe_layers]) if routed and moe_layers else None,
+        aux_loss=torch.stack(aux).mean() if aux else None,
+        z_loss=torch.stack(z).mean() if z else None,
+    )
 
 
 class TaskMoEBertLayer(GradientCheckpointingLayer):
@@ -177,41 +192,13 @@ class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
             return hidden, attention
 
         stack = self._run_layers(hidden, step, output_attentions, output_hidden_states)
-        moe_layers = [moe for moe in moe_outputs if moe.router_logits is not None]  # dense layers route nothing
-        aux = [moe.aux_loss for moe in moe_layers if moe.aux_loss is not None]
-        z = [moe.z_loss for moe in moe_layers if moe.z_loss is not None]
-        return self._encoder_output(
-            stack, attention_mask, TaskMoEEncoderOutput,
-            router_logits=tuple(moe.router_logits for moe in moe_layers) if routed else None,
-            expert_indices=tuple(moe.expert_index for moe in moe_layers) if routed else None,
-            routing_counts=torch.stack([moe.routing_counts for moe in moe_layers]) if routed and moe_layers else None,
-            aux_loss=torch.stack(aux).mean() if aux else None,
-            z_loss=torch.stack(z).mean() if z else None,
-        )
+        fields = moe_encoder_fields(moe_outputs, routed)
+        return self._encoder_output(stack, attention_mask, TaskMoEEncoderOutput, **fields)
 
 
-class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
-    """MT-TaG: a BERT/MiniLM encoder with task-aware mixture-of-experts FFNs and one head per task.
-
-    `config.gating="shared"` gives MT-Switch, `config.num_experts=1` MT-Dense. Build one from a dense
-    checkpoint with `BertForTaskMoE.from_dense(...)`, or load a saved one with `from_pretrained`.
-
-    Example:
-
-    ```python
-    >>> from hf_taskmoe import BertForTaskMoE, TaskSpec
-    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
-    >>> model = BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)
-    >>> out = model(**tokenizer(["a fine film", "a bad one"], return_tensors="pt"),
-    ...             task_ids=model.task_ids_for(["sst2", "stsb"]))
-    ```
-    """
-
-    def __init__(self, config: BertTaskMoEConfig):
-        super().__init__(config)
-        self.bert = BertTaskMoEModel(config)
-        self._init_heads(config)
-        self.post_init()
+class TaskMoEHeadsMixin:
+    """The task model's forward of MT-TaG on any encoder (`BertForTaskMoE`, `TaskMoEForMultiTask`): the heads' loss
+    plus the weighted router losses, and the routing fields. Put before the heads mixin."""
 
     def forward(
         self,
@@ -279,8 +266,37 @@ class BertForTaskMoE(MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
     def _grow_for_task(self, new_id: int, source: int | None) -> None:
         """MT-TaG section 5.2: with task-aware gating, a gate per MoE layer copied from the related task `source`
         (or drawn from N(0, router_init_std)); the shared gate of MT-Switch serves the new task as it is."""
-        for layer in self.bert.encoder.layer:
-            layer.mlp.add_task(source, self.config.router_init_std)
+        for moe in self.moe_layers():
+            moe.add_task(source, self.config.router_init_std)
+
+    def moe_layers(self) -> list[TaskMoE]:
+        """Every layer's `TaskMoE` (a dense layer's too: one expert, no gate), in layer order."""
+        return [module for module in self.modules() if isinstance(module, TaskMoE)]
+
+
+
+class BertForTaskMoE(TaskMoEHeadsMixin, MultiTaskBertHeadsMixin, BertTaskMoEPreTrainedModel):
+    """MT-TaG: a BERT/MiniLM encoder with task-aware mixture-of-experts FFNs and one head per task.
+
+    `config.gating="shared"` gives MT-Switch, `config.num_experts=1` MT-Dense. Build one from a dense
+    checkpoint with `BertForTaskMoE.from_dense(...)`, or load a saved one with `from_pretrained`.
+
+    Example:
+
+    ```python
+    >>> from hf_taskmoe import BertForTaskMoE, TaskSpec
+    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
+    >>> model = BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)
+    >>> out = model(**tokenizer(["a fine film", "a bad one"], return_tensors="pt"),
+    ...             task_ids=model.task_ids_for(["sst2", "stsb"]))
+    ```
+    """
+
+    def __init__(self, config: BertTaskMoEConfig):
+        super().__init__(config)
+        self.bert = BertTaskMoEModel(config)
+        self._init_heads(config)
+        self.post_init()
 
     # ------------------------------------------------------------------ upcycling
     @classmethod

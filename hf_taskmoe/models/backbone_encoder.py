@@ -1,0 +1,281 @@
+"""What the backbone-generic encoder families share: a config that holds the dense model's own config
+(`dense_config`, any declared encoder architecture), and a task model that builds that dense model
+(`AutoModel.from_config`), lets the family wrap a few of its modules in place (`hf_taskmoe.backbones`), and runs
+the dense model's own forward with the batch's task ids in a `TaskContext`.
+
+A family on this base (`TaskMoEForMultiTask`, `PALsForMultiTask`, `CAMTLForMultiTask`) implements `_wrap_backbone`
+(the surgery), `_dense_rules` (where each new weight comes from in the dense checkpoint) and, when its wrapped
+modules report something back (MoE routing), `_encoder_fields`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers.configuration_utils import SubConfigSpec
+from transformers.utils import ModelOutput
+
+from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone
+from ..problem_types import ENCODER
+from ..tasks import TaskConfigMixin, TaskSpec
+from ..utils import check_choice, check_layer_list
+from .multitask_bert import CLASSIFIER_POOLINGS, MultiTaskBertHeadsMixin, pool_sequence
+
+# names a family reads from the dense config, whatever the architecture calls them (`Backbone.config_fields`)
+_DENSE_VIEWS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "max_position_embeddings", "vocab_size", "initializer_range", "layer_norm_eps", "hidden_dropout_prob",
+)
+
+
+class BackboneTaskConfig(TaskConfigMixin, PreTrainedConfig):
+    r"""
+    Base of the backbone-generic families' configs: the dense model's config, the tasks and the pooling.
+
+    Args:
+        dense_config (`dict` or `PreTrainedConfig`):
+            The config of the dense encoder the model wraps (its `model_type` must be a declared encoder backbone:
+            `hf_taskmoe.backbones.backbone_names("encoder")`). `from_dense` fills it from the checkpoint.
+        tasks (`list[dict]`):
+            The tasks, as `TaskSpec` dicts; task id `i` in `forward` is `tasks[i]`.
+        classifier_pooling (`str`, *optional*, defaults to `"cls"`):
+            What the heads read: `"cls"` (the first token's last hidden state), `"mean"` (mean over real tokens) or
+            `"pooler"` (the dense model's own pooler, where the architecture has one: BERT, RoBERTa, XLM-R).
+        classifier_dropout (`float`, *optional*):
+            Dropout before the heads (defaults to the dense model's hidden dropout).
+        scale_loss_by_num_classes (`bool`, *optional*, defaults to `False`):
+            Divide each classification task's cross-entropy by `log(num_classes)` (MT-TaG section 3.3).
+        upcycled_from (`str`, *optional*):
+            Set by `from_dense`: the dense checkpoint the model was built from (model cards).
+
+    The dense config's sizes read through this config under one set of names whatever the architecture calls them
+    (`hidden_size`, `num_hidden_layers`, `num_attention_heads`, `max_position_embeddings`, `vocab_size`, ...).
+    """
+
+    sub_configs_defaults: ClassVar = {"dense_config": SubConfigSpec(config_class=AutoConfig, model_type="bert")}
+    #: the method's name in messages (`"MT-TaG"`, ...)
+    method_name: ClassVar[str] = "This method"
+
+    dense_config: dict | PreTrainedConfig | None = None
+    tasks: list | None = None
+    classifier_pooling: str = "cls"
+    classifier_dropout: float | None = None
+    scale_loss_by_num_classes: bool = False
+    upcycled_from: str | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._validate()
+
+    def _validate(self) -> None:
+        backbone = self.backbone  # refuses an undeclared model_type, listing the declared ones
+        self._validate_tasks(
+            ENCODER, "has no encoder head (it needs a decoder or another model); an encoder model supports"
+        )
+        check_choice(self.classifier_pooling, CLASSIFIER_POOLINGS, "classifier_pooling")
+        if self.classifier_pooling == "pooler" and backbone.pooler is None:
+            raise ValueError(
+                f"`classifier_pooling='pooler'`: a {backbone.model_type} model has no pooler; use 'cls' or 'mean'."
+            )
+        if not isinstance(self.scale_loss_by_num_classes, bool):
+            raise ValueError(f"`scale_loss_by_num_classes` must be a bool, got {self.scale_loss_by_num_classes!r}.")
+
+    @property
+    def backbone(self) -> Backbone:
+        """The declaration of the dense model's architecture."""
+        return get_backbone(self.dense_config.model_type, ENCODER_BACKBONE, self.method_name)
+
+    def _check_layer_list(self, name: str) -> list[int] | None:
+        return check_layer_list(getattr(self, name), name, self.num_hidden_layers)
+
+    @classmethod
+    def from_dense_config(cls, dense_config: PreTrainedConfig, tasks, **kwargs: Any):
+        """A config wrapping `dense_config` (copied) with the tasks and the family's settings."""
+        get_backbone(getattr(dense_config, "model_type", None), ENCODER_BACKBONE, cls.method_name)
+        dense = dense_config.__class__.from_dict(dense_config.to_dict())
+        return cls(dense_config=dense, tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **kwargs)
+
+
+def _dense_view(name: str):
+    def read(self):
+        return self.backbone.config_value(self.dense_config, name)
+
+    read.__doc__ = f"The dense config's `{name}` (under the architecture's own name)."
+    return property(read)
+
+
+for _name in _DENSE_VIEWS:
+    setattr(BackboneTaskConfig, _name, _dense_view(_name))
+
+
+@property
+def _type_vocab_size(self) -> int | None:
+    """The segment table's size, None for an architecture without segment ids (BatchChecker checks against it)."""
+    return getattr(self.dense_config, "type_vocab_size", None) if self.backbone.segment_ids else None
+
+
+BackboneTaskConfig.type_vocab_size = _type_vocab_size
+
+
+@dataclass
+class BackboneEncoderOutput(ModelOutput):
+    """The dense model's states after the family's modules ran: `last_hidden_state` `(batch, seq, hidden)`,
+    `pooler_output` `(batch, hidden)` (what the heads read), and `hidden_states` / `attentions` when asked."""
+
+    last_hidden_state: torch.FloatTensor | None = None
+    pooler_output: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+
+
+class BackboneTaskMixin(MultiTaskBertHeadsMixin):
+    """Put before `MultiTaskPreTrainedModel` in a backbone-generic family's task model: `self.backbone` (the dense
+    architecture's own base model, with the family's modules in place), `self.heads` and `self.task_context`. The
+    family's `__init__` calls `_build_backbone(config)` then `post_init()`."""
+
+    base_model_prefix = "backbone"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    accepts_loss_kwargs = False
+    #: output class of `_run_encoder` (a family's with its own fields)
+    encoder_output_class = BackboneEncoderOutput
+
+    def _build_backbone(self, config: BackboneTaskConfig) -> None:
+        """The dense model (its own modules, initialisation and forward), then the family's surgery."""
+        backbone = config.backbone
+        extra = {}
+        if backbone.pooler is not None:  # BertModel & co. build a pooler only where it is read
+            extra["add_pooling_layer"] = config.classifier_pooling == "pooler"
+        self.backbone = AutoModel.from_config(config.dense_config, **extra)
+        self.task_context = TaskContext()
+        self._no_split_modules = list(getattr(self.backbone, "_no_split_modules", None) or [])
+        accepted = inspect.signature(self.backbone.forward).parameters
+        self._backbone_takes = {name for name in ("token_type_ids", "position_ids") if name in accepted}
+        if not backbone.segment_ids:
+            self._backbone_takes.discard("token_type_ids")
+        self._wrap_backbone(config, backbone, backbone.layer_list(self.backbone))
+        dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        from ..layers.heads import MultiTaskHeads
+
+        self.heads = MultiTaskHeads(config.task_specs, config.hidden_size, dropout or 0.0,
+                                    config.scale_loss_by_num_classes)
+
+    def _wrap_backbone(self, config, backbone: Backbone, layers: torch.nn.ModuleList) -> None:
+        """The family's surgery on the dense model's layers (replace or wrap modules found through `backbone`)."""
+        raise NotImplementedError
+
+    def _dense_rules(self) -> tuple[tuple[str, str], ...]:
+        """`(target regex, source template)` pairs for the weights the surgery renamed (relative to `backbone.`);
+        every other backbone weight comes from the dense weight of the same name."""
+        return ()
+
+    #: regexes of weights that are new by design (heads; the family adds gates, PALs, ...)
+    _new_weights: tuple[str, ...] = (r"^heads\.",)
+
+    def upcycling_rules(self):
+        """The `UpcyclingRules` of this model's backbone: the surgery's renames, then every other backbone weight
+        from its own name (used by `hf_taskmoe.upcycling.upcycle`)."""
+        from ..upcycling import UpcyclingRules
+
+        return UpcyclingRules(rename=self._dense_rules() + ((r"(.+)", r"\1"),), new=self._new_weights)
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        # the dense architecture's own initialisation (its buffers, its scaled inits), then the task order
+        self.backbone._init_weights(module)
+        self._init_task_order(module)
+
+    def initialize_weights(self):
+        """transformers' pass, then this model's `_init_weights` over the modules the family put inside the dense
+        model (marked `task_conditioned`): transformers hands a sub-model's whole subtree to that sub-model's own
+        `_init_weights`, which does not know them (a gate would keep `torch.empty`'s values). `transformers.
+        initialization` skips weights already loaded, so a loaded model keeps its own."""
+        super().initialize_weights()
+        for module in self.backbone.modules():
+            if getattr(module, "task_conditioned", False):
+                for inner in module.modules():
+                    self._init_weights(inner)
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    def _run_encoder(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+        output_attentions=None, output_hidden_states=None, *family_flags, task_rows=None, **kwargs,
+    ):
+        """The dense model's own forward with the task ids in `task_context`; the heads' input pooled from it."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "inputs_embeds": inputs_embeds}
+        if "token_type_ids" in self._backbone_takes:
+            inputs["token_type_ids"] = token_type_ids
+        if "position_ids" in self._backbone_takes and position_ids is not None:
+            inputs["position_ids"] = position_ids
+        # the flags default to this model's config (the dense model would read its own `dense_config`)
+        config = self.config
+        inputs["output_attentions"] = output_attentions if output_attentions is not None else config.output_attentions
+        inputs["output_hidden_states"] = (
+            output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+        )
+        self.task_context.begin(task_ids, attention_mask, task_rows=task_rows,
+                                **self._context_flags(*family_flags))
+        try:
+            out = self.backbone(**inputs, **kwargs, return_dict=True)
+            reports = list(self.task_context.reports)
+        finally:
+            self.task_context.end()
+        hidden = out.last_hidden_state
+        mode = self.config.classifier_pooling
+        pooled = out.pooler_output if mode == "pooler" else pool_sequence(hidden, attention_mask, mode)
+        return self.encoder_output_class(
+            last_hidden_state=hidden,
+            pooler_output=pooled,
+            hidden_states=getattr(out, "hidden_states", None),
+            attentions=getattr(out, "attentions", None),
+            **self._encoder_fields(reports, *family_flags),
+        )
+
+    def _context_flags(self, *family_flags) -> dict:
+        """What the family's wrapped modules read besides the task ids (e.g. whether to report routing)."""
+        return {}
+
+    def _encoder_fields(self, reports: list, *family_flags) -> dict:
+        """The family's own encoder-output fields from what its modules reported during the forward."""
+        return {}
+
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        output_loading_info: bool = False,
+        strict: bool = True,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Build the family on a dense encoder checkpoint (a path, a Hub repo id or a loaded model of a declared
+        architecture: `hf_taskmoe.backbones.backbone_names("encoder")`), copying its weights (`UpcyclingReport`
+        with `output_loading_info=True`)."""
+        from ..upcycling import load_dense_model, upcycle
+
+        dense_model = load_dense_model(dense, **(hub_kwargs or {}))
+        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
+        model = cls(config)
+        report = upcycle(dense_model, model, strict=strict)
+        return (model, report) if output_loading_info else model
+
+
+def layer_rule(backbone: Backbone, inner: str, source: str) -> tuple[str, str]:
+    """A rename for a weight inside every layer: `<layers>.<i>.<inner>` from `<layers>.<i>.<source>` (`inner` a
+    regex; `source` a template that may use `inner`'s groups, numbered from 2)."""
+    return (rf"{re.escape(backbone.layers)}\.(\d+)\.{inner}", rf"{backbone.layers}.\1.{source}")
