@@ -46,6 +46,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".models.camtl": ("CAMTLBertModel", "CAMTLConfig", "CAMTLModel"),
     ".models.mmoe": ("MMoEConfig", "MMoEModel"),
     ".models.bart_task_routed": ("BartTaskRoutedConfig", "BartTaskRouted", "bart_from_bert"),
+    ".models.task_routed_lm": ("TaskRoutedLMConfig", "TaskRoutedForCausalLM"),
     ".modeling_utils": ("MultiTaskModelOutput",),
     ".layers.heads": ("MultiTaskHeads",),
     ".layers.moe": ("TaskMoE",),

@@ -209,6 +209,8 @@ class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
     def _forward(self, model_inputs, **generate_kwargs):
         task_ids = model_inputs["task_ids"]
         generated = self.model.generate(**model_inputs, **generate_kwargs)
+        if not self.model.config.is_encoder_decoder:  # a causal LM returns its prompt: the last token acts as a start
+            generated = generated[:, model_inputs["input_ids"].shape[1] - 1 :]
         return {"task_ids": task_ids, "generated": generated}
 
     def postprocess(self, model_outputs):

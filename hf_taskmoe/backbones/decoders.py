@@ -1,2 +1,81 @@
-"""The decoder-only and encoder-decoder architectures task-level routing runs on, each declared once
-(filled in by the task-routed causal-LM / T5 family)."""
+"""The decoder-only and encoder-decoder architectures task-level routing runs on, each declared once.
+
+Paths are relative to the dense model's *base* model (`GPT2Model` of a `GPT2LMHeadModel`, `LlamaModel` of a
+`LlamaForCausalLM`, `T5Model` of a `T5ForConditionalGeneration`). Task-level routing forks whole layers; what it needs
+of a layer besides its place is `attention`: the self-attention module whose `layer_idx` names the layer's key/value
+cache slot (each expert copy gets its own slot, see `hf_taskmoe.models.task_routed_lm`).
+
+`tests/test_task_routed_lm.py` builds a tiny random model of each and checks every path resolves.
+"""
+
+from __future__ import annotations
+
+from .base import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, Backbone, FFNSite, register_backbone
+
+
+def _llama_like(model_type: str) -> Backbone:
+    """Llama and its descendants (Qwen2, Mistral): pre-norm layers, gated (SwiGLU) `mlp`, rotary positions."""
+    return Backbone(
+        model_type=model_type,
+        kind=DECODER_BACKBONE,
+        layers="layers",
+        ffn=FFNSite(module="mlp", gated=True),
+        attention="self_attn",
+        attention_output="self_attn.o_proj",
+        norms=("input_layernorm", "post_attention_layernorm"),
+        embeddings="embed_tokens",
+        post_norm=False,
+        segment_ids=False,
+    )
+
+
+GPT2 = register_backbone(
+    Backbone(
+        model_type="gpt2",
+        kind=DECODER_BACKBONE,
+        layers="h",
+        ffn=FFNSite(module="mlp", w_in="mlp.c_fc", act="mlp.act", w_out="mlp.c_proj"),
+        attention="attn",
+        attention_output="attn.c_proj",
+        norms=("ln_1", "ln_2"),
+        embeddings="wte",
+        post_norm=False,
+        # GPT-2 would add `token_type_ids` through its token embedding; a prompt + continuation has no segments
+        segment_ids=False,
+        config_fields={
+            "hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
+            "max_position_embeddings": "n_positions", "layer_norm_eps": "layer_norm_epsilon",
+            "hidden_dropout_prob": "resid_pdrop",
+        },
+    )
+)
+LLAMA = register_backbone(_llama_like("llama"))
+QWEN2 = register_backbone(_llama_like("qwen2"))
+MISTRAL = register_backbone(_llama_like("mistral"))
+
+
+def _t5_like(model_type: str) -> Backbone:
+    """T5 / mT5: `block`s of `layer[0]` self-attention, (decoder: `layer[1]` cross-attention), last: the FFN."""
+    return Backbone(
+        model_type=model_type,
+        kind=ENCODER_DECODER_BACKBONE,
+        layers="encoder.block",
+        decoder_layers="decoder.block",
+        ffn=FFNSite(module="layer.1.DenseReluDense"),  # the encoder's; a decoder block's is `layer.2`
+        attention="layer.0.SelfAttention",
+        attention_output="layer.0.SelfAttention.o",
+        norms=("layer.0.layer_norm", "layer.1.layer_norm"),
+        embeddings="shared",
+        post_norm=False,
+        segment_ids=False,
+        attention_bias=False,
+        why_no_bias="T5 adds its relative position bias inside its attention module.",
+        config_fields={
+            "hidden_size": "d_model", "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
+            "intermediate_size": "d_ff", "layer_norm_eps": "layer_norm_epsilon", "hidden_dropout_prob": "dropout_rate",
+        },
+    )
+
+
+T5 = register_backbone(_t5_like("t5"))
+MT5 = register_backbone(_t5_like("mt5"))

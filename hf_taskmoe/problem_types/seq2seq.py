@@ -1,11 +1,26 @@
 """`seq2seq`: a text-to-text task. The target is a text the decoder of a seq2seq family generates
-(BartTaskRouted); the loss is token cross-entropy, the metrics compare decoded texts."""
+(BartTaskRouted) or the continuation a causal LM generates after the input text (TaskRoutedForCausalLM); the loss is
+token cross-entropy, the metrics compare decoded texts.
+
+Two layouts of an example, declared by the model's config (`text_to_text_layout`, read by `text_to_text_layout()`):
+
+- `"encoder-decoder"` (the default): `input_ids` = the input text, `labels` = the target's tokens (the decoder's);
+- `"causal"` (a decoder-only LM): one sequence, `input_ids` = the input text (the prompt) then the target's tokens,
+  `labels` = the same ids with -100 on the prompt, so the loss is taken on the continuation only. Without labels
+  (prediction) the row is the prompt alone, what `generate` continues.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..utils import check_choice
 from .base import IGNORE_INDEX, TEXT_TO_TEXT, ProblemType, as_text, register_problem_type
+
+#: the layouts of a text-to-text example (module docstring)
+ENCODER_DECODER_LAYOUT = "encoder-decoder"
+CAUSAL_LAYOUT = "causal"
+LAYOUTS = (ENCODER_DECODER_LAYOUT, CAUSAL_LAYOUT)
 
 
 class Seq2Seq(ProblemType):
@@ -29,12 +44,25 @@ class Seq2Seq(ProblemType):
             raise ValueError(f"{where}: the target text (field {spec.label_field!r}) is empty.")
         return value
 
-    def tokenize(self, spec, batch, labels, tokenizer, max_length, where, max_target_length: int = 64, **options):
-        # encoder-decoder inputs carry no segment ids
+    def tokenize(self, spec, batch, labels, tokenizer, max_length, where, max_target_length: int = 64,
+                 layout: str = ENCODER_DECODER_LAYOUT, **options):
+        """`layout`: how the model reads an example (module docstring); `max_length` bounds the input text (the
+        prompt), `max_target_length` the target, in both layouts."""
+        check_choice(layout, LAYOUTS, "layout")
+        # encoder-decoder inputs carry no segment ids, nor does a prompt + continuation
         out = self._encode_texts(spec, batch, tokenizer, max_length, return_token_type_ids=False)
-        if labels is not None:
-            out["labels"] = target_token_ids(tokenizer, list(labels), max_target_length)
-        return out
+        if labels is None:
+            return out
+        targets = target_token_ids(tokenizer, list(labels), max_target_length)
+        if layout == ENCODER_DECODER_LAYOUT:
+            out["labels"] = targets
+            return out
+        prompts = out["input_ids"]
+        return {
+            "input_ids": [p + t for p, t in zip(prompts, targets)],
+            "attention_mask": [[1] * (len(p) + len(t)) for p, t in zip(prompts, targets)],
+            "labels": [[IGNORE_INDEX] * len(p) + t for p, t in zip(prompts, targets)],
+        }
 
     def compute_metrics(self, spec, logits, labels, run_metric, tokenizer=None, eos_token_id=None, **context):
         """Predicted target tokens (generated, without the decoder start token, or the teacher-forced arg-max)
@@ -89,6 +117,13 @@ class Seq2Seq(ProblemType):
 
     def card_labels(self, spec, label_range=None):
         return "text"
+
+
+def text_to_text_layout(model_or_config) -> str:
+    """The layout of a text-to-text example a model reads, as its config declares it (`text_to_text_layout`:
+    `TaskRoutedLMConfig` says `"causal"`); `"encoder-decoder"` when the config declares none."""
+    config = getattr(model_or_config, "config", model_or_config)
+    return check_choice(getattr(config, "text_to_text_layout", ENCODER_DECODER_LAYOUT), LAYOUTS, "text_to_text_layout")
 
 
 def target_token_ids(tokenizer, texts: list[str], max_length: int = 64) -> list[list[int]]:

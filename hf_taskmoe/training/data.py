@@ -648,12 +648,15 @@ def tokenize_task(
     with_labels: bool = True,
     max_target_length: int = 64,
     labels: list | None = None,
+    layout: str | None = None,
 ):
     """Model columns for one task split, made by the task's problem type (`ProblemType.tokenize`): `input_ids`,
     `attention_mask`, (`token_type_ids`), `labels`, `task_ids`, and the type's own columns (`span_positions` for
     span tasks). A multiple-choice example keeps one row holding one sequence per choice; the collator expands it.
     A `seq2seq` task's labels are the target text's token ids (at most `max_target_length`), padded with -100 by
-    the collator. A type may make several rows of one example (a long context split into windows)."""
+    the collator; with `layout="causal"` (a decoder-only model: `text_to_text_layout(model)`) a row is the input text
+    then the target, its labels -100 on the input text. A type may make several rows of one example (a long context
+    split into windows)."""
     if labels is None:  # checked (and the labels encoded) once, reused below; `check_tasks` may have done it
         labels = check_task_split(spec, dataset, split, with_labels)
     kind = problem_type_of(spec)
@@ -662,6 +665,7 @@ def tokenize_task(
         rows = kind.tokenize(
             spec, batch, [labels[i] for i in indices] if with_labels else None, tokenizer, max_length,
             lambda i: f"{split} row {indices[i]}", max_target_length=max_target_length,
+            **({"layout": layout} if layout is not None else {}),
         )
         rows["task_ids"] = [task_id] * len(rows["input_ids"])
         if "labels" in rows:  # labels last, as transformers' collators expect them

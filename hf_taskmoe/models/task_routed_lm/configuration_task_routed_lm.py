@@ -1,0 +1,180 @@
+"""Configuration of `TaskRoutedForCausalLM`: task-level routing (Ye et al. 2022) over the layers of a decoder-only
+causal LM of any declared architecture (GPT-2, Llama, Qwen2, Mistral: `hf_taskmoe.backbones.backbone_names("decoder")`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from transformers import AutoConfig, PreTrainedConfig
+from transformers.configuration_utils import SubConfigSpec
+
+from ...backbones import DECODER_BACKBONE, Backbone, get_backbone
+from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
+from ...problem_types import TEXT_TO_TEXT
+from ...tasks import TaskConfigMixin, TaskSpec
+from ...utils import check_choice, check_float, check_int, check_layer_list
+
+__all__ = ["TaskRoutedLMConfig"]
+
+
+class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
+    r"""
+    Configuration of `TaskRoutedForCausalLM` (Ye et al. 2022, sections 4 and 5.1, on a causal LM): a dense decoder-only
+    LM whose routed layers are each forked into `num_experts` experts, mixed per task by a router that reads a task
+    embedding. The routing fields mean what they mean in `BartTaskRoutedConfig`.
+
+    Args:
+        dense_config (`dict` or `PreTrainedConfig`):
+            The config of the dense causal LM the model wraps (its `model_type` must be a declared decoder backbone:
+            `hf_taskmoe.backbones.backbone_names("decoder")`). `from_dense` fills it from the checkpoint.
+        tasks (`list[dict]`):
+            The tasks, as `TaskSpec` dicts; every task is text-to-text (`problem_type="seq2seq"`: the prompt is the
+            input text, the target its continuation). Task id `i` in `forward` / `generate` is `tasks[i]`.
+        num_experts (`int`, *optional*, defaults to 3):
+            Experts `m` per routed layer (the paper's 3).
+        selection (`str`, *optional*, defaults to `"gumbel_softmax_st"`):
+            Selection function: `average`, `softmax`, `gumbel_softmax`, `gumbel_softmax_st` or `hard`
+            (`hf_taskmoe.layers.routing.SELECTION_FUNCTIONS`). At evaluation `gumbel_softmax_st` and `hard` take the
+            arg-max expert (a hard route).
+        router_type (`str`, *optional*, defaults to `"mlp"`):
+            Router network: `mlp`, `lstm` or `transformer`.
+        router_hidden_size (`int`, *optional*):
+            Hidden width of the router; defaults to `task_embedding_dim`.
+        router_attention_heads (`int`, *optional*, defaults to 4):
+            Heads of the `transformer` router; must divide `task_embedding_dim`.
+        task_embedding_dim (`int`, *optional*):
+            Size of the task representations; defaults to the dense model's hidden size.
+        freeze_task_embeddings (`bool`, *optional*, defaults to `False`):
+            Keep the task representations fixed during training (section 5.1 (m)).
+        routed_layers (`list[int]`, *optional*):
+            Indices of the layers forked into experts; default: all of them (the paper routes every layer).
+        gumbel_temperature (`float`, *optional*, defaults to 1.0):
+            Starting temperature of the Gumbel selections.
+        gumbel_min_temperature (`float`, *optional*, defaults to 0.5):
+            Lowest temperature of the annealing schedule.
+        gumbel_anneal_rate (`float`, *optional*, defaults to 1e-4):
+            `tau(step) = max(gumbel_min_temperature, gumbel_temperature * exp(-rate * step))`; 0 keeps it fixed.
+        router_init_std (`float`, *optional*):
+            Standard deviation of the router's weights; defaults to `2 / sqrt(task_embedding_dim)` (as
+            `BartTaskRoutedConfig`, which says why).
+        task_embedding_init_std (`float`, *optional*, defaults to 1.0):
+            Standard deviation of the randomly initialised task representations.
+        upcycled_from (`str`, *optional*):
+            Set by `from_dense`: the dense checkpoint the experts were forked from (model cards).
+    """
+
+    model_type = "taskmoe_routed_lm"
+    #: what `RoutingStatistics` counts for this family: each task's examples (routing is per task, not per token)
+    routing_unit = "examples"
+    #: how a text-to-text example is laid out for this model: one sequence, prompt then target
+    #: (`hf_taskmoe.problem_types.seq2seq.CAUSAL_LAYOUT`; an encoder-decoder reads the two apart)
+    text_to_text_layout: ClassVar[str] = "causal"
+    method_name: ClassVar[str] = "Task-level routing (TaskRoutedForCausalLM)"
+    backbone_kind: ClassVar[str] = DECODER_BACKBONE
+    sub_configs_defaults: ClassVar = {"dense_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2")}
+
+    dense_config: dict | PreTrainedConfig | None = None
+    tasks: list | None = None
+    num_experts: int = 3
+    selection: str = "gumbel_softmax_st"
+    router_type: str = "mlp"
+    router_hidden_size: int | None = None
+    router_attention_heads: int = 4
+    task_embedding_dim: int | None = None
+    freeze_task_embeddings: bool = False
+    routed_layers: list | None = None
+    gumbel_temperature: float = 1.0
+    gumbel_min_temperature: float = 0.5
+    gumbel_anneal_rate: float = 1e-4
+    router_init_std: float | None = None
+    task_embedding_init_std: float = 1.0
+    upcycled_from: str | None = None
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._validate()
+
+    def _validate(self) -> None:
+        self.backbone  # noqa: B018  (refuses an undeclared model_type, listing the declared ones)
+        self._validate_tasks(TEXT_TO_TEXT, f"is not text-to-text; {type(self).__name__} supports")
+        check_int(self.num_experts, "num_experts", minimum=1)
+        check_choice(self.selection, SELECTION_FUNCTIONS, "selection")
+        check_choice(self.router_type, ROUTER_TYPES, "router_type")
+        if self.router_hidden_size is not None:
+            check_int(self.router_hidden_size, "router_hidden_size", minimum=1)
+        if self.task_embedding_dim is not None:
+            check_int(self.task_embedding_dim, "task_embedding_dim", minimum=1)
+        check_int(self.router_attention_heads, "router_attention_heads", minimum=1)
+        if self.router_type == "transformer" and self.task_dim % self.router_attention_heads:
+            raise ValueError(
+                f"`router_attention_heads` ({self.router_attention_heads}) must divide `task_embedding_dim` "
+                f"({self.task_dim}) for router_type='transformer'."
+            )
+        if not isinstance(self.freeze_task_embeddings, bool):
+            raise ValueError(f"`freeze_task_embeddings` must be a bool, got {self.freeze_task_embeddings!r}.")
+        self.routed_layers = check_layer_list(self.routed_layers, "routed_layers", self.num_layers)
+        check_float(self.gumbel_temperature, "gumbel_temperature", minimum=1e-6)
+        check_float(self.gumbel_min_temperature, "gumbel_min_temperature", minimum=1e-6)
+        check_float(self.gumbel_anneal_rate, "gumbel_anneal_rate", minimum=0.0)
+        if self.router_init_std is not None:
+            check_float(self.router_init_std, "router_init_std", minimum=0.0)
+        check_float(self.task_embedding_init_std, "task_embedding_init_std", minimum=0.0)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def backbone(self) -> Backbone:
+        """The declaration of the dense model's architecture."""
+        return get_backbone(getattr(self.dense_config, "model_type", None), self.backbone_kind, self.method_name)
+
+    def dense_value(self, name: str):
+        """The dense config's value for a canonical name (`hidden_size`, `num_hidden_layers`, ...)."""
+        return self.backbone.config_value(self.dense_config, name)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.dense_value("hidden_size")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.dense_config.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.dense_value("num_hidden_layers")
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        return self.dense_value("max_position_embeddings")
+
+    @property
+    def task_dim(self) -> int:
+        return self.task_embedding_dim or self.hidden_size
+
+    @property
+    def router_std(self) -> float:
+        return self.router_init_std if self.router_init_std is not None else 2.0 / self.task_dim**0.5
+
+    @property
+    def router_hidden(self) -> int:
+        return self.router_hidden_size or self.task_dim
+
+    @property
+    def route_layers(self) -> list[int]:
+        return list(range(self.num_layers)) if self.routed_layers is None else list(self.routed_layers)
+
+    @property
+    def route_names(self) -> list[str]:
+        """Names of the routed layers, in the order of the router's layer axis (`D3` = layer 3)."""
+        return [f"D{i}" for i in self.route_layers]
+
+    @property
+    def num_routed_layers(self) -> int:
+        return len(self.route_layers)
+
+    @classmethod
+    def from_dense_config(cls, dense_config: PreTrainedConfig, tasks, **kwargs: Any):
+        """A config wrapping `dense_config` (copied) with the tasks and the routing settings."""
+        get_backbone(getattr(dense_config, "model_type", None), cls.backbone_kind, cls.method_name)
+        dense = dense_config.__class__.from_dict(dense_config.to_dict())
+        return cls(dense_config=dense, tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **kwargs)

@@ -1,0 +1,433 @@
+"""TaskRoutedForCausalLM: task-level mixture of experts (Ye et al. 2022) over the layers of a decoder-only causal LM.
+
+The model holds the dense causal LM itself (`AutoModelForCausalLM.from_config(config.dense_config)`: GPT-2, Llama,
+Qwen2, Mistral, any architecture declared in `hf_taskmoe.backbones.decoders`) and forks its layers in place: every
+routed layer becomes a `ContextRoutedLayer` holding `m` experts, each a whole copy of the layer (attention, FFN, norms),
+as the paper forks BART's layers. A `TaskRouter` turns each task's embedding into decisions `D` and layer `i` outputs
+`sum_j D_ij E^(i,j)(h)` (eq. 1). The dense model's own forward runs unchanged -- its embeddings, positions (learned or
+rotary), masks, attention kernels, final norm and LM head -- and its layer loop calls the routed layers, which read the
+decisions from the model's `TaskContext`.
+
+Generation with a key/value cache. Each expert copy of a layer has its own cache slot (its attention's `layer_idx`):
+expert 0 keeps the dense layer's slot, the others get slots after the dense ones (`fork_layers`). Every expert runs
+on every row, so each slot holds the keys and values its expert computed from the mixed hidden states at that layer's
+input -- exactly what a forward without a cache recomputes at every step, under a hard route (one-hot decisions: the
+other experts' outputs are multiplied by 0) and under a soft one alike. Sharing one slot between the copies would make
+them overwrite each other's history; forking only the FFN would keep one slot per layer but is not the paper's method.
+Nothing is read back from the device during the forward (no plan of which expert runs on which rows): hard routes
+cost the `m` experts' compute, which is what makes the forward exportable and the cache layout fixed.
+
+Weights: `backbone.<the dense model's own names>`, a routed layer's `<layers>.<i>.experts.<j>.*` (a plain layer is
+`experts.0`), the router under `router.*`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import TransformersKwargs
+
+from ...backbones import TaskContext
+from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...layers.heads import PresentTasks
+from ...layers.routing import RouteRecorder
+from ...modeling_utils import (
+    MultiTaskPreTrainedModel,
+    check_batch_dim,
+    check_generation_counts,
+    check_input_shapes,
+    check_kwargs,
+    resolve_task_ids,
+)
+from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
+from ...tasks import TaskSpec
+from .configuration_task_routed_lm import TaskRoutedLMConfig
+from .routing_mixin import TaskRoutingMixin, fork_layers
+
+__all__ = ["TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM", "left_align"]
+
+#: tokens `generate()` produces by default after the prompt (transformers' own default stops at 20 positions)
+DEFAULT_MAX_NEW_TOKENS = 64
+
+
+@dataclass
+class TaskRoutedCausalLMOutput(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` plus, as in every family's output: `task_losses` (each task's mean token loss over its
+    target tokens), `task_ids`, and with `output_router_logits=True` the routing: `routing_decisions` and
+    `router_logits`, both `(batch, routed layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)`
+    (the sum of each task's rows' decisions), as `RoutingStatistics` reads them.
+
+    `hidden_states` (when asked): the embedding output and each layer's (mixed) output, `(batch, seq, hidden)` each,
+    before the final norm; `attentions`: each layer's attention probabilities, mixed over its experts by `D`
+    (eager attention only)."""
+
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_ids: torch.LongTensor | None = None
+    routing_decisions: torch.FloatTensor | None = None
+    router_logits: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
+
+
+def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows whose masked positions sit after (or between) their tokens, moved so that every row ends with its last
+    token: what a decoder-only model generates from. A stable sort of the positions by the mask (masked first, each
+    group in its order): left-padded rows are unchanged, right-padded ones are rotated. Runs on the device, reads
+    nothing back."""
+    order = torch.sort(attention_mask.to(torch.int8), dim=-1, stable=True).indices  # (batch, seq)
+    return input_ids.gather(1, order), attention_mask.gather(1, order)
+
+
+def _dense_forward_kwargs(dense_class) -> frozenset[str]:
+    """Keyword arguments the dense model's `forward` takes (and transformers' `TransformersKwargs`)."""
+    names = set(inspect.signature(dense_class.forward).parameters) | set(TransformersKwargs.__annotations__)
+    names |= {"cache_position", "past_key_values"}
+    return frozenset(names - {"self", "kwargs", "labels", "return_dict"})
+
+
+class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
+    r"""
+    A decoder-only causal LM (GPT-2, Llama, Qwen2, Mistral) with task-level routing over forked layers.
+    `forward(input_ids, task_ids=..., labels=...)` and `generate(input_ids, task_ids=...)` take one task id per row
+    (index into `config.tasks`); a batch may mix tasks. Labels are the input ids with `-100` on the prompt (the causal
+    layout of `hf_taskmoe.problem_types.seq2seq`): the loss is the causal LM loss on the target tokens.
+
+    Build one with `TaskRoutedForCausalLM.from_dense("Qwen/Qwen2-0.5B", tasks)`: every expert of layer `i` starts as
+    layer `i` (plus N(0, 1e-8) noise, section 5.2; `expert_noise_variance=0` makes the model compute exactly the
+    dense model). `export_task(task)` gives back a plain model of the dense class holding that task's route.
+    """
+
+    config_class = TaskRoutedLMConfig
+    base_model_prefix = "backbone"
+    records_task_order = True
+    #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
+    auto_classes = ("AutoModel", "AutoModelForCausalLM")
+    _no_split_modules = ["ContextRoutedLayer"]
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _is_stateful = False
+    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
+    _task_specific_parameters = (r"^router\.task_embeddings\.",)
+    # absent tasks' embeddings and, under hard routing, the experts no task of the batch chose
+    _possibly_idle_parameters = (r"^router\.task_embeddings\.", r"\.experts\.")
+    _parameter_groups = {
+        "router": r"^router\.net\.",
+        "task_embedding": r"^router\.task_embeddings\.",
+        "expert": r"\.experts\.",
+    }
+
+    def __init__(self, config: TaskRoutedLMConfig):
+        super().__init__(config)
+        declared = config.backbone
+        self.backbone = AutoModelForCausalLM.from_config(config.dense_config)
+        self.task_context = TaskContext()
+        layers = declared.layer_list(self.backbone.base_model)
+        self._slot_layers = fork_layers(
+            layers, config.route_layers, config.num_experts, declared.attention, self.task_context,
+            shared=(self.backbone.config,),
+        )
+        self._build_router(config)
+        self._forward_kwargs = _dense_forward_kwargs(type(self.backbone))
+        self.post_init()
+        self._apply_generation_convention(self.generation_config)
+        self.apply_freezing()
+
+    def _apply_generation_convention(self, generation_config):
+        """The dense model's special tokens; `max_new_tokens` (not `max_length`, which counts the prompt)."""
+        dense = self.config.dense_config
+        for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            if getattr(generation_config, name, None) is None and getattr(dense, name, None) is not None:
+                setattr(generation_config, name, getattr(dense, name))
+        if generation_config.max_new_tokens is None:
+            generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+        if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
+            generation_config.max_length = None
+        return generation_config
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if not self._init_router_weights(module):
+            super()._init_weights(module)
+        self._init_task_order(module)
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    def get_output_embeddings(self):
+        return self.backbone.get_output_embeddings()
+
+    def max_input_length(self) -> int | None:
+        return self.config.max_position_embeddings
+
+    # ------------------------------------------------------------------ cache
+    def new_cache(self) -> DynamicCache:
+        """An empty key/value cache with one slot per expert: the dense layout (its sliding-window layers included),
+        then a slot like its layer's for each expert copy."""
+        cache = DynamicCache(config=self.config.dense_config)
+        if cache.layers:  # built from the config: one layer object per slot, of the slot's layer's kind
+            cache.layers.extend(copy.deepcopy(cache.layers[i]) for i in self._slot_layers[len(cache.layers):])
+        return cache
+
+    def _routed_cache(self, cache: Cache | None) -> Cache:
+        """The cache to decode with: ours, a new one in place of none, or of an empty cache of another layout."""
+        if cache is None:
+            return self.new_cache()
+        if getattr(cache, "is_compileable", False):
+            raise ValueError(
+                f"{type(self).__name__} cannot decode with a static cache ({type(cache).__name__}): its layers keep "
+                "one cache slot per expert. Leave `cache_implementation` unset (the default dynamic cache)."
+            )
+        if len(cache.layers) < len(self._slot_layers):
+            if cache.get_seq_length() > 0:
+                raise ValueError(
+                    f"{type(self).__name__} continues decoding only from a cache with a slot per expert "
+                    f"({len(self._slot_layers)}; `model.new_cache()`), got a filled {type(cache).__name__} with "
+                    f"{len(cache.layers)}."
+                )
+            return self.new_cache()
+        return cache
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        task_ids: torch.LongTensor | None = None,
+        routing_weights: torch.Tensor | None = None,
+        output_router_logits: bool = False,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        values_checked: bool = False,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> TaskRoutedCausalLMOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Each row's task (index into `config.tasks`); optional for a one-task model.
+        labels (`torch.LongTensor` of shape `(batch, seq)`):
+            The input ids with `-100` where no loss is taken (the prompt, padding); shifted inside, as transformers'
+            causal LMs do. A batch collated with `pad_to_multiple_of` may give fewer columns than the inputs: the
+            rest count as `-100`.
+        cache (`Cache`, *optional*):
+            The key/value cache this model returned (one slot per expert, `new_cache()`); also accepted as
+            `past_key_values`. An empty cache of the dense layout (what `generate` makes) is replaced by one.
+        routing_weights (`torch.Tensor` of shape `(batch, routed layers, experts)`, *optional*):
+            Decisions to use instead of the router's (analysis).
+        output_router_logits (`bool`, *optional*):
+            Return `routing_decisions`, `router_logits` and `routing_counts`.
+        values_checked (`bool`, *optional*, defaults to `False`):
+            The task ids and target ids were checked on the host where the batch was made: their values are not
+            read back here (no host sync). The result is the same.
+        """
+        kwargs.pop("token_type_ids", None)  # segment ids of a BERT tokenizer: a prompt + continuation has none
+        cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
+        check_kwargs({k: v for k, v in kwargs.items() if k not in self._forward_kwargs}, self.forward)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        batch, seq = check_input_shapes(
+            input_ids, inputs_embeds, None if cache is not None else self.config.max_position_embeddings,
+            attention_mask=attention_mask if cache is None else None, position_ids=position_ids,
+        )
+        check_batch_dim(batch, labels=labels)
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        router_logits = None
+        if routing_weights is None:
+            routing_weights, router_logits = self.router(task_ids)
+        elif tuple(routing_weights.shape) != (batch, self.config.num_routed_layers, self.config.num_experts):
+            raise ValueError(
+                f"`routing_weights` must have shape (batch, routed layers, experts) = "
+                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got "
+                f"{tuple(routing_weights.shape)}."
+            )
+        if labels is not None:
+            labels = self._check_labels(labels, seq, values_checked)
+            use_cache = False
+        if use_cache is None:
+            use_cache = getattr(self.config.dense_config, "use_cache", True) and not self.training
+        cache = self._routed_cache(cache) if use_cache else None
+        hidden, attentions = (
+            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+            self.config.output_attentions if output_attentions is None else output_attentions,
+        )
+        flags = self._routing_flags(routing_weights)
+        if hidden or attentions:
+            # transformers records hidden states and attentions with hooks on the layer classes, which would record
+            # each expert on its own: the routed layers record their mixed outputs instead
+            flags["routing_recorder"] = RouteRecorder(
+                bool(hidden), bool(attentions), {"attentions": self.config.backbone.attention}
+            )
+        self.task_context.begin(task_ids, attention_mask, **flags)
+        try:
+            out = self.backbone(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                use_cache=use_cache,
+                return_dict=True,
+                output_hidden_states=False,
+                output_attentions=False,
+                logits_to_keep=logits_to_keep if labels is None else 0,
+                **({"position_ids": position_ids} if position_ids is not None else {}),
+                **{CACHE_ARG: cache},
+                **kwargs,
+            )
+        finally:
+            recorded = flags["routing_recorder"].outputs() if "routing_recorder" in flags else {}
+            self.task_context.end()
+        loss, task_losses = None, None
+        if labels is not None:
+            loss, task_losses = self._causal_loss(out.logits, labels, task_ids)
+        routing = {}
+        if output_router_logits:
+            decisions = routing_weights.detach().float()
+            counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
+            routing = dict(
+                routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
+            )
+        output = TaskRoutedCausalLMOutput(
+            loss=loss,
+            logits=out.logits,
+            hidden_states=recorded.get("hidden_states"),
+            attentions=recorded.get("attentions"),
+            task_losses=task_losses,
+            task_ids=task_ids,
+            **{CACHE_ARG: output_cache(out) if use_cache else None},
+            **routing,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _check_labels(self, labels: torch.Tensor, seq: int, values_checked: bool) -> torch.Tensor:
+        if labels.dim() != 2 or labels.shape[1] > seq:
+            raise ValueError(
+                f"`labels` must have shape (batch, seq) = ({labels.shape[0]}, {seq}) like the inputs (the input ids "
+                f"with -100 on the prompt), got {tuple(labels.shape)}."
+            )
+        if not values_checked:
+            Seq2Seq.check_target_ids(labels, self.config.vocab_size)
+        if labels.shape[1] < seq:  # the inputs were padded further (`pad_to_multiple_of`): no loss there
+            labels = torch.nn.functional.pad(labels, (0, seq - labels.shape[1]), value=IGNORE_INDEX)
+        return labels
+
+    def _causal_loss(self, logits, labels, task_ids):
+        """Token cross-entropy of each position's prediction of the next token, mean over the batch's target tokens
+        (as transformers' causal LMs), each task's tokens weighted by its `loss_weight`; plus each task's own mean."""
+        shifted = labels[:, 1:].to(logits.device)  # (batch, seq - 1): the token each position predicts
+        row_sums, counts = Seq2Seq.token_loss(logits[:, :-1], shifted)  # (batch,), (batch,)
+        specs = self.config.task_specs
+        weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
+        loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
+        # each task's own mean, for every task on the device: the tasks present are read back only when looked at
+        sums = row_sums.new_zeros(len(specs)).index_add(0, task_ids, row_sums)  # (tasks,)
+        tokens = counts.new_zeros(len(specs)).index_add(0, task_ids, counts)  # (tasks,)
+        per_task = sums / tokens.clamp_min(1)
+        return loss, PresentTasks([s.name for s in specs], task_ids, list(per_task.unbind()), rows=False)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, input_ids=None, attention_mask=None, **kwargs):
+        """`GenerationMixin.generate` with `task_ids` (one per row). Prompts padded on the right (a BERT tokenizer's
+        default, the text-to-text pipeline's batches) are moved to the left first (`left_align`), as a decoder-only
+        model needs; the returned sequences hold the (left-aligned) prompts, then the generated tokens. The segment
+        ids a BERT tokenizer returns are dropped."""
+        kwargs.pop("token_type_ids", None)
+        check_generation_counts(kwargs)
+        if input_ids is not None and attention_mask is not None:
+            input_ids, attention_mask = left_align(input_ids, attention_mask)
+        if pop_cache(dict(kwargs)) is None:
+            kwargs[CACHE_ARG] = self.new_cache()
+        return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    # ------------------------------------------------------------------ building and exporting
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        expert_noise_variance: float = 1e-8,
+        seed: int | None = 0,
+        output_loading_info: bool = False,
+        strict: bool = True,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Fork every routed layer of a dense causal LM (a `...ForCausalLM` of a declared decoder architecture, or its
+        path / Hub id) into `num_experts` experts: expert `(i, j)` = layer `i` + Gaussian noise of variance
+        `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the dense
+        model's outputs under any route). Embeddings, final norm, LM head and plain layers are copied; the router is
+        new. `**config_kwargs` are fields of `TaskRoutedLMConfig`. With `output_loading_info=True` returns
+        `(model, UpcyclingReport)`."""
+        from ...upcycling import DenseCheckpoint, upcycle
+
+        if isinstance(dense, PreTrainedModel):
+            source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
+            checkpoint = DenseCheckpoint(dense, source)
+        elif isinstance(dense, (str, os.PathLike)):
+            loaded, info = AutoModelForCausalLM.from_pretrained(dense, output_loading_info=True, **(hub_kwargs or {}))
+            checkpoint = DenseCheckpoint(loaded, str(dense), frozenset(info.get("missing_keys", ())))
+        else:
+            raise ValueError(f"`dense` must be a path, a Hub repo id or a PreTrainedModel, got {type(dense).__name__}.")
+        dense_model = checkpoint.model
+        if dense_model.get_output_embeddings() is None:
+            raise ValueError(
+                f"`dense` must be a causal LM with its LM head (AutoModelForCausalLM), got "
+                f"{type(dense_model).__name__}."
+            )
+        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
+        model = cls(config)
+        model.generation_config = model._apply_generation_convention(copy.deepcopy(dense_model.generation_config))
+        # the dense model's weights are the LM's own names under `backbone.`, its layers' under `...experts.<j>.`
+        report = upcycle(checkpoint, model, strict=strict)
+        if expert_noise_variance:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            std = float(expert_noise_variance) ** 0.5
+            with torch.no_grad():
+                for layer in model.routed_layers():
+                    for p in layer.experts.parameters():
+                        p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
+        return (model, report) if output_loading_info else model
+
+    def routed_layers(self) -> list:
+        """The `ContextRoutedLayer`s that are forked into experts (in the router's layer order)."""
+        layers = self.config.backbone.layer_list(self.backbone.base_model)
+        return [layer for layer in layers if layer.route_index is not None]
+
+    def export_task(self, task: str, force_argmax: bool = False) -> PreTrainedModel:
+        """A plain model of the dense class (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...) holding `task`'s route: each
+        routed layer is replaced by the expert the task selects. It loads and runs without hf_taskmoe and gives this
+        model's outputs for the task. The route must be hard (`gumbel_softmax_st` or `hard`, or experts disabled down
+        to one); `force_argmax=True` takes the arg-max expert of a soft route (outputs then differ)."""
+        chosen = self.hard_route(task, force_argmax)
+        config = copy.deepcopy(self.config.dense_config)
+        config.hf_taskmoe_task = task
+        dense = AutoModelForCausalLM.from_config(config).to(self.device, self.dtype)
+        prefix = f"{self.backbone.base_model_prefix}.{self.config.backbone.layers}."
+        layers = self.config.backbone.layer_list(self.backbone.base_model)
+        state = self.backbone.state_dict()
+        mapped = {}
+        for name in dense.state_dict():
+            source = name
+            if name.startswith(prefix):
+                index, rest = name[len(prefix):].split(".", 1)
+                layer = layers[int(index)]
+                expert = chosen[layer.route_index] if layer.route_index is not None else 0
+                source = f"{prefix}{index}.experts.{expert}.{rest}"
+            mapped[name] = state[source]
+        dense.load_state_dict(mapped, strict=True)
+        dense.generation_config = copy.deepcopy(self.generation_config)
+        return dense.eval()

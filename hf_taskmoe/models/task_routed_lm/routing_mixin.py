@@ -1,0 +1,194 @@
+"""What every task-routed model beside BART shares: the router's bookkeeping (temperature annealing, evaluation
+routes, disabling experts, task representations), the layer wrapper the dense model's own loop calls, and the
+key/value cache slot numbering that lets forked decoder layers generate with a cache."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from torch import nn
+
+from ...backbones import TaskContext
+from ...layers.routing import RoutedLayer, TaskRouter, annealed_temperature, plan_routes
+from ...modeling_utils import grow_embedding
+
+
+class ContextRoutedLayer(RoutedLayer):
+    """A `RoutedLayer` in the place of one layer of a dense model, called by that model's own layer loop with the
+    layer's own arguments. The routing weights (and the plan, and a `RouteRecorder` when hidden states or attentions
+    are asked for) come from the model's `TaskContext`, filled by the family before it calls the dense model.
+
+    Every expert runs on every row and the outputs are mixed by the decisions (`sum_j D_ij E^(i,j)(h)`): no decision
+    is read back to the host, so the forward traces (torch.export, compile) and every expert's cache slot holds
+    every row (beam search reorders it like any cache). The cost is `m` times the layer's (`m` = experts)."""
+
+    def __init__(self, experts: list[nn.Module], route_index: int | None, context: TaskContext):
+        super().__init__(experts, route_index)
+        self.context = context  # a plain object (no weights): shared with the model, not saved
+
+    def forward(self, hidden_states, *args, **kwargs):
+        flags = self.context.flags
+        weights = flags.get("routing_weights")
+        if self.route_index is not None and weights is None:
+            self.context.require_task_ids()  # raises: called outside the model's forward
+        return super().forward(
+            hidden_states, *args, routing_weights=weights, routing_plan=flags.get("routing_plan"),
+            routing_recorder=flags.get("routing_recorder"), **kwargs,
+        )
+
+
+def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, attention: str, context: TaskContext,
+                shared: tuple = ()) -> list[int]:
+    """Replace each layer of `layers` by a `ContextRoutedLayer`: a routed layer (index in `routed`) holds the layer
+    and `num_experts - 1` copies of it, any other layer holds itself alone. Returns `slot_layers`: the layer each
+    key/value cache slot belongs to.
+
+    Cache slots: a decoder layer's attention writes its keys and values at `cache.layers[attention.layer_idx]`, so two
+    copies of one layer would overwrite each other's history. Expert 0 of layer `i` keeps slot `i` (the dense model's
+    own, so a cache of the dense layout is a prefix of ours and slot 0 -- which the dense model reads the past length
+    from -- is a real layer holding every row); expert `j > 0` gets a slot after the dense ones. Copies are
+    `copy.deepcopy` of the layer sharing `shared` objects (the dense config, whose attention implementation
+    `set_attn_implementation` changes), so each keeps what its layer index fixed at construction (Qwen2's sliding
+    window per layer type, GPT-2's per-layer attention scale): only the cache slot number changes."""
+    slot_layers = list(range(len(layers)))
+    route = 0
+    for i, layer in enumerate(list(layers)):
+        experts = [layer]
+        if i in routed:
+            for _ in range(num_experts - 1):
+                expert = copy.deepcopy(layer, memo={id(s): s for s in shared})
+                if attention is not None:
+                    expert.get_submodule(attention).layer_idx = len(slot_layers)
+                slot_layers.append(i)
+                experts.append(expert)
+        layers[i] = ContextRoutedLayer(experts, route if i in routed else None, context)
+        route += int(i in routed)
+    return slot_layers
+
+
+class TaskRoutingMixin:
+    """The router's side of a task-routed model: `self.router` (a `TaskRouter`) and `config` routing fields."""
+
+    router: TaskRouter
+
+    def _build_router(self, config) -> None:
+        self.router = TaskRouter(
+            config.num_tasks, config.task_dim, config.router_hidden, config.num_routed_layers, config.num_experts,
+            router_type=config.router_type, selection=config.selection, num_heads=config.router_attention_heads,
+        )
+        self.router.temperature = config.gumbel_temperature
+
+    def _init_router_weights(self, module) -> bool:
+        """The paper's initialisation of the router's modules; True when `module` was one of them."""
+        from transformers import initialization as init
+
+        from ...layers.routing import TaskEmbedding
+
+        config = self.config
+        if isinstance(module, TaskEmbedding):
+            init.normal_(module.weight, mean=0.0, std=config.task_embedding_init_std)  # (h) random representations
+            return True
+        if isinstance(module, TaskRouter):
+            init.zeros_(module.disabled)  # a non-persistent buffer: loading does not fill it
+            return True
+        if isinstance(module, nn.Linear) and any(module is m for m in self.router.net.modules()):
+            init.normal_(module.weight, mean=0.0, std=config.router_std)
+            init.zeros_(module.bias)
+            return True
+        return False
+
+    def _routing_flags(self, routing_weights: torch.Tensor) -> dict:
+        """What the routed layers read from the context: the decisions and the every-expert plan (no host read)."""
+        return {"routing_weights": routing_weights, "routing_plan": plan_routes(routing_weights, every_expert=True)}
+
+    def apply_freezing(self) -> None:
+        """Freeze the task representations when `config.freeze_task_embeddings` (section 5.1 (m))."""
+        self.router.task_embeddings.weight.requires_grad_(not self.config.freeze_task_embeddings)
+
+    def _after_load(self) -> None:
+        self.apply_freezing()  # loading recreates the parameters
+
+    def set_training_step(self, step: int) -> None:
+        """Anneal the Gumbel temperature (`MultiTaskTrainer` calls this every step)."""
+        c = self.config
+        self.router.temperature = annealed_temperature(
+            step, c.gumbel_temperature, c.gumbel_min_temperature, c.gumbel_anneal_rate
+        )
+
+    @torch.no_grad()
+    def task_routing(self, tasks: list[str] | None = None) -> torch.Tensor:
+        """Evaluation-time decisions `D` of every task (or the named ones): `(tasks, routed layers, experts)`,
+        without Gumbel noise (the routes `generate` and evaluation use)."""
+        ids = None if tasks is None else self.task_ids_for(tasks)
+        return self.router.task_decisions(ids, training=False).float().cpu()
+
+    def _route_index(self, layer: int | str) -> int:
+        names = self.config.route_names
+        if isinstance(layer, str):
+            if layer not in names:
+                raise ValueError(f"Unknown routed layer {layer!r}; the routed layers are {names}.")
+            return names.index(layer)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < len(names):
+            raise ValueError(f"Routed layer must be a name in {names} or an index in [0, {len(names)}), got {layer!r}.")
+        return layer
+
+    def disable_experts(self, experts: list[tuple[int | str, int]]) -> None:
+        """Disable experts at evaluation (section 6.2): `(layer, expert)` pairs, the layer a name of
+        `config.route_names` or a routed-layer index; the next-best expert of that layer is chosen instead."""
+        mask = self.router.disabled.clone()
+        for layer, expert in experts:
+            index = self._route_index(layer)
+            if isinstance(expert, bool) or not isinstance(expert, int) or not 0 <= expert < self.config.num_experts:
+                raise ValueError(f"Expert must be an index in [0, {self.config.num_experts}), got {expert!r}.")
+            mask[index, expert] = True
+        full = mask.all(-1)
+        if full.any():
+            raise ValueError(
+                f"Cannot disable every expert of routed layer {self.config.route_names[int(full.nonzero()[0])]}."
+            )
+        self.router.disabled.copy_(mask)
+
+    def enable_experts(self) -> None:
+        self.router.disabled.zero_()
+
+    @contextlib.contextmanager
+    def experts_disabled(self, experts: list[tuple[int | str, int]]):
+        """`with model.experts_disabled([("D1", 2)]): ...`: disable for the block, then restore."""
+        saved = self.router.disabled.clone()
+        self.disable_experts(experts)
+        try:
+            yield self
+        finally:
+            self.router.disabled.copy_(saved)
+
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """A task representation for the new task (the router and experts are shared)."""
+        self.router.task_embeddings = grow_embedding(
+            self.router.task_embeddings, new_id, source, self.config.task_embedding_init_std
+        )
+
+    def set_task_embeddings(self, embeddings: torch.Tensor) -> None:
+        """Initialise the task representations with a `(tasks, task_embedding_dim)` tensor, in task-id order."""
+        weight = self.router.task_embeddings.weight
+        if tuple(embeddings.shape) != tuple(weight.shape):
+            raise ValueError(
+                f"Task embeddings must have shape (tasks, task_embedding_dim) = {tuple(weight.shape)}, got "
+                f"{tuple(embeddings.shape)}."
+            )
+        with torch.no_grad():
+            weight.copy_(embeddings.to(weight.dtype))
+
+    def hard_route(self, task: str, force_argmax: bool = False) -> list[int]:
+        """The expert each routed layer uses for `task` (its evaluation route); a soft route is refused unless
+        `force_argmax` (then the arg-max experts, and an export's outputs differ from this model's)."""
+        decisions = self.task_routing([task])[0]  # (routed layers, experts)
+        one_hot = bool(((decisions == 0) | (decisions == 1)).all()) and bool((decisions.sum(-1) == 1).all())
+        if not one_hot and not force_argmax:
+            raise ValueError(
+                f"Task {task!r} has a soft route (selection {self.config.selection!r}): a plain model holds one layer "
+                "per position. Use selection='gumbel_softmax_st' or 'hard', or pass force_argmax=True to keep the "
+                "arg-max experts."
+            )
+        return decisions.argmax(-1).tolist()
