@@ -44,6 +44,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".models.task_moe": ("TaskMoEConfig", "TaskMoEForMultiTask"),
     ".models.bert_pals": ("BertPALsConfig", "BertWithPALs", "BertPALsModel"),
     ".models.camtl": ("CAMTLBertModel", "CAMTLConfig", "CAMTLModel"),
+    ".models.camtl_any": ("CAMTLBackboneConfig", "CAMTLForMultiTask"),
     ".models.mmoe": ("MMoEConfig", "MMoEModel"),
     ".models.bart_task_routed": ("BartTaskRoutedConfig", "BartTaskRouted", "bart_from_bert"),
     ".models.task_routed_lm": ("TaskRoutedLMConfig", "TaskRoutedForCausalLM"),
