@@ -42,7 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 import hf_taskmoe
 from hf_taskmoe.analysis import RoutingStatistics, parameter_report, routed_layers
 from hf_taskmoe.modeling_utils import token_table_sizes
-from hf_taskmoe.models import FAMILIES, get_family
+from hf_taskmoe.models import FAMILIES, family_for
 from hf_taskmoe.models.bart_task_routed.bart_from_bert import name_special_tokens
 from hf_taskmoe.problem_types import TEXT_TO_TEXT, get_problem_type
 from hf_taskmoe.training import (
@@ -142,8 +142,11 @@ class ModelArguments:
     model_family: str = field(
         default="bert_taskmoe",
         metadata={
-            "help": "One of the registered families built from a dense checkpoint: "
-            f"{sorted(n for n, f in FAMILIES.items() if f.buildable_from_dense)}."
+            "help": "The method, as one of the registered families built from a dense checkpoint "
+            f"{sorted(n for n, f in FAMILIES.items() if f.buildable_from_dense)} or a method name "
+            f"{sorted({f.method for f in FAMILIES.values() if f.method})}. The backbone is the checkpoint's: a "
+            "family of the same method that takes its model_type is used (bert_taskmoe on a RoBERTa builds "
+            "TaskMoEForMultiTask); an unsupported model_type is refused, listing the supported ones."
         },
     )
     model_name_or_path: str | None = field(
@@ -180,7 +183,11 @@ class ModelArguments:
     scale_loss_by_num_classes: bool = field(
         default=False, metadata={"help": "Divide CE by log(#classes) (MT-TaG 3.3)."}
     )
-    classifier_pooling: str = field(default="pooler", metadata={"help": "'pooler', 'cls' or 'mean'."})
+    classifier_pooling: str | None = field(
+        default=None,
+        metadata={"help": "'pooler', 'cls' or 'mean' (default: the family's; 'pooler' for BERT, 'cls' for a backbone "
+                          "without a pooler)."},
+    )
     init_from: str | None = field(
         default=None,
         metadata={"help": "Continuing a saved model with new tasks: copy their task-specific weights (gate, PALs, "
@@ -857,7 +864,13 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
                 logger.info(f"Adding task {task.name} (task-specific weights from {init_from or 'a fresh draw'})")
                 model.add_task(task, init_from=init_from)
         return model, path
-    family = get_family(model_args.model_family)
+    try:  # the method from --model_family, the backbone from the checkpoint
+        family = family_for(model_args.model_family, config.model_type)
+    except ValueError as err:
+        raise UsageError(f"--model_family {model_args.model_family} --model_name_or_path {path}: {err}") from None
+    if family.name != model_args.model_family:
+        logger.info(f"--model_family {model_args.model_family} on a {config.model_type} checkpoint: {family.name} "
+                    f"({family.model_class.__name__})")
     if not family.buildable_from_dense:
         raise UsageError(
             f"--model_family {family.name}: this family is not built from a dense checkpoint (no upcycling rules)."

@@ -116,8 +116,10 @@ for _name in _DENSE_VIEWS:
 
 @property
 def _type_vocab_size(self) -> int | None:
-    """The segment table's size, None for an architecture without segment ids (BatchChecker checks against it)."""
-    return getattr(self.dense_config, "type_vocab_size", None) if self.backbone.segment_ids else None
+    """The segment table's size, None for an architecture without segment ids or a config without the table
+    (DeBERTa-v3: `type_vocab_size=0`); BatchChecker checks segment ids against it."""
+    size = getattr(self.dense_config, "type_vocab_size", None) if self.backbone.segment_ids else None
+    return size or None
 
 
 BackboneTaskConfig.type_vocab_size = _type_vocab_size
@@ -160,7 +162,7 @@ class BackboneTaskMixin(MultiTaskBertHeadsMixin):
         self._no_split_modules = list(getattr(self.backbone, "_no_split_modules", None) or [])
         accepted = inspect.signature(self.backbone.forward).parameters
         self._backbone_takes = {name for name in ("token_type_ids", "position_ids") if name in accepted}
-        if not backbone.segment_ids:
+        if config.type_vocab_size is None:  # no segment table: a tokenizer's segment ids have nowhere to go
             self._backbone_takes.discard("token_type_ids")
         self._wrap_backbone(config, backbone, backbone.layer_list(self.backbone))
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
