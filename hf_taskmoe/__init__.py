@@ -42,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".tasks": ("PROBLEM_TYPES", "TaskSpec", "parse_tasks"),
     ".models.bert_taskmoe": ("BertTaskMoEConfig", "BertForTaskMoE", "BertTaskMoEModel", "TaskMoEOutput"),
     ".models.task_moe": ("TaskMoEConfig", "TaskMoEForMultiTask"),
+    ".models.pals": ("PALsConfig", "PALsForMultiTask"),
     ".models.bert_pals": ("BertPALsConfig", "BertWithPALs", "BertPALsModel"),
     ".models.camtl": ("CAMTLBertModel", "CAMTLConfig", "CAMTLModel"),
     ".models.camtl_any": ("CAMTLBackboneConfig", "CAMTLForMultiTask"),

@@ -37,6 +37,9 @@ class Family:
         describe: `config -> str`, the method line of a model card.
         upcycling: `UpcyclingRules` mapping a dense checkpoint's weights into the family (None: not built from one).
         dense_model_types: `model_type`s of the dense checkpoints `from_dense` accepts.
+        backbone_kind: a backbone-generic family takes every architecture declared with this kind
+            (`hf_taskmoe.backbones`, `"encoder"` / `"decoder"` / `"encoder-decoder"`), one declared later included
+            (`accepted_model_types`).
         prepare_dense: optional `(path_or_model, dense_config) -> path_or_model`, turning a checkpoint of another
             type into one `from_dense` takes (BartTaskRouted: a BERT is warm-started into a BART).
         script_defaults: optional `(values) -> {config field: value}`: config values the example script derives
@@ -56,6 +59,7 @@ class Family:
     describe: Callable[[Any], str] | None = None
     upcycling: UpcyclingRules | None = None
     dense_model_types: tuple[str, ...] = ()
+    backbone_kind: str | None = None
     prepare_dense: Callable[[Any, Any], Any] | None = None
     script_defaults: Callable[[dict], dict] | None = None
     method: str | None = None
@@ -73,6 +77,16 @@ class Family:
         return (
             problem_type_names(self.problem_types) if isinstance(self.problem_types, str) else tuple(self.problem_types)
         )
+
+    @property
+    def accepted_model_types(self) -> tuple[str, ...]:
+        """`dense_model_types`, plus every architecture declared with `backbone_kind` (read now, so an architecture
+        declared after the family registered is included)."""
+        if self.backbone_kind is None:
+            return tuple(self.dense_model_types)
+        from ..backbones import backbone_names
+
+        return tuple(dict.fromkeys((*self.dense_model_types, *backbone_names(self.backbone_kind))))
 
     @property
     def buildable_from_dense(self) -> bool:
@@ -119,13 +133,13 @@ def family_for(name: str, model_type: str) -> Family:
     method = named.method if named is not None else name
     if named is None and not any(f.method == method for f in FAMILIES.values()):
         lookup(FAMILIES, name, "model_family")  # raises, listing the families
-    if named is not None and (model_type in named.dense_model_types or method is None):
+    if named is not None and (model_type in named.accepted_model_types or method is None):
         return named
     candidates = [f for f in FAMILIES.values() if f.method == method]
     for family in candidates:
-        if model_type in family.dense_model_types:
+        if model_type in family.accepted_model_types:
             return family
-    supported = sorted({t for f in candidates for t in f.dense_model_types})
+    supported = sorted({t for f in candidates for t in f.accepted_model_types})
     raise ValueError(
         f"The {method} method ({name!r}) cannot be built from a {model_type!r} checkpoint; it supports the model "
         f"types {supported}."

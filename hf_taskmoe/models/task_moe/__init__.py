@@ -1,7 +1,7 @@
 """TaskMoEForMultiTask: MT-TaG, MT-Switch and MT-Dense on any declared encoder (RoBERTa, XLM-R, ELECTRA, DistilBERT,
 DeBERTa-v2/v3, ModernBERT, BERT), wrapping the dense model's own FFNs (`hf_taskmoe.backbones`)."""
 
-from ...backbones import ENCODER_BACKBONE, backbone_names
+from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
 from ...problem_types import ENCODER
 from ...upcycling import UpcyclingRules
@@ -20,7 +20,7 @@ FAMILY = register_family(
         describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
         # the rules depend on the backbone: each model gives its own (`TaskMoEForMultiTask.upcycling_rules`)
         upcycling=UpcyclingRules(rename=(), new=TaskMoEForMultiTask._new_weights),
-        dense_model_types=tuple(backbone_names(ENCODER_BACKBONE)),
+        backbone_kind=ENCODER_BACKBONE,
         method="mt-tag",
     )
 )
