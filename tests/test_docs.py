@@ -232,13 +232,14 @@ NAMED: dict[str, Callable[[str, Context], None]] = {
 
 @pytest.fixture
 def registries_restored():
-    """A snippet may register a family, a problem type or a sampler (the contributor's guide does): undo it for the
-    other tests."""
+    """A snippet may register a family, a problem type, a sampler or a backbone (the contributor's guide and the
+    backbones page do): undo it for the other tests."""
+    from hf_taskmoe.backbones import BACKBONES
     from hf_taskmoe.models import FAMILIES
     from hf_taskmoe.problem_types import PROBLEM_TYPES
     from hf_taskmoe.training.samplers import TASK_SAMPLERS
 
-    registries = (FAMILIES, PROBLEM_TYPES, TASK_SAMPLERS)
+    registries = (FAMILIES, PROBLEM_TYPES, TASK_SAMPLERS, BACKBONES)
     saved = {id(r): dict(r) for r in registries}
     yield
     for registry in registries:
