@@ -23,6 +23,29 @@ def dense_source():
         return BertModel(config), "random weights, MiniLM-L6-H384 shapes"
 
 
+#: dense configs of MiniLM-L6-H384's shapes for the other declared encoders (random weights: timings do not depend on
+#: the values), `--backbone` of the MoE benchmark
+MINILM_SHAPES = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
+                     vocab_size=30522, max_position_embeddings=512)
+
+
+def backbone_source(model_type: str):
+    """A dense model of `model_type` with MiniLM-L6-H384's shapes (random weights), and its description."""
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    if model_type == "distilbert":
+        config = transformers.DistilBertConfig(dim=384, n_layers=6, n_heads=12, hidden_dim=1536, vocab_size=30522)
+    elif model_type == "modernbert":
+        config = transformers.ModernBertConfig(**MINILM_SHAPES, pad_token_id=0, bos_token_id=101, eos_token_id=102,
+                                               cls_token_id=101, sep_token_id=102, global_attn_every_n_layers=3,
+                                               local_attention=64)
+    else:
+        config = AutoConfig.for_model(model_type, **MINILM_SHAPES)
+    torch.manual_seed(0)
+    return AutoModel.from_config(config), f"random weights, {model_type} with MiniLM-L6-H384 shapes"
+
+
 def make_batch(batch, seq, num_tasks, vocab, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(seq // 2, seq + 1, (batch,), generator=g)

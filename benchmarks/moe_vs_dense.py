@@ -10,7 +10,11 @@ dense / MoE so that machine noise hits both alike; each figure is a median.
 Prints a table, then one JSON line: {"train_ratio": sorted-loop MoE/dense fwd+bwd, "inference_ratio": ...,
 "grouped_train_ratio": grouped-GEMM MoE/dense, "grouped_inference_ratio": ..., ...}
 
-    python benchmarks/moe_vs_dense.py [--rounds 15] [--threads 2]
+    python benchmarks/moe_vs_dense.py [--rounds 15] [--threads 2] [--backbone roberta]
+
+`--backbone <model_type>` (any declared encoder but bert) times `TaskMoEForMultiTask` on a dense model of that
+architecture with MiniLM's shapes against the same class with one expert (the dense model itself, same heads):
+the MoE's cost relative to its own dense model.
 """
 
 from __future__ import annotations
@@ -18,21 +22,26 @@ from __future__ import annotations
 import json
 
 import torch
-from _bert_timing import benchmark_parser, make_batch, prepare, side_by_side
+from _bert_timing import backbone_source, benchmark_parser, make_batch, prepare, side_by_side
 
-from hf_taskmoe import BertForTaskMoE
+from hf_taskmoe import BertForTaskMoE, TaskMoEForMultiTask
 
 
 def main():
     parser = benchmark_parser(__doc__, rounds=15, num_tasks=8)
+    parser.add_argument("--backbone", default="bert", help="a declared encoder model_type (default: BERT's classes)")
     args = parser.parse_args()
     source, source_name, tasks = prepare(args)
+    cls = BertForTaskMoE
+    if args.backbone != "bert":
+        cls = TaskMoEForMultiTask
+        source, source_name = backbone_source(args.backbone)
+    grouped = "grouped_mm" if cls is BertForTaskMoE or cls.config_class(
+        dense_config=source.config, tasks=tasks).backbone.ffn.split else "sorted_loop"  # whole-module FFN: no GEMM
     models = {
-        "dense": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=1),
-        "moe": BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=4, gating="task"),
-        "moe_grouped": BertForTaskMoE.from_dense(
-            source, tasks=tasks, num_experts=4, gating="task", expert_dispatch="grouped_mm"
-        ),
+        "dense": cls.from_dense(source, tasks=tasks, num_experts=1),
+        "moe": cls.from_dense(source, tasks=tasks, num_experts=4, gating="task"),
+        "moe_grouped": cls.from_dense(source, tasks=tasks, num_experts=4, gating="task", expert_dispatch=grouped),
     }
     batch = make_batch(args.batch, args.seq, args.num_tasks, models["dense"].config.vocab_size)
 
@@ -64,6 +73,8 @@ def main():
                 "batch": [args.batch, args.seq],
                 "rounds": args.rounds,
                 "weights": source_name,
+                "backbone": args.backbone,
+                "grouped_dispatch": grouped,
             }
         )
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 
-from transformers import GenerationMixin
+from transformers import GenerationMixin, PreTrainedModel
 
 #: the keyword under which generation hands the key/value cache to a model's `forward` and reads it back from
 #: the model's output: `cache` from transformers 5.24 on (`past_key_values` is deprecated there and goes in 5.40),
@@ -44,3 +44,26 @@ def pop_cache(kwargs: dict):
 def output_cache(output):
     """The key/value cache a transformers model output carries (`output.cache` or `output.past_key_values`)."""
     return getattr(output, CACHE_ARG, None)
+
+
+#: the public method that turns activation checkpointing on: `activation_checkpointing_enable` from transformers 5.24
+#: on (`gradient_checkpointing_enable` is its deprecated alias there, which calls it), `gradient_checkpointing_enable`
+#: before. A model whose modules read a `TaskContext` overrides this one to pass the checkpoint a `context_fn`.
+CHECKPOINTING_ENABLE: str = (
+    "activation_checkpointing_enable" if hasattr(PreTrainedModel, "activation_checkpointing_enable")
+    else "gradient_checkpointing_enable"
+)
+
+
+def checkpointing_enable_with(method_owner: type, kwargs_of) -> None:
+    """Give `method_owner` (a mixin put before `PreTrainedModel`) the override of `CHECKPOINTING_ENABLE` that passes
+    its checkpoint keywords through `kwargs_of(model, kwargs)`."""
+
+    def enable(self, checkpoint_kwargs=None, *args, **kwargs):
+        return getattr(super(method_owner, self), CHECKPOINTING_ENABLE)(kwargs_of(self, checkpoint_kwargs), *args,
+                                                                         **kwargs)
+
+    enable.__name__ = CHECKPOINTING_ENABLE
+    enable.__doc__ = ("transformers' activation checkpointing, with the task ids of each checkpointed layer restored "
+                      "while it is recomputed (`TaskContext.checkpoint_kwargs`).")
+    setattr(method_owner, CHECKPOINTING_ENABLE, enable)

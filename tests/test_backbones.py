@@ -112,3 +112,29 @@ class TestMTTaGOnEveryEncoder(FamilyContract):
 
 def test_the_generic_family_is_registered():
     assert hf_taskmoe.FAMILIES["taskmoe"].model_class is TaskMoEForMultiTask
+
+
+@pytest.mark.parametrize("arch", ["roberta", "modernbert"])
+def test_activation_checkpointing_restores_the_task_ids_of_each_recomputed_layer(arch):
+    """Checkpointed layers run again in the backward pass, after the forward emptied the model's TaskContext: each
+    gets back the task ids it first ran with, also when two forwards (other task mixes) precede one backward."""
+    import copy
+
+    from hf_taskmoe.compat import CHECKPOINTING_ENABLE
+
+    from .backbone_matrix import labelled_batch
+
+    model = TaskMoEForMultiTask.from_dense(dense_model(arch), TASKS, num_experts=3).train()
+    plain = copy.deepcopy(model)
+    getattr(model, CHECKPOINTING_ENABLE)()
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    first = labelled_batch(model, torch.tensor([0, 1, 0, 1]))
+    second = labelled_batch(model, torch.tensor([1, 1, 1, 0]), seed=3)
+    for m in (model, plain):
+        (m(**first).loss + m(**second).loss).backward()
+    expected = dict(plain.named_parameters())
+    for name, param in model.named_parameters():
+        if param.grad is not None:
+            torch.testing.assert_close(param.grad, expected[name].grad, atol=1e-6, rtol=1e-5, msg=name)
+    with pytest.raises(ValueError, match="use_reentrant=False"):
+        getattr(model, CHECKPOINTING_ENABLE)({"use_reentrant": True})

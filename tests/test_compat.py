@@ -114,3 +114,16 @@ def test_generation_counts_below_one_are_refused_by_name(name):
     b = batch()
     with pytest.raises(ValueError, match=f"`{name}` must be a positive integer"):
         model.generate(b["input_ids"], task_ids=b["task_ids"], **{name: 0})
+
+
+def test_canary_activation_checkpointing_takes_checkpoint_keywords_first():
+    """hf_taskmoe.compat.CHECKPOINTING_ENABLE: the public method that turns activation checkpointing on, whose first
+    parameter is the keywords handed to torch.utils.checkpoint (the task models pass a `context_fn` through it)."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    from hf_taskmoe.compat import CHECKPOINTING_ENABLE
+
+    params = list(inspect.signature(getattr(PreTrainedModel, CHECKPOINTING_ENABLE)).parameters)
+    assert params[1] in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"), params

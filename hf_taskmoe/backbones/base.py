@@ -15,6 +15,7 @@ torch's module hooks.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -159,6 +160,35 @@ class TaskContext:
         self.flags = {}
         self.reports = []
         self.layer_input = None
+
+    def checkpoint_kwargs(self, kwargs: dict | None) -> dict:
+        """`torch.utils.checkpoint` keywords for activation checkpointing of a model whose modules read this context:
+        a checkpointed layer is run again during the backward pass, after the forward emptied the context, so a
+        `context_fn` snapshots the context when the layer first runs and restores that snapshot while it is recomputed
+        (right even when several forwards precede one backward). `context_fn` needs the non-reentrant checkpoint."""
+        kwargs = dict(kwargs or {})
+        if kwargs.get("use_reentrant"):
+            raise ValueError(
+                "Activation checkpointing of a task model needs `use_reentrant=False` (its layers read the batch's "
+                "task ids, which are restored for the recomputation through torch.utils.checkpoint's `context_fn`)."
+            )
+        if "context_fn" in kwargs:
+            raise ValueError("A task model sets the checkpoint's `context_fn` itself (to restore the task ids).")
+        return {**kwargs, "use_reentrant": False, "context_fn": self._checkpoint_contexts}
+
+    def _checkpoint_contexts(self):
+        state = (self.task_ids, self.token_mask, self.flags, self.layer_input)  # at the layer's first run
+        return contextlib.nullcontext(), self._restoring(state)
+
+    @contextlib.contextmanager
+    def _restoring(self, state):
+        saved = (self.task_ids, self.token_mask, self.flags, self.reports, self.layer_input)
+        self.task_ids, self.token_mask, self.flags, self.layer_input = state
+        self.reports = []  # what a recomputed module reports is the forward's again: not kept
+        try:
+            yield
+        finally:
+            self.task_ids, self.token_mask, self.flags, self.reports, self.layer_input = saved
 
     def require_task_ids(self) -> torch.Tensor:
         if self.task_ids is None:

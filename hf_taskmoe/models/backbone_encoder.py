@@ -22,6 +22,7 @@ from transformers.configuration_utils import SubConfigSpec
 from transformers.utils import ModelOutput
 
 from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone
+from ..compat import checkpointing_enable_with
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin, TaskSpec
 from ..utils import check_choice, check_layer_list
@@ -275,6 +276,9 @@ class BackboneTaskMixin(MultiTaskBertHeadsMixin):
         model = cls(config)
         report = upcycle(dense_model, model, strict=strict)
         return (model, report) if output_loading_info else model
+
+
+checkpointing_enable_with(BackboneTaskMixin, lambda model, kwargs: model.task_context.checkpoint_kwargs(kwargs))
 
 
 def layer_rule(backbone: Backbone, inner: str, source: str) -> tuple[str, str]:
