@@ -234,3 +234,27 @@ def test_the_script_builds_ca_mtl_on_a_saved_modernbert_with_uncertainty_samplin
     model = AutoModel.from_pretrained(out)
     assert isinstance(model, CAMTLForMultiTask) and model.config.dense_config.model_type == "modernbert"
     assert model.config.conditional_attention_max_length == 32  # follows --max_seq_length
+
+
+@pytest.mark.parametrize("bottleneck", ["base", "large"])
+def test_activation_checkpointing_gives_the_same_gradients(bottleneck):
+    """Checkpointed layers are recomputed in the backward pass: their hooks must find the same task ids (the base's
+    context_fn) and LARGE's skip state of that layer (a new flags dict per layer), so the gradients do not change."""
+    model = CAMTLForMultiTask.from_dense(dense_model("roberta"), TASKS, conditional_layers=[0, 1],
+                                         conditional_bottleneck=bottleneck, num_frozen_layers=0, **SMALL).train()
+    with torch.no_grad():  # every conditional module off its neutral start
+        for name, param in model.named_parameters():
+            if any(part in name for part in ("film", "up", "skip", "task_embeddings")):
+                param.normal_(0.0, 0.3)
+    batch = {**token_batch("roberta", VOCAB, torch.tensor([0, 1, 0])), "labels": torch.tensor([1.0, 0.3, 2.0])}
+
+    def gradients():
+        model.zero_grad()
+        model(**batch).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = gradients()
+    model.activation_checkpointing_enable()
+    checkpointed = gradients()
+    assert sorted(plain) == sorted(checkpointed)
+    torch.testing.assert_close(checkpointed, plain, atol=1e-6, rtol=1e-5)

@@ -138,7 +138,8 @@ class TaskBottleneck(_TaskConditioned, ConditionalBottleneck):
 
 class TaskSkipBottleneck(ConditionalBottleneck):
     """One step of CA-MTL LARGE's skip connection, a forward hook on layer `index`: `s_j = CFF_j(h_j + s_{j-1})`;
-    the last layer's output becomes `h_L + s_L`. The running `s` lives in the forward's `context.flags`."""
+    the last layer's output becomes `h_L + s_L`. The running `s` lives in the forward's `context.flags` (emptied
+    with the context after the forward)."""
 
     def __init__(self, hidden_size: int, bottleneck_size: int, task_dim: int, context: TaskContext, index: int,
                  last: bool):
@@ -153,10 +154,11 @@ class TaskSkipBottleneck(ConditionalBottleneck):
         cond = Conditioning(flags["task_table"], self.context.require_task_ids())
         previous = flags.get("camtl_skip") if self.index > 0 else None
         skip = self(hidden if previous is None else hidden + previous, cond)
-        flags["camtl_skip"] = skip
+        # a new dict, not an update: activation checkpointing snapshots `flags` as a layer starts and restores it
+        # when the layer is recomputed, so each layer must find s_{j-1} there, not the last layer's s
+        self.context.flags = {**flags, "camtl_skip": skip}
         if not self.last:
             return None
-        flags.pop("camtl_skip")
         hidden = hidden + skip
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
