@@ -1,7 +1,7 @@
 """CAMTLForMultiTask: CA-MTL on any declared encoder (RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3 without
 conditional attention, ModernBERT, BERT), conditioning the dense model's own modules (`hf_taskmoe.backbones`)."""
 
-from ...backbones import ENCODER_BACKBONE, backbone_names
+from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
 from ...problem_types import ENCODER
 from ...upcycling import UpcyclingRules
@@ -20,7 +20,7 @@ FAMILY = register_family(
         describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
         # the dense weights keep their names (CLNs hold the dense norms' weight/bias); each model gives its rules
         upcycling=UpcyclingRules(rename=(), new=CAMTLForMultiTask._new_weights),
-        dense_model_types=tuple(backbone_names(ENCODER_BACKBONE)),
+        backbone_kind=ENCODER_BACKBONE,
         method="ca-mtl",
         # conditional attention is built for a fixed length: by default the length the script truncates inputs to
         script_defaults=lambda values: {"conditional_attention_max_length": values["max_seq_length"]},
