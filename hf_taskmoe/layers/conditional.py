@@ -49,9 +49,11 @@ class FiLM(nn.Linear):
 
 
 def _per_row(film: FiLM, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
-    """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each (computed once per task)."""
-    gamma, beta = film(cond.table)  # (tasks, features)
-    return gamma[cond.task_ids].unsqueeze(1), beta[cond.task_ids].unsqueeze(1)
+    """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each (computed once per task, gathered per row
+    as one `(batch, 1, 2 features)` tensor: a third fewer operations than gathering gamma and beta apart)."""
+    both = F.linear(cond.table, film.weight, film.bias)  # (tasks, 2 features): FiLM.forward before its split
+    gamma, beta = both.index_select(0, cond.task_ids).unsqueeze(1).chunk(2, dim=-1)  # (batch, 1, features) each
+    return 1.0 + gamma, beta
 
 
 def _transformed_product(x: torch.Tensor, xw: torch.Tensor, film: FiLM, cond: Conditioning) -> torch.Tensor:
@@ -122,15 +124,17 @@ class ConditionalAttentionBias(nn.Module):
         b, n = self.block_size, self.num_blocks
         gamma, beta = self.film(table)  # (tasks, b*b)
         blocks = self.blocks.unsqueeze(0) * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b)
-        eye = torch.eye(n, dtype=blocks.dtype, device=blocks.device)
-        full = torch.einsum("tnij,nm->tnimj", blocks, eye).reshape(-1, n * b, n * b)  # direct sum of the blocks
-        return full[:, :length, :length]
+        # direct sum of the blocks: block n on the diagonal of a (n, n) grid of (b, b) blocks, zeros elsewhere
+        full = torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3).reshape(-1, n * b, n * b)
+        return full if length == n * b else full[:, :length, :length]
 
     def forward(
-        self, cond: Conditioning, key_mask: torch.Tensor | None, length: int, dtype: torch.dtype
+        self, cond: Conditioning, key_mask: torch.Tensor | None, length: int, dtype: torch.dtype,
+        padded_keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The additive attention mask of the batch: `M(z)` of each row's task, with padded keys at the dtype's
-        minimum. `(batch, 1, length, length)`."""
+        minimum. `(batch, 1, length, length)`. `padded_keys`: `padded_keys(key_mask)`, when the caller made it once
+        for every layer."""
         if length > self.max_length:
             raise ValueError(
                 f"Conditional attention covers sequences of at most `conditional_attention_max_length` = "
@@ -143,8 +147,14 @@ class ConditionalAttentionBias(nn.Module):
         bias = full.index_select(0, cond.task_ids).index_select(1, keep).index_select(2, keep)  # (batch, L, L)
         bias = bias.unsqueeze(1).to(dtype)  # (batch, 1, L, L)
         if key_mask is not None:
-            bias = bias.masked_fill(~key_mask.bool()[:, None, None, :], torch.finfo(dtype).min)
+            bias = bias.masked_fill(padded_keys if padded_keys is not None else padded_key_mask(key_mask),
+                                    torch.finfo(dtype).min)
         return bias
+
+
+def padded_key_mask(key_mask: torch.Tensor) -> torch.Tensor:
+    """`(batch, seq)` 0/1 padding mask -> `(batch, 1, 1, seq)` bool, True where a key is padding."""
+    return ~key_mask.bool()[:, None, None, :]
 
 
 class ConditionalBottleneck(nn.Module):

@@ -3,7 +3,8 @@
 
 A batch may mix tasks. `MultiTaskHeads` splits the rows by task with one stable `argsort` of
 `task_ids` (rows keep their order inside a task), runs each task's head on its rows only, and returns
-per-task logits and losses plus the total loss. That split reads the per-task row counts back from the device; a
+per-task logits and losses plus the total loss (the heads of single-label tasks of one width as one product: the same
+numbers in a fraction of the operations). That split reads the per-task row counts back from the device; a
 batch checked on the host (`values_checked=True`) instead runs every head on every row and takes each row's loss and
 logits from its own task's head (`forward_every_row`): no host sync and no shape that depends on the task mix, which
 torch.export, ONNX and CUDA graphs need. Heads of tasks absent from such a batch then get zero gradients (as under
@@ -25,6 +26,7 @@ mixed batch with wider tasks (`TaskHead.label_width`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -171,6 +173,8 @@ class MultiTaskHeads(nn.ModuleDict):
 
         Runs before the encoder so that bad input costs no compute.
         """
+        if not check_values and labels is not None and self._stackable(task_rows, None):
+            return self._stacked_labels(task_rows, seq_len, labels, span_positions)
         prepared = {}
         widths = [self[self.tasks[t].name].label_width() for t in task_rows]
         for t, rows in task_rows.items():
@@ -193,14 +197,20 @@ class MultiTaskHeads(nn.ModuleDict):
         prepared_labels: dict[int, torch.Tensor] | None = None,
         span_positions: torch.Tensor | None = None,
     ) -> HeadsOutput:
-        """Run each task's head on its rows. `task_rows` and `prepared_labels` come from `split_rows`/`check_inputs`."""
+        """Run each task's head on its rows. `task_rows` and `prepared_labels` come from `split_rows`/`check_inputs`.
+
+        A mixed batch of single-label tasks of one width runs their heads as one product (`_forward_stacked`): the
+        same logits and losses with a fraction of the operations."""
+        if self._stackable(task_rows, prepared_labels):
+            return self._forward_stacked(pooled_output, task_rows, prepared_labels)
         out = HeadsOutput()
         weighted, examples = [], []
         for t, rows in task_rows.items():
             task = self.tasks[t]
             head = self[task.name]
             logits = head(
-                sequence_output.index_select(0, rows),  # (rows, seq, hidden)
+                # (rows, seq, hidden); a head on the pooled representation ignores it: no copy of the rows
+                sequence_output.index_select(0, rows) if _own_flag(head, "reads_sequence", True) else sequence_output,
                 pooled_output.index_select(0, rows),  # (rows, hidden)
                 span_positions.index_select(0, rows) if span_positions is not None else None,
             )
@@ -219,6 +229,75 @@ class MultiTaskHeads(nn.ModuleDict):
             # zero gradient), without reading back how many labels were kept
             out.loss = torch.stack(weighted).sum() / torch.stack(examples).sum().clamp(min=1)
         out.logits = self._batch_logits(out, sequence_output.shape[0])
+        return out
+
+    # -- the heads of a mixed batch as one product ---------------------------------------------------------------
+    def _stackable(self, task_rows: dict[int, torch.Tensor], prepared_labels) -> bool:
+        """Whether `_forward_stacked` serves the batch: two tasks or more present, each with a head that stacks
+        (`TaskHead.stacks`, set by its own class), all of one width, one dropout and one loss weight, labelled alike."""
+        if len(task_rows) < 2:
+            return False
+        heads = [self[self.tasks[t].name] for t in task_rows]
+        if not all(_own_flag(head, "stacks", False) for head in heads):
+            return False
+        if prepared_labels is not None and set(prepared_labels) != set(task_rows):
+            return False
+        return (
+            len({head.num_labels for head in heads}) == 1
+            and len({head.dropout.p for head in heads}) == 1
+            and len({self.tasks[t].loss_weight for t in task_rows}) == 1
+        )
+
+    def _stacked_labels(self, task_rows, seq_len: int, labels: torch.Tensor, span_positions) -> dict[int, torch.Tensor]:
+        """`check_inputs` without value checks for heads that stack: one head of their class prepares every row's
+        label at once (the same shape and dtype checks), split back per task (views of one tensor)."""
+        order = _joined(list(task_rows.values()))
+        for t, rows in task_rows.items():
+            self[self.tasks[t].name].check_rows(rows, seq_len, span_positions, check_values=False)
+        head = self[self.tasks[next(iter(task_rows))].name]
+        prepared = head.prepare_labels(labels.index_select(0, order), order, seq_len, padded=False, check_values=False)
+        return dict(zip(task_rows, prepared.split([len(rows) for rows in task_rows.values()])))
+
+    def _forward_stacked(
+        self, pooled_output: torch.Tensor, task_rows: dict[int, torch.Tensor], prepared_labels
+    ) -> HeadsOutput:
+        """`forward` for heads that stack (`_stackable`): the rows grouped by task (`order`), one dropout, one product
+        with the present tasks' classifiers side by side, each row's own task's logits gathered, one cross-entropy,
+        per-task sums on the device. The tasks absent from the batch take no part (their heads get no gradient), and
+        nothing is read back beyond the split's row counts."""
+        present = list(task_rows)  # task ids, ascending
+        heads = [self[self.tasks[t].name] for t in present]
+        width = heads[0].num_labels
+        order = _joined([task_rows[t] for t in present])  # (batch,) rows grouped by task, batch order inside
+        counts = [len(task_rows[t]) for t in present]
+        x = heads[0].dropout(pooled_output.index_select(0, order))  # (batch, hidden)
+        weight = torch.cat([head.classifier.weight for head in heads])  # (present * width, hidden)
+        bias = torch.cat([head.classifier.bias for head in heads])
+        logits = F.linear(x, weight, bias).view(x.shape[0], len(present), width)  # every present head, every row
+        # each row's task as its position among the present tasks (filled on the device: no host data to copy)
+        position = torch.cat([torch.full_like(task_rows[t], k) for k, t in enumerate(present)])  # (batch,)
+        own = logits.gather(1, position.view(-1, 1, 1).expand(-1, 1, width)).squeeze(1)  # (batch, width)
+        out = HeadsOutput()
+        for t, head, task_logits in zip(present, heads, own.split(counts)):
+            out.task_logits[head.task_name] = task_logits
+            out.task_rows[head.task_name] = task_rows[t]
+        out.logits = own.new_empty(own.shape).index_copy(0, order, own)  # batch order
+        if prepared_labels is None:
+            return out
+        labels = _joined([prepared_labels[t] for t in present])  # (batch,) in `order`
+        per_row = F.cross_entropy(own.float(), labels, ignore_index=IGNORE_INDEX, reduction="none")  # (batch,)
+        kept = (labels != IGNORE_INDEX).to(per_row.dtype)  # labelled rows
+        # each task's mean (0 for a task whose labels are all ignored); `TaskHead._cross_entropy`'s scaling
+        scale = 1 / math.log(width) if self.scale_loss_by_num_classes else 1.0
+        examples = kept.new_zeros(len(present)).index_add(0, position, kept)  # (present,) labelled rows per task
+        losses = per_row.new_zeros(len(present)).index_add(0, position, per_row) / examples.clamp(min=1)
+        out.task_losses = dict(zip((head.task_name for head in heads), (losses * scale if scale != 1 else losses)
+                                   .unbind()))
+        # the split forward's sum over tasks of loss_weight * task mean * labelled rows, over the labelled rows: with
+        # one weight and one scale, the sum of the rows' losses (the per-task means are outputs, off the loss's graph)
+        factor = scale * self.tasks[present[0]].loss_weight  # one loss weight for every task present (`_stackable`)
+        total = per_row.sum()
+        out.loss = (total if factor == 1 else total * factor) / kept.sum().clamp(min=1)
         return out
 
     # -- every head on every row: the sync-free forward and exported programs -----------------------------------
@@ -319,6 +398,26 @@ class MultiTaskHeads(nn.ModuleDict):
         for name in names:
             logits.index_copy_(0, out.task_rows[name], out.task_logits[name])
         return logits
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """`torch.cat(parts)` of 1-D tensors, without the copy when they are consecutive views that tile one tensor (the
+    per-task rows of `split_rows`, the per-task labels of `_stacked_labels`): that tensor."""
+    base = parts[0]._base
+    if base is None or base.dim() != 1 or base.stride() != (1,) or torch.compiler.is_compiling():
+        return torch.cat(parts)
+    offset = base.storage_offset()
+    for part in parts:
+        if part._base is not base or part.dim() != 1 or part.stride() != (1,) or part.storage_offset() != offset:
+            return torch.cat(parts)
+        offset += part.numel()
+    return base if offset == base.storage_offset() + base.numel() else torch.cat(parts)
+
+
+def _own_flag(head: TaskHead, name: str, default: bool) -> bool:
+    """A flag (`reads_sequence`, `stacks`) as the head's own class sets it: a subclass that changes `forward` or
+    `loss` does not inherit its parent's promise."""
+    return type(head).__dict__.get(name, default)
 
 
 def _own_task_rows(per_task: list[torch.Tensor], task_ids: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,12 @@ class TaskHead(nn.Module):
     every_row = False
     #: whether `forward` reads `span_positions`
     reads_spans = False
+    #: whether `forward` reads `sequence_output` (a head on the pooled representation says False: the split forward
+    #: then hands it the whole batch's, not a copy of its rows)
+    reads_sequence = True
+    #: the head is `classifier(dropout(pooled_output))` with the cross-entropy over class indices (`loss`): the split
+    #: forward of a mixed batch runs such heads of one width as one product (`MultiTaskHeads._forward_stacked`)
+    stacks = False
 
     def __init__(self, task: TaskSpec, hidden_size: int, dropout: float, scale_loss_by_num_classes: bool = False):
         super().__init__()

@@ -31,6 +31,8 @@ class SequenceClassificationHead(TaskHead):
     """`P(c|x_t) = softmax(U_t h(x_t))` on the pooled representation (MT-TaG eq. 7)."""
 
     every_row = True
+    reads_sequence = False
+    stacks = True
 
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
@@ -49,6 +51,8 @@ class SequenceClassificationHead(TaskHead):
 
 class MultiLabelClassificationHead(SequenceClassificationHead):
     """Independent sigmoid per label, binary cross-entropy."""
+
+    stacks = False  # its loss is not the cross-entropy over class indices
 
     def label_width(self):
         return self.num_labels
@@ -80,6 +84,7 @@ class RegressionHead(TaskHead):
     """`S(x_t) = V_t h(x_t)` (MT-TaG eq. 8), mean squared error."""
 
     every_row = True
+    reads_sequence = False
 
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
@@ -118,6 +123,7 @@ class MultipleChoiceHead(TaskHead):
     """One score per (context, choice) row; cross-entropy over the `num_choices` rows of an example."""
 
     per_row = False
+    reads_sequence = False
 
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)

@@ -25,7 +25,7 @@ from transformers.models.bert.modeling_bert import (
     BertPooler,
 )
 
-from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask, rows_by_group
+from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ...tasks import TaskSpec
 from ..multitask_bert import (
@@ -105,16 +105,19 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
         output_attentions=None, output_hidden_states=None, task_rows=None, **kwargs,
     ) -> BaseModelOutputWithPooling:
-        """Forward on inputs already checked by the caller. With `task_rows` (`{task id: batch rows}`, from the heads'
-        `split_rows`) each group's PALs run on its rows; without, every row runs through its group's PALs at once
-        (batched across groups: no host sync and no shape that depends on the mix, as export needs)."""
+        """Forward on inputs already checked by the caller. Every row runs through its own group's PALs at once
+        (batched across groups: no host sync and no shape that depends on the mix, as export needs). With
+        `task_rows` (`{task id: batch rows}`, from the heads' `split_rows`) the groups present are known: only their
+        PALs take part (an absent group's get no gradient), and a batch of one group runs its PALs unbatched."""
         hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
         key_mask = pal_key_mask(attention_mask, mask)
-        if task_rows is not None:
-            group_rows = rows_by_group(task_rows, self.config.task_group_ids, hidden.shape[0])
-        else:
-            group_rows = self.task_to_group.index_select(0, task_ids)  # (batch,) each row's group
+        present = sorted({self.config.task_group_ids[t] for t in task_rows}) if task_rows is not None else None
+        group_rows = None
+        if present is not None and len(present) == 1:
+            group_rows = [(present[0], None)]  # one group's PALs on the whole batch
+        elif self.pals.layers:  # every row through its group's PALs at once; the groups present only, when known
+            group_rows = self.pals.select(self.task_to_group.index_select(0, task_ids), present)
 
         def step(index, layer, hidden):
             pal = self.pals(hidden, index, group_rows, key_mask) if self.pals.has_layer(index) else None

@@ -36,6 +36,7 @@ from ...layers.conditional import (
     ConditionalLayerNorm,
     Conditioning,
     FiLM,
+    padded_key_mask,
 )
 from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding, resolve_task_ids
 from ...tasks import TaskSpec
@@ -186,11 +187,13 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
             hidden = self.alignment(hidden, cond)  # E(x) R^(z)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
         skip = None  # LARGE bottleneck: s_j = CFF_j(h_j + s_{j-1}), alongside the layers
+        # the padded keys of every conditional layer's mask, made once
+        padded_keys = padded_key_mask(attention_mask) if attention_mask is not None else None
 
         def step(index, layer, hidden):
             nonlocal skip
             if layer.attention_bias is not None:  # softmax(M(z) + QK^T/sqrt(d) + padding mask)
-                layer_mask = layer.attention_bias(cond, attention_mask, length, hidden.dtype)
+                layer_mask = layer.attention_bias(cond, attention_mask, length, hidden.dtype, padded_keys)
             else:
                 layer_mask = mask
             hidden, attention = layer(hidden, layer_mask, cond, **kwargs)
