@@ -49,6 +49,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".models.mmoe": ("MMoEConfig", "MMoEModel"),
     ".models.bart_task_routed": ("BartTaskRoutedConfig", "BartTaskRouted", "bart_from_bert"),
     ".models.task_routed_lm": ("TaskRoutedLMConfig", "TaskRoutedForCausalLM"),
+    ".models.task_routed_t5": ("TaskRoutedSeq2SeqConfig", "TaskRoutedForSeq2SeqLM"),
     ".modeling_utils": ("MultiTaskModelOutput",),
     ".layers.heads": ("MultiTaskHeads",),
     ".layers.moe": ("TaskMoE",),

@@ -39,11 +39,15 @@ class ContextRoutedLayer(RoutedLayer):
         )
 
 
-def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, attention: str, context: TaskContext,
-                shared: tuple = ()) -> list[int]:
-    """Replace each layer of `layers` by a `ContextRoutedLayer`: a routed layer (index in `routed`) holds the layer
-    and `num_experts - 1` copies of it, any other layer holds itself alone. Returns `slot_layers`: the layer each
-    key/value cache slot belongs to.
+def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, attention: str | tuple[str, ...] | None,
+                context: TaskContext, shared: tuple = (), first_route: int = 0,
+                layer_class: type[ContextRoutedLayer] = ContextRoutedLayer) -> list[int]:
+    """Replace each layer of `layers` by a `layer_class` (a `ContextRoutedLayer`): a routed layer (index in `routed`)
+    holds the layer and `num_experts - 1` copies of it, any other layer holds itself alone. Returns `slot_layers`: the
+    layer each key/value cache slot belongs to. `attention`: the path (or paths: a T5 decoder block's self- and
+    cross-attention) of the attention modules whose `layer_idx` names the slot; None: the layers keep no cache (an
+    encoder). `first_route`: the router's layer axis index of the first routed layer (an encoder-decoder routes its
+    encoder's layers first).
 
     Cache slots: a decoder layer's attention writes its keys and values at `cache.layers[attention.layer_idx]`, so two
     copies of one layer would overwrite each other's history. Expert 0 of layer `i` keeps slot `i` (the dense model's
@@ -53,17 +57,18 @@ def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, atte
     `set_attn_implementation` changes), so each keeps what its layer index fixed at construction (Qwen2's sliding
     window per layer type, GPT-2's per-layer attention scale): only the cache slot number changes."""
     slot_layers = list(range(len(layers)))
-    route = 0
+    paths = (attention,) if isinstance(attention, str) else tuple(attention or ())
+    route = first_route
     for i, layer in enumerate(list(layers)):
         experts = [layer]
         if i in routed:
             for _ in range(num_experts - 1):
                 expert = copy.deepcopy(layer, memo={id(s): s for s in shared})
-                if attention is not None:
-                    expert.get_submodule(attention).layer_idx = len(slot_layers)
+                for path in paths:
+                    expert.get_submodule(path).layer_idx = len(slot_layers)
                 slot_layers.append(i)
                 experts.append(expert)
-        layers[i] = ContextRoutedLayer(experts, route if i in routed else None, context)
+        layers[i] = layer_class(experts, route if i in routed else None, context)
         route += int(i in routed)
     return slot_layers
 

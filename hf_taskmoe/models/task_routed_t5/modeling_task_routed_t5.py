@@ -1,0 +1,606 @@
+"""TaskRoutedForSeq2SeqLM: task-level mixture of experts (Ye et al. 2022) over the encoder and decoder blocks of a T5
+or mT5, wrapping the dense model's own blocks (`hf_taskmoe.backbones.decoders` declares where they are).
+
+The model holds the dense model itself (`AutoModelForSeq2SeqLM.from_config(config.dense_config)`: a
+`T5ForConditionalGeneration` or `MT5ForConditionalGeneration`) and forks its blocks in place, as the paper forks BART's
+layers: every routed block becomes a `T5RoutedBlock` holding `m` experts, each a whole copy of the block
+(self-attention, cross-attention, FFN, norms). A `TaskRouter` turns each task's embedding into decisions `D`; block `i`
+outputs `sum_j D_ij E^(i,j)(h)` (eq. 1). The dense model's own forward runs unchanged -- embeddings, masks, attention
+kernels, final norms, the LM head and its scaling -- and its block loops call the routed blocks, which read the
+decisions from the model's `TaskContext` (the router's layer axis: routed encoder blocks, then decoder blocks).
+
+T5's relative position bias. A T5 block returns `(hidden states, self-attention bias, cross-attention bias)`; the first
+block of each stack (`has_relative_attention_bias`) computes the self-attention bias from its own
+`relative_attention_bias` table and the stack hands it to every later block. Here every expert copy of block 0 keeps its
+own table (a whole-block copy, as the paper's), computes its own bias, and `T5RoutedBlock` mixes the biases by the same
+decisions as the hidden states: later blocks (every expert of them) receive `sum_j D_0j B^(0,j)`, `(batch, heads, q,
+k)`. Under a hard route that is exactly the chosen expert's bias, so a task's route is a plain T5 (what `export_task`
+builds, tested equal); under a soft route the bias is mixed like the hidden states, a fixed function of the positions
+and the task, so decoding with the cache recomputes it exactly (each copy of block 0 reads the past length from its own
+cache slot). The alternatives were weaker: keeping the dense block 0's table for all experts ties a parameter across
+experts (an exported route then needs expert 0's table beside another expert's block), and leaving block 0 unforked
+departs from the paper's routing of every layer. The cross-attention bias is zero in T5 (no block has a relative bias
+for it): expert 0's is passed on.
+
+Generation with a key/value cache. Each expert copy of a decoder block has its own cache slot, for its self-attention
+(the `EncoderDecoderCache`'s self-attention cache) and its cross-attention (the cross-attention cache): expert 0 keeps
+the dense block's slot, the others get slots after the dense ones (`fork_layers`, both attentions' `layer_idx`). Every
+expert runs on every row, so each slot holds exactly what a forward without a cache recomputes, under hard and soft
+routes. `generate` runs the encoder on its own: a forward pre-hook on the encoder takes the `task_ids` that `generate`
+passes it and fills the context for that call.
+
+Weights: `backbone.<the dense model's own names>`, a routed block's `{encoder,decoder}.block.<i>.experts.<j>.*` (a plain
+block is `experts.0`), the router under `router.*`.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.utils import ModelOutput, TransformersKwargs
+
+from ...backbones import TaskContext
+from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...layers.heads import PresentTasks
+from ...modeling_utils import (
+    MultiTaskPreTrainedModel,
+    check_batch_dim,
+    check_generation_counts,
+    check_kwargs,
+    check_lengths,
+    resolve_task_ids,
+)
+from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
+from ...tasks import TaskSpec
+from ..task_routed_lm.routing_mixin import ContextRoutedLayer, TaskRoutingMixin, fork_layers
+from .configuration_task_routed_t5 import TaskRoutedSeq2SeqConfig
+
+__all__ = ["T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "TaskRoutedSeq2SeqOutput"]
+
+#: tokens `generate()` produces by default after the decoder start token (transformers' default stops at 20 positions)
+DEFAULT_MAX_NEW_TOKENS = 64
+#: a T5 block's attention modules, by the output field that reports their probabilities
+SELF_ATTENTION, CROSS_ATTENTION = "layer.0.SelfAttention", "layer.1.EncDecAttention"
+
+
+@dataclass
+class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus, as in every family's output: `task_losses` (each task's mean token loss), `task_ids`,
+    and with `output_router_logits=True` the routing: `routing_decisions` and `router_logits`, both `(batch, routed
+    layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)` (the sum of each task's rows' decisions).
+
+    `encoder_hidden_states` / `decoder_hidden_states` (when asked): the embedding output and each block's (mixed)
+    output, `(batch, seq, hidden)` each, before the final norm; `encoder_attentions`, `decoder_attentions`,
+    `cross_attentions`: each block's attention probabilities mixed over its experts by `D` (eager attention only)."""
+
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_ids: torch.LongTensor | None = None
+    routing_decisions: torch.FloatTensor | None = None
+    router_logits: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
+
+
+class _StackRecorder:
+    """What `output_hidden_states` / `output_attentions` ask of one pass through a T5 stack: transformers records them
+    with hooks on the block and attention classes, which would record each expert on its own; the routed blocks record
+    their mixed outputs here instead."""
+
+    def __init__(self, hidden_states: bool, attentions: dict[str, str]):
+        self.hidden_states: list[torch.Tensor] | None = [] if hidden_states else None
+        self.kinds = attentions  # output field -> the attention module's path in a block
+        self.attentions: dict[str, list] = {kind: [] for kind in attentions}
+
+    def outputs(self) -> dict:
+        fields = {
+            kind: tuple(v) if v and all(p is not None for p in v) else None for kind, v in self.attentions.items()
+        }
+        if self.hidden_states is not None:
+            fields["hidden_states"] = tuple(self.hidden_states)
+        return fields
+
+
+class T5RoutedBlock(ContextRoutedLayer):
+    """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it runs every expert on every row
+    and returns `(sum_j D_ij h_j, position bias, cross-attention bias)`. The self-attention bias is mixed by `D` when
+    this block computes it (block 0: each expert copy has its own relative-position table), else the one received is
+    passed on unchanged (module docstring)."""
+
+    def forward(self, hidden_states, attention_mask=None, position_bias=None, encoder_hidden_states=None,
+                encoder_attention_mask=None, encoder_decoder_position_bias=None, **kwargs):
+        args = (attention_mask, position_bias, encoder_hidden_states, encoder_attention_mask,
+                encoder_decoder_position_bias)
+        recorder: _StackRecorder | None = self.context.flags.get("stack_recorder")
+        if recorder is not None and recorder.hidden_states == []:
+            recorder.hidden_states.append(hidden_states)  # the embedding output, as transformers records it
+        weights = self.context.flags.get("routing_weights")
+        if self.route_index is not None and weights is None:
+            self.context.require_task_ids()  # raises: called outside the model's forward
+        shares = (
+            weights[:, self.route_index].to(hidden_states.dtype) if self.route_index is not None else None
+        )  # (batch, experts)
+        mixed = bias = cross = None
+        attentions: dict[str, torch.Tensor | None] = {}
+        for j, expert in enumerate(self.experts):
+            seen: dict[str, list] = {kind: [] for kind in (recorder.kinds if recorder is not None else ())}
+            handles = [
+                expert.get_submodule(path).register_forward_hook(
+                    lambda _m, _a, out, kept=seen[kind]: kept.append(out[2])  # (output, bias, probabilities)
+                )
+                for kind, path in (recorder.kinds.items() if recorder is not None else ())
+                if kind != "cross_attentions" or encoder_hidden_states is not None
+            ]
+            try:
+                h, b, c = expert(hidden_states, *args, **kwargs)
+            finally:
+                for handle in handles:
+                    handle.remove()
+            if shares is None:  # a plain block
+                mixed, bias, cross = h, b, c
+                attentions = {kind: probs[-1] if probs else None for kind, probs in seen.items()}
+                break
+            share = shares[:, j]  # (batch,)
+            h = h * share[:, None, None]  # (batch, seq, hidden)
+            mixed = h if mixed is None else mixed + h
+            if position_bias is None:  # this block computes the bias (block 0): each expert its own, mixed by D
+                b = b * share.to(b.dtype)[:, None, None, None]  # (batch, heads, q, k)
+                bias = b if bias is None else bias + b
+            if j == 0:
+                cross = c  # zero in T5 (no relative bias for cross-attention): expert 0's
+            for kind, probs in seen.items():
+                if probs and probs[-1] is not None:
+                    p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None]  # (batch, heads, q, k)
+                    attentions[kind] = p if attentions.get(kind) is None else attentions[kind] + p
+                else:
+                    attentions[kind] = None
+        if position_bias is not None:
+            bias = position_bias
+        if recorder is not None:
+            if recorder.hidden_states is not None:
+                recorder.hidden_states.append(mixed)
+            for kind in recorder.kinds:
+                if kind in attentions:
+                    recorder.attentions[kind].append(attentions[kind])
+        return mixed, bias, cross
+
+
+def _dense_forward_kwargs(dense_class) -> frozenset[str]:
+    """Keyword arguments the dense model's `forward` takes (and transformers' `TransformersKwargs`)."""
+    names = set(inspect.signature(dense_class.forward).parameters) | set(TransformersKwargs.__annotations__)
+    names |= {"cache_position", "past_key_values", "decoder_position_ids", "head_mask", "decoder_head_mask",
+              "cross_attn_head_mask"}
+    return frozenset(names - {"self", "kwargs", "labels", "return_dict"})
+
+
+class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
+    r"""
+    A T5 / mT5 with task-level routing over forked encoder and decoder blocks. `forward(input_ids, task_ids=...,
+    labels=...)` and `generate(input_ids, task_ids=...)` take one task id per row (index into `config.tasks`); a batch
+    may mix tasks. Labels are the target's token ids (`-100` where no loss is taken), shifted right inside to make the
+    decoder's inputs, as `T5ForConditionalGeneration` does.
+
+    Build one with `TaskRoutedForSeq2SeqLM.from_dense("google-t5/t5-small", tasks)`: every expert of block `i` starts as
+    block `i` (plus N(0, 1e-8) noise, section 5.2; `expert_noise_variance=0` makes the model compute exactly the dense
+    model). `export_task(task)` gives back a plain `T5ForConditionalGeneration` (or mT5) holding that task's route.
+    """
+
+    config_class = TaskRoutedSeq2SeqConfig
+    base_model_prefix = "backbone"
+    main_input_name = "input_ids"
+    records_task_order = True
+    #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
+    auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
+    _no_split_modules = ["T5RoutedBlock"]
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _is_stateful = False
+    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
+    _task_specific_parameters = (r"^router\.task_embeddings\.",)
+    # absent tasks' embeddings and, under hard routing, the experts no task of the batch chose
+    _possibly_idle_parameters = (r"^router\.task_embeddings\.", r"\.experts\.")
+    _parameter_groups = {
+        "router": r"^router\.net\.",
+        "task_embedding": r"^router\.task_embeddings\.",
+        "expert": r"\.experts\.",
+    }
+
+    def __init__(self, config: TaskRoutedSeq2SeqConfig):
+        super().__init__(config)
+        declared = config.backbone
+        self.backbone = AutoModelForSeq2SeqLM.from_config(config.dense_config)
+        self.task_context = TaskContext()
+        base = self.backbone.base_model
+        encoder, decoder = self.backbone.get_encoder(), self.backbone.get_decoder()
+        # the copies share the configs T5's attention modules hold (each stack's own), so that
+        # `set_attn_implementation` reaches every expert
+        shared = (self.backbone.config, encoder.config, decoder.config)
+        fork_layers(
+            base.get_submodule(declared.layers), config.encoder_route_layers, config.num_experts, None,
+            self.task_context, shared=shared, layer_class=T5RoutedBlock,
+        )
+        self._slot_layers = fork_layers(
+            base.get_submodule(declared.decoder_layers), config.decoder_route_layers, config.num_experts,
+            (SELF_ATTENTION, CROSS_ATTENTION), self.task_context, shared=shared,
+            first_route=len(config.encoder_route_layers), layer_class=T5RoutedBlock,
+        )
+        # `generate` runs the encoder by itself: its pre-hook routes it; both stacks record hidden states and
+        # attentions per routed block (transformers' hooks would record every expert separately)
+        for stack in (encoder, decoder):
+            stack.register_forward_pre_hook(self._stack_pre_hook, with_kwargs=True)
+            stack.register_forward_hook(self._stack_post_hook, with_kwargs=True)
+        self._build_router(config)
+        self._forward_kwargs = _dense_forward_kwargs(type(self.backbone))
+        self.post_init()
+        self._apply_generation_convention(self.generation_config)
+        self.apply_freezing()
+
+    def _apply_generation_convention(self, generation_config):
+        """The dense model's special tokens and decoder start; `max_new_tokens` rather than `max_length`."""
+        dense = self.config.dense_config
+        for name in ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            if getattr(generation_config, name, None) is None and getattr(dense, name, None) is not None:
+                setattr(generation_config, name, getattr(dense, name))
+        if generation_config.max_new_tokens is None:
+            generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+        if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
+            generation_config.max_length = None
+        return generation_config
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if not self._init_router_weights(module):
+            super()._init_weights(module)
+        self._init_task_order(module)
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    def get_output_embeddings(self):
+        return self.backbone.get_output_embeddings()
+
+    def get_encoder(self, modality: str | None = None):
+        return self.backbone.get_encoder()
+
+    def get_decoder(self):
+        return self.backbone.get_decoder()
+
+    def max_input_length(self) -> int | None:
+        return None  # relative positions: no position table bounds the input
+
+    # ------------------------------------------------------------------ cache
+    @property
+    def num_cache_slots(self) -> int:
+        return len(self._slot_layers)
+
+    def new_cache(self) -> EncoderDecoderCache:
+        """An empty key/value cache with one self-attention and one cross-attention slot per decoder expert: the
+        dense layout, then a slot for each expert copy."""
+        slots = [(None, None)] * self.num_cache_slots
+        return EncoderDecoderCache(DynamicCache(ddp_cache_data=slots), DynamicCache(ddp_cache_data=slots))
+
+    def _routed_cache(self, cache: Cache | None) -> EncoderDecoderCache:
+        """The cache to decode with: ours, or a new one in place of none or of an empty cache of another layout."""
+        if cache is None:
+            return self.new_cache()
+        if getattr(cache, "is_compileable", False):
+            raise ValueError(
+                f"{type(self).__name__} cannot decode with a static cache ({type(cache).__name__}): its decoder blocks "
+                "keep one cache slot per expert. Leave `cache_implementation` unset (the default dynamic cache)."
+            )
+        if cache.get_seq_length() == 0:
+            return self.new_cache()
+        if not isinstance(cache, EncoderDecoderCache) or len(cache.self_attention_cache.layers) < self.num_cache_slots:
+            raise ValueError(
+                f"{type(self).__name__} continues decoding only from a cache with a slot per expert "
+                f"({self.num_cache_slots}; `model.new_cache()`), got a filled {type(cache).__name__}."
+            )
+        return cache
+
+    # ------------------------------------------------------------------ the stacks' hooks
+    def _stack_pre_hook(self, stack, args, kwargs):
+        """Before T5's encoder or decoder runs: routes for the encoder when `generate` calls it by itself (with the
+        model's `task_ids`), and a recorder in place of transformers' recording of hidden states and attentions."""
+        task_ids = kwargs.pop("task_ids", None)
+        flags = self.task_context.flags
+        wanted = [kwargs.pop(flag, None) for flag in ("output_hidden_states", "output_attentions")]
+        if stack is self.get_encoder() and (task_ids is not None or flags.get("routing_weights") is None):
+            inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+            if inputs is not None:
+                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device)
+                self.task_context.begin(
+                    task_ids, kwargs.get("attention_mask"), **self._routing_flags(self.router(task_ids)[0]),
+                    began_by=stack,
+                )
+                flags = self.task_context.flags
+        record = flags.get("record")
+        if record is None:
+            hidden = self.config.output_hidden_states if wanted[0] is None else wanted[0]
+            attentions = self.config.output_attentions if wanted[1] is None else wanted[1]
+        else:
+            hidden, attentions = record
+        kwargs["output_hidden_states"] = kwargs["output_attentions"] = False  # T5's recording off: ours instead
+        if hidden or attentions:
+            kinds = {"attentions": SELF_ATTENTION}
+            if stack is self.get_decoder():
+                kinds["cross_attentions"] = CROSS_ATTENTION
+            flags["stack_recorder"] = _StackRecorder(bool(hidden), kinds if attentions else {})
+        return args, kwargs
+
+    def _stack_post_hook(self, stack, args, kwargs, output):
+        flags = self.task_context.flags
+        recorder = flags.pop("stack_recorder", None)
+        if recorder is not None and isinstance(output, ModelOutput):
+            for name, value in recorder.outputs().items():
+                setattr(output, name, value)
+        if flags.get("began_by") is stack:
+            self.task_context.end()
+        return output
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs=None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        task_ids: torch.LongTensor | None = None,
+        routing_weights: torch.Tensor | None = None,
+        output_router_logits: bool = False,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        values_checked: bool = False,
+        **kwargs,
+    ) -> TaskRoutedSeq2SeqOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Each row's task (index into `config.tasks`); optional for a one-task model.
+        labels (`torch.LongTensor` of shape `(batch, target_length)`):
+            The target's token ids, `-100` where no loss is taken; shifted right inside (after the decoder start
+            token) to make the decoder's inputs unless `decoder_input_ids` are given.
+        cache (`Cache`, *optional*):
+            The key/value cache this model returned (an `EncoderDecoderCache` with a slot per decoder expert,
+            `new_cache()`); also accepted as `past_key_values`. An empty cache of another layout is replaced.
+        routing_weights (`torch.Tensor` of shape `(batch, routed layers, experts)`, *optional*):
+            Decisions to use instead of the router's (analysis).
+        output_router_logits (`bool`, *optional*):
+            Return `routing_decisions`, `router_logits` and `routing_counts`.
+        values_checked (`bool`, *optional*, defaults to `False`):
+            The task ids and target ids were checked on the host where the batch was made: their values are not
+            read back here (no host sync). The result is the same.
+        """
+        kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: T5 has no segment embeddings
+        cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
+        check_kwargs({k: v for k, v in kwargs.items() if k not in self._forward_kwargs}, self.forward)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        reference = next(
+            (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
+            None,
+        )
+        if reference is None and encoder_outputs is not None:
+            reference = encoder_outputs[0]
+        if reference is None:
+            raise ValueError("Pass `input_ids` (or `inputs_embeds`, or `encoder_outputs` with decoder inputs).")
+        batch = reference.shape[0]
+        for name, tensor in (("input", input_ids if input_ids is not None else inputs_embeds), ("target", labels),
+                             ("decoder input", decoder_input_ids if cache is None else None)):
+            if tensor is not None:
+                check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, None, name)
+        check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        router_logits = None
+        if routing_weights is None:
+            routing_weights, router_logits = self.router(task_ids)
+        elif tuple(routing_weights.shape) != (batch, self.config.num_routed_layers, self.config.num_experts):
+            raise ValueError(
+                f"`routing_weights` must have shape (batch, routed layers, experts) = "
+                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got "
+                f"{tuple(routing_weights.shape)}."
+            )
+        if labels is not None:
+            if labels.dim() != 2:
+                raise ValueError(f"`labels` must have shape (batch, target_length), got {tuple(labels.shape)}.")
+            if not values_checked:
+                Seq2Seq.check_target_ids(labels, self.config.vocab_size)
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self._shift_right(labels)
+        if use_cache is None:
+            use_cache = getattr(self.config.dense_config, "use_cache", True) and not self.training
+        cache = self._routed_cache(cache) if use_cache else None
+        hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        flags = self._routing_flags(routing_weights)
+        flags["record"] = (bool(hidden), bool(attentions))
+        self.task_context.begin(task_ids, attention_mask, **flags)
+        try:
+            out = self.backbone(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                encoder_outputs=encoder_outputs,
+                inputs_embeds=inputs_embeds,
+                decoder_inputs_embeds=decoder_inputs_embeds,
+                use_cache=use_cache,
+                return_dict=True,
+                **{CACHE_ARG: cache},
+                **kwargs,
+            )
+        finally:
+            self.task_context.end()
+        loss, task_losses = None, None
+        if labels is not None:
+            loss, task_losses = self._seq2seq_loss(out.logits, labels, task_ids)
+        routing = {}
+        if output_router_logits:
+            decisions = routing_weights.detach().float()
+            counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
+            routing = dict(
+                routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
+            )
+        output = TaskRoutedSeq2SeqOutput(
+            loss=loss,
+            logits=out.logits,
+            encoder_last_hidden_state=out.encoder_last_hidden_state,
+            encoder_hidden_states=out.encoder_hidden_states,
+            encoder_attentions=out.encoder_attentions,
+            decoder_hidden_states=out.decoder_hidden_states,
+            decoder_attentions=out.decoder_attentions,
+            cross_attentions=out.cross_attentions,
+            task_losses=task_losses,
+            task_ids=task_ids,
+            **{CACHE_ARG: output_cache(out) if use_cache else None},
+            **routing,
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _shift_right(self, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's inputs for `labels`: the decoder start token, then the labels but the last (`-100` -> pad),
+        as T5 makes them."""
+        dense = self.config.dense_config
+        if dense.decoder_start_token_id is None:
+            raise ValueError("The dense config's `decoder_start_token_id` must be set to train on labels (T5: pad, 0).")
+        shifted = labels.new_full(labels.shape, dense.pad_token_id if dense.pad_token_id is not None else 0)
+        shifted[:, 1:] = labels[:, :-1]
+        shifted[:, 0] = dense.decoder_start_token_id
+        return shifted.masked_fill(shifted == IGNORE_INDEX, dense.pad_token_id or 0)
+
+    def _seq2seq_loss(self, logits, labels, task_ids):
+        """Token cross-entropy, mean over the batch's target tokens (as T5), each task's tokens weighted by its
+        `loss_weight`; plus each task's own mean."""
+        row_sums, counts = Seq2Seq.token_loss(logits, labels.to(logits.device))  # (batch,), (batch,)
+        specs = self.config.task_specs
+        weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
+        loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
+        # each task's own mean, for every task on the device: the tasks present are read back only when looked at
+        sums = row_sums.new_zeros(len(specs)).index_add(0, task_ids, row_sums)  # (tasks,)
+        tokens = counts.new_zeros(len(specs)).index_add(0, task_ids, counts)  # (tasks,)
+        per_task = sums / tokens.clamp_min(1)
+        return loss, PresentTasks([s.name for s in specs], task_ids, list(per_task.unbind()), rows=False)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, input_ids=None, attention_mask=None, task_ids=None, **kwargs):
+        """`GenerationMixin.generate` with `task_ids` (one per row; optional for a one-task model). The encoder runs
+        once with the rows' routes (the encoder's pre-hook), each decoding step with the cache (a slot per decoder
+        expert). The segment ids a BERT tokenizer returns are dropped."""
+        kwargs.pop("token_type_ids", None)
+        check_generation_counts(kwargs)
+        reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
+        if reference is not None:
+            task_ids = resolve_task_ids(task_ids, reference.shape[0], self.config.task_names, self.device)
+        if kwargs.get("cache_implementation") not in (None, "dynamic"):
+            raise ValueError(
+                f"{type(self).__name__} cannot decode with a static cache (`cache_implementation="
+                f"{kwargs['cache_implementation']!r}`): its decoder blocks keep one cache slot per expert. Leave "
+                "`cache_implementation` unset (the default dynamic cache)."
+            )
+        kwargs.pop("cache_implementation", None)
+        if pop_cache(dict(kwargs)) is None:
+            kwargs[CACHE_ARG] = self.new_cache()
+        try:
+            return super().generate(input_ids=input_ids, attention_mask=attention_mask, task_ids=task_ids, **kwargs)
+        finally:
+            self.task_context.end()  # nothing of a call outlives it, also when it raised
+
+    # ------------------------------------------------------------------ building and exporting
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        expert_noise_variance: float = 1e-8,
+        seed: int | None = 0,
+        output_loading_info: bool = False,
+        strict: bool = True,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Fork every routed block of a dense T5 / mT5 (`T5ForConditionalGeneration`, `MT5ForConditionalGeneration`, or
+        its path / Hub id) into `num_experts` experts: expert `(i, j)` = block `i` + Gaussian noise of variance
+        `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the dense
+        model's outputs under any route). Embeddings, final norms, LM head and plain blocks are copied; the router is
+        new. `**config_kwargs` are fields of `TaskRoutedSeq2SeqConfig`. With `output_loading_info=True` returns
+        `(model, UpcyclingReport)`."""
+        from ...upcycling import DenseCheckpoint, upcycle
+
+        if isinstance(dense, PreTrainedModel):
+            source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
+            checkpoint = DenseCheckpoint(dense, source)
+        elif isinstance(dense, (str, os.PathLike)):
+            loaded, info = AutoModelForSeq2SeqLM.from_pretrained(dense, output_loading_info=True, **(hub_kwargs or {}))
+            checkpoint = DenseCheckpoint(loaded, str(dense), frozenset(info.get("missing_keys", ())))
+        else:
+            raise ValueError(f"`dense` must be a path, a Hub repo id or a PreTrainedModel, got {type(dense).__name__}.")
+        dense_model = checkpoint.model
+        if dense_model.get_output_embeddings() is None:
+            raise ValueError(
+                f"`dense` must be a seq2seq LM with its LM head (AutoModelForSeq2SeqLM: T5ForConditionalGeneration), "
+                f"got {type(dense_model).__name__}."
+            )
+        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
+        model = cls(config)
+        model.generation_config = model._apply_generation_convention(copy.deepcopy(dense_model.generation_config))
+        # the dense model's weights are its own names under `backbone.`, its blocks' under `...experts.<j>.`
+        report = upcycle(checkpoint, model, strict=strict)
+        if expert_noise_variance:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            std = float(expert_noise_variance) ** 0.5
+            with torch.no_grad():
+                for layer in model.routed_layers():
+                    for p in layer.experts.parameters():
+                        p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
+        return (model, report) if output_loading_info else model
+
+    def _stacks(self) -> dict[str, torch.nn.ModuleList]:
+        """`{prefix of the stack's blocks in the dense model's names: the blocks}`, encoder first."""
+        declared = self.config.backbone
+        base = self.backbone.base_model
+        return {f"{path}.": base.get_submodule(path) for path in (declared.layers, declared.decoder_layers)}
+
+    def routed_layers(self) -> list[T5RoutedBlock]:
+        """The routed blocks (in the router's layer order: encoder, then decoder)."""
+        return [layer for blocks in self._stacks().values() for layer in blocks if layer.route_index is not None]
+
+    def export_task(self, task: str, force_argmax: bool = False) -> PreTrainedModel:
+        """A plain model of the dense class (`T5ForConditionalGeneration`, `MT5ForConditionalGeneration`) holding
+        `task`'s route: each routed block is replaced by the expert the task selects (its relative-position table
+        included). It loads and runs without hf_taskmoe and gives this model's outputs for the task. The route must be
+        hard (`gumbel_softmax_st` or `hard`, or experts disabled down to one); `force_argmax=True` takes the arg-max
+        expert of a soft route (outputs then differ)."""
+        chosen = self.hard_route(task, force_argmax)
+        config = copy.deepcopy(self.config.dense_config)
+        config.hf_taskmoe_task = task
+        dense = AutoModelForSeq2SeqLM.from_config(config).to(self.device, self.dtype)
+        stacks = self._stacks()
+        state = self.backbone.state_dict()
+        mapped = {}
+        for name in dense.state_dict():
+            source = name
+            for prefix, blocks in stacks.items():
+                if name.startswith(prefix):
+                    index, rest = name[len(prefix):].split(".", 1)
+                    block = blocks[int(index)]
+                    expert = chosen[block.route_index] if block.route_index is not None else 0
+                    source = f"{prefix}{index}.experts.{expert}.{rest}"
+                    break
+            mapped[name] = state[source]
+        dense.load_state_dict(mapped, strict=True)
+        dense.generation_config = copy.deepcopy(self.generation_config)
+        return dense.eval()
