@@ -5,6 +5,8 @@
     python examples/run_multitask.py                                   # the demo (a few minutes on 2 CPU cores)
     python examples/run_multitask.py --max_steps 50                    # the demo, 50 steps; every other value kept
     python examples/run_multitask.py --tasks my_tasks.json             # your tasks, with the task-config preset
+    python examples/run_multitask.py --tasks t2t.json --model_family task-routing --model_name_or_path <a GPT-2,
+        Llama, Qwen2 or Mistral checkpoint>                            # text-to-text tasks on a routed causal LM
     python examples/run_multitask.py args.json                         # arguments from a JSON file
     python examples/run_multitask.py --help                            # the multi-task options (--help_all: all)
 
@@ -45,6 +47,7 @@ from hf_taskmoe.modeling_utils import token_table_sizes
 from hf_taskmoe.models import FAMILIES, family_for
 from hf_taskmoe.models.bart_task_routed.bart_from_bert import name_special_tokens
 from hf_taskmoe.problem_types import TEXT_TO_TEXT, get_problem_type
+from hf_taskmoe.problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from hf_taskmoe.training import (
     MultiTaskTrainer,
     MultiTaskTrainingArguments,
@@ -896,6 +899,73 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
     return model, model_args.model_name_or_path or default_model_path()
 
 
+def load_tokenizer(name, cache_dir, model):
+    """`AutoTokenizer`'s tokenizer for `name`, unless it does not fit the model's vocabulary while the class the
+    tokenizer's own files declare (`tokenizer_class` in tokenizer_config.json) does. transformers 5 loads the class
+    registered for some model types (qwen2, phi3, ...) whatever tokenizer_config.json says, so a Qwen2 checkpoint
+    saved with a WordPiece tokenizer beside it would be read by a byte-level BPE tokenizer (characters, and an EOS
+    outside the model's vocabulary)."""
+    from transformers.models.auto.tokenization_auto import get_tokenizer_config, tokenizer_class_from_name
+
+    tokenizer = AutoTokenizer.from_pretrained(name, cache_dir=cache_dir)
+    size = token_table_sizes(model)["input_ids"]
+    if size is None or len(tokenizer) <= size:
+        return tokenizer
+    declared = get_tokenizer_config(name, cache_dir=cache_dir).get("tokenizer_class")
+    own_class = tokenizer_class_from_name(declared) if declared else None
+    if own_class is None or isinstance(tokenizer, own_class):
+        return tokenizer
+    own = own_class.from_pretrained(name, cache_dir=cache_dir)
+    if len(own) > size:
+        return tokenizer
+    logger.warning(f"{name}: AutoTokenizer loads a {type(tokenizer).__name__} of {len(tokenizer)} tokens, more than "
+                   f"the model's {size}; using the {declared} its tokenizer_config.json declares ({len(own)} tokens).")
+    return own
+
+
+def prepare_causal_lm(model, tokenizer, data_args, training_args) -> int:
+    """A decoder-only LM reads a text-to-text example as one sequence, prompt then target (the causal layout of
+    `hf_taskmoe.problem_types.seq2seq`). Make its tokenizer and generation config agree on the token that ends a
+    target, check that a prompt and its continuation fit the model's positions, and return the padding id.
+
+    The end token is the tokenizer's EOS or, for a WordPiece vocabulary (which names none), [SEP]: the token its
+    targets end with (`target_token_ids`), named as the tokenizer's EOS (saved with it, so pipelines and metrics
+    read it) and made the generation config's EOS, so that generation stops where the targets did. The dense
+    checkpoint's own end tokens stay beside it where they lie in the vocabulary (GPT-2's 50256 does not in a
+    WordPiece one). The padding id is the tokenizer's, or the end token's when it names none."""
+    end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    if end is None:
+        raise UsageError(
+            f"The tokenizer {tokenizer.name_or_path} names no end token (EOS or [SEP]): a causal LM's targets end with "
+            "one, and generation stops there. Pass a tokenizer that has one (--tokenizer_name)."
+        )
+    if tokenizer.eos_token_id is None:
+        tokenizer.eos_token = tokenizer.sep_token
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    declared = model.generation_config.eos_token_id
+    declared = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
+    stops = [end] + [t for t in declared if t != end and 0 <= t < model.config.vocab_size]
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
+    # the config and the generation config say what the tokenizer does (the Trainer would align them before training)
+    for config in (model.config, model.generation_config):
+        config.eos_token_id = stops[0] if len(stops) == 1 else stops
+        config.pad_token_id = tokenizer.pad_token_id
+        if start is not None:
+            config.bos_token_id = start  # what a prompt begins with
+
+    positions = model.max_input_length() if hasattr(model, "max_input_length") else None
+    generated = max(data_args.max_target_length, training_args.generation_max_length or 0)
+    if positions is not None and data_args.max_seq_length + generated > positions:
+        longest = ("--max_target_length" if generated == data_args.max_target_length else "--generation_max_length")
+        raise UsageError(
+            f"--max_seq_length {data_args.max_seq_length} (the prompt) + {longest} {generated} (the continuation) "
+            f"exceed the {positions} positions of this causal LM, which reads prompt and continuation as one "
+            f"sequence. Lower them so that they add up to at most {positions}."
+        )
+    return tokenizer.pad_token_id
+
+
 def check_token_ids(model, sets: dict, split: str, tokenizer_name: str) -> None:
     """Every token id of the tokenised `sets` ({task: dataset}) must be in the model's vocabulary, and every
     segment id in its `type_vocab_size`: an id beyond them means a tokenizer that is not the model's (an
@@ -1181,12 +1251,16 @@ def _main(argv: list[str] | None, cleanup) -> dict:
 
     # ---- model and tokenizer
     model, source = build_model(model_args, tasks, training_args, data_args.max_seq_length)
-    if getattr(model.config, "is_encoder_decoder", False):  # generate as long as the targets it was trained on
-        model.generation_config.max_new_tokens = data_args.max_target_length
-    tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name or source, cache_dir=model_args.cache_dir)
+    tokenizer = load_tokenizer(model_args.tokenizer_name or source, model_args.cache_dir, model)
     tokenizer.model_max_length = data_args.max_seq_length  # pipelines truncate where training did
+    layout = text_to_text_layout(model)  # how a text-to-text example is laid out for this model
+    pad_token_id = None  # the collator's padding id, where the model's config does not give the right one
     if getattr(model.config, "is_encoder_decoder", False):
         name_special_tokens(tokenizer, model.config)  # [CLS]/[SEP] as BOS/EOS of a BART warm-started from a BERT
+    elif layout == CAUSAL_LAYOUT:
+        pad_token_id = prepare_causal_lm(model, tokenizer, data_args, training_args)
+    if getattr(model.config, "is_encoder_decoder", False) or layout == CAUSAL_LAYOUT:
+        model.generation_config.max_new_tokens = data_args.max_target_length  # as long as the targets it learned
     if model_args.task_representation not in (None, "learned", "text"):
         raise UsageError(f"--task_representation must be 'learned' or 'text', got {model_args.task_representation!r}.")
     if model_args.task_representation == "text":
@@ -1217,6 +1291,7 @@ def _main(argv: list[str] | None, cleanup) -> dict:
                 split,
                 max_target_length=data_args.max_target_length,
                 labels=labels[(t.name, split)],
+                layout=layout,
             )
             for t in task_data
         }
@@ -1233,6 +1308,8 @@ def _main(argv: list[str] | None, cleanup) -> dict:
     )
     if trainer.data_collator.pad_to_multiple_of is None:
         trainer.data_collator.pad_to_multiple_of = data_args.pad_to_multiple_of
+    if pad_token_id is not None:
+        trainer.data_collator.pad_token_id = pad_token_id
 
     progress = TrainingProgressCallback(trainer.examples_seen)  # counts and time across resumes
     trainer.add_callback(progress)

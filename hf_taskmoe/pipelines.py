@@ -13,7 +13,8 @@ Results per problem type (`ProblemType.pipeline_result`): single-label classific
 `score`, extractive QA `answer` (`{"question": ..., "context": ..., "task": "qa"}` in).
 
 `pipeline("multitask-text2text-generation", model=...)`: generation for every seq2seq task of a
-task-routed encoder-decoder (BartTaskRouted), each row generated with its own task's routes.
+task-routed encoder-decoder (BartTaskRouted) or decoder-only LM (TaskRoutedForCausalLM: the answer is the
+continuation of the input text), each row generated with its own task's routes.
 
     pipe("Who wrote Hamlet?", task="trec")                                -> {"task", "generated_text"}
     pipe([{"text": ..., "task": "xsum"}, {"text": q, "text_pair": passage, "task": "boolq"}], num_beams=4)
@@ -26,7 +27,7 @@ tokenised and run together, `batch_size` at a time, each with its own `task_ids`
 from __future__ import annotations
 
 import torch
-from transformers import AutoModel, AutoModelForSeq2SeqLM, Pipeline
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .modeling_utils import check_generation_counts
@@ -194,8 +195,9 @@ class MultiTaskTextClassificationPipeline(_MultiTaskPipeline):
 
 
 class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
-    """Generation for any seq2seq task of a task-routed encoder-decoder (BartTaskRouted); see the module
-    docstring. Returns `{"task", "generated_text"}` per input."""
+    """Generation for any seq2seq task of a task-routed encoder-decoder (BartTaskRouted) or decoder-only LM
+    (TaskRoutedForCausalLM, whose answer is the continuation of the prompt); see the module docstring. Returns
+    `{"task", "generated_text"}` per input."""
 
     serves = "text2text"
     # generation keywords given to `pipeline(...)` or to a call reach `_forward` through `_sanitize_parameters`, merged
@@ -227,6 +229,9 @@ class MultiTaskText2TextGenerationPipeline(_MultiTaskPipeline):
 PIPELINE_REGISTRY.register_pipeline(
     PIPELINE_TASK, pipeline_class=MultiTaskTextClassificationPipeline, pt_model=AutoModel
 )
+# a task-routed encoder-decoder (BartTaskRouted) or decoder-only LM (TaskRoutedForCausalLM), loaded by path
 PIPELINE_REGISTRY.register_pipeline(
-    TEXT2TEXT_PIPELINE_TASK, pipeline_class=MultiTaskText2TextGenerationPipeline, pt_model=AutoModelForSeq2SeqLM
+    TEXT2TEXT_PIPELINE_TASK,
+    pipeline_class=MultiTaskText2TextGenerationPipeline,
+    pt_model=(AutoModelForSeq2SeqLM, AutoModelForCausalLM),
 )

@@ -29,6 +29,7 @@ from ..layers.task_head import IGNORE_INDEX
 from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..modeling_utils import BatchChecker, HostCheckedCollator
 from ..problem_types import TEXT_TO_TEXT, problem_type_of
+from ..problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from ..tasks import TaskSpec
 from .arguments import MultiTaskTrainingArguments
 from .callbacks import ReleaseFreedMemoryCallback, RoutingAnalyticsCallback, glibc_malloc_trim
@@ -536,27 +537,47 @@ class MultiTaskTrainer(Trainer):
         return loss, logits.detach(), labels
 
     def _seq2seq_prediction_step(self, model, inputs, labels):
-        """Loss (teacher-forced) and predicted target tokens: `generate()`'s with `predict_with_generate` (without
-        the decoder start token, so that they line up with the targets), else the arg-max of the teacher-forced
-        logits at the target positions (ids, not logits: evaluation gathers them over the whole set)."""
+        """Loss (teacher-forced) and predicted target tokens: `generate()`'s with `predict_with_generate`, else the
+        arg-max of the teacher-forced logits at the target positions (ids, not logits: evaluation gathers them over
+        the whole set), lined up with the targets.
+
+        How they line up depends on the layout the model declares (`text_to_text_layout`): an encoder-decoder's
+        generated tokens follow the decoder start token, its logit at position t predicts label t; a causal LM's
+        rows hold prompt and target (labels -100 on the prompt), so it generates from the prompt alone (the target's
+        positions masked out; its `generate` left-aligns the rows), its predictions are the tokens generated after
+        the input, and its logit at position t predicts label t + 1 (the labels returned are shifted to match)."""
         flags = self._routing_flags()
+        causal = text_to_text_layout(self.accelerator.unwrap_model(model)) == CAUSAL_LAYOUT
+        if causal and labels is not None and labels.shape[1] < inputs["input_ids"].shape[1]:
+            # inputs padded further than their labels (`pad_to_multiple_of`): no target there
+            labels = torch.nn.functional.pad(labels, (0, inputs["input_ids"].shape[1] - labels.shape[1]),
+                                             value=IGNORE_INDEX)
         with torch.no_grad(), self.compute_loss_context_manager():
             needed = labels is not None or flags or not self.args.predict_with_generate
             outputs = model(**inputs, **flags) if needed else None
             if self.args.predict_with_generate:
                 unwrapped = self.accelerator.unwrap_model(model)
                 length = {"max_new_tokens": self.args.generation_max_length} if self.args.generation_max_length else {}
+                attention_mask = inputs.get("attention_mask")
+                if causal and labels is not None:  # the prompt alone: the target the row carries is masked out
+                    if attention_mask is None:
+                        attention_mask = torch.ones_like(inputs["input_ids"])
+                    attention_mask = attention_mask * (labels == IGNORE_INDEX).to(attention_mask.dtype)
                 generated = unwrapped.generate(
                     input_ids=inputs["input_ids"],
-                    attention_mask=inputs.get("attention_mask"),
+                    attention_mask=attention_mask,
                     task_ids=inputs["task_ids"],
                     num_beams=self.args.generation_num_beams,
                     do_sample=False,
                     **length,
                 )
-                predictions = generated[:, 1:]  # position 0 is the decoder start token, not a prediction
+                # a causal LM returns its input first; an encoder-decoder's position 0 is the decoder start token
+                predictions = generated[:, inputs["input_ids"].shape[1]:] if causal else generated[:, 1:]
             else:
-                predictions = outputs.logits.argmax(-1)
+                logits = outputs.logits[:, :-1] if causal else outputs.logits
+                if causal and labels is not None:
+                    labels = labels[:, 1:]  # the token each position predicts
+                predictions = logits.argmax(-1)
                 if labels is not None:
                     predictions = predictions.masked_fill(labels == IGNORE_INDEX, IGNORE_INDEX)
         if outputs is not None:
