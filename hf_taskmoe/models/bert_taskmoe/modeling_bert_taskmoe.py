@@ -182,7 +182,9 @@ class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):
         """Forward on inputs already checked by the caller (`task_rows`: for PALs' grouping; unused here)."""
         hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
-        token_mask = attention_mask.bool() if attention_mask is not None else None
+        # the MoE layers' routing statistics leave padding out; dense layers (MT-Dense) read no mask
+        routes = bool(self.config.moe_layer_indices)
+        token_mask = attention_mask.bool() if attention_mask is not None and routes else None
         routed = bool(output_router_logits)
         moe_outputs = []  # each layer's `MoEOutput`
 
