@@ -123,7 +123,7 @@ def evaluate(model, routed: bool, tokenizer, train_sets: dict, eval_sets: dict, 
     model.eval()
     result = {}
     for task_id, (task, rows) in enumerate(eval_sets.items()):
-        correct, losses = 0, []
+        correct, losses, samples = 0, [], []
         for start in range(0, len(rows), batch_size):
             chunk = rows[start:start + batch_size]
             ids = torch.full((len(chunk),), task_id) if routed else None
@@ -137,8 +137,9 @@ def evaluate(model, routed: bool, tokenizer, train_sets: dict, eval_sets: dict, 
             for r, tokens in zip(chunk, new):
                 text = tokenizer.decode(tokens, skip_special_tokens=True)
                 correct += text.strip() == r["target"].strip()
+                samples += [text] if len(samples) < 3 else []
         result[task] = {"exact_match": round(100 * correct / len(rows), 2),
-                        "loss": round(statistics.fmean(losses), 4)}
+                        "loss": round(statistics.fmean(losses), 4), "first_generations": samples}
     return result
 
 
