@@ -12,7 +12,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# one thread: on this project's 2-core machines two threads made the tiny-model tests up to 8x slower (spin and
+# wait on each other: tests/test_backbones.py 94 s with two, 11 s with one, quiet machine)
+torch.set_num_threads(1)
 
 import hf_taskmoe  # noqa: E402  (registers the Auto classes)
 from hf_taskmoe import TaskSpec  # noqa: E402
