@@ -152,3 +152,18 @@ def test_an_all_ignored_task_gives_the_same_loss_with_and_without_value_checks()
     checked, unchecked = model(**batch), model(**batch, values_checked=True)
     assert checked.loss.item() == unchecked.loss.item() == 0.0
     assert checked.task_losses["a"].item() == unchecked.task_losses["a"].item() == 0.0
+
+
+def test_targets_end_with_the_end_token_even_when_the_tokenizer_adds_none():
+    """GPT-2's and Llama's tokenizers end a text without EOS: the targets get one (within max_length), or a causal LM
+    never learns to stop; a tokenizer that already ends its texts with it (BART, T5, BERT's [SEP]) is left alone."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_taskmoe.problem_types.seq2seq import target_token_ids
+
+    words = Tokenizer(models.WordLevel({"a": 0, "b": 1, "<eos>": 2, "<unk>": 3}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, eos_token="<eos>", unk_token="<unk>")
+    assert target_token_ids(tokenizer, ["a b", "b b b b b", ""], max_length=3) == [[0, 1, 2], [1, 1, 2], [2]]
+    assert target_token_ids(tokenizer, ["a <eos>"], max_length=3) == [[0, 2]]

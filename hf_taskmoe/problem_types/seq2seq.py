@@ -138,7 +138,12 @@ def target_token_ids(tokenizer, texts: list[str], max_length: int = 64) -> list[
     probe = tokenizer(text_target="a")["input_ids"]
     strip = bool(probe) and probe[0] in leading  # does this tokenizer put a BOS / [CLS] first?
     rows = tokenizer(text_target=list(texts), truncation=True, max_length=max_length + int(strip))["input_ids"]
-    return [row[1:] for row in rows] if strip else rows
+    rows = [row[1:] for row in rows] if strip else rows
+    # GPT-2's and Llama's tokenizers end a text with no end token: without one a model never learns to stop
+    end = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    if end is None:
+        return rows
+    return [row if row and row[-1] == end else row[: max_length - 1] + [end] for row in rows]
 
 
 register_problem_type(Seq2Seq())
