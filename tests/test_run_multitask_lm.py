@@ -183,3 +183,34 @@ def test_the_causal_prediction_step_returns_the_continuation_only(tmp_path, mini
     assert torch.equal(labels, batch["labels"][:, 1:])
     expected = logits[:, :-1].argmax(-1).masked_fill(labels == -100, -100)
     assert torch.equal(predictions, expected)
+
+
+@pytest.mark.parametrize("arch", ["t5", "mt5"])
+def test_the_script_routes_a_t5(tmp_path, task_file, minilm, arch):
+    """--model_family bart_routed on a T5 / mT5 checkpoint builds TaskRoutedForSeq2SeqLM (the encoder-decoder path
+    of the script): trains two steps, evaluates by generation, saves, loads with AutoModelForSeq2SeqLM."""
+    from transformers import AutoModelForSeq2SeqLM, MT5Config, T5Config
+
+    from hf_taskmoe import TaskRoutedForSeq2SeqLM
+
+    config_cls = T5Config if arch == "t5" else MT5Config
+    folder = tmp_path / arch
+    torch.manual_seed(0)
+    AutoModelForSeq2SeqLM.from_config(config_cls(
+        vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=SEP,
+    )).save_pretrained(folder)
+    for name in TOKENIZER_FILES:
+        shutil.copy(minilm / name, folder / name)
+    out = tmp_path / "out"
+    metrics = run_multitask.main([
+        "--model_family", "task-routing", "--model_name_or_path", str(folder), "--tasks", str(task_file),
+        "--output_dir", str(out), "--do_train", "--do_eval", "--predict_with_generate", "--max_steps", "2",
+        "--per_device_train_batch_size", "4", "--max_train_samples", "4", "--max_eval_samples", "2",
+        "--max_seq_length", "24", "--max_target_length", "4", "--num_experts", "2", "--use_cpu", "--report_to", "none",
+        "--save_strategy", "no", "--disable_tqdm", "true",
+    ])
+    assert all(f"eval_{task}_exact_match" in metrics for task in ("alpha", "beta"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(out)
+    assert isinstance(model, TaskRoutedForSeq2SeqLM) and model.config.dense_config.model_type == arch
+    assert (out / "README.md").exists() and (out / "routing.json").exists()
