@@ -1,7 +1,6 @@
 """Backbone declarations: where each architecture keeps the modules the methods wrap (`base.py`); the encoders
 (`encoders.py`) and decoders (`decoders.py`) declared by the package."""
 
-from . import decoders, encoders  # noqa: F401  (register the declared architectures)
 from .base import (
     BACKBONES,
     DECODER_BACKBONE,
@@ -16,6 +15,10 @@ from .base import (
     register_backbone,
     replace_module,
 )
+
+# importing the declarations registers them (named imports: the remote-code bundler takes no `from . import x`)
+from .decoders import GPT2, LLAMA, MISTRAL, MT5, QWEN2, T5  # noqa: F401
+from .encoders import BERT, DEBERTA_V2, DISTILBERT, ELECTRA, MODERNBERT, ROBERTA, XLM_ROBERTA  # noqa: F401
 
 __all__ = [
     "BACKBONES",
