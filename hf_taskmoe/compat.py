@@ -67,3 +67,28 @@ def checkpointing_enable_with(method_owner: type, kwargs_of) -> None:
     enable.__doc__ = ("transformers' activation checkpointing, with the task ids of each checkpointed layer restored "
                       "while it is recomputed (`TaskContext.checkpoint_kwargs`).")
     setattr(method_owner, CHECKPOINTING_ENABLE, enable)
+
+
+def dense_sub_config(value, default_model_type: str):
+    """The dense model's config a composite config holds (`dense_config`), built from what it was given: a config as it
+    is, a dict (a saved config.json) or None (a default config of `default_model_type`) through `AutoConfig.for_model`.
+    Done by the config itself because transformers 5.24 builds sub-configs from `sub_configs_defaults` /
+    `SubConfigSpec`, which earlier 5.x releases lack (they have only the `sub_configs` class dict, which both read)."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(value, PretrainedConfig):
+        return value
+    fields = dict(value or {})
+    return AutoConfig.for_model(fields.pop("model_type", default_model_type), **fields)
+
+
+def _t5_block_returns_biases() -> bool:
+    from transformers.models.t5.modeling_t5 import T5Block
+
+    return "output_attentions" not in inspect.signature(T5Block.forward).parameters
+
+
+#: whether transformers' `T5Block` returns exactly `(hidden states, position bias, cross-attention bias)`, as 5.24's
+#: does; the floor release (5.10.4) returns a tuple whose length depends on `output_attentions` and `use_cache`.
+#: `TaskRoutedForSeq2SeqLM` mixes its experts' blocks through the former and refuses the latter by name.
+T5_BLOCK_RETURNS_BIASES: bool = _t5_block_returns_biases()

@@ -127,3 +127,24 @@ def test_canary_activation_checkpointing_takes_checkpoint_keywords_first():
 
     params = list(inspect.signature(getattr(PreTrainedModel, CHECKPOINTING_ENABLE)).parameters)
     assert params[1] in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"), params
+
+
+def test_task_routed_t5_is_refused_by_name_where_the_t5_block_differs():
+    """compat.T5_BLOCK_RETURNS_BIASES: where T5Block returns a tuple of varying length (transformers 5.10.4, the floor)
+    TaskRoutedForSeq2SeqLM refuses to build, naming the upgrade; where it returns the 3-tuple it builds."""
+    from transformers import T5Config
+
+    from hf_taskmoe import TaskSpec
+    from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
+    from hf_taskmoe.models.task_routed_t5 import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
+
+    config = TaskRoutedSeq2SeqConfig(
+        dense_config=T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1,
+                              num_heads=2, decoder_start_token_id=0),
+        tasks=[TaskSpec(name="x", problem_type="seq2seq")], num_experts=2,
+    )
+    if T5_BLOCK_RETURNS_BIASES:
+        assert isinstance(TaskRoutedForSeq2SeqLM(config), TaskRoutedForSeq2SeqLM)
+    else:
+        with pytest.raises(NotImplementedError, match="upgrade transformers"):
+            TaskRoutedForSeq2SeqLM(config)

@@ -185,6 +185,8 @@ def test_the_causal_prediction_step_returns_the_continuation_only(tmp_path, mini
     assert torch.equal(predictions, expected)
 
 
+@pytest.mark.skipif(not __import__("hf_taskmoe.compat").compat.T5_BLOCK_RETURNS_BIASES,
+                    reason="TaskRoutedForSeq2SeqLM refuses this transformers' T5 block (the floor release)")
 @pytest.mark.parametrize("arch", ["t5", "mt5"])
 def test_the_script_routes_a_t5(tmp_path, task_file, minilm, arch):
     """--model_family bart_routed on a T5 / mT5 checkpoint builds TaskRoutedForSeq2SeqLM (the encoder-decoder path

@@ -11,10 +11,17 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, MT5Config, T5Config
 
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
+from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
 from hf_taskmoe.models.task_routed_t5 import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
 from hf_taskmoe.problem_types.seq2seq import ENCODER_DECODER_LAYOUT, text_to_text_layout
 
 from .family_tester import FamilyCase, FamilyContract
+
+pytestmark = pytest.mark.skipif(
+    not T5_BLOCK_RETURNS_BIASES,
+    reason="this transformers' T5 block returns a tuple of varying length (the floor, 5.10.4): the family refuses it "
+    "(tests/test_compat.py::test_task_routed_t5_is_refused_by_name_where_the_t5_block_differs)",
+)
 
 VOCAB = 40
 TASKS = [TaskSpec(name=n, problem_type="seq2seq") for n in ("x", "y", "z")]

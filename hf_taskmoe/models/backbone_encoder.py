@@ -18,11 +18,10 @@ from typing import Any, ClassVar
 
 import torch
 from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
-from transformers.configuration_utils import SubConfigSpec
 from transformers.utils import ModelOutput
 
 from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone
-from ..compat import checkpointing_enable_with
+from ..compat import checkpointing_enable_with, dense_sub_config
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin, TaskSpec
 from ..utils import check_choice, check_layer_list
@@ -59,7 +58,9 @@ class BackboneTaskConfig(TaskConfigMixin, PreTrainedConfig):
     (`hidden_size`, `num_hidden_layers`, `num_attention_heads`, `max_position_embeddings`, `vocab_size`, ...).
     """
 
-    sub_configs_defaults: ClassVar = {"dense_config": SubConfigSpec(config_class=AutoConfig, model_type="bert")}
+    sub_configs: ClassVar = {"dense_config": AutoConfig}
+    #: the dense model type of a config built without `dense_config` (transformers builds default configs)
+    dense_config_default: ClassVar[str] = "bert"
     #: the method's name in messages (`"MT-TaG"`, ...)
     method_name: ClassVar[str] = "This method"
 
@@ -71,6 +72,7 @@ class BackboneTaskConfig(TaskConfigMixin, PreTrainedConfig):
     upcycled_from: str | None = None
 
     def __post_init__(self, **kwargs):
+        self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
         super().__post_init__(**kwargs)
         self._validate()
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from transformers import AutoConfig, PreTrainedConfig
-from transformers.configuration_utils import SubConfigSpec
 
 from ...backbones import DECODER_BACKBONE, Backbone, get_backbone
+from ...compat import dense_sub_config
 from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
 from ...problem_types import TEXT_TO_TEXT
 from ...tasks import TaskConfigMixin, TaskSpec
@@ -72,7 +72,9 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     text_to_text_layout: ClassVar[str] = "causal"
     method_name: ClassVar[str] = "Task-level routing (TaskRoutedForCausalLM)"
     backbone_kind: ClassVar[str] = DECODER_BACKBONE
-    sub_configs_defaults: ClassVar = {"dense_config": SubConfigSpec(config_class=AutoConfig, model_type="gpt2")}
+    sub_configs: ClassVar = {"dense_config": AutoConfig}
+    #: the dense model type of a config built without `dense_config` (transformers builds default configs)
+    dense_config_default: ClassVar[str] = "gpt2"
 
     dense_config: dict | PreTrainedConfig | None = None
     tasks: list | None = None
@@ -92,6 +94,7 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     upcycled_from: str | None = None
 
     def __post_init__(self, **kwargs):
+        self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
         super().__post_init__(**kwargs)
         self._validate()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 from transformers import AutoConfig
-from transformers.configuration_utils import SubConfigSpec
 
 from ...backbones import ENCODER_DECODER_BACKBONE
 from ...problem_types.seq2seq import ENCODER_DECODER_LAYOUT
@@ -43,7 +42,9 @@ class TaskRoutedSeq2SeqConfig(TaskRoutedLMConfig):
     text_to_text_layout: ClassVar[str] = ENCODER_DECODER_LAYOUT
     method_name: ClassVar[str] = "Task-level routing (TaskRoutedForSeq2SeqLM)"
     backbone_kind: ClassVar[str] = ENCODER_DECODER_BACKBONE
-    sub_configs_defaults: ClassVar = {"dense_config": SubConfigSpec(config_class=AutoConfig, model_type="t5")}
+    sub_configs: ClassVar = {"dense_config": AutoConfig}
+    #: the dense model type of a config built without `dense_config` (transformers builds default configs)
+    dense_config_default: ClassVar[str] = "t5"
 
     routed_encoder_layers: list | None = None
     routed_decoder_layers: list | None = None

@@ -47,7 +47,7 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import ModelOutput, TransformersKwargs
 
 from ...backbones import TaskContext
-from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, output_cache, pop_cache
 from ...layers.heads import PresentTasks
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -212,6 +212,16 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     }
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
+        if not T5_BLOCK_RETURNS_BIASES:
+            import transformers
+
+            raise NotImplementedError(
+                "TaskRoutedForSeq2SeqLM needs a T5 block that returns its hidden states and position biases as one "
+                f"3-tuple (transformers 5.24's does); the block of the installed transformers "
+                f"{transformers.__version__} returns a tuple whose length depends on output_attentions and use_cache: "
+                "upgrade transformers "
+                "(pip install -U 'transformers<6')."
+            )
         super().__init__(config)
         declared = config.backbone
         self.backbone = AutoModelForSeq2SeqLM.from_config(config.dense_config)
