@@ -8,6 +8,37 @@ from ..multitask_bert import MultiTaskBertConfig
 BOTTLENECK_PLACEMENTS = ("none", "base", "large")
 
 
+def validate_camtl_fields(config) -> None:
+    """The checks of CA-MTL's own fields, shared by `CAMTLConfig` and the backbone-generic `CAMTLBackboneConfig`."""
+    if config.task_embedding_dim is not None:
+        check_int(config.task_embedding_dim, "task_embedding_dim", minimum=1)
+    if config.num_frozen_layers is not None:
+        check_int(config.num_frozen_layers, "num_frozen_layers", 0, config.num_hidden_layers)
+    for name in ("freeze_embeddings", "conditional_attention", "conditional_alignment", "conditional_layer_norm"):
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"`{name}` must be a bool, got {getattr(config, name)!r}.")
+    check_int(config.conditional_attention_max_length, "conditional_attention_max_length", minimum=1)
+    if config.conditional_attention_blocks is not None:
+        check_int(
+            config.conditional_attention_blocks,
+            "conditional_attention_blocks",
+            1,
+            config.conditional_attention_max_length,
+        )
+    if config.conditional_attention_init_std is not None:
+        check_float(config.conditional_attention_init_std, "conditional_attention_init_std", minimum=0.0)
+    check_choice(config.conditional_bottleneck, BOTTLENECK_PLACEMENTS, "conditional_bottleneck")
+    if config.bottleneck_size is not None:
+        check_int(config.bottleneck_size, "bottleneck_size", minimum=1)
+    config.conditional_layers = config._check_layer_list("conditional_layers")
+    config.bottleneck_layers = config._check_layer_list("bottleneck_layers")
+    if config.bottleneck_layers is not None and config.conditional_bottleneck != "base":
+        raise ValueError(
+            "`bottleneck_layers` places `conditional_bottleneck='base'` bottlenecks; with "
+            f"{config.conditional_bottleneck!r} leave it unset."
+        )
+
+
 class CAMTLConfig(MultiTaskBertConfig):
     r"""
     Configuration of CA-MTL (Pilault et al. 2021, section 2.1): a BERT whose upper layers are modulated by
@@ -70,33 +101,7 @@ class CAMTLConfig(MultiTaskBertConfig):
 
     def _validate(self) -> None:
         super()._validate()
-        if self.task_embedding_dim is not None:
-            check_int(self.task_embedding_dim, "task_embedding_dim", minimum=1)
-        if self.num_frozen_layers is not None:
-            check_int(self.num_frozen_layers, "num_frozen_layers", 0, self.num_hidden_layers)
-        for name in ("freeze_embeddings", "conditional_attention", "conditional_alignment", "conditional_layer_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
-        check_int(self.conditional_attention_max_length, "conditional_attention_max_length", minimum=1)
-        if self.conditional_attention_blocks is not None:
-            check_int(
-                self.conditional_attention_blocks,
-                "conditional_attention_blocks",
-                1,
-                self.conditional_attention_max_length,
-            )
-        if self.conditional_attention_init_std is not None:
-            check_float(self.conditional_attention_init_std, "conditional_attention_init_std", minimum=0.0)
-        check_choice(self.conditional_bottleneck, BOTTLENECK_PLACEMENTS, "conditional_bottleneck")
-        if self.bottleneck_size is not None:
-            check_int(self.bottleneck_size, "bottleneck_size", minimum=1)
-        self.conditional_layers = self._check_layer_list("conditional_layers")
-        self.bottleneck_layers = self._check_layer_list("bottleneck_layers")
-        if self.bottleneck_layers is not None and self.conditional_bottleneck != "base":
-            raise ValueError(
-                "`bottleneck_layers` places `conditional_bottleneck='base'` bottlenecks; with "
-                f"{self.conditional_bottleneck!r} leave it unset."
-            )
+        validate_camtl_fields(self)
 
     # ------------------------------------------------------------------ views
     @property

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ...utils import check_choice, check_float, check_int
 from ..backbone_encoder import BackboneTaskConfig
-from ..camtl.configuration_camtl import BOTTLENECK_PLACEMENTS, CAMTLConfig
+from ..camtl.configuration_camtl import CAMTLConfig, validate_camtl_fields
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS_WITH_BIAS", "CAMTLBackboneConfig", "check_attention_implementation"]
 
@@ -83,29 +82,7 @@ class CAMTLBackboneConfig(BackboneTaskConfig):
 
     def _validate(self) -> None:
         super()._validate()
-        if self.task_embedding_dim is not None:
-            check_int(self.task_embedding_dim, "task_embedding_dim", minimum=1)
-        if self.num_frozen_layers is not None:
-            check_int(self.num_frozen_layers, "num_frozen_layers", 0, self.num_hidden_layers)
-        for name in ("freeze_embeddings", "conditional_attention", "conditional_alignment", "conditional_layer_norm"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
-        check_int(self.conditional_attention_max_length, "conditional_attention_max_length", minimum=1)
-        if self.conditional_attention_blocks is not None:
-            check_int(self.conditional_attention_blocks, "conditional_attention_blocks", 1,
-                      self.conditional_attention_max_length)
-        if self.conditional_attention_init_std is not None:
-            check_float(self.conditional_attention_init_std, "conditional_attention_init_std", minimum=0.0)
-        check_choice(self.conditional_bottleneck, BOTTLENECK_PLACEMENTS, "conditional_bottleneck")
-        if self.bottleneck_size is not None:
-            check_int(self.bottleneck_size, "bottleneck_size", minimum=1)
-        self.conditional_layers = self._check_layer_list("conditional_layers")
-        self.bottleneck_layers = self._check_layer_list("bottleneck_layers")
-        if self.bottleneck_layers is not None and self.conditional_bottleneck != "base":
-            raise ValueError(
-                "`bottleneck_layers` places `conditional_bottleneck='base'` bottlenecks; with "
-                f"{self.conditional_bottleneck!r} leave it unset."
-            )
+        validate_camtl_fields(self)
         if self.uses_conditional_attention:
             backbone = self.backbone
             if not backbone.attention_bias:
