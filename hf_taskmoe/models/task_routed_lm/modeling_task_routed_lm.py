@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +46,6 @@ from ...modeling_utils import (
     resolve_task_ids,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
-from ...tasks import TaskSpec
 from .configuration_task_routed_lm import TaskRoutedLMConfig
 from .routing_mixin import TaskRoutingMixin, fork_layers
 
@@ -104,6 +102,8 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
     """
 
     config_class = TaskRoutedLMConfig
+    dense_auto_class = AutoModelForCausalLM
+    dense_kind = "a causal LM with its LM head (AutoModelForCausalLM)"
     base_model_prefix = "backbone"
     records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
@@ -354,53 +354,6 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     # ------------------------------------------------------------------ building and exporting
-    @classmethod
-    def from_dense(
-        cls,
-        dense: str | os.PathLike | PreTrainedModel,
-        tasks: list[TaskSpec | dict],
-        expert_noise_variance: float = 1e-8,
-        seed: int | None = 0,
-        output_loading_info: bool = False,
-        strict: bool = True,
-        hub_kwargs: dict | None = None,
-        **config_kwargs,
-    ):
-        """Fork every routed layer of a dense causal LM (a `...ForCausalLM` of a declared decoder architecture, or its
-        path / Hub id) into `num_experts` experts: expert `(i, j)` = layer `i` + Gaussian noise of variance
-        `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the dense
-        model's outputs under any route). Embeddings, final norm, LM head and plain layers are copied; the router is
-        new. `**config_kwargs` are fields of `TaskRoutedLMConfig`. With `output_loading_info=True` returns
-        `(model, UpcyclingReport)`."""
-        from ...upcycling import DenseCheckpoint, upcycle
-
-        if isinstance(dense, PreTrainedModel):
-            source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
-            checkpoint = DenseCheckpoint(dense, source)
-        elif isinstance(dense, (str, os.PathLike)):
-            loaded, info = AutoModelForCausalLM.from_pretrained(dense, output_loading_info=True, **(hub_kwargs or {}))
-            checkpoint = DenseCheckpoint(loaded, str(dense), frozenset(info.get("missing_keys", ())))
-        else:
-            raise ValueError(f"`dense` must be a path, a Hub repo id or a PreTrainedModel, got {type(dense).__name__}.")
-        dense_model = checkpoint.model
-        if dense_model.get_output_embeddings() is None:
-            raise ValueError(
-                f"`dense` must be a causal LM with its LM head (AutoModelForCausalLM), got "
-                f"{type(dense_model).__name__}."
-            )
-        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
-        model = cls(config)
-        model.generation_config = model._apply_generation_convention(copy.deepcopy(dense_model.generation_config))
-        # the dense model's weights are the LM's own names under `backbone.`, its layers' under `...experts.<j>.`
-        report = upcycle(checkpoint, model, strict=strict)
-        if expert_noise_variance:
-            generator = torch.Generator().manual_seed(seed) if seed is not None else None
-            std = float(expert_noise_variance) ** 0.5
-            with torch.no_grad():
-                for layer in model.routed_layers():
-                    for p in layer.experts.parameters():
-                        p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
-        return (model, report) if output_loading_info else model
 
     def routed_layers(self) -> list:
         """The `ContextRoutedLayer`s that are forked into experts (in the router's layer order)."""

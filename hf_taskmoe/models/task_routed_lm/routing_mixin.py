@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from ...backbones import TaskContext
 from ...layers.routing import RoutedLayer, TaskRouter, annealed_temperature, plan_routes
 from ...modeling_utils import grow_embedding
+from ...tasks import TaskSpec
 
 
 class ContextRoutedLayer(RoutedLayer):
@@ -77,6 +80,56 @@ class TaskRoutingMixin:
     """The router's side of a task-routed model: `self.router` (a `TaskRouter`) and `config` routing fields."""
 
     router: TaskRouter
+    #: the Auto class `from_dense` loads a dense checkpoint with, and what the dense model must be (messages)
+    dense_auto_class: type
+    dense_kind: str
+
+    @classmethod
+    def from_dense(
+        cls,
+        dense: str | os.PathLike | PreTrainedModel,
+        tasks: list[TaskSpec | dict],
+        expert_noise_variance: float = 1e-8,
+        seed: int | None = 0,
+        output_loading_info: bool = False,
+        strict: bool = True,
+        hub_kwargs: dict | None = None,
+        **config_kwargs,
+    ):
+        """Fork every routed layer of a dense model (a model of the family's `dense_auto_class` of a declared
+        architecture, or its path / Hub id) into `num_experts` experts: expert `(i, j)` = layer `i` + Gaussian noise of
+        variance `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the
+        dense model's outputs under any route). Embeddings, final norms, LM head and plain layers are copied; the
+        router is new. `**config_kwargs` are fields of the family's config. With `output_loading_info=True` returns
+        `(model, UpcyclingReport)`."""
+        from ...upcycling import DenseCheckpoint, upcycle
+
+        if isinstance(dense, PreTrainedModel):
+            source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
+            checkpoint = DenseCheckpoint(dense, source)
+        elif isinstance(dense, (str, os.PathLike)):
+            loaded, info = cls.dense_auto_class.from_pretrained(dense, output_loading_info=True, **(hub_kwargs or {}))
+            checkpoint = DenseCheckpoint(loaded, str(dense), frozenset(info.get("missing_keys", ())))
+        else:
+            raise ValueError(f"`dense` must be a path, a Hub repo id or a PreTrainedModel, got {type(dense).__name__}.")
+        dense_model = checkpoint.model
+        if dense_model.get_output_embeddings() is None:
+            raise ValueError(
+                f"`dense` must be {cls.dense_kind}, got {type(dense_model).__name__}."
+            )
+        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
+        model = cls(config)
+        model.generation_config = model._apply_generation_convention(copy.deepcopy(dense_model.generation_config))
+        # the dense model's weights are its own names under `backbone.`, its layers' under `...experts.<j>.`
+        report = upcycle(checkpoint, model, strict=strict)
+        if expert_noise_variance:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            std = float(expert_noise_variance) ** 0.5
+            with torch.no_grad():
+                for layer in model.routed_layers():
+                    for p in layer.experts.parameters():
+                        p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
+        return (model, report) if output_loading_info else model
 
     def _build_router(self, config) -> None:
         self.router = TaskRouter(

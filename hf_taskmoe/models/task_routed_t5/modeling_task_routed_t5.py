@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +57,6 @@ from ...modeling_utils import (
     resolve_task_ids,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
-from ...tasks import TaskSpec
 from ..task_routed_lm.routing_mixin import ContextRoutedLayer, TaskRoutingMixin, fork_layers
 from .configuration_task_routed_t5 import TaskRoutedSeq2SeqConfig
 
@@ -191,6 +189,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     """
 
     config_class = TaskRoutedSeq2SeqConfig
+    dense_auto_class = AutoModelForSeq2SeqLM
+    dense_kind = "a seq2seq LM with its LM head (AutoModelForSeq2SeqLM: T5ForConditionalGeneration)"
     base_model_prefix = "backbone"
     main_input_name = "input_ids"
     records_task_order = True
@@ -530,53 +530,6 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             self.task_context.end()  # nothing of a call outlives it, also when it raised
 
     # ------------------------------------------------------------------ building and exporting
-    @classmethod
-    def from_dense(
-        cls,
-        dense: str | os.PathLike | PreTrainedModel,
-        tasks: list[TaskSpec | dict],
-        expert_noise_variance: float = 1e-8,
-        seed: int | None = 0,
-        output_loading_info: bool = False,
-        strict: bool = True,
-        hub_kwargs: dict | None = None,
-        **config_kwargs,
-    ):
-        """Fork every routed block of a dense T5 / mT5 (`T5ForConditionalGeneration`, `MT5ForConditionalGeneration`, or
-        its path / Hub id) into `num_experts` experts: expert `(i, j)` = block `i` + Gaussian noise of variance
-        `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the dense
-        model's outputs under any route). Embeddings, final norms, LM head and plain blocks are copied; the router is
-        new. `**config_kwargs` are fields of `TaskRoutedSeq2SeqConfig`. With `output_loading_info=True` returns
-        `(model, UpcyclingReport)`."""
-        from ...upcycling import DenseCheckpoint, upcycle
-
-        if isinstance(dense, PreTrainedModel):
-            source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
-            checkpoint = DenseCheckpoint(dense, source)
-        elif isinstance(dense, (str, os.PathLike)):
-            loaded, info = AutoModelForSeq2SeqLM.from_pretrained(dense, output_loading_info=True, **(hub_kwargs or {}))
-            checkpoint = DenseCheckpoint(loaded, str(dense), frozenset(info.get("missing_keys", ())))
-        else:
-            raise ValueError(f"`dense` must be a path, a Hub repo id or a PreTrainedModel, got {type(dense).__name__}.")
-        dense_model = checkpoint.model
-        if dense_model.get_output_embeddings() is None:
-            raise ValueError(
-                f"`dense` must be a seq2seq LM with its LM head (AutoModelForSeq2SeqLM: T5ForConditionalGeneration), "
-                f"got {type(dense_model).__name__}."
-            )
-        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
-        model = cls(config)
-        model.generation_config = model._apply_generation_convention(copy.deepcopy(dense_model.generation_config))
-        # the dense model's weights are its own names under `backbone.`, its blocks' under `...experts.<j>.`
-        report = upcycle(checkpoint, model, strict=strict)
-        if expert_noise_variance:
-            generator = torch.Generator().manual_seed(seed) if seed is not None else None
-            std = float(expert_noise_variance) ** 0.5
-            with torch.no_grad():
-                for layer in model.routed_layers():
-                    for p in layer.experts.parameters():
-                        p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
-        return (model, report) if output_loading_info else model
 
     def _stacks(self) -> dict[str, torch.nn.ModuleList]:
         """`{prefix of the stack's blocks in the dense model's names: the blocks}`, encoder first."""
