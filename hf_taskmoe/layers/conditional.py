@@ -26,10 +26,19 @@ from torch.nn import functional as F
 
 @dataclass
 class Conditioning:
-    """The task embedding table `(tasks, task_dim)` and each row's task id `(batch,)`."""
+    """The task embedding table `(tasks, task_dim)` and each row's task id `(batch,)`; `rows`, when given, is each
+    row's task embedding `table[task_ids]` `(batch, task_dim)`, gathered once for every module of a forward
+    (`Conditioning.gathered`) so that each FiLM applies to it directly instead of gathering its own output."""
 
     table: torch.Tensor
     task_ids: torch.LongTensor
+    rows: torch.Tensor | None = None
+
+    @classmethod
+    def gathered(cls, table: torch.Tensor, task_ids: torch.LongTensor) -> Conditioning:
+        """A conditioning whose rows are gathered now: make it once per forward, outside any checkpointed layer, and
+        share it between the layers."""
+        return cls(table, task_ids, table.index_select(0, task_ids))
 
 
 class FiLM(nn.Linear):
@@ -49,10 +58,14 @@ class FiLM(nn.Linear):
 
 
 def _per_row(film: FiLM, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
-    """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each (computed once per task, gathered per row
-    as one `(batch, 1, 2 features)` tensor: a third fewer operations than gathering gamma and beta apart)."""
-    both = F.linear(cond.table, film.weight, film.bias)  # (tasks, 2 features): FiLM.forward before its split
-    gamma, beta = both.index_select(0, cond.task_ids).unsqueeze(1).chunk(2, dim=-1)  # (batch, 1, features) each
+    """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each. With `cond.rows` the FiLM applies to
+    the rows' embeddings gathered once per forward; otherwise it is computed once per task and gathered per row as
+    one `(batch, 2 features)` tensor (a third fewer operations than gathering gamma and beta apart)."""
+    if cond.rows is not None:
+        both = F.linear(cond.rows, film.weight, film.bias)  # (batch, 2 features)
+    else:
+        both = F.linear(cond.table, film.weight, film.bias).index_select(0, cond.task_ids)  # FiLM.forward, per row
+    gamma, beta = both.unsqueeze(1).chunk(2, dim=-1)  # (batch, 1, features) each
     return 1.0 + gamma, beta
 
 
@@ -123,7 +136,7 @@ class ConditionalAttentionBias(nn.Module):
         """`M(z_t)` of every task, cropped to `length`: `(tasks, length, length)`."""
         b, n = self.block_size, self.num_blocks
         gamma, beta = self.film(table)  # (tasks, b*b)
-        blocks = self.blocks.unsqueeze(0) * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b)
+        blocks = self.blocks * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b), broadcast
         # direct sum of the blocks: block n on the diagonal of a (n, n) grid of (b, b) blocks, zeros elsewhere
         full = torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3).reshape(-1, n * b, n * b)
         return full if length == n * b else full[:, :length, :length]
@@ -142,10 +155,11 @@ class ConditionalAttentionBias(nn.Module):
             )
         # cropped by gathering positions rather than slicing: a slice is a view whose contiguity depends on whether
         # `length` equals the full size, which torch.export would turn into a guard on the sequence length
+        # (one advanced index: task (batch, 1, 1, 1), query (L, 1), key (L,) broadcast to (batch, 1, L, L), whose
+        # backward is one accumulation, where three index_selects each made and filled a gradient)
         keep = torch.arange(length, device=cond.task_ids.device)
         full = self.task_matrices(cond.table, self.num_blocks * self.block_size)  # (tasks, N*b, N*b)
-        bias = full.index_select(0, cond.task_ids).index_select(1, keep).index_select(2, keep)  # (batch, L, L)
-        bias = bias.unsqueeze(1).to(dtype)  # (batch, 1, L, L)
+        bias = full[cond.task_ids.view(-1, 1, 1, 1), keep.unsqueeze(1), keep].to(dtype)  # (batch, 1, L, L)
         if key_mask is not None:
             bias = bias.masked_fill(padded_keys if padded_keys is not None else padded_key_mask(key_mask),
                                     torch.finfo(dtype).min)

@@ -182,7 +182,8 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
         """Forward on inputs already checked by the caller (`task_rows`: for PALs' grouping; unused here)."""
         hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
         length = hidden.shape[1]
-        cond = Conditioning(self.task_embeddings.weight, task_ids) if self.task_embeddings is not None else None
+        table = self.task_embeddings.weight if self.task_embeddings is not None else None
+        cond = Conditioning.gathered(table, task_ids) if table is not None else None  # rows gathered once
         if self.alignment is not None:
             hidden = self.alignment(hidden, cond)  # E(x) R^(z)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
