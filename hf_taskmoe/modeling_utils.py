@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from .contract import UNDECLARED, ParameterRoles
 from .layers.heads import HeadsOutput, MultiTaskHeads
 from .tasks import TaskSpec
 
@@ -336,15 +337,32 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
     `task_id` / `task_ids_for`, the input limits, growing by a task (`add_task`), and the task order saved with the
     weights and checked on load.
 
-    A family's task model (the class users train) sets `records_task_order = True` and implements
-    `_grow_for_task(new_id, source_id)`: what a new task needs besides its head (a gate row, PALs, an embedding).
+    A family's task model (the class users train) sets `records_task_order = True`, declares its parameters' roles
+    (`parameter_roles`, a `ParameterRoles`) and implements `_grow_for_task(new_id, source_id)`: what a new task
+    needs besides its head (a gate row, PALs, an embedding). Both are checked when such a class is defined. The
+    other hooks of the family contract have defaults here (`hf_taskmoe.contract`).
     """
 
+    #: each parameter's role (task-specific, possibly idle, new on upcycling, learning-rate group), declared once
+    parameter_roles: ParameterRoles = UNDECLARED
     # the loss is the mean over the batch's examples: transformers' Trainer must divide it by the gradient
     # accumulation steps (a model that "accepts loss kwargs" would be trusted to do that itself)
     accepts_loss_kwargs = False
     #: whether this class keeps `task_fingerprint` (the family's task model; not its bare encoder)
     records_task_order = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not cls.records_task_order:
+            return
+        missing = []
+        if not isinstance(cls.parameter_roles, ParameterRoles) or cls.parameter_roles is UNDECLARED:
+            missing.append("`parameter_roles = ParameterRoles(...)` (hf_taskmoe.contract)")
+        if cls._grow_for_task is MultiTaskPreTrainedModel._grow_for_task:
+            missing.append("`_grow_for_task(new_id, source_id)` (what `add_task` adds besides a head)")
+        if missing:
+            raise TypeError(f"{cls.__name__} is a family's task model (records_task_order = True) and must declare "
+                            + " and ".join(missing) + ".")
 
     def post_init(self):
         super().post_init()
@@ -454,6 +472,10 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
 
     def _after_load(self) -> None:
         """What a family restores after `from_pretrained`, which creates the parameters anew (freezing)."""
+
+    def set_training_step(self, step: int) -> None:
+        """Step-dependent state `MultiTaskTrainer` sets before each training forward (BartTaskRouted: the Gumbel
+        temperature's annealing). Nothing by default."""
 
     @torch.no_grad()
     def _check_task_order(self, saved: bool = True) -> None:

@@ -132,13 +132,46 @@ class FamilyContract:
             optimizer.step()
             optimizer.zero_grad()
         model(**batch).loss.backward()
-        patterns = [re.compile(p) for p in getattr(model, "_task_specific_parameters", (r"^heads\.",))]
+        patterns = [re.compile(p) for p in model.parameter_roles.task_specific_patterns]
         specific = [
             (n, p) for n, p in model.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)
         ]
         assert specific
         without = [n for n, p in specific if p.grad is None or not p.grad.abs().sum() > 0]
         assert not without, f"no gradient: {without[:5]}"
+
+    def test_parameter_roles_name_the_model_s_parameters(self):
+        """Each role the family declares (`parameter_roles`, the one place the library reads roles from) names
+        parameters this model has, unless the case says its configuration builds none of that role; the
+        task-specific parameters are what `freeze_shared_parameters` leaves trainable; and `from_dense`'s new
+        weights (the family's upcycling rules) are the `new` roles'."""
+        from hf_taskmoe.contract import ParameterRoles
+        from hf_taskmoe.training.protocol import freeze_shared_parameters
+
+        model = self.model()
+        roles = type(model).parameter_roles
+        assert isinstance(roles, ParameterRoles)
+        names = [n for n, _ in model.named_parameters()]
+        empty = sorted(r for r, p in roles.roles.items() if not any(re.search(p, n) for n in names))
+        assert empty == sorted(self.case.extra.get("roles_without_parameters", ())), empty
+        assert set(roles.task_specific) <= set(roles.roles) and roles.task_specific
+        freeze_shared_parameters(model)
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert trainable == {n for n in names if roles.has(n, roles.task_specific)}
+        family = family_of(model.config)
+        if family.upcycling is not None and family.backbone_kind is None:
+            assert family.upcycling.new == roles.new_patterns
+        elif hasattr(model, "upcycling_rules"):
+            assert model.upcycling_rules().new == roles.new_patterns
+
+    def test_what_a_one_task_batch_leaves_without_gradient_is_declared_possibly_idle(self):
+        """The trainer touches only the `possibly_idle` roles under DDP's static graph: every parameter a batch of
+        one task leaves without a gradient (the other tasks' heads, PALs, routes) must be among them."""
+        model = self.model().train()
+        model(**self.case.batch(model, torch.zeros(4, dtype=torch.long))).loss.backward()
+        roles = type(model).parameter_roles
+        idle = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+        assert [n for n in idle if not roles.has(n, roles.possibly_idle)] == []
 
     def test_add_task_then_train(self):
         model = self.model()

@@ -174,7 +174,7 @@ CASES = {
         output_key="task_logits",
         learns_steps=200,
         learns_lr=1e-2,
-        extra={"task_ids": False},
+        extra={"task_ids": False, "roles_without_parameters": ("bottom",)},  # MMoE: no Shared-Bottom tower
     ),
 }
 

@@ -14,6 +14,7 @@ from transformers import AutoModel, PreTrainedConfig
 
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
+from hf_taskmoe.contract import ParameterRoles
 from hf_taskmoe.layers.heads import MultiTaskHeads
 from hf_taskmoe.modeling_utils import (
     MultiTaskModelOutput,
@@ -50,6 +51,7 @@ class ToyModel(MultiTaskPreTrainedModel):
     config_class = ToyConfig
     base_model_prefix = ""
     records_task_order = True
+    parameter_roles = ParameterRoles(roles={"embedding": r"^embeddings\."})  # a head is all a task owns
 
     def __init__(self, config):
         super().__init__(config)
@@ -101,7 +103,8 @@ TOY = Family(
     pipeline_task=hf_taskmoe.PIPELINE_TASK,
     describe=lambda c: f"a toy: embeddings of size {c.hidden_size}, mean-pooled",
     upcycling=UpcyclingRules(
-        rename=((r"embeddings\.weight", r"embeddings.word_embeddings.weight"),), new=(r"^heads\.",)
+        rename=((r"embeddings\.weight", r"embeddings.word_embeddings.weight"),),
+        new=ToyModel.parameter_roles.new_patterns,
     ),
     dense_model_types=("bert",),
 )
@@ -128,6 +131,31 @@ TOY_CASE = FamilyCase(
 
 class TestToyFamilyContract(FamilyContract):
     case = TOY_CASE
+
+
+def test_a_task_model_without_the_contract_s_declarations_is_refused_when_defined():
+    """A family's task model must declare its parameter roles and what `add_task` grows: a class missing either is
+    refused where it is written, naming what is missing, not when a trainer first asks."""
+    with pytest.raises(TypeError, match=r"parameter_roles = ParameterRoles.*_grow_for_task"):
+        type("NoContract", (MultiTaskPreTrainedModel,), {"config_class": ToyConfig, "records_task_order": True})
+    with pytest.raises(TypeError, match="_grow_for_task") as caught:
+        type("NoGrowth", (MultiTaskPreTrainedModel,),
+             {"config_class": ToyConfig, "records_task_order": True, "parameter_roles": ToyModel.parameter_roles})
+    assert "parameter_roles" not in str(caught.value)
+    # a base class of a family (no task order of its own) declares nothing
+    type("Base", (MultiTaskPreTrainedModel,), {"config_class": ToyConfig})
+
+
+def test_parameter_roles_are_checked_where_declared():
+    with pytest.raises(ValueError, match=r"`task_specific` names \['gate'\].*roles are \['embedding', 'head'\]"):
+        ParameterRoles(roles={"embedding": r"^embeddings\."}, task_specific=("gate",))
+    with pytest.raises(ValueError, match="`head` is declared by `heads=True`"):
+        ParameterRoles(roles={"head": r"^heads\."})
+    with pytest.raises(ValueError, match="`shared` is what matches no role"):
+        ParameterRoles(roles={"shared": r"."}, heads=False)
+    roles = ParameterRoles(roles={"gate": r"\.gate\."}, task_specific=("gate",))
+    assert roles.role_of("heads.a.dense.weight") == "head" and roles.role_of("encoder.x.weight") == "shared"
+    assert roles.possibly_idle == ("head",) and roles.new == ("head",) and roles.task_specific == ("gate", "head")
 
 
 def test_registration_checks_names():

@@ -1,16 +1,17 @@
 """Parameter accounting: how many parameters are shared, expert, gating, head (or adapter) parameters.
 
-Each family names the roles of its parameters in `_parameter_groups` (role -> regex on parameter
-names); whatever matches no role is `shared`. A parameter tensor that several modules share (tied
+Each family names the roles of its parameters once, in its `parameter_roles` (`hf_taskmoe.contract`: role ->
+regex on parameter names); whatever matches no role is `shared`. A parameter tensor that several modules share (tied
 weights, PALs shared by a task group) is counted once.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from torch import nn
+
+from ..contract import parameter_roles_of
 
 
 @dataclass
@@ -54,14 +55,14 @@ def parameter_report(model: nn.Module, dense_equivalent: int | None = None) -> P
     """Count `model`'s parameters by role (see module docstring).
 
     Args:
-        model: any hf_taskmoe model (roles from its `_parameter_groups`) or plain module (all `shared`).
+        model: any hf_taskmoe model (roles from its `parameter_roles`) or plain module (all `shared`).
         dense_equivalent: parameter count of the dense model it was built from, for `ratio_to_dense`.
     """
-    groups = {role: re.compile(p) for role, p in getattr(model, "_parameter_groups", {}).items()}
-    by_role = {"shared": 0, **{role: 0 for role in groups}}
+    roles = parameter_roles_of(model)
+    by_role = {"shared": 0, **{role: 0 for role in roles.roles}}
     total = trainable = 0
     for name, param in model.named_parameters():  # named_parameters() yields each shared tensor once
-        role = next((r for r, pattern in groups.items() if pattern.search(name)), "shared")
+        role = roles.role_of(name)
         by_role[role] += param.numel()
         total += param.numel()
         trainable += param.numel() if param.requires_grad else 0

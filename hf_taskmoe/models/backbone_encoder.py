@@ -183,15 +183,12 @@ class BackboneTaskMixin(MultiTaskBertHeadsMixin):
         every other backbone weight comes from the dense weight of the same name."""
         return ()
 
-    #: regexes of weights that are new by design (heads; the family adds gates, PALs, ...)
-    _new_weights: tuple[str, ...] = (r"^heads\.",)
-
     def upcycling_rules(self):
         """The `UpcyclingRules` of this model's backbone: the surgery's renames, then every other backbone weight
         from its own name (used by `hf_taskmoe.upcycling.upcycle`)."""
         from ..upcycling import UpcyclingRules
 
-        return UpcyclingRules(rename=self._dense_rules() + ((r"(.+)", r"\1"),), new=self._new_weights)
+        return UpcyclingRules(rename=self._dense_rules() + ((r"(.+)", r"\1"),), new=self.parameter_roles.new_patterns)
 
     @torch.no_grad()
     def _init_weights(self, module):

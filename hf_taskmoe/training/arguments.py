@@ -49,7 +49,7 @@ class MultiTaskTrainingArguments(TrainingArguments):
             `report_to` integration), and write `routing_train.json` and `routing_train_heatmap.png` with each
             checkpoint (`RoutingAnalyticsCallback`).
         group_learning_rates (`dict[str, float]` or `str`, *optional*):
-            Learning rates of parameter roles (the model's `_parameter_groups`), e.g. `{"router": 1e-3,
+            Learning rates of parameter roles (the roles of the model's `parameter_roles`), e.g. `{"router": 1e-3,
             "task_embedding": 1e-2}` (BartTaskRouted, Ye et al. section 5.2) or, on the command line,
             `router=1e-3,task_embedding=1e-2`. Other parameters use `learning_rate`; each group follows the
             learning-rate schedule.

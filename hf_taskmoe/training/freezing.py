@@ -1,6 +1,6 @@
-"""Which parameters a task owns (each family's `_task_specific_parameters`), and freezing the others (PALs'
-second stage). Its own module: the trainer and the two-stage protocols both use it, and neither imports the other
-for it."""
+"""Which parameters a task owns (the `task_specific` roles of each family's `parameter_roles`), and freezing the
+others (PALs' second stage). Its own module: the trainer and the two-stage protocols both use it, and neither
+imports the other for it."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import re
 
 from torch import nn
 
+from ..contract import UNDECLARED, parameter_roles_of
+
+#: what a task owns in a model that declares no roles: its heads, wherever they sit
 DEFAULT_TASK_SPECIFIC = (r"(^|\.)heads\.",)
 
 
 def task_specific_patterns(model: nn.Module) -> tuple[str, ...]:
-    base = getattr(model, "get_base_model", None)  # a peft model wraps ours
-    target = base() if callable(base) else model
-    return tuple(getattr(target, "_task_specific_parameters", DEFAULT_TASK_SPECIFIC))
+    """Regexes of the parameters a task owns in `model` (through a peft or DDP wrapper)."""
+    roles = parameter_roles_of(model)
+    return DEFAULT_TASK_SPECIFIC if roles is UNDECLARED else roles.task_specific_patterns
 
 
 def freeze_shared_parameters(model: nn.Module) -> dict[str, int]:

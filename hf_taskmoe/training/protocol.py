@@ -5,7 +5,7 @@
 - PALs section 4.2: keep training, but only the task-specific parameters (heads, task gates, PALs):
   `freeze_shared_parameters` (or `MultiTaskTrainingArguments(train_task_specific_only=True)`).
 
-Each family lists its task-specific parameters in `_task_specific_parameters` (regexes on names).
+Each family names its task-specific parameters once, in its `parameter_roles` (`hf_taskmoe.contract`).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArg
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction, speed_metrics
 
+from ..contract import UNDECLARED, parameter_roles_of
 from ..layers.heads import PresentTasks
 from ..layers.task_head import IGNORE_INDEX
 from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
@@ -342,12 +343,12 @@ class MultiTaskTrainer(Trainer):
     # ------------------------------------------------------------------ training
     def create_optimizer(self, model=None):
         """`Trainer`'s optimizer, with one learning rate per parameter role when `args.group_learning_rates`
-        is set (roles: the model's `_parameter_groups`, e.g. BartTaskRouted's router and task embeddings)."""
+        is set (the roles of the model's `parameter_roles`, e.g. BartTaskRouted's router and task embeddings)."""
         rates = self.args.group_learning_rates
         if self.optimizer is not None or not rates:
             return super().create_optimizer(model)
         opt_model = self.model if model is None else model
-        roles = getattr(self.accelerator.unwrap_model(opt_model), "_parameter_groups", {})
+        roles = parameter_roles_of(self.accelerator.unwrap_model(opt_model)).roles
         unknown = sorted(set(rates) - set(roles))
         if unknown:
             raise ValueError(
@@ -375,7 +376,7 @@ class MultiTaskTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.training:  # step-dependent model state (BartTaskRouted: Gumbel temperature annealing)
-            hook = getattr(self.accelerator.unwrap_model(model), "set_training_step", None)
+            hook = getattr(self.accelerator.unwrap_model(model), "set_training_step", None)  # any module trains
             if hook is not None:
                 hook(self.state.global_step)
         strategy = self.task_sampler.strategy if self.task_sampler is not None else None
@@ -412,11 +413,12 @@ class MultiTaskTrainer(Trainer):
         and DeepSpeed's gradient buckets require. Only with more than one process.
 
         Each touched parameter receives a full-size zero gradient in the backward pass, so only those a family
-        declares possibly idle (`_possibly_idle_parameters`, regexes on names) are touched; a model that declares
-        nothing has every trainable parameter touched."""
+        declares possibly idle (the `possibly_idle` roles of its `parameter_roles`) are touched; a model that declares
+        no roles has every trainable parameter touched."""
         if self._trainable is None:
             core = self.accelerator.unwrap_model(model)
-            patterns = [re.compile(p) for p in getattr(core, "_possibly_idle_parameters", (r"",))]
+            roles = parameter_roles_of(core)
+            patterns = [re.compile(p) for p in ((r"",) if roles is UNDECLARED else roles.possibly_idle_patterns)]
             self._trainable = [
                 p for n, p in core.named_parameters() if p.requires_grad and any(r.search(n) for r in patterns)
             ]

@@ -39,7 +39,7 @@ FAMILY = register_family(Family(
             (r"(shared\..+|encoder\.(?!layers\.).+|decoder\.(?!layers\.).+)", r"\1"),
             (r"lm_head\.weight", r"shared.weight"),
         ),
-        new=(r"^router\.", r"^final_logits_bias$"),
+        new=BartTaskRouted.parameter_roles.new_patterns,
     ),
     dense_model_types=("bart", "bert"),
     method="task-routing",

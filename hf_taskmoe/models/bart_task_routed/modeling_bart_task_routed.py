@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import os
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoder
 from transformers.utils import ModelOutput, TransformersKwargs
 
 from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...contract import TASK_ROUTING_ROLES
 from ...layers.heads import PresentTasks
 from ...layers.routing import (
     RoutedCache,
@@ -140,14 +142,8 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
     _no_split_modules = ["RoutedLayer"]
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    _task_specific_parameters = (r"^router\.task_embeddings\.",)
-    # absent tasks' embeddings and, under hard routing, the experts no task of the batch chose
-    _possibly_idle_parameters = (r"^router\.task_embeddings\.", r"\.experts\.")
-    _parameter_groups = {
-        "router": r"^router\.net\.",
-        "task_embedding": r"^router\.task_embeddings\.",
-        "expert": r"\.layers\.\d+\.experts\.",
-    }
+    # a BART's `final_logits_bias` (a buffer) is new on upcycling too when the dense model lacks one
+    parameter_roles = dataclasses.replace(TASK_ROUTING_ROLES, also_new=(r"^final_logits_bias$",))
 
     def __init__(self, config: BartTaskRoutedConfig):
         super().__init__(config)

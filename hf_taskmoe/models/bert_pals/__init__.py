@@ -26,7 +26,7 @@ FAMILY = register_family(
         upcycling=UpcyclingRules(
             rename=BERT_BACKBONE_RULES
             + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
-            new=(r"(^|\.)pals\.", r"^heads\."),
+            new=BertWithPALs.parameter_roles.new_patterns,
         ),
         dense_model_types=("bert",),
         method="pals",

@@ -25,6 +25,7 @@ from transformers.models.bert.modeling_bert import (
     BertPooler,
 )
 
+from ...contract import ParameterRoles
 from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ...tasks import TaskSpec
@@ -72,9 +73,10 @@ class BertPALsPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     accepts_loss_kwargs = False  # the loss is a per-batch mean
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # Trained alone by the paper's best extension (section 3.4: task-specific training after joint training).
-    _task_specific_parameters = (r"^heads\.", r"(^|\.)pals\.")
-    _possibly_idle_parameters = _task_specific_parameters  # absent tasks' heads and PALs
-    _parameter_groups = {"pal": r"(^|\.)pals\.", "head": r"^heads\."}
+    # absent tasks' heads and PALs sit out a step
+    parameter_roles = ParameterRoles(
+        roles={"pal": r"(^|\.)pals\."}, task_specific=("pal",), possibly_idle=("pal", "head"), new=("pal",)
+    )
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -46,7 +46,7 @@ FAMILY = register_family(
                 ),
                 (r"encoder\.layer\.(\d+)\.ffn_norm\.(weight|bias)", r"encoder.layer.\1.output.LayerNorm.\2"),
             ),
-            new=(r"\.mlp\.router\.", r"^heads\."),
+            new=BertForTaskMoE.parameter_roles.new_patterns,
         ),
         dense_model_types=("bert",),
         method="mt-tag",

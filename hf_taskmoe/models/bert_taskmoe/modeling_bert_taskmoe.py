@@ -18,6 +18,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertPooler
 from transformers.utils import ModelOutput
 
+from ...contract import ParameterRoles
 from ...layers.moe import MoEOutput, SharedGate, TaskGate, TaskMoE
 from ...modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, heads_to_output_fields
 from ...tasks import TaskSpec
@@ -126,15 +127,12 @@ class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedMode
         "routing_counts", "aux_loss", "z_loss",
     ]
     # Trained alone by the PALs-style second stage (`freeze_shared_parameters`).
-    _task_specific_parameters = (r"^heads\.", r"\.mlp\.router\.")
-    # what can sit out a step (absent tasks' heads; experts without tokens still run on an empty slice)
-    _possibly_idle_parameters = (r"^heads\.",)
-    # Parameter roles for `hf_taskmoe.analysis.parameter_report` (regex on parameter names; the rest is shared).
-    _parameter_groups = {
-        "expert": r"\.mlp\.experts\.",
-        "gating": r"\.mlp\.router\.",
-        "head": r"^heads\.",
-    }
+    # Only heads sit out a step (experts without tokens still run on an empty slice); the task gates are new.
+    parameter_roles = ParameterRoles(
+        roles={"expert": r"\.mlp\.experts\.", "gating": r"\.mlp\.router\."},
+        task_specific=("gating",),
+        new=("gating",),
+    )
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -34,15 +34,7 @@ FAMILY = register_family(
         upcycling=UpcyclingRules(
             rename=BERT_BACKBONE_RULES
             + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
-            new=(
-                r"\.film\.",
-                r"\.attention_bias\.",
-                r"(^|\.)alignment\.",
-                r"\.bottleneck\.",
-                r"encoder\.skip\.",
-                r"(^|\.)task_embeddings\.",
-                r"^heads\.",
-            ),
+            new=CAMTLModel.parameter_roles.new_patterns,
         ),
         dense_model_types=("bert",),
         method="ca-mtl",

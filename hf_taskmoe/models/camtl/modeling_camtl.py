@@ -28,6 +28,7 @@ from transformers.models.bert.modeling_bert import (
     BertPooler,
 )
 
+from ...contract import ParameterRoles
 from ...layers.conditional import (
     BottleneckUp,
     ConditionalAlignment,
@@ -121,16 +122,15 @@ class CAMTLPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     accepts_loss_kwargs = False  # the loss is a per-batch mean
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # Task-conditioned modules + task embeddings + heads (what `train_task_specific_only` trains).
-    _task_specific_parameters = (
-        r"^heads\.", r"task_embeddings\.", r"\.film\.", r"attention_bias\.", r"alignment\.", r"bottleneck\.",
-        r"encoder\.skip\.",
+    # The conditional modules run for every row's task embedding: only heads sit out a step.
+    parameter_roles = ParameterRoles(
+        roles={
+            "task_embedding": r"(^|\.)task_embeddings\.",
+            "conditional": r"(\.film\.|\.attention_bias\.|(^|\.)alignment\.|\.bottleneck\.|encoder\.skip\.)",
+        },
+        task_specific=("task_embedding", "conditional"),
+        new=("task_embedding", "conditional"),
     )
-    _possibly_idle_parameters = (r"^heads\.",)  # the conditional modules run for every row's task embedding
-    _parameter_groups = {
-        "task_embedding": r"task_embeddings\.",
-        "conditional": r"(\.film\.|attention_bias\.|alignment\.|bottleneck\.|encoder\.skip\.)",
-        "head": r"^heads\.",
-    }
 
     def _after_load(self) -> None:
         # loading creates the parameters anew: freeze again what the config says is frozen

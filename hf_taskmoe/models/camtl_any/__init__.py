@@ -19,7 +19,7 @@ FAMILY = register_family(
         pipeline_task=PIPELINE_TASK,
         describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
         # the dense weights keep their names (CLNs hold the dense norms' weight/bias); each model gives its rules
-        upcycling=UpcyclingRules(rename=(), new=CAMTLForMultiTask._new_weights),
+        upcycling=UpcyclingRules(rename=(), new=CAMTLForMultiTask.parameter_roles.new_patterns),
         backbone_kind=ENCODER_BACKBONE,
         method="ca-mtl",
         # conditional attention is built for a fixed length: by default the length the script truncates inputs to

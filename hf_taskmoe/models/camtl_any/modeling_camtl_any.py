@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input, replace_module
+from ...contract import ParameterRoles
 from ...layers.conditional import (
     BottleneckUp,
     ConditionalAlignment,
@@ -200,17 +201,14 @@ class CAMTLForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # the roles of the parameters, declared once: task embeddings, conditional modules and heads are task-specific and
     # new on upcycling; the conditional modules run for every row's task embedding, so only heads may sit idle
-    _task_specific_parameters = (
-        r"^heads\.", r"^task_embeddings\.", r"\.film\.", r"\.attention_bias\.", r"^alignment\.", r"\.bottleneck\.",
-        r"^skip\.",
+    parameter_roles = ParameterRoles(
+        roles={
+            "task_embedding": r"^task_embeddings\.",
+            "conditional": r"(\.film\.|\.attention_bias\.|^alignment\.|\.bottleneck\.|^skip\.)",
+        },
+        task_specific=("task_embedding", "conditional"),
+        new=("task_embedding", "conditional"),
     )
-    _possibly_idle_parameters = (r"^heads\.",)
-    _parameter_groups = {
-        "task_embedding": r"^task_embeddings\.",
-        "conditional": r"(\.film\.|\.attention_bias\.|^alignment\.|\.bottleneck\.|^skip\.)",
-        "head": r"^heads\.",
-    }
-    _new_weights = _task_specific_parameters
 
     def __init__(self, config: CAMTLBackboneConfig):
         super().__init__(config)

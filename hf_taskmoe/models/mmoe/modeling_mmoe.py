@@ -19,6 +19,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
+from ...contract import ParameterRoles
 from ...modeling_utils import MultiTaskPreTrainedModel, check_kwargs
 from ...problem_types import problem_type_of
 from .configuration_mmoe import MMoEConfig
@@ -86,20 +87,23 @@ class StackedMLP(nn.Module):
 
 class MMoEPreTrainedModel(MultiTaskPreTrainedModel):
     config_class = MMoEConfig
-    records_task_order = True
     base_model_prefix = ""
-    _task_specific_parameters = (r"^heads\.", r"^towers\.", r"^gates\.")
     main_input_name = "numeric_features"
     accepts_loss_kwargs = False
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "gate_weights", "routing_counts"]
-    _parameter_groups = {
-        "embedding": r"^embeddings\.",
-        "expert": r"^experts\.",
-        "bottom": r"^bottom\.",
-        "gate": r"^gates?\.",
-        "tower": r"^towers\.",
-        "head": r"^heads\.",
-    }
+    # gates (one per task; OMoE's single gate too), towers and heads are the tasks' own; every tower and head runs
+    # on every row and a task without labels in the batch adds a zero loss, so nothing sits out a step
+    parameter_roles = ParameterRoles(
+        roles={
+            "embedding": r"^embeddings\.",
+            "expert": r"^experts\.",
+            "bottom": r"^bottom\.",
+            "gate": r"^gates\.",
+            "tower": r"^towers\.",
+        },
+        task_specific=("gate", "tower"),
+        possibly_idle=(),
+    )
 
     @torch.no_grad()
     def _init_weights(self, module):  # its own scheme (Glorot), not transformers' N(0, std) for every Linear
@@ -142,6 +146,8 @@ class MMoEModel(MMoEPreTrainedModel):
     torch.Size([4, 2])
     ```
     """
+
+    records_task_order = True
 
     def __init__(self, config: MMoEConfig):
         super().__init__(config)

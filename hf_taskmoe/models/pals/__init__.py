@@ -25,7 +25,7 @@ FAMILY = register_family(
         pipeline_task=PIPELINE_TASK,
         describe=describe,
         # every dense weight keeps its name (the PALs hook onto the layers); PALs and heads are new
-        upcycling=UpcyclingRules(rename=(), new=PALsForMultiTask._new_weights),
+        upcycling=UpcyclingRules(rename=(), new=PALsForMultiTask.parameter_roles.new_patterns),
         backbone_kind=ENCODER_BACKBONE,  # every declared encoder, one declared later included
         method="pals",
     )

@@ -29,6 +29,7 @@ from torch import nn
 from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input
+from ...contract import ParameterRoles
 from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, rows_by_group
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..backbone_encoder import BackboneTaskMixin
@@ -162,10 +163,9 @@ class PALsForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
     records_task_order = True
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # trained alone by the paper's best extension (section 3.4: task-specific training after joint training)
-    _task_specific_parameters = (r"^heads\.", r"^pals\.")
-    _possibly_idle_parameters = _task_specific_parameters  # absent tasks' heads and PALs
-    _parameter_groups = {"pal": r"^pals\.", "head": r"^heads\."}
-    _new_weights = (r"^pals\.", r"^heads\.")
+    # absent tasks' heads and PALs sit out a step
+    parameter_roles = ParameterRoles(roles={"pal": r"^pals\."}, task_specific=("pal",), possibly_idle=("pal", "head"),
+                                     new=("pal",))
 
     def __init__(self, config: PALsConfig):
         super().__init__(config)

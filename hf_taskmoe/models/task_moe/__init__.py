@@ -19,7 +19,7 @@ FAMILY = register_family(
         pipeline_task=PIPELINE_TASK,
         describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
         # the rules depend on the backbone: each model gives its own (`TaskMoEForMultiTask.upcycling_rules`)
-        upcycling=UpcyclingRules(rename=(), new=TaskMoEForMultiTask._new_weights),
+        upcycling=UpcyclingRules(rename=(), new=TaskMoEForMultiTask.parameter_roles.new_patterns),
         backbone_kind=ENCODER_BACKBONE,
         method="mt-tag",
     )

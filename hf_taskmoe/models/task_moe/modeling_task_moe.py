@@ -13,6 +13,7 @@ import torch
 from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, replace_module
+from ...contract import ParameterRoles
 from ...layers.moe import ExpertFFN, SharedGate, TaskGate, TaskMoE
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..backbone_encoder import BackboneTaskMixin, layer_rule
@@ -73,10 +74,9 @@ class TaskMoEForMultiTask(TaskMoEHeadsMixin, BackboneTaskMixin, MultiTaskPreTrai
         "task_losses", "task_logits", "task_ids", "hidden_states", "attentions", "router_logits", "expert_indices",
         "routing_counts", "aux_loss", "z_loss",
     ]
-    _task_specific_parameters = (r"^heads\.", r"\.router\.")
-    _possibly_idle_parameters = (r"^heads\.",)
-    _parameter_groups = {"expert": r"\.experts\.", "gating": r"\.router\.", "head": r"^heads\."}
-    _new_weights = (r"\.router\.", r"^heads\.")
+    parameter_roles = ParameterRoles(
+        roles={"expert": r"\.experts\.", "gating": r"\.router\."}, task_specific=("gating",), new=("gating",)
+    )
 
     def __init__(self, config: TaskMoEConfig):
         super().__init__(config)

@@ -32,7 +32,7 @@ FAMILY = register_family(Family(
     # Names are relative to `backbone.` (the dense causal LM), whatever the architecture calls its layers.
     upcycling=UpcyclingRules(
         rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
-        new=(r"^router\.",),
+        new=TaskRoutedForCausalLM.parameter_roles.new_patterns,
     ),
     dense_model_types=tuple(backbone_names(DECODER_BACKBONE)),
     method="task-routing",

@@ -35,6 +35,7 @@ from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...contract import TASK_ROUTING_ROLES
 from ...layers.heads import PresentTasks
 from ...layers.routing import RouteRecorder
 from ...modeling_utils import (
@@ -116,14 +117,7 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
     _supports_attention_backend = True
     _is_stateful = False
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    _task_specific_parameters = (r"^router\.task_embeddings\.",)
-    # absent tasks' embeddings and, under hard routing, the experts no task of the batch chose
-    _possibly_idle_parameters = (r"^router\.task_embeddings\.", r"\.experts\.")
-    _parameter_groups = {
-        "router": r"^router\.net\.",
-        "task_embedding": r"^router\.task_embeddings\.",
-        "expert": r"\.experts\.",
-    }
+    parameter_roles = TASK_ROUTING_ROLES
 
     def __init__(self, config: TaskRoutedLMConfig):
         super().__init__(config)

@@ -32,7 +32,7 @@ FAMILY = register_family(Family(
     # Names are relative to `backbone.` (the dense T5ForConditionalGeneration).
     upcycling=UpcyclingRules(
         rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
-        new=(r"^router\.",),
+        new=TaskRoutedForSeq2SeqLM.parameter_roles.new_patterns,
     ),
     dense_model_types=tuple(backbone_names(ENCODER_DECODER_BACKBONE)),
     method="task-routing",

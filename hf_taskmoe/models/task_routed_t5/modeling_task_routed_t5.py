@@ -47,6 +47,7 @@ from transformers.utils import ModelOutput, TransformersKwargs
 
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, output_cache, pop_cache
+from ...contract import TASK_ROUTING_ROLES
 from ...layers.heads import PresentTasks
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -202,14 +203,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     _supports_flex_attn = True
     _is_stateful = False
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    _task_specific_parameters = (r"^router\.task_embeddings\.",)
-    # absent tasks' embeddings and, under hard routing, the experts no task of the batch chose
-    _possibly_idle_parameters = (r"^router\.task_embeddings\.", r"\.experts\.")
-    _parameter_groups = {
-        "router": r"^router\.net\.",
-        "task_embedding": r"^router\.task_embeddings\.",
-        "expert": r"\.experts\.",
-    }
+    parameter_roles = TASK_ROUTING_ROLES
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
         if not T5_BLOCK_RETURNS_BIASES:
