@@ -259,3 +259,29 @@ def test_activation_checkpointing_gives_the_same_gradients(bottleneck):
     checkpointed = gradients()
     assert sorted(plain) == sorted(checkpointed)
     torch.testing.assert_close(checkpointed, plain, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["roberta", "modernbert"])
+def test_covariance_inputs_are_what_the_first_layer_reads_after_the_conditional_alignment(arch):
+    """`first_layer_inputs` (CA-MTL eq. 7's inputs) on a backbone-generic model: the embeddings after the task's
+    conditional alignment, so two tasks' views of the same rows differ once the alignment has learnt; without an
+    alignment, the dense model's embeddings."""
+    from hf_taskmoe.analysis import first_layer_inputs
+
+    torch.manual_seed(0)
+    model = CAMTLForMultiTask.from_dense(dense_model(arch), tasks=TASKS, **SMALL).eval()
+    with torch.no_grad():
+        for param in model.alignment.parameters():
+            param.add_(torch.randn_like(param) * 0.3)
+    rows = token_batch(arch, VOCAB, torch.zeros(3, dtype=torch.long))
+    rows = {k: v for k, v in rows.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    names = model.config.task_names
+    seen = first_layer_inputs(model, {names[0]: rows})[names[0]]
+    other = first_layer_inputs(model, {names[1]: rows})[names[1]]
+    assert seen.shape == (int(rows["attention_mask"].sum()), model.config.hidden_size)
+    assert not torch.allclose(seen, other)
+    plain = CAMTLForMultiTask.from_dense(dense_model(arch), tasks=TASKS, conditional_alignment=False, **SMALL).eval()
+    embedded = plain.backbone.embeddings(input_ids=rows["input_ids"])  # (batch, seq, hidden)
+    got = plain.first_layer_inputs(rows["input_ids"], rows["attention_mask"],
+                                   task_ids=torch.zeros(3, dtype=torch.long))
+    torch.testing.assert_close(got, embedded)

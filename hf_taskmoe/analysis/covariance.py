@@ -82,7 +82,8 @@ def first_layer_inputs(model, batches: Mapping[str, dict], pooling: str = "token
     `"mean"` one mean vector per example."""
     if pooling not in ("tokens", "mean"):
         raise ValueError(f"`pooling` must be 'tokens' or 'mean', got {pooling!r}.")
-    encoder = model.base_model
+    # a backbone-generic model runs its own forward up to the first layer; a BERT family's encoder says it
+    encoder = model if hasattr(model, "first_layer_inputs") else model.base_model
     was_training = model.training
     model.eval()
     try:

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
-from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone
+from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone, layer_hidden_input
 from ..compat import checkpointing_enable_with, dense_sub_config
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin, TaskSpec
@@ -139,6 +139,10 @@ class BackboneEncoderOutput(ModelOutput):
     attentions: tuple[torch.FloatTensor, ...] | None = None
 
 
+class _FirstLayerReached(Exception):
+    """Stops a forward at the first layer (`BackboneTaskMixin.first_layer_inputs`)."""
+
+
 class BackboneTaskMixin(MultiTaskBertHeadsMixin):
     """Put before `MultiTaskPreTrainedModel` in a backbone-generic family's task model: `self.backbone` (the dense
     architecture's own base model, with the family's modules in place), `self.heads` and `self.task_context`. The
@@ -246,6 +250,27 @@ class BackboneTaskMixin(MultiTaskBertHeadsMixin):
             attentions=getattr(out, "attentions", None),
             **self._encoder_fields(reports, *family_flags),
         )
+
+    def first_layer_inputs(self, input_ids, attention_mask=None, token_type_ids=None, task_ids=None) -> torch.Tensor:
+        """What the dense model's first layer reads for these rows, after what the family puts before it (CA-MTL's
+        conditional alignment): `(batch, seq, d)`, the inputs of the covariance similarity (CA-MTL eq. 7). Runs the
+        model's own forward up to that layer (a pre-hook registered after the family's records the input and stops
+        the forward), so it is what training sees."""
+        first = self.config.backbone.layer_list(self.backbone)[0]
+        seen = []
+
+        def record(module, args, kwargs):
+            seen.append(layer_hidden_input(args, kwargs))
+            raise _FirstLayerReached
+
+        handle = first.register_forward_pre_hook(record, with_kwargs=True)
+        try:
+            self(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, task_ids=task_ids)
+        except _FirstLayerReached:
+            pass
+        finally:
+            handle.remove()
+        return seen[0]
 
     def _context_flags(self, *family_flags) -> dict:
         """What the family's wrapped modules read besides the task ids (e.g. whether to report routing)."""
