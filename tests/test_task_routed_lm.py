@@ -231,6 +231,10 @@ def test_export_task_gives_a_plain_model_of_the_dense_class(arch, tmp_path):
             )
     plain.save_pretrained(tmp_path)
     assert type(AutoModelForCausalLM.from_pretrained(tmp_path)) is dense_class
+    # the special tokens set on the routed model after it was built (run_multitask.py sets its tokenizer's) travel
+    model.config.eos_token_id, model.config.pad_token_id = [3, 5], 4
+    plain = model.export_task(model.config.task_names[0])
+    assert (plain.config.eos_token_id, plain.config.pad_token_id) == ([3, 5], 4)
     soft = routed(arch, selection="softmax")
     with pytest.raises(ValueError, match="soft route"):
         soft.export_task("x")

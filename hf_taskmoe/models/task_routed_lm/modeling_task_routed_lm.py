@@ -28,7 +28,7 @@ import inspect
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import TransformersKwargs
@@ -53,7 +53,6 @@ from .routing_mixin import TaskRoutingMixin, fork_layers
 __all__ = ["TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM", "left_align"]
 
 #: tokens `generate()` produces by default after the prompt (transformers' own default stops at 20 positions)
-DEFAULT_MAX_NEW_TOKENS = 64
 
 
 @dataclass
@@ -134,18 +133,6 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         self.post_init()
         self._apply_generation_convention(self.generation_config)
         self.apply_freezing()
-
-    def _apply_generation_convention(self, generation_config):
-        """The dense model's special tokens; `max_new_tokens` (not `max_length`, which counts the prompt)."""
-        dense = self.config.dense_config
-        for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
-            if getattr(generation_config, name, None) is None and getattr(dense, name, None) is not None:
-                setattr(generation_config, name, getattr(dense, name))
-        if generation_config.max_new_tokens is None:
-            generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-        if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
-            generation_config.max_length = None
-        return generation_config
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -349,32 +336,6 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
 
     # ------------------------------------------------------------------ building and exporting
 
-    def routed_layers(self) -> list:
-        """The `ContextRoutedLayer`s that are forked into experts (in the router's layer order)."""
-        layers = self.config.backbone.layer_list(self.backbone.base_model)
-        return [layer for layer in layers if layer.route_index is not None]
-
-    def export_task(self, task: str, force_argmax: bool = False) -> PreTrainedModel:
-        """A plain model of the dense class (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...) holding `task`'s route: each
-        routed layer is replaced by the expert the task selects. It loads and runs without hf_taskmoe and gives this
-        model's outputs for the task. The route must be hard (`gumbel_softmax_st` or `hard`, or experts disabled down
-        to one); `force_argmax=True` takes the arg-max expert of a soft route (outputs then differ)."""
-        chosen = self.hard_route(task, force_argmax)
-        config = copy.deepcopy(self.config.dense_config)
-        config.hf_taskmoe_task = task
-        dense = AutoModelForCausalLM.from_config(config).to(self.device, self.dtype)
+    def _layer_stacks(self) -> dict[str, list]:
         prefix = f"{self.backbone.base_model_prefix}.{self.config.backbone.layers}."
-        layers = self.config.backbone.layer_list(self.backbone.base_model)
-        state = self.backbone.state_dict()
-        mapped = {}
-        for name in dense.state_dict():
-            source = name
-            if name.startswith(prefix):
-                index, rest = name[len(prefix):].split(".", 1)
-                layer = layers[int(index)]
-                expert = chosen[layer.route_index] if layer.route_index is not None else 0
-                source = f"{prefix}{index}.experts.{expert}.{rest}"
-            mapped[name] = state[source]
-        dense.load_state_dict(mapped, strict=True)
-        dense.generation_config = copy.deepcopy(self.generation_config)
-        return dense.eval()
+        return {prefix: self.config.backbone.layer_list(self.backbone.base_model)}

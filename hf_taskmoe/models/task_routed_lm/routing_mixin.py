@@ -76,13 +76,74 @@ def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, atte
     return slot_layers
 
 
+#: how many tokens a task-routed model generates unless told (`generation_config.max_new_tokens`)
+DEFAULT_MAX_NEW_TOKENS = 64
+
+
 class TaskRoutingMixin:
-    """The router's side of a task-routed model: `self.router` (a `TaskRouter`) and `config` routing fields."""
+    """The router's side of a task-routed model: `self.router` (a `TaskRouter`) and `config` routing fields, the
+    generation convention, and `export_task`. A family names its dense class (`dense_auto_class`), its special
+    tokens and, in `_layer_stacks`, where its forked layers are."""
 
     router: TaskRouter
-    #: the Auto class `from_dense` loads a dense checkpoint with, and what the dense model must be (messages)
+    #: the Auto class `from_dense` loads a dense checkpoint with (and `export_task` builds), and what the dense model
+    #: must be (messages)
     dense_auto_class: type
     dense_kind: str
+    #: the special tokens of the dense config the generation config and an export carry
+    special_token_names: tuple[str, ...] = ("eos_token_id", "pad_token_id", "bos_token_id")
+
+    def _layer_stacks(self) -> dict[str, list]:
+        """`{state-dict prefix of a layer list in the dense model ("model.layers."): its layers}` (routed or not)."""
+        raise NotImplementedError
+
+    def routed_layers(self) -> list:
+        """The layers forked into experts, in the router's layer order (a seq2seq model's encoder first)."""
+        return [layer for layers in self._layer_stacks().values() for layer in layers if layer.route_index is not None]
+
+    def _apply_generation_convention(self, generation_config):
+        """The dense model's special tokens (where the generation config names none); `max_new_tokens` rather than
+        `max_length` (which counts a causal LM's prompt)."""
+        dense = self.config.dense_config
+        for name in self.special_token_names:
+            if getattr(generation_config, name, None) is None and getattr(dense, name, None) is not None:
+                setattr(generation_config, name, getattr(dense, name))
+        if generation_config.max_new_tokens is None:
+            generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+        if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
+            generation_config.max_length = None
+        return generation_config
+
+    def export_task(self, task: str, force_argmax: bool = False) -> PreTrainedModel:
+        """A plain model of the dense class (`GPT2LMHeadModel`, `LlamaForCausalLM`, `T5ForConditionalGeneration`,
+        ...) holding `task`'s route: each routed layer is replaced by the expert the task selects (a T5 block's
+        relative-position table included). It loads and runs without hf_taskmoe and gives this model's outputs for
+        the task. Its config carries the special tokens set on this model (`run_multitask.py` sets the tokenizer's),
+        its generation config this model's. The route must be hard (`gumbel_softmax_st` or `hard`, or experts
+        disabled down to one); `force_argmax=True` takes the arg-max expert of a soft route (outputs then differ)."""
+        chosen = self.hard_route(task, force_argmax)
+        config = copy.deepcopy(self.config.dense_config)
+        config.hf_taskmoe_task = task
+        for name in self.special_token_names:
+            value = getattr(self.config, name, None)
+            if value is not None:
+                setattr(config, name, copy.deepcopy(value))
+        dense = self.dense_auto_class.from_config(config).to(self.device, self.dtype)
+        stacks = self._layer_stacks()
+        state = self.backbone.state_dict()
+        mapped = {}
+        for name in dense.state_dict():
+            source = name
+            prefix = next((p for p in stacks if name.startswith(p)), None)
+            if prefix is not None:
+                index, rest = name[len(prefix):].split(".", 1)
+                layer = stacks[prefix][int(index)]
+                expert = chosen[layer.route_index] if layer.route_index is not None else 0
+                source = f"{prefix}{index}.experts.{expert}.{rest}"
+            mapped[name] = state[source]
+        dense.load_state_dict(mapped, strict=True)
+        dense.generation_config = copy.deepcopy(self.generation_config)
+        return dense.eval()
 
     @classmethod
     def from_dense(

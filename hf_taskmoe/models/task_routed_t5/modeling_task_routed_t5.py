@@ -35,12 +35,11 @@ block is `experts.0`), the router under `router.*`.
 
 from __future__ import annotations
 
-import copy
 import inspect
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, GenerationMixin, PreTrainedModel
+from transformers import AutoModelForSeq2SeqLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import ModelOutput, TransformersKwargs
@@ -64,7 +63,6 @@ from .configuration_task_routed_t5 import TaskRoutedSeq2SeqConfig
 __all__ = ["T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "TaskRoutedSeq2SeqOutput"]
 
 #: tokens `generate()` produces by default after the decoder start token (transformers' default stops at 20 positions)
-DEFAULT_MAX_NEW_TOKENS = 64
 #: a T5 block's attention modules, by the output field that reports their probabilities
 SELF_ATTENTION, CROSS_ATTENTION = "layer.0.SelfAttention", "layer.1.EncDecAttention"
 
@@ -245,17 +243,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         self._apply_generation_convention(self.generation_config)
         self.apply_freezing()
 
-    def _apply_generation_convention(self, generation_config):
-        """The dense model's special tokens and decoder start; `max_new_tokens` rather than `max_length`."""
-        dense = self.config.dense_config
-        for name in ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id"):
-            if getattr(generation_config, name, None) is None and getattr(dense, name, None) is not None:
-                setattr(generation_config, name, getattr(dense, name))
-        if generation_config.max_new_tokens is None:
-            generation_config.max_new_tokens = DEFAULT_MAX_NEW_TOKENS
-        if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
-            generation_config.max_length = None
-        return generation_config
+    special_token_names = (*TaskRoutingMixin.special_token_names, "decoder_start_token_id")
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -525,39 +513,10 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
 
     # ------------------------------------------------------------------ building and exporting
 
-    def _stacks(self) -> dict[str, torch.nn.ModuleList]:
+    def _layer_stacks(self) -> dict[str, torch.nn.ModuleList]:
         """`{prefix of the stack's blocks in the dense model's names: the blocks}`, encoder first."""
         declared = self.config.backbone
         base = self.backbone.base_model
         return {f"{path}.": base.get_submodule(path) for path in (declared.layers, declared.decoder_layers)}
 
-    def routed_layers(self) -> list[T5RoutedBlock]:
-        """The routed blocks (in the router's layer order: encoder, then decoder)."""
-        return [layer for blocks in self._stacks().values() for layer in blocks if layer.route_index is not None]
 
-    def export_task(self, task: str, force_argmax: bool = False) -> PreTrainedModel:
-        """A plain model of the dense class (`T5ForConditionalGeneration`, `MT5ForConditionalGeneration`) holding
-        `task`'s route: each routed block is replaced by the expert the task selects (its relative-position table
-        included). It loads and runs without hf_taskmoe and gives this model's outputs for the task. The route must be
-        hard (`gumbel_softmax_st` or `hard`, or experts disabled down to one); `force_argmax=True` takes the arg-max
-        expert of a soft route (outputs then differ)."""
-        chosen = self.hard_route(task, force_argmax)
-        config = copy.deepcopy(self.config.dense_config)
-        config.hf_taskmoe_task = task
-        dense = AutoModelForSeq2SeqLM.from_config(config).to(self.device, self.dtype)
-        stacks = self._stacks()
-        state = self.backbone.state_dict()
-        mapped = {}
-        for name in dense.state_dict():
-            source = name
-            for prefix, blocks in stacks.items():
-                if name.startswith(prefix):
-                    index, rest = name[len(prefix):].split(".", 1)
-                    block = blocks[int(index)]
-                    expert = chosen[block.route_index] if block.route_index is not None else 0
-                    source = f"{prefix}{index}.experts.{expert}.{rest}"
-                    break
-            mapped[name] = state[source]
-        dense.load_state_dict(mapped, strict=True)
-        dense.generation_config = copy.deepcopy(self.generation_config)
-        return dense.eval()
