@@ -54,6 +54,19 @@ def _norm(norm: nn.LayerNorm, hidden: torch.Tensor, cond: Conditioning | None) -
     return norm(hidden, cond) if isinstance(norm, ConditionalLayerNorm) else norm(hidden)
 
 
+#: CA-MTL's parameter roles, on BERT (`CAMTLModel`) and on any encoder (`CAMTLForMultiTask`): the task embeddings,
+#: the conditional modules (FiLMs, attention bias, alignment, bottlenecks, the skip's) and the heads are task-specific
+#: and new on upcycling; the conditional modules run for every row's task embedding, so only heads may sit idle
+CAMTL_PARAMETER_ROLES = ParameterRoles(
+    roles={
+        "task_embedding": r"(^|\.)task_embeddings\.",
+        "conditional": r"(\.film\.|\.attention_bias\.|(^|\.)alignment\.|\.bottleneck\.|(^|\.)skip\.)",
+    },
+    task_specific=("task_embedding", "conditional"),
+    new=("task_embedding", "conditional"),
+)
+
+
 class CAMTLLayer(GradientCheckpointingLayer):
     """A BERT layer; in a conditional layer its LayerNorms are CLNs, the attention mask carries `M(z)` and a
     BASE bottleneck may run in parallel with the FFN (its output summed into the second LayerNorm)."""
@@ -121,16 +134,7 @@ class CAMTLPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     _no_split_modules = ["BertEmbeddings", "CAMTLLayer"]
     accepts_loss_kwargs = False  # the loss is a per-batch mean
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
-    # Task-conditioned modules + task embeddings + heads (what `train_task_specific_only` trains).
-    # The conditional modules run for every row's task embedding: only heads sit out a step.
-    parameter_roles = ParameterRoles(
-        roles={
-            "task_embedding": r"(^|\.)task_embeddings\.",
-            "conditional": r"(\.film\.|\.attention_bias\.|(^|\.)alignment\.|\.bottleneck\.|encoder\.skip\.)",
-        },
-        task_specific=("task_embedding", "conditional"),
-        new=("task_embedding", "conditional"),
-    )
+    parameter_roles = CAMTL_PARAMETER_ROLES
 
     def _after_load(self) -> None:
         # loading creates the parameters anew: freeze again what the config says is frozen

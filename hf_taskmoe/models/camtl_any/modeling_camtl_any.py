@@ -29,7 +29,6 @@ from torch.nn import functional as F
 from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input, replace_module
-from ...contract import ParameterRoles
 from ...layers.conditional import (
     BottleneckUp,
     ConditionalAlignment,
@@ -40,6 +39,7 @@ from ...layers.conditional import (
 )
 from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding
 from ..backbone_encoder import BackboneTaskMixin
+from ..camtl.modeling_camtl import CAMTL_PARAMETER_ROLES
 from .configuration_camtl_any import CAMTLBackboneConfig, check_attention_implementation
 
 #: name parts of the conditional modules inside a layer (they stay trainable in a frozen layer)
@@ -199,16 +199,7 @@ class CAMTLForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
     config_class = CAMTLBackboneConfig
     records_task_order = True
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
-    # the roles of the parameters, declared once: task embeddings, conditional modules and heads are task-specific and
-    # new on upcycling; the conditional modules run for every row's task embedding, so only heads may sit idle
-    parameter_roles = ParameterRoles(
-        roles={
-            "task_embedding": r"^task_embeddings\.",
-            "conditional": r"(\.film\.|\.attention_bias\.|^alignment\.|\.bottleneck\.|^skip\.)",
-        },
-        task_specific=("task_embedding", "conditional"),
-        new=("task_embedding", "conditional"),
-    )
+    parameter_roles = CAMTL_PARAMETER_ROLES
 
     def __init__(self, config: CAMTLBackboneConfig):
         super().__init__(config)
