@@ -115,6 +115,13 @@ def _named_outputs(module, args, kwargs):
     return args, kwargs
 
 
+#: what an export of the model or of its encoder without `values_checked=True` is told
+_EXPORT_NEEDS_CHECKED = (
+    "An exported program cannot check values: export BartTaskRouted (or its encoder, `model.get_encoder()`, which "
+    "takes `task_ids`) with `values_checked=True`, and check each batch's task ids on the host before it runs."
+)
+
+
 def _route_index(config: BartTaskRoutedConfig, layer: int | str) -> int:
     names = config.route_names
     if isinstance(layer, str):
@@ -325,11 +332,15 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
             expert whose output is not scaled -- a hard route at evaluation, a plain layer -- returns its own tensor).
         values_checked (`bool`, *optional*, defaults to `False`):
             The task ids and target ids were checked on the host where the batch was made: their values are not
-            read back here (no host sync). The result is the same.
+            read back here (no host sync). The result is the same. Export the model (and its encoder, which takes
+            `task_ids` and `values_checked` too) with `values_checked=True`: `hf_taskmoe.onnx_export.export_program(
+            model, part="encoder" | "decoder_step")`.
         """
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: BART has no segment embeddings
         cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
         check_kwargs({k: v for k, v in kwargs.items() if k not in _TRANSFORMERS_KWARGS}, self.forward)
+        if torch.compiler.is_exporting() and not values_checked:
+            raise ValueError(_EXPORT_NEEDS_CHECKED)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         reference = next(
             (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
@@ -450,10 +461,14 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         the model's `task_ids` on), and a `RouteRecorder` in place of transformers' recording when hidden states or
         attentions are asked for (its hooks would record every expert of a routed layer separately)."""
         task_ids = kwargs.pop("task_ids", None)
+        values_checked = kwargs.pop("values_checked", False)
         if stack is self.model.encoder and kwargs.get("routing_weights") is None:
             inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
             if inputs is not None:
-                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device)
+                if torch.compiler.is_exporting() and not values_checked:
+                    raise ValueError(_EXPORT_NEEDS_CHECKED)
+                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device,
+                                            check_values=not values_checked)
                 kwargs["routing_weights"] = weights = self.router(task_ids)[0]
                 kwargs["routing_plan"] = plan_routes(weights)
         hidden_states, attentions = (
