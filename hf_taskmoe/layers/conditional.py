@@ -93,9 +93,7 @@ class ConditionalLayerNorm(nn.LayerNorm):
         if cond is None:
             return super().forward(hidden)
         gamma, beta = _per_row(self.film, cond)  # (batch, 1, d)
-        return F.layer_norm(hidden, self.normalized_shape, None, None, self.eps) * (self.weight * gamma) + (
-            self.bias + beta
-        )
+        return F.layer_norm(hidden, self.normalized_shape, self.weight, None, self.eps) * gamma + (self.bias + beta)
 
 
 class ConditionalAlignment(nn.Module):
@@ -134,12 +132,17 @@ class ConditionalAttentionBias(nn.Module):
 
     def task_matrices(self, table: torch.Tensor, length: int) -> torch.Tensor:
         """`M(z_t)` of every task, cropped to `length`: `(tasks, length, length)`."""
+        full = self._full_matrices(table)[:, 0]  # (tasks, N*b, N*b)
+        return full if length == full.shape[-1] else full[:, :length, :length]
+
+    def _full_matrices(self, table: torch.Tensor) -> torch.Tensor:
+        """`M(z_t)` of every task at the full size `N*b`: `(tasks, 1, N*b, N*b)` (the head axis of the attention mask
+        made by the reshape that builds the matrices, rather than by one more operation on every row's)."""
         b, n = self.block_size, self.num_blocks
         gamma, beta = self.film(table)  # (tasks, b*b)
         blocks = self.blocks * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b), broadcast
         # direct sum of the blocks: block n on the diagonal of a (n, n) grid of (b, b) blocks, zeros elsewhere
-        full = torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3).reshape(-1, n * b, n * b)
-        return full if length == n * b else full[:, :length, :length]
+        return torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3).reshape(-1, 1, n * b, n * b)
 
     def forward(
         self, cond: Conditioning, key_mask: torch.Tensor | None, length: int, dtype: torch.dtype,
@@ -155,11 +158,11 @@ class ConditionalAttentionBias(nn.Module):
             )
         # cropped by gathering positions rather than slicing: a slice is a view whose contiguity depends on whether
         # `length` equals the full size, which torch.export would turn into a guard on the sequence length
-        # (one advanced index: task (batch, 1, 1, 1), query (L, 1), key (L,) broadcast to (batch, 1, L, L), whose
-        # backward is one accumulation, where three index_selects each made and filled a gradient)
+        # (three index_selects rather than one advanced index: the latter's backward accumulates with a sort on a GPU)
         keep = torch.arange(length, device=cond.task_ids.device)
-        full = self.task_matrices(cond.table, self.num_blocks * self.block_size)  # (tasks, N*b, N*b)
-        bias = full[cond.task_ids.view(-1, 1, 1, 1), keep.unsqueeze(1), keep].to(dtype)  # (batch, 1, L, L)
+        full = self._full_matrices(cond.table)  # (tasks, 1, N*b, N*b)
+        bias = full.index_select(0, cond.task_ids).index_select(2, keep).index_select(3, keep)  # (batch, 1, L, L)
+        bias = bias.to(dtype)
         if key_mask is not None:
             bias = bias.masked_fill(padded_keys if padded_keys is not None else padded_key_mask(key_mask),
                                     torch.finfo(dtype).min)
