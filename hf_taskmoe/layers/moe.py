@@ -36,14 +36,15 @@ EXPERT_DISPATCHES = ("sorted_loop", "grouped_mm")
 
 
 @torch.compiler.disable
-def _expert_loop(experts: nn.ModuleList, x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Each expert on its contiguous slice of the expert-sorted tokens (`counts` per expert).
+def _expert_loop(experts: nn.ModuleList, x_sorted: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Each expert on its contiguous slice of the expert-sorted tokens (`ends`: where each expert's slice ends).
 
-    The one host sync of the layer (`counts.tolist()`). Experts with no tokens still run on their empty slice so
+    The one host sync of the layer (`ends.tolist()`). Experts with no tokens still run on their empty slice so
     that every parameter takes part in the graph. Kept out of torch.compile's graphs: traced, the slice sizes
     would be specialised (0 and 1 are special) and every new batch composition would recompile until dynamo's
     recompile limit; as a graph break the loop runs eagerly and the rest of the layer stays compiled."""
-    chunks = x_sorted.split(counts.tolist())
+    ends = ends.tolist()
+    chunks = x_sorted.split([end - start for start, end in zip([0, *ends[:-1]], ends)])
     return torch.cat([expert(chunk) for expert, chunk in zip(experts, chunks)])
 
 
@@ -221,12 +222,16 @@ class TaskMoE(nn.Module):
         x = hidden_states.reshape(-1, hidden)  # (tokens, hidden)
         if is_capturing():  # torch.export / ONNX / jit.trace: no shape may depend on the routes
             y = self._masked_experts(x, top_e.reshape(-1, self.top_k), weights.reshape(-1, self.top_k))
+            y = y.view(batch, seq, hidden)
+        elif self.top_k == 1:  # each token's one output, put back in token order, scaled there: no gather of weights
+            y = self._sorted_experts(x, top_e.reshape(-1), None).view(batch, seq, hidden) * weights
         else:
-            y = self._sorted_experts(x, top_e.reshape(-1), weights.reshape(-1))
+            y = self._sorted_experts(x, top_e.reshape(-1), weights.reshape(-1)).view(batch, seq, hidden)
 
-        mask = token_mask.reshape(-1) if token_mask is not None else None
+        needs_mask = token_mask is not None and (self.compute_aux_loss or self.compute_z_loss)
+        mask = token_mask.reshape(-1) if needs_mask else None
         return MoEOutput(
-            hidden_states=y.view(batch, seq, hidden),
+            hidden_states=y,
             router_logits=logits,
             expert_index=top_e,
             routing_counts=self._routing_counts(top_e, task_ids, token_mask) if output_routing else None,
@@ -234,23 +239,29 @@ class TaskMoE(nn.Module):
             z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
         )
 
-    def _sorted_experts(self, x: torch.Tensor, flat_expert: torch.Tensor, flat_weight: torch.Tensor) -> torch.Tensor:
+    def _sorted_experts(
+        self, x: torch.Tensor, flat_expert: torch.Tensor, flat_weight: torch.Tensor | None
+    ) -> torch.Tensor:
         """Each expert on the tokens routed to it (`notes/moe-dispatch.md`): slots sorted by expert, one `F.linear`
         pair per expert's slice (`sorted_loop`) or one grouped GEMM per projection (`grouped_mm`), outputs put back
-        in token order. `flat_expert` / `flat_weight` `(tokens*k,)`: slot s = token s//k, its (s%k)-th choice."""
-        order = torch.argsort(flat_expert, stable=True)  # slots grouped by expert
-        # tokens per expert, counted without `bincount` (whose output size is read back from the device on a GPU)
-        counts = torch.zeros(self.num_experts, dtype=torch.long, device=x.device)
-        counts = counts.scatter_add_(0, flat_expert, torch.ones_like(flat_expert))  # (experts,)
+        in token order. `flat_expert` / `flat_weight` `(tokens*k,)`: slot s = token s//k, its (s%k)-th choice.
+        `flat_weight` None (top-1): the outputs come back unscaled, for the caller to scale in token order."""
+        sorted_expert, order = torch.sort(flat_expert, stable=True)  # slots grouped by expert, and their experts
+        # where each expert's slice ends: a search of the sorted experts, whose size is fixed (no `bincount`, whose
+        # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are
+        experts = torch.arange(self.num_experts, dtype=sorted_expert.dtype, device=x.device)
+        ends = torch.searchsorted(sorted_expert, experts, right=True, out_int32=True)  # (experts,)
         token_of_slot = order // self.top_k if self.top_k > 1 else order
         x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
         if self.dispatch == "grouped_mm":
-            y_sorted = self._grouped_experts(x_sorted, flat_expert.index_select(0, order), counts)
+            y_sorted = self._grouped_experts(x_sorted, sorted_expert, ends)
         else:
-            y_sorted = _expert_loop(self.experts, x_sorted, counts)  # (tokens*k, hidden)
+            y_sorted = _expert_loop(self.experts, x_sorted, ends)  # (tokens*k, hidden)
+        if flat_weight is None:
+            return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)  # (tokens, hidden) in token order
         y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
         if self.top_k == 1:
-            return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)  # (tokens, hidden) in token order
+            return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
         return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
 
     def _masked_experts(self, x: torch.Tensor, top_e: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -263,12 +274,11 @@ class TaskMoE(nn.Module):
         return torch.einsum("teh,te->th", outputs, combine.to(outputs.dtype))  # (tokens, hidden)
 
     def _grouped_experts(
-        self, x_sorted: torch.Tensor, sorted_expert: torch.Tensor, counts: torch.Tensor
+        self, x_sorted: torch.Tensor, sorted_expert: torch.Tensor, ends: torch.Tensor
     ) -> torch.Tensor:
         """Every expert on its contiguous slice in one grouped GEMM per projection (`F.grouped_mm`), with no host
         sync: the slices' ends are a device tensor. The experts' weights stay separate `nn.Linear`s (peft, the
         upcycling rules and checkpoints see the same names) and are stacked for the call."""
-        ends = counts.cumsum(0).to(torch.int32)  # (experts,) end of each expert's slice
         w_in = torch.stack([e.w_in.weight for e in self.experts]).transpose(1, 2)  # (experts, hidden, inter)
         w_out = torch.stack([e.w_out.weight for e in self.experts]).transpose(1, 2)  # (experts, inter, hidden)
         dtype = x_sorted.dtype if not torch.is_autocast_enabled(x_sorted.device.type) else \
@@ -284,6 +294,8 @@ class TaskMoE(nn.Module):
             return top_p
         # Value: renormalised top-k probabilities (1.0 for top-1); gradient: that of `top_p` itself.
         # `top_p - top_p.detach()` is exactly 0.0 in value, so the forward pass is exact.
+        if self.top_k == 1:  # p / p is exactly 1.0: no need to compute it
+            return (top_p - top_p.detach()) + 1.0
         renormalised = (top_p / top_p.sum(dim=-1, keepdim=True)).detach()
         return renormalised + (top_p - top_p.detach())
 

@@ -1,0 +1,214 @@
+"""The op-count reductions of issue 34 compute what the code before them computed (`benchmarks/op_count.py`,
+docs/benchmarks.md "Operations per training step"): each test runs a written-out copy of the earlier computation
+beside the layer and compares values and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hf_taskmoe import BertTaskMoEConfig, CAMTLConfig, CAMTLModel, TaskSpec
+from hf_taskmoe.layers.conditional import (
+    ConditionalAlignment,
+    ConditionalAttentionBias,
+    ConditionalBottleneck,
+    ConditionalLayerNorm,
+    Conditioning,
+)
+from hf_taskmoe.layers.moe import TaskMoE
+
+from .conftest import TINY, random_batch
+
+B, S, D, F_, N, T = 3, 5, 16, 24, 4, 3
+
+
+# ----------------------------------------------------------------------------------------------------- MT-TaG
+
+
+def _moe(top_k, weighting, dispatch, seed=0):
+    torch.manual_seed(seed)
+    config = BertTaskMoEConfig(
+        tasks=[TaskSpec(name=f"t{i}", num_labels=2) for i in range(T)], hidden_size=D, intermediate_size=F_,
+        num_hidden_layers=1, num_attention_heads=2, num_experts=N, top_k=top_k, expert_weighting=weighting,
+        expert_dispatch=dispatch,
+    )
+    moe = TaskMoE(config)
+    for p in moe.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    with torch.no_grad():
+        moe.router.weight[:, 3] = -50.0  # expert 3 gets no token: it still runs, on its empty slice
+    return moe
+
+
+def _earlier_forward(moe: TaskMoE, hidden: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+    """`TaskMoE.forward`'s output as the layer computed it before the reductions: counts by `scatter_add_`, their
+    `cumsum` as the grouped GEMM's offsets, the experts' ids gathered by the sort order, the weights gathered in
+    sorted order, the top-1 straight-through weight as `renormalised + (p - sg(p))`."""
+    batch, seq, hidden_size = hidden.shape
+    logits = moe.route(hidden, task_ids)
+    top_p, top_e = logits.softmax(dim=-1).topk(moe.top_k, dim=-1)
+    if moe.expert_weighting == "gate":
+        weights = top_p
+    else:
+        weights = (top_p / top_p.sum(dim=-1, keepdim=True)).detach() + (top_p - top_p.detach())
+    x, flat_expert, flat_weight = hidden.reshape(-1, hidden_size), top_e.reshape(-1), weights.reshape(-1)
+    order = torch.argsort(flat_expert, stable=True)
+    counts = torch.zeros(moe.num_experts, dtype=torch.long).scatter_add_(0, flat_expert, torch.ones_like(flat_expert))
+    token_of_slot = order // moe.top_k if moe.top_k > 1 else order
+    x_sorted = x.index_select(0, token_of_slot)
+    if moe.dispatch == "grouped_mm":
+        ends = counts.cumsum(0).to(torch.int32)
+        sorted_expert = flat_expert.index_select(0, order)
+        w_in = torch.stack([e.w_in.weight for e in moe.experts]).transpose(1, 2)
+        w_out = torch.stack([e.w_out.weight for e in moe.experts]).transpose(1, 2)
+        h = F.grouped_mm(x_sorted, w_in, offs=ends)
+        h = moe.experts[0].act(h + torch.stack([e.w_in.bias for e in moe.experts]).index_select(0, sorted_expert))
+        y_sorted = F.grouped_mm(h, w_out, offs=ends)
+        y_sorted = y_sorted + torch.stack([e.w_out.bias for e in moe.experts]).index_select(0, sorted_expert)
+    else:
+        chunks = x_sorted.split(counts.tolist())
+        y_sorted = torch.cat([expert(chunk) for expert, chunk in zip(moe.experts, chunks)])
+    y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
+    if moe.top_k == 1:
+        y = torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
+    else:
+        y = torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)
+    return y.view(batch, seq, hidden_size)
+
+
+@pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
+@pytest.mark.parametrize("weighting", ["gate", "straight_through"])
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_moe_dispatch_computes_what_it_computed_before(top_k, weighting, dispatch):
+    g = torch.Generator().manual_seed(1)
+    hidden, task_ids = torch.randn(B, S, D, generator=g), torch.tensor([0, 2, 1])
+    target = torch.randn(B, S, D, generator=g)
+    now, before = _moe(top_k, weighting, dispatch), _moe(top_k, weighting, dispatch)
+    out = now(hidden, task_ids).hidden_states
+    expected = _earlier_forward(before, hidden, task_ids)
+    assert torch.equal(out, expected)  # the same operations on the same values: bit for bit
+    (out * target).sum().backward()
+    (expected * target).sum().backward()
+    for (name, p), q in zip(now.named_parameters(), before.parameters(), strict=True):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-6, msg=name)
+    assert all(p.grad is not None for p in now.experts[3].parameters())  # the idle expert is on the graph
+
+
+def test_top1_straight_through_weight_is_exactly_one_with_the_gate_gradient():
+    moe = _moe(1, "straight_through", "sorted_loop")
+    top_p = (torch.rand(B, S, 1) + 0.25).requires_grad_()
+    weights = moe._combine_weights(top_p)
+    assert torch.equal(weights, torch.ones_like(weights))
+    weights.sum().backward()
+    assert torch.equal(top_p.grad, torch.ones_like(top_p))
+
+
+# ----------------------------------------------------------------------------------------------------- CA-MTL
+
+
+def _randomised(module, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return module
+
+
+def _conditionings():
+    g = torch.Generator().manual_seed(2)
+    table = torch.randn(3, 8, generator=g, requires_grad=True)
+    task_ids = torch.tensor([0, 2, 1, 2])
+    return table, Conditioning(table, task_ids), Conditioning.gathered(table, task_ids)
+
+
+@pytest.mark.parametrize(
+    "make", [
+        lambda: ConditionalLayerNorm(12, 8),
+        lambda: ConditionalAlignment(12, 8),
+        lambda: ConditionalBottleneck(12, 5, 8),
+    ],
+    ids=["layer_norm", "alignment", "bottleneck"],
+)
+def test_rows_gathered_once_give_each_films_per_task_values_and_gradients(make):
+    module = _randomised(make())
+    hidden = torch.randn(4, 6, 12, generator=torch.Generator().manual_seed(3))
+    results = []
+    for index in (1, 2):  # per task then gathered, and gathered first
+        table, *conds = _conditionings()
+        module.zero_grad()
+        out = module(hidden, conds[index - 1])
+        out.square().sum().backward()
+        results.append((out, table.grad, [p.grad.clone() for p in module.parameters()]))
+    (a, ga, pa), (b, gb, pb) = results
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ga, gb, atol=1e-5, rtol=1e-5)
+    for x, y in zip(pa, pb, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+
+
+def test_conditional_layer_norm_is_eq3():
+    """The norm's weight inside the fused layer norm, times gamma(z): eq. 3 up to rounding."""
+    cln = _randomised(ConditionalLayerNorm(12, 8))
+    table, cond, _ = _conditionings()
+    hidden = torch.randn(4, 6, 12, generator=torch.Generator().manual_seed(3))
+    gamma, beta = cln.film(table)
+    gamma, beta = gamma[cond.task_ids].unsqueeze(1), beta[cond.task_ids].unsqueeze(1)
+    expected = F.layer_norm(hidden, (12,), eps=cln.eps) * (cln.weight * gamma) + (cln.bias + beta)
+    torch.testing.assert_close(cln(hidden, cond), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_attention_bias_gathers_each_rows_task_matrix_cropped():
+    bias = _randomised(ConditionalAttentionBias(max_length=10, num_blocks=3, task_dim=8))
+    table, cond, _ = _conditionings()
+    key_mask = torch.ones(4, 7, dtype=torch.long)
+    key_mask[1, 5:] = 0
+    out = bias(cond, key_mask, 7, torch.float32)
+    full = bias.task_matrices(table, 7)  # (tasks, 7, 7)
+    expected = full[cond.task_ids].unsqueeze(1).masked_fill(~key_mask.bool()[:, None, None, :],
+                                                            torch.finfo(torch.float32).min)
+    assert out.shape == (4, 1, 7, 7)
+    assert torch.equal(out, expected)
+
+
+def test_camtl_training_step_is_the_per_task_conditioned_one():
+    """A whole CA-MTL forward and backward with the rows gathered once (as `_encode` does) against the same model
+    with every FiLM gathering its own per-task output: loss and every gradient agree, on the same parameters."""
+    tasks = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3), TaskSpec(name="c", num_labels=2)]
+    torch.manual_seed(0)
+    model = CAMTLModel(CAMTLConfig(tasks=tasks, **dict(TINY, num_hidden_layers=4),
+                                   conditional_attention_max_length=16))
+    _randomised_conditioning(model)
+    model.train()
+    batch = random_batch(model.config, batch=5, task_ids=torch.tensor([0, 1, 2, 1, 0]))
+    batch["labels"] = torch.tensor([1, 2, 0, 0, 1])
+    runs = []
+    for gathered in (True, False):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)  # the same dropout masks
+        if gathered:
+            loss = model(**batch).loss
+        else:
+            original = Conditioning.gathered
+            Conditioning.gathered = classmethod(lambda cls, table, task_ids: cls(table, task_ids))
+            try:
+                loss = model(**batch).loss
+            finally:
+                Conditioning.gathered = original
+        loss.backward()
+        runs.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    torch.testing.assert_close(loss_a, loss_b, atol=1e-6, rtol=1e-6)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _randomised_conditioning(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".film." in name or "bottleneck.up" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.05)
