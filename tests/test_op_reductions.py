@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_taskmoe import BertTaskMoEConfig, CAMTLConfig, CAMTLModel, TaskSpec
+from hf_taskmoe import BertPALsConfig, BertTaskMoEConfig, BertWithPALs, CAMTLConfig, CAMTLModel, TaskSpec
 from hf_taskmoe.layers.conditional import (
     ConditionalAlignment,
     ConditionalAttentionBias,
@@ -17,6 +17,8 @@ from hf_taskmoe.layers.conditional import (
     Conditioning,
 )
 from hf_taskmoe.layers.moe import TaskMoE
+from hf_taskmoe.layers.pals import PALAttention, pal_key_mask
+from hf_taskmoe.models.bert_pals import modeling_bert_pals
 
 from .conftest import TINY, random_batch
 
@@ -212,3 +214,67 @@ def _randomised_conditioning(model, seed=1):
         for name, param in model.named_parameters():
             if ".film." in name or "bottleneck.up" in name:
                 param.copy_(torch.randn(param.shape, generator=g) * 0.05)
+
+
+# ----------------------------------------------------------------------------------------------------------- PALs
+
+
+def _pal_inputs(seed=4):
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(3, 7, 3 * 12, generator=g)
+    attention_mask = torch.ones(3, 7, dtype=torch.long)
+    attention_mask[0, 4:] = 0
+    return qkv, attention_mask
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_packed_heads_and_the_additive_mask_give_the_same_attention(training):
+    """`attend_packed` splits the heads with one view + permute (the same strides as `attend`'s split, view and
+    transposes), and the additive key mask made once is what sdpa makes of the bool one: the same numbers, bit for
+    bit, with dropout's draws too."""
+    attention = PALAttention(12, 3, dropout=0.2).train(training)
+    qkv, attention_mask = _pal_inputs()
+    keep = pal_key_mask(attention_mask, encoder_mask=attention_mask)
+    additive = pal_key_mask(attention_mask, encoder_mask=attention_mask, dtype=torch.float32)
+    assert keep.dtype == torch.bool and additive.dtype == torch.float32
+    assert torch.equal(additive, torch.where(keep, 0.0, float("-inf")))
+    torch.manual_seed(0)
+    before = attention.attend(*qkv.chunk(3, dim=-1), keep)
+    torch.manual_seed(0)
+    now = attention.attend_packed(qkv, additive)
+    assert torch.equal(before, now)
+
+
+def test_additive_mask_takes_autocasts_dtype():
+    _, attention_mask = _pal_inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mask = pal_key_mask(attention_mask, attention_mask, dtype=torch.float32)
+    assert mask.dtype == torch.bfloat16
+    attention = PALAttention(12, 3).eval()
+    qkv = _pal_inputs()[0].bfloat16()  # a mask made for another dtype is cast to the queries'
+    out = attention.attend_packed(qkv, pal_key_mask(attention_mask, attention_mask, dtype=torch.float32))
+    expected = attention.attend_packed(qkv, pal_key_mask(attention_mask, attention_mask))
+    assert torch.equal(out, expected)
+
+
+def test_pals_training_step_is_the_one_with_the_bool_mask(monkeypatch):
+    torch.manual_seed(0)
+    model = BertWithPALs(BertPALsConfig(tasks=[TaskSpec(name=n, num_labels=2) for n in "abc"], pal_size=12,
+                                        pal_num_heads=3, pal_decoder_init="normal", **TINY)).train()
+    batch = random_batch(model.config, batch=5, task_ids=torch.tensor([0, 1, 2, 1, 0]))
+    batch["labels"] = torch.tensor([1, 0, 0, 1, 1])
+    runs = []
+    for additive in (True, False):
+        if not additive:  # what the model did before: the bool mask, made additive by sdpa in every layer
+            monkeypatch.setattr(modeling_bert_pals, "pal_key_mask", lambda mask, encoder_mask, dtype=None:
+                                pal_key_mask(mask, encoder_mask))
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        loss = model(**batch).loss
+        loss.backward()
+        runs.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        assert torch.equal(grads_a[name], grads_b[name]), name

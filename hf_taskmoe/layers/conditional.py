@@ -171,7 +171,7 @@ class ConditionalAttentionBias(nn.Module):
 
 def padded_key_mask(key_mask: torch.Tensor) -> torch.Tensor:
     """`(batch, seq)` 0/1 padding mask -> `(batch, 1, 1, seq)` bool, True where a key is padding."""
-    return ~key_mask.bool()[:, None, None, :]
+    return ~key_mask.bool().reshape(key_mask.shape[0], 1, 1, key_mask.shape[-1])  # one view, not two unsqueezes
 
 
 class ConditionalBottleneck(nn.Module):

@@ -41,12 +41,26 @@ class PALAttention(nn.Module):
         def heads(projected: torch.Tensor) -> torch.Tensor:
             return projected.view(batch, seq, self.num_heads, size // self.num_heads).transpose(1, 2)  # (B, h, T, s/h)
 
+        return self._attention(heads(query), heads(key), heads(value), key_mask)
+
+    def attend_packed(self, qkv: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+        """`attend` of the queries, keys and values side by side in one `(B, T, 3s)` tensor: the three split into
+        heads by one view and one permute (the same `(B, h, T, s/h)` views as `attend` makes of each: the same
+        strides, the same attention) instead of a split and a view and a transpose each."""
+        batch, seq, size = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        query, key, value = qkv.view(batch, seq, 3, self.num_heads, size // self.num_heads).permute(2, 0, 3, 1, 4)
+        return self._attention(query, key, value, key_mask)
+
+    def _attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None):
+        batch, heads, seq, head_size = query.shape
+        if key_mask is not None and key_mask.dtype != torch.bool and key_mask.dtype != query.dtype:
+            key_mask = key_mask.to(query.dtype)  # an additive mask made for another dtype (0 and -inf stay exact)
         out = F.scaled_dot_product_attention(
-            heads(query), heads(key), heads(value),
-            attn_mask=key_mask,  # (B, 1, 1, T) bool: True = attend
+            query, key, value,
+            attn_mask=key_mask,  # (B, 1, 1, T) bool (True = attend) or additive (`pal_key_mask`)
             dropout_p=self.dropout if self.training else 0.0,
         )  # (B, h, T, s/h)
-        return out.transpose(1, 2).reshape(batch, seq, size)
+        return out.transpose(1, 2).reshape(batch, seq, heads * head_size)
 
 
 class PALDecoder(nn.Linear):
@@ -158,8 +172,8 @@ class ProjectedAttentionLayers(nn.Module):
         qkv = torch.cat(weights).view(len(rows.groups), 3 * size, size).index_select(0, rows.index)  # (B, 3s, s)
         # bmm, not einsum: the same products with a third of the operations (einsum adds permutes and reshapes)
         h = torch.bmm(x, rows.encoder)  # (B, T, s): E_g x
-        query, key, value = torch.bmm(h, qkv.transpose(1, 2)).chunk(3, dim=-1)  # (B, T, s) each
-        out = attention[0].attend(query, key, value, key_mask)  # (B, T, s); the groups' attentions share settings
+        # (B, T, 3s) -> (B, T, s); the groups' attentions share their settings
+        out = attention[0].attend_packed(torch.bmm(h, qkv.transpose(1, 2)), key_mask)
         return F.gelu(torch.bmm(out, rows.decoder))  # (B, T, d): D_g
 
 
@@ -179,11 +193,22 @@ def rows_by_group(
     return [(g, parts[0] if len(parts) == 1 else torch.cat(parts)) for g, parts in sorted(groups.items())]
 
 
-def pal_key_mask(attention_mask: torch.Tensor | None, encoder_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """`(batch, seq)` 0/1 padding mask -> `(batch, 1, 1, seq)` bool for the PALs' attention, None when nothing is
+def pal_key_mask(
+    attention_mask: torch.Tensor | None, encoder_mask: torch.Tensor | None, dtype: torch.dtype | None = None
+) -> torch.Tensor | None:
+    """`(batch, seq)` 0/1 padding mask -> `(batch, 1, 1, seq)` for the PALs' attention, None when nothing is
     padded. Whether anything is padded is read from `encoder_mask`, the BERT layers' own mask from
     `create_bidirectional_mask` (None when no key is masked; finding that out is transformers' host sync), so the
-    PALs add none."""
+    PALs add none.
+
+    Without `dtype`: bool, True = attend. With `dtype` (the PALs' compute dtype: the hidden states' outside autocast,
+    autocast's inside): the additive mask `scaled_dot_product_attention` would make of the bool one in every
+    layer (0 where a key is attended, -inf where it is padding), made once for every layer."""
     if attention_mask is None or encoder_mask is None:
         return None
-    return attention_mask.bool()[:, None, None, :]
+    keep = attention_mask.bool().reshape(attention_mask.shape[0], 1, 1, attention_mask.shape[-1])  # one view
+    if dtype is None:
+        return keep
+    if torch.is_autocast_enabled(attention_mask.device.type):
+        dtype = torch.get_autocast_dtype(attention_mask.device.type)
+    return torch.full_like(keep, float("-inf"), dtype=dtype).masked_fill_(keep, 0.0)

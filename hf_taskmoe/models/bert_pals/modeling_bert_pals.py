@@ -113,7 +113,7 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
         PALs take part (an absent group's get no gradient), and a batch of one group runs its PALs unbatched."""
         hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
-        key_mask = pal_key_mask(attention_mask, mask)
+        key_mask = pal_key_mask(attention_mask, mask, hidden.dtype)  # additive, made once for every layer
         present = sorted({self.config.task_group_ids[t] for t in task_rows}) if task_rows is not None else None
         group_rows = None
         if present is not None and len(present) == 1:
