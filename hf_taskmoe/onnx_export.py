@@ -61,6 +61,9 @@ class ServingLogits(nn.Module):
                 f"export_onnx / export_program take a task-level encoder model with per-task heads (BertForTaskMoE, "
                 f"BertWithPALs, CAMTLModel, TaskMoEForMultiTask, PALsForMultiTask, CAMTLForMultiTask), an MMoEModel "
                 f"or a BartTaskRouted (with part='encoder' or 'decoder_step'), got {type(model).__name__}."
+                + (" Export one task's route as a plain model of the dense class (`model.export_task(task)`) and serve "
+                   "it with transformers' own export path (torch.export / ONNX of a causal LM or T5)."
+                   if hasattr(model, "export_task") else "")
             )
         heads.check_exportable()
         self.model = model

@@ -239,3 +239,11 @@ def test_bart_export_needs_checked_values_and_a_part():
         export_program(model)
     with pytest.raises(ValueError, match="part"):
         export_program(_encoder_model("pals", "distilbert"), part="encoder")
+
+
+def test_a_task_routed_causal_lm_is_pointed_to_export_task(tmp_path):
+    """Task routing on a causal LM or T5 serves a task as a plain dense model (`export_task`): `export_onnx` says so."""
+    from .test_task_routed_lm import routed
+
+    with pytest.raises(ValueError, match=r"TaskRoutedForCausalLM\. Export one task's route .*export_task"):
+        export_onnx(routed("gpt2"), tmp_path / "lm.onnx")
