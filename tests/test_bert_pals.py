@@ -237,3 +237,46 @@ def test_bad_config_values_raise_naming_the_field(overrides, message):
 def test_registration_and_family_name():
     assert BertPALsConfig.model_type == "taskmoe_bert_pals"
     assert hf_taskmoe.models.FAMILIES["bert_pals"].model_class is BertWithPALs
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_per_group_and_batched_dispatch_compute_the_same_step(family):
+    """`pal_dispatch`: a mixed batch through each group's PALs on its rows, or every row at once through its group's
+    gathered weights, gives the same loss, per-task losses and gradients, and the same parameters get one (an
+    absent task's PALs none); a name outside the choices is refused."""
+    from hf_taskmoe import PALsConfig, PALsForMultiTask
+
+    from .backbone_matrix import TASKS as MATRIX_TASKS
+    from .backbone_matrix import dense_config, labelled_batch
+
+    tasks = [*MATRIX_TASKS, TaskSpec(name="absent", num_labels=2)]
+
+    def build(dispatch):
+        torch.manual_seed(0)
+        if family == "bert":
+            config = BertPALsConfig(tasks=tasks, pal_size=8, pal_num_heads=2, pal_decoder_init="normal",
+                                    pal_dispatch=dispatch, **TINY)
+            return BertWithPALs(config).train()
+        return PALsForMultiTask(PALsConfig(dense_config=dense_config("roberta"), tasks=tasks, pal_size=8,
+                                           pal_num_heads=2, pal_decoder_init="normal", pal_dispatch=dispatch)).train()
+
+    results = {}
+    for dispatch in ("per_group", "batched"):
+        model = build(dispatch)
+        batch = labelled_batch(model, torch.tensor([0, 1, 1, 0, 1])) if family == "roberta" else None
+        if batch is None:
+            from .backbone_matrix import token_batch
+
+            batch = token_batch("bert", TINY["vocab_size"], torch.tensor([0, 1, 1, 0, 1]))
+            batch["labels"] = torch.tensor([1.0, 0.5, -0.3, 2.0, 1.2])
+        torch.manual_seed(1)  # the same dropout masks
+        out = model(**batch)
+        out.loss.backward()
+        results[dispatch] = (out, {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    (loop, loop_grads), (batched, batched_grads) = results["per_group"], results["batched"]
+    torch.testing.assert_close(batched.loss, loop.loss, atol=1e-6, rtol=1e-5)
+    assert set(batched_grads) == set(loop_grads) and not any(".2." in n and "pals" in n for n in loop_grads)
+    for name, grad in loop_grads.items():
+        torch.testing.assert_close(batched_grads[name], grad, atol=1e-5, rtol=1e-4)  # summed in another order
+    with pytest.raises(ValueError, match="pal_dispatch"):
+        BertPALsConfig(tasks=tasks, pal_dispatch="grouped", **TINY)

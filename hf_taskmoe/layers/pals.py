@@ -177,6 +177,13 @@ class ProjectedAttentionLayers(nn.Module):
         return F.gelu(torch.bmm(out, rows.decoder))  # (B, T, d): D_g
 
 
+def batched_dispatch(choice: str, device: torch.device) -> bool:
+    """Whether an eager forward runs a mixed batch's PALs batched across groups (`pal_dispatch`): always for
+    `"batched"`; for `"auto"` on an accelerator or under `torch.compile` (where launches count and a shape may not
+    depend on the mix), not on a CPU (where one product per group is faster)."""
+    return choice == "batched" or (choice == "auto" and (device.type != "cpu" or torch.compiler.is_compiling()))
+
+
 def rows_by_group(
     task_rows: dict[int, torch.Tensor], task_groups: list[int], batch: int
 ) -> list[tuple[int, torch.Tensor | None]]:

@@ -26,7 +26,14 @@ from transformers.models.bert.modeling_bert import (
 )
 
 from ...contract import ParameterRoles
-from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask
+from ...layers.pals import (
+    PALAttention,
+    PALDecoder,
+    ProjectedAttentionLayers,
+    batched_dispatch,
+    pal_key_mask,
+    rows_by_group,
+)
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ...tasks import TaskSpec
 from ..multitask_bert import (
@@ -118,8 +125,11 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
         group_rows = None
         if present is not None and len(present) == 1:
             group_rows = [(present[0], None)]  # one group's PALs on the whole batch
-        elif self.pals.layers:  # every row through its group's PALs at once; the groups present only, when known
+        elif self.pals.layers and (present is None or batched_dispatch(self.config.pal_dispatch, hidden.device)):
+            # every row through its group's PALs at once; the groups present only, when known
             group_rows = self.pals.select(self.task_to_group.index_select(0, task_ids), present)
+        elif self.pals.layers:  # each group's PALs on its rows (`pal_dispatch`)
+            group_rows = rows_by_group(task_rows, self.config.task_group_ids, task_ids.shape[0])
 
         def step(index, layer, hidden):
             pal = self.pals(hidden, index, group_rows, key_mask) if self.pals.has_layer(index) else None

@@ -30,7 +30,7 @@ from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input
 from ...contract import ParameterRoles
-from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, rows_by_group
+from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, batched_dispatch, rows_by_group
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..backbone_encoder import BackboneTaskMixin
 from .configuration_pals import PALsConfig
@@ -47,6 +47,7 @@ class BackbonePALs(ProjectedAttentionLayers):
             config.pal_layer_indices, config.pal_attention_dropout_rate,
         )
         self.group_of_task = list(config.task_group_ids)
+        self.dispatch = config.pal_dispatch
         self.register_buffer("task_to_group", torch.tensor(self.group_of_task, dtype=torch.long), persistent=False)
 
     def set_task_groups(self, group_ids: list[int]) -> None:
@@ -65,6 +66,10 @@ class BackbonePALs(ProjectedAttentionLayers):
             task_rows = context.flags.get("task_rows")
             if task_rows is None:
                 rows = self.task_to_group.index_select(0, task_ids)  # (batch,)
+            elif batched_dispatch(self.dispatch, task_ids.device):  # the groups present, every row at once
+                present = sorted({self.group_of_task[t] for t in task_rows})
+                rows = ([(present[0], None)] if len(present) == 1
+                        else self.select(self.task_to_group.index_select(0, task_ids), present))
             else:
                 rows = rows_by_group(task_rows, self.group_of_task, task_ids.shape[0])
             context.flags["pal_rows"] = rows
