@@ -94,21 +94,24 @@ def _mixed_batch(padded: bool):
             "labels": torch.tensor([1.0, 2.0, 0.5, 0.0, 1.0, -1.5])}
 
 
+def assert_checked_step_reads(model, batch: dict, expected: int) -> None:
+    """A training step on `batch`, checked on the host as the Trainer's collator does, reads back `expected` values;
+    the same batch not marked as checked (a user calling the model) gets the value checks, more reads."""
+    assert BatchChecker.for_model(model)(batch)  # what the Trainer's collator does, on the CPU
+    with host_reads() as calls:
+        model(**batch, values_checked=True).loss.backward()
+    assert len(calls) == expected, Counter(calls)
+    with host_reads() as checked_calls:
+        model(**batch)
+    assert len(checked_calls) > expected
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 @pytest.mark.parametrize("padded", [False, True])
 def test_training_forward_and_backward_read_nothing_back(family, padded):
     build, expected = FAMILIES[family]
     torch.manual_seed(0)
-    model = build().train()
-    batch = _mixed_batch(padded)
-    assert BatchChecker.for_model(model)(batch)  # what the Trainer's collator does, on the CPU
-    with host_reads() as calls:
-        model(**batch, values_checked=True).loss.backward()
-    assert len(calls) == expected, Counter(calls)
-    # a batch not marked as checked (a user calling the model) gets the value checks
-    with host_reads() as checked_calls:
-        model(**batch)
-    assert len(checked_calls) > expected
+    assert_checked_step_reads(build().train(), _mixed_batch(padded), expected)
 
 
 def _seq2seq_family():

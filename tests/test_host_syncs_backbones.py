@@ -19,10 +19,9 @@ from hf_taskmoe import (
     TaskMoEConfig,
     TaskMoEForMultiTask,
 )
-from hf_taskmoe.modeling_utils import BatchChecker
 
 from .backbone_matrix import TASKS, dense_config, labelled_batch
-from .test_host_syncs import host_reads
+from .test_host_syncs import assert_checked_step_reads, host_reads
 
 ARCHS = ["roberta", "distilbert", "modernbert"]
 DENSE_LAYERS = 2  # every tiny dense model of the matrix has two layers, each an MoE layer
@@ -46,14 +45,7 @@ def test_encoder_training_step_reads_back_only_the_heads_split(method, arch):
     build, expected = METHODS[method]
     torch.manual_seed(0)
     model = build(arch).train()
-    batch = labelled_batch(model, torch.tensor([0, 1, 0, 1, 1, 0]))
-    assert BatchChecker.for_model(model)(batch)  # what the Trainer's collator does, on the CPU
-    with host_reads() as calls:
-        model(**batch, values_checked=True).loss.backward()
-    assert len(calls) == expected, Counter(calls)
-    with host_reads() as checked_calls:
-        model(**batch)
-    assert len(checked_calls) > expected
+    assert_checked_step_reads(model, labelled_batch(model, torch.tensor([0, 1, 0, 1, 1, 0])), expected)
 
 
 def _causal_lm():

@@ -32,13 +32,9 @@ class PALsConfig(BackboneTaskConfig):
         pal_attention_dropout (`float`, *optional*): dropout on the PALs' attention probabilities; defaults to the
             dense model's attention dropout (`attention_probs_dropout_prob`, DistilBERT's and ModernBERT's
             `attention_dropout`).
-        pal_dispatch (`str`, *optional*, defaults to `"auto"`):
-            How an eager forward runs a batch that mixes PAL groups. `"per_group"`: each group's PAL on its rows (one
-            call per group and layer; the fastest on a CPU). `"batched"`: every row through its group's PAL at once,
-            the groups' weights gathered per row (no shape that depends on the mix, fewer kernel launches: for a GPU
-            and compiled steps; on 2 CPU cores a MiniLM step is about 8% slower). `"auto"`: `"per_group"` on a CPU,
-            `"batched"` on an accelerator and under `torch.compile`. A captured forward (torch.export, ONNX) is always
-            batched. The numbers are the same either way.
+        pal_dispatch (`str`, *optional*, defaults to `"auto"`): how an eager forward runs a batch mixing PAL groups,
+            `"per_group"`, `"batched"` or `"auto"` (per-group on a CPU, batched on an accelerator and under
+            `torch.compile`), as `BertPALsConfig.pal_dispatch`; the numbers are the same either way.
         pal_site (`str`, *optional*, defaults to `"ffn"`): where `GELU(PAL_{l,t}(x))` joins the layer.
             `"ffn"`: the paper's eq. 7, beside the feed-forward block -- in a post-norm layer (BERT, RoBERTa, XLM-R,
             ELECTRA, DeBERTa-v2, DistilBERT) it is added inside the second layer norm,
