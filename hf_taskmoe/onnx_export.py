@@ -220,9 +220,9 @@ def export_onnx(
 
 def _program(model, token_type_ids, max_length, part) -> _Program:
     """The module to export, its example inputs, their dynamic shapes and the program's input and output names."""
-    kind = "seq2seq" if _is_seq2seq(model) else "tabular" if _is_tabular(model) else "text"
+    kind = "encoder_decoder" if _is_seq2seq(model) else "tabular" if _is_tabular(model) else "text"
     name = type(model).__name__
-    if kind == "seq2seq":
+    if kind == "encoder_decoder":
         if part not in SEQ2SEQ_PARTS:
             raise ValueError(
                 f"A {name} exports as two programs: pass part='encoder' (input_ids, attention_mask, task_ids -> "
@@ -237,7 +237,7 @@ def _program(model, token_type_ids, max_length, part) -> _Program:
         if max_length is not None:
             raise ValueError(f"An {name} takes rows of features, not token sequences: leave `max_length` unset.")
         return _tabular_program(model)
-    if kind == "seq2seq":
+    if kind == "encoder_decoder":
         return _seq2seq_program(model, part, max_length)
     token_type_ids = _segments(model, token_type_ids)
     names = list(INPUT_NAMES if token_type_ids else INPUT_NAMES[:3])

@@ -176,7 +176,8 @@ class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
         hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
         if self.alignment is not None:
             task_ids = resolve_task_ids(task_ids, hidden.shape[0], self.config.task_names, self.device)
-            hidden = self.alignment(hidden, Conditioning(self.task_embeddings.weight, task_ids))
+            # the conditioning `_encode` makes (rows gathered once): the same numbers as the forward, to the bit
+            hidden = self.alignment(hidden, Conditioning.gathered(self.task_embeddings.weight, task_ids))
         return hidden
 
     def _encode(
