@@ -109,6 +109,24 @@ class Seq2Seq(ProblemType):
         ).view(labels.shape)  # (batch, target)
         return per_token.sum(-1), (labels != IGNORE_INDEX).sum(-1)
 
+    @staticmethod
+    def task_token_loss(logits, labels, task_ids, specs):
+        """A text-to-text model's loss: token cross-entropy, mean over the batch's target tokens (as transformers'
+        LMs), each task's tokens weighted by its `loss_weight`; plus each task's own mean, for every task on the device
+        (a `PresentTasks`: the tasks present are read back only when looked at). `logits` `(batch, target, vocab)`
+        and `labels` `(batch, target)` already aligned (a causal LM's shifted by the caller)."""
+        import torch
+
+        from ..layers.heads import PresentTasks
+
+        row_sums, counts = Seq2Seq.token_loss(logits, labels.to(logits.device))  # (batch,), (batch,)
+        weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
+        loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
+        sums = row_sums.new_zeros(len(specs)).index_add(0, task_ids, row_sums)  # (tasks,)
+        tokens = counts.new_zeros(len(specs)).index_add(0, task_ids, counts)  # (tasks,)
+        per_task = sums / tokens.clamp_min(1)
+        return loss, PresentTasks([s.name for s in specs], task_ids, list(per_task.unbind()), rows=False)
+
     def entropy(self, spec, logits, attention_mask):
         raise ValueError(
             f"MT-Uncertainty sampling cannot score task {spec.name!r} (problem_type {self.name!r}): it needs class "

@@ -30,7 +30,6 @@ from transformers.utils import ModelOutput, TransformersKwargs
 
 from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
-from ...layers.heads import PresentTasks
 from ...layers.routing import (
     RoutedCache,
     RoutedLayer,
@@ -494,18 +493,8 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         return output
 
     def _seq2seq_loss(self, logits, labels, task_ids):
-        """Token cross-entropy, mean over the batch's target tokens (as BART), each task's tokens weighted by
-        its `loss_weight`; plus each task's own mean."""
-        row_sums, counts = Seq2Seq.token_loss(logits, labels.to(logits.device))  # (batch,), (batch,)
-        specs = self.config.task_specs
-        weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
-        loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
-        # each task's own mean, for every task on the device (no read of which tasks are present): the tasks present
-        # are read back only when `task_losses` is looked at
-        sums = row_sums.new_zeros(len(specs)).index_add(0, task_ids, row_sums)  # (tasks,)
-        tokens = counts.new_zeros(len(specs)).index_add(0, task_ids, counts)  # (tasks,)
-        per_task = sums / tokens.clamp_min(1)
-        return loss, PresentTasks([s.name for s in specs], task_ids, list(per_task.unbind()), rows=False)
+        """Token cross-entropy, mean over the batch's target tokens (as BART), weighted per task; each task's mean."""
+        return Seq2Seq.task_token_loss(logits, labels, task_ids, self.config.task_specs)
 
     # ------------------------------------------------------------------ generation
     def generate(self, *args, **kwargs):

@@ -24,19 +24,16 @@ Weights: `backbone.<the dense model's own names>`, a routed layer's `<layers>.<i
 from __future__ import annotations
 
 import copy
-import inspect
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
-from ...layers.heads import PresentTasks
 from ...layers.routing import RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -48,7 +45,7 @@ from ...modeling_utils import (
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration_task_routed_lm import TaskRoutedLMConfig
-from .routing_mixin import TaskRoutingMixin, fork_layers
+from .routing_mixin import TaskRoutingMixin, dense_forward_kwargs, fork_layers
 
 __all__ = ["TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM", "left_align"]
 
@@ -80,13 +77,6 @@ def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[t
     nothing back."""
     order = torch.sort(attention_mask.to(torch.int8), dim=-1, stable=True).indices  # (batch, seq)
     return input_ids.gather(1, order), attention_mask.gather(1, order)
-
-
-def _dense_forward_kwargs(dense_class) -> frozenset[str]:
-    """Keyword arguments the dense model's `forward` takes (and transformers' `TransformersKwargs`)."""
-    names = set(inspect.signature(dense_class.forward).parameters) | set(TransformersKwargs.__annotations__)
-    names |= {"cache_position", "past_key_values"}
-    return frozenset(names - {"self", "kwargs", "labels", "return_dict"})
 
 
 class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
@@ -129,25 +119,10 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             shared=(self.backbone.config,),
         )
         self._build_router(config)
-        self._forward_kwargs = _dense_forward_kwargs(type(self.backbone))
+        self._forward_kwargs = dense_forward_kwargs(type(self.backbone))
         self.post_init()
         self._apply_generation_convention(self.generation_config)
         self.apply_freezing()
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        if not self._init_router_weights(module):
-            super()._init_weights(module)
-        self._init_task_order(module)
-
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
-
-    def get_output_embeddings(self):
-        return self.backbone.get_output_embeddings()
 
     def max_input_length(self) -> int | None:
         return self.config.max_position_embeddings
@@ -308,17 +283,9 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
 
     def _causal_loss(self, logits, labels, task_ids):
         """Token cross-entropy of each position's prediction of the next token, mean over the batch's target tokens
-        (as transformers' causal LMs), each task's tokens weighted by its `loss_weight`; plus each task's own mean."""
-        shifted = labels[:, 1:].to(logits.device)  # (batch, seq - 1): the token each position predicts
-        row_sums, counts = Seq2Seq.token_loss(logits[:, :-1], shifted)  # (batch,), (batch,)
-        specs = self.config.task_specs
-        weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
-        loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
-        # each task's own mean, for every task on the device: the tasks present are read back only when looked at
-        sums = row_sums.new_zeros(len(specs)).index_add(0, task_ids, row_sums)  # (tasks,)
-        tokens = counts.new_zeros(len(specs)).index_add(0, task_ids, counts)  # (tasks,)
-        per_task = sums / tokens.clamp_min(1)
-        return loss, PresentTasks([s.name for s in specs], task_ids, list(per_task.unbind()), rows=False)
+        (as transformers' causal LMs), weighted per task; each task's own mean."""
+        # (batch, seq - 1): the token each position predicts
+        return Seq2Seq.task_token_loss(logits[:, :-1], labels[:, 1:], task_ids, self.config.task_specs)
 
     # ------------------------------------------------------------------ generation
     def generate(self, input_ids=None, attention_mask=None, **kwargs):

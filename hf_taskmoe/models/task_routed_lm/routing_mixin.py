@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
 from ...layers.routing import RoutedLayer, TaskRouter, annealed_temperature, plan_routes
@@ -76,6 +78,14 @@ def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, atte
     return slot_layers
 
 
+def dense_forward_kwargs(dense_class, *extra: str) -> frozenset[str]:
+    """Keyword arguments the dense model's `forward` takes (and transformers' `TransformersKwargs`, the cache's, and
+    `extra`): what the family passes on to it."""
+    names = set(inspect.signature(dense_class.forward).parameters) | set(TransformersKwargs.__annotations__)
+    names |= {"cache_position", "past_key_values", *extra}
+    return frozenset(names - {"self", "kwargs", "labels", "return_dict"})
+
+
 #: how many tokens a task-routed model generates unless told (`generation_config.max_new_tokens`)
 DEFAULT_MAX_NEW_TOKENS = 64
 
@@ -100,6 +110,21 @@ class TaskRoutingMixin:
     def routed_layers(self) -> list:
         """The layers forked into experts, in the router's layer order (a seq2seq model's encoder first)."""
         return [layer for layers in self._layer_stacks().values() for layer in layers if layer.route_index is not None]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        if not self._init_router_weights(module):
+            super()._init_weights(module)
+        self._init_task_order(module)
+
+    def get_input_embeddings(self):
+        return self.backbone.get_input_embeddings()
+
+    def set_input_embeddings(self, value):
+        self.backbone.set_input_embeddings(value)
+
+    def get_output_embeddings(self):
+        return self.backbone.get_output_embeddings()
 
     def _apply_generation_convention(self, generation_config):
         """The dense model's special tokens (where the generation config names none); `max_new_tokens` rather than

@@ -35,19 +35,17 @@ block is `experts.0`), the router under `router.*`.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import Seq2SeqLMOutput
-from transformers.utils import ModelOutput, TransformersKwargs
+from transformers.utils import ModelOutput
 
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
-from ...layers.heads import PresentTasks
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
@@ -57,7 +55,7 @@ from ...modeling_utils import (
     resolve_task_ids,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
-from ..task_routed_lm.routing_mixin import ContextRoutedLayer, TaskRoutingMixin, fork_layers
+from ..task_routed_lm.routing_mixin import ContextRoutedLayer, TaskRoutingMixin, dense_forward_kwargs, fork_layers
 from .configuration_task_routed_t5 import TaskRoutedSeq2SeqConfig
 
 __all__ = ["T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "TaskRoutedSeq2SeqOutput"]
@@ -167,14 +165,6 @@ class T5RoutedBlock(ContextRoutedLayer):
         return mixed, bias, cross
 
 
-def _dense_forward_kwargs(dense_class) -> frozenset[str]:
-    """Keyword arguments the dense model's `forward` takes (and transformers' `TransformersKwargs`)."""
-    names = set(inspect.signature(dense_class.forward).parameters) | set(TransformersKwargs.__annotations__)
-    names |= {"cache_position", "past_key_values", "decoder_position_ids", "head_mask", "decoder_head_mask",
-              "cross_attn_head_mask"}
-    return frozenset(names - {"self", "kwargs", "labels", "return_dict"})
-
-
 class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
     r"""
     A T5 / mT5 with task-level routing over forked encoder and decoder blocks. `forward(input_ids, task_ids=...,
@@ -238,27 +228,14 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             stack.register_forward_pre_hook(self._stack_pre_hook, with_kwargs=True)
             stack.register_forward_hook(self._stack_post_hook, with_kwargs=True)
         self._build_router(config)
-        self._forward_kwargs = _dense_forward_kwargs(type(self.backbone))
+        self._forward_kwargs = dense_forward_kwargs(
+            type(self.backbone), "decoder_position_ids", "head_mask", "decoder_head_mask", "cross_attn_head_mask"
+        )
         self.post_init()
         self._apply_generation_convention(self.generation_config)
         self.apply_freezing()
 
     special_token_names = (*TaskRoutingMixin.special_token_names, "decoder_start_token_id")
-
-    @torch.no_grad()
-    def _init_weights(self, module):
-        if not self._init_router_weights(module):
-            super()._init_weights(module)
-        self._init_task_order(module)
-
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
-
-    def get_output_embeddings(self):
-        return self.backbone.get_output_embeddings()
 
     def get_encoder(self, modality: str | None = None):
         return self.backbone.get_encoder()
@@ -475,17 +452,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         return shifted.masked_fill(shifted == IGNORE_INDEX, dense.pad_token_id or 0)
 
     def _seq2seq_loss(self, logits, labels, task_ids):
-        """Token cross-entropy, mean over the batch's target tokens (as T5), each task's tokens weighted by its
-        `loss_weight`; plus each task's own mean."""
-        row_sums, counts = Seq2Seq.token_loss(logits, labels.to(logits.device))  # (batch,), (batch,)
-        specs = self.config.task_specs
-        weights = torch.tensor([s.loss_weight for s in specs], device=logits.device)[task_ids]
-        loss = (row_sums * weights).sum() / counts.sum().clamp_min(1)
-        # each task's own mean, for every task on the device: the tasks present are read back only when looked at
-        sums = row_sums.new_zeros(len(specs)).index_add(0, task_ids, row_sums)  # (tasks,)
-        tokens = counts.new_zeros(len(specs)).index_add(0, task_ids, counts)  # (tasks,)
-        per_task = sums / tokens.clamp_min(1)
-        return loss, PresentTasks([s.name for s in specs], task_ids, list(per_task.unbind()), rows=False)
+        """Token cross-entropy, mean over the batch's target tokens (as T5), weighted per task; each task's mean."""
+        return Seq2Seq.task_token_loss(logits, labels, task_ids, self.config.task_specs)
 
     # ------------------------------------------------------------------ generation
     def generate(self, input_ids=None, attention_mask=None, task_ids=None, **kwargs):
