@@ -42,6 +42,20 @@ class FamilyCase:
     extra: dict = field(default_factory=dict)
 
 
+def fit(model, batch: dict, steps: int, lr: float) -> list[float]:
+    """Plain AdamW on the trainable parameters over one fixed batch, in training mode: the loss of every step."""
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
 def _task_rows(out, key: str) -> torch.Tensor:
     return getattr(out, key)
 
@@ -188,16 +202,8 @@ class FamilyContract:
 
     def test_learns_a_few_examples(self):
         """Plain AdamW on a fixed mixed batch: the loss falls to a small fraction of where it started."""
-        model = self.model().train()
-        batch = self.case.batch(model, self.ids(model))
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=self.case.learns_lr)
-        losses = []
-        for _ in range(self.case.learns_steps):
-            loss = model(**batch).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
+        model = self.model()
+        losses = fit(model, self.case.batch(model, self.ids(model)), self.case.learns_steps, self.case.learns_lr)
         assert losses[-1] < 0.25 * losses[0], losses[:: max(1, len(losses) // 6)]
 
     def test_bf16_autocast_training_step(self):

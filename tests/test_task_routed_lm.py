@@ -23,7 +23,7 @@ from hf_taskmoe.backbones import backbone_names, get_backbone
 from hf_taskmoe.models.task_routed_lm import TaskRoutedForCausalLM, TaskRoutedLMConfig
 from hf_taskmoe.problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 
-from .family_tester import FamilyCase, FamilyContract
+from .family_tester import FamilyCase, FamilyContract, fit
 
 VOCAB = 40
 TASKS = [TaskSpec(name=n, problem_type="seq2seq") for n in ("x", "y", "z")]
@@ -336,15 +336,7 @@ def test_causal_layout_learns_a_few_examples_and_generates_them_through_the_pipe
     first = rows[0]  # [CLS] one two [SEP] | fresh [SEP]: the loss on the continuation and its end only
     assert first["input_ids"] == [2, 4, 5, 3, 15, 3] and first["labels"] == [-100] * 4 + [15, 3]
     batch = MultiTaskCollator(pad_token_id=0, pad_to_multiple_of=4)(rows)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(30):
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    losses = fit(model, batch, steps=30, lr=1e-2)
     assert losses[-1] < 0.25 * losses[0], losses[::5]
     model.eval()
     pipe = pipeline(TEXT2TEXT_PIPELINE_TASK, model=model, tokenizer=tokenizer)

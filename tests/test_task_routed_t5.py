@@ -15,7 +15,7 @@ from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
 from hf_taskmoe.models.task_routed_t5 import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
 from hf_taskmoe.problem_types.seq2seq import ENCODER_DECODER_LAYOUT, text_to_text_layout
 
-from .family_tester import FamilyCase, FamilyContract
+from .family_tester import FamilyCase, FamilyContract, fit
 
 pytestmark = pytest.mark.skipif(
     not T5_BLOCK_RETURNS_BIASES,
@@ -284,15 +284,7 @@ def test_learns_a_few_examples_and_generates_them_through_the_pipeline():
                                   "label": [c for n, _, c in EXAMPLES if n == spec.name]})
         rows.extend(tokenize_task(spec, data, tokenizer, t, max_length=16, layout=layout))
     batch = MultiTaskCollator(pad_token_id=0)(rows)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(40):
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    losses = fit(model, batch, steps=40, lr=1e-2)
     assert losses[-1] < 0.1 * losses[0], losses[::5]
     model.eval()
     pipe = pipeline(TEXT2TEXT_PIPELINE_TASK, model=model, tokenizer=tokenizer)
