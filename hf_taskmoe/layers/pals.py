@@ -127,6 +127,21 @@ class ProjectedAttentionLayers(nn.Module):
 
         return RowGroups(groups, index, row_weights(self.encoders), row_weights(self.decoders))
 
+    def plan(self, group_ids: torch.LongTensor, task_rows: dict | None, task_groups: list[int], dispatch: str):
+        """How one model forward runs its PALs, worked out once for every layer. `group_ids` `(batch,)`: each row's
+        group; `task_rows` (`{task id: rows}`, an eager forward's split of the batch, None when captured) and
+        `task_groups` (each task's group) name the groups present. One group present: its PALs on the whole batch;
+        several: batched across them or one call per group (`dispatch`, `batched_dispatch`); captured: every row
+        through its group's PALs, every group taking part, nothing read back."""
+        if task_rows is None:
+            return self.select(group_ids)
+        present = sorted({task_groups[t] for t in task_rows})
+        if len(present) == 1:
+            return [(present[0], None)]
+        if batched_dispatch(dispatch, group_ids.device):
+            return self.select(group_ids, present)
+        return rows_by_group(task_rows, task_groups, group_ids.shape[0])
+
     def forward(
         self,
         x: torch.Tensor,

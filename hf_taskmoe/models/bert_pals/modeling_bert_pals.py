@@ -30,9 +30,7 @@ from ...layers.pals import (
     PALAttention,
     PALDecoder,
     ProjectedAttentionLayers,
-    batched_dispatch,
     pal_key_mask,
-    rows_by_group,
 )
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ...tasks import TaskSpec
@@ -121,15 +119,10 @@ class BertPALsModel(MultiTaskBertEncoderMixin, BertPALsPreTrainedModel):
         hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
         key_mask = pal_key_mask(attention_mask, mask, hidden.dtype)  # additive, made once for every layer
-        present = sorted({self.config.task_group_ids[t] for t in task_rows}) if task_rows is not None else None
         group_rows = None
-        if present is not None and len(present) == 1:
-            group_rows = [(present[0], None)]  # one group's PALs on the whole batch
-        elif self.pals.layers and (present is None or batched_dispatch(self.config.pal_dispatch, hidden.device)):
-            # every row through its group's PALs at once; the groups present only, when known
-            group_rows = self.pals.select(self.task_to_group.index_select(0, task_ids), present)
-        elif self.pals.layers:  # each group's PALs on its rows (`pal_dispatch`)
-            group_rows = rows_by_group(task_rows, self.config.task_group_ids, task_ids.shape[0])
+        if self.pals.layers:  # one group's PALs on the batch, batched across the groups present, or per group
+            group_rows = self.pals.plan(self.task_to_group.index_select(0, task_ids), task_rows,
+                                        self.config.task_group_ids, self.config.pal_dispatch)
 
         def step(index, layer, hidden):
             pal = self.pals(hidden, index, group_rows, key_mask) if self.pals.has_layer(index) else None

@@ -30,7 +30,7 @@ from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input
 from ...contract import ParameterRoles
-from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, batched_dispatch, rows_by_group
+from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..backbone_encoder import BackboneTaskMixin
 from .configuration_pals import PALsConfig
@@ -63,15 +63,8 @@ class BackbonePALs(ProjectedAttentionLayers):
         rows = context.flags.get("pal_rows")
         if rows is None:
             task_ids = context.require_task_ids()
-            task_rows = context.flags.get("task_rows")
-            if task_rows is None:
-                rows = self.task_to_group.index_select(0, task_ids)  # (batch,)
-            elif batched_dispatch(self.dispatch, task_ids.device):  # the groups present, every row at once
-                present = sorted({self.group_of_task[t] for t in task_rows})
-                rows = ([(present[0], None)] if len(present) == 1
-                        else self.select(self.task_to_group.index_select(0, task_ids), present))
-            else:
-                rows = rows_by_group(task_rows, self.group_of_task, task_ids.shape[0])
+            rows = self.plan(self.task_to_group.index_select(0, task_ids), context.flags.get("task_rows"),
+                             self.group_of_task, self.dispatch)
             context.flags["pal_rows"] = rows
         return rows
 
