@@ -10,6 +10,11 @@ parameter-role question from there and nowhere else:
 - `possibly_idle`: what may get no gradient in a step (`MultiTaskTrainer` under DDP / DeepSpeed);
 - `new`: what a dense checkpoint has no weight for (`from_dense`; the upcycling report's `new`).
 
+A family whose parameters hold several modules' weights stacked on a leading axis (MT-TaG's `ExpertBank`: one
+tensor per kind of expert weight) declares them as `stacked_weights = (StackedWeight(...), ...)`: upcycling copies a
+dense weight into every slice, and `from_pretrained` stacks a checkpoint of an earlier release, which kept one
+module per slice.
+
 The hooks (defaults on `MultiTaskPreTrainedModel`; a family overrides what it needs):
 
 - `_grow_for_task(new_id, source_id)`: a task's weights besides its head, for `add_task` (required by a class that
@@ -138,6 +143,30 @@ def parameter_roles_of(model: nn.Module) -> ParameterRoles:
 #: it reads, and the forked layers' experts. No heads (the LM head is shared); a task's representation is its own;
 #: an absent task's representation and, under hard routing, the experts no task of the batch chose sit out a step;
 #: the router is new on upcycling.
+@dataclass(frozen=True)
+class StackedWeight:
+    """Parameters stored with a leading axis of slices (one per expert): `pattern` (`re.fullmatch` on a parameter's
+    name) names them; `legacy` is the template of slice `i`'s own name in checkpoints of releases that kept one module
+    per slice (the pattern's groups as in `re.Match.expand`, then `{index}`): MT-TaG's `EXPERT_BANK_WEIGHTS`
+    (`hf_taskmoe.layers.moe`) map `<layer>.experts.w_in` to `<layer>.experts.<i>.w_in.weight`."""
+
+    pattern: str
+    legacy: str
+
+    def legacy_names(self, name: str, slices: int) -> list[str] | None:
+        """The old names of `name`'s slices, or None when `name` is not one of these parameters."""
+        match = re.fullmatch(self.pattern, name)
+        if match is None:
+            return None
+        template = match.expand(self.legacy)
+        return [template.format(index=i) for i in range(slices)]
+
+
+def is_stacked(model: nn.Module, name: str) -> bool:
+    """Whether parameter `name` of `model` holds one slice per expert on its leading axis."""
+    return any(re.fullmatch(s.pattern, name) for s in getattr(model, "stacked_weights", ()))
+
+
 TASK_ROUTING_ROLES = ParameterRoles(
     roles={"router": r"^router\.net\.", "task_embedding": r"^router\.task_embeddings\.", "expert": r"\.experts\."},
     task_specific=("task_embedding",),

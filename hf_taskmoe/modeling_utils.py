@@ -7,6 +7,7 @@ fails with a message that names the argument (and the task, row or field) at fau
 from __future__ import annotations
 
 import logging
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.utils import ModelOutput
 
-from .contract import UNDECLARED, ParameterRoles
+from .contract import UNDECLARED, ParameterRoles, StackedWeight
 from .layers.heads import HeadsOutput, MultiTaskHeads
 from .tasks import TaskSpec
 
@@ -350,6 +351,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     #: whether this class keeps `task_fingerprint` (the family's task model; not its bare encoder)
     records_task_order = False
+    #: parameters stored stacked, one slice per expert (upcycled slice by slice; stacked from older checkpoints)
+    stacked_weights: tuple[StackedWeight, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -398,11 +401,40 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
             *args, **{**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True}
         )
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        model._stack_legacy_weights(info, source, kwargs)
         model._check_loaded_weights(info, source, opted_in or cls._saved_as_another_model(source, kwargs, model.config))
         not_loaded = set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())}
         model._check_task_order(saved="task_fingerprint" not in not_loaded)
         model._after_load()
         return (model, info) if wants_info else model
+
+    @torch.no_grad()
+    def _stack_legacy_weights(self, info: dict, source, kwargs: dict) -> None:
+        """A checkpoint of an earlier release keeps one tensor per expert where this model stacks them
+        (`stacked_weights`): transformers reports the stacked weight missing and the per-expert ones unexpected.
+        Stack those from the checkpoint's files into the model and take them off both lists."""
+        missing, unexpected = info.get("missing_keys"), info.get("unexpected_keys")
+        if not (self.stacked_weights and missing and unexpected):
+            return
+        found, on_file = {}, set(unexpected)
+        for name in missing:
+            for stacked in self.stacked_weights:
+                if re.fullmatch(stacked.pattern, name):
+                    old = stacked.legacy_names(name, self.get_parameter(name).shape[0])
+                    if all(key in on_file for key in old):
+                        found[name] = old
+                    break
+        if not found:
+            return
+        tensors = _checkpoint_tensors(source, kwargs, [key for old in found.values() for key in old])
+        for name, old in found.items():
+            parameter = self.get_parameter(name)
+            parameter.copy_(torch.stack([tensors[key] for key in old]).to(parameter.dtype))
+        done = {key for old in found.values() for key in old}
+        info["missing_keys"] = type(missing)(k for k in missing if k not in found)
+        info["unexpected_keys"] = type(unexpected)(k for k in unexpected if k not in done)
+        logger.info(f"{type(self).__name__} from {source}: stacked {len(done)} per-expert weights of an earlier "
+                    f"release's layout into {len(found)} weights ({', '.join(sorted(found)[:4])}, ...).")
 
     @staticmethod
     def _saved_as_another_model(source, kwargs: dict, config) -> bool:
@@ -566,6 +598,33 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         task_rows = self.heads.split_rows(task_ids)
         prepared = self.heads.check_inputs(task_rows, seq, labels, span_positions, check_values)
         return task_ids, task_rows, prepared if labels is not None else None
+
+
+def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, torch.Tensor]:
+    """Tensors `names` from the safetensors file(s) of checkpoint `source` (a directory or a Hub repo id, resolved
+    with transformers' `cached_file`: a Hub checkpoint is already in the cache after its load)."""
+    import json
+
+    from safetensors import safe_open
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
+
+    hub = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
+    try:
+        index = cached_file(str(source), SAFE_WEIGHTS_INDEX_NAME, **hub)
+    except OSError:
+        index = None
+    if index:
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = {name: cached_file(str(source), weight_map[name], **hub) for name in names}
+    else:
+        path = cached_file(str(source), SAFE_WEIGHTS_NAME, **hub)
+        files = dict.fromkeys(names, path)
+    tensors = {}
+    for path in set(files.values()):
+        with safe_open(path, framework="pt") as f:
+            tensors.update({name: f.get_tensor(name) for name, p in files.items() if p == path})
+    return tensors
 
 
 def heads_to_output_fields(heads_out: HeadsOutput) -> dict:

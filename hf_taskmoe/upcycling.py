@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoModel, PreTrainedModel
 
+from .contract import is_stacked
+
 logger = logging.getLogger(__name__)
 
 
@@ -126,12 +128,13 @@ def upcycle(dense: DenseCheckpoint | PreTrainedModel, target: PreTrainedModel, s
             relative = name[len(prefix):] if prefix and name.startswith(prefix) else name
             src = rules.source_of(relative)
             if src is not None and src in source and src not in dense.missing_keys:
-                if source[src].shape != tensor.shape:
+                stacked = is_stacked(target, name)  # one slice per expert, each a copy of the dense weight
+                if (tensor.shape[1:] if stacked else tensor.shape) != source[src].shape:
                     raise ValueError(
                         f"Cannot upcycle {name}: shape {tuple(tensor.shape)} but checkpoint tensor {src} has "
-                        f"shape {tuple(source[src].shape)}."
+                        f"shape {tuple(source[src].shape)}" + (" (one slice per expert expected)." if stacked else ".")
                     )
-                tensor.copy_(source[src])
+                tensor.copy_(source[src].expand_as(tensor))
                 report.copied[name] = src
                 report.copied_parameters += tensor.numel()
             elif any(re.search(p, name) for p in rules.new):
@@ -161,5 +164,5 @@ def _verify(target: PreTrainedModel, source: dict[str, torch.Tensor], report: Up
     """Re-read every copied tensor from the model and compare it with its source."""
     state = target.state_dict()
     for name, src in report.copied.items():
-        if not torch.equal(state[name], source[src].to(state[name].dtype)):
+        if not torch.equal(state[name], source[src].to(state[name].dtype).expand_as(state[name])):
             raise RuntimeError(f"Upcycling check failed: {name} differs from {src} after the copy.")

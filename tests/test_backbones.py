@@ -63,10 +63,15 @@ def test_family_for_picks_the_family_that_takes_the_checkpoint():
 
 @pytest.mark.parametrize("arch", ENCODER_ARCHS)
 def test_upcycling_report_names_what_was_copied_and_what_is_new(arch):
-    model, report = TaskMoEForMultiTask.from_dense(dense_model(arch), TASKS, num_experts=3, output_loading_info=True)
-    experts = [name for name in report.copied if ".experts.2." in name]
-    assert experts and all(".experts." in report.copied[name] or ".experts." not in report.copied[name]
-                           for name in experts)
+    dense = dense_model(arch)
+    model, report = TaskMoEForMultiTask.from_dense(dense, TASKS, num_experts=3, output_loading_info=True)
+    experts = [name for name in report.copied if ".experts." in name]
+    assert experts and all(".experts." not in report.copied[name] for name in experts)  # each from the dense FFN
+    dense_state, state = dense.state_dict(), model.state_dict()
+    for name in experts:  # every expert (a slice of a stacked weight, or a whole module's copy) is that weight
+        assert torch.equal(state[name], dense_state[report.copied[name]].expand_as(state[name])), name
+    split = get_backbone(arch).ffn.split
+    assert all(state[name].shape[0] == 3 for name in experts) if split else any(".experts.2." in n for n in experts)
     assert {name for name in report.new if ".router." in name} and all(
         n.startswith("heads.") or ".router." in n for n in report.new)
     assert model.config.upcycled_from and model.config.dense_config.model_type == arch
@@ -138,3 +143,22 @@ def test_activation_checkpointing_restores_the_task_ids_of_each_recomputed_layer
             torch.testing.assert_close(param.grad, expected[name].grad, atol=1e-6, rtol=1e-5, msg=name)
     with pytest.raises(ValueError, match="use_reentrant=False"):
         getattr(model, CHECKPOINTING_ENABLE)({"use_reentrant": True})
+
+
+def test_a_per_expert_checkpoint_of_a_backbone_generic_model_loads_stacked(tmp_path):
+    """The backbone-generic MT-TaG stores a split FFN's experts stacked too; a checkpoint of the earlier layout (one
+    `ExpertFFN` per expert) loads into it, expert by expert."""
+    from .test_bert_taskmoe import _as_per_expert_layout
+
+    model = TaskMoEForMultiTask.from_dense(dense_model("roberta"), TASKS, num_experts=3)
+    assert any(name.endswith(".experts.w_in") for name in model.state_dict())  # stacked in memory
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if ".experts." in name:
+                parameter.normal_()  # experts that differ: a wrong order would show
+    model.save_pretrained(tmp_path)
+    _as_per_expert_layout(tmp_path)
+    loaded, info = TaskMoEForMultiTask.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    for (name, saved), now in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(saved, now), name

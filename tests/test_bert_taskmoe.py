@@ -244,3 +244,57 @@ def test_registration_uses_prefixed_model_type():
     assert BertTaskMoEConfig.model_type.startswith("taskmoe_")
     assert isinstance(AutoConfig.for_model("taskmoe_bert", tasks=[{"name": "x", "num_labels": 2}]), BertTaskMoEConfig)
     assert hf_taskmoe.models.FAMILIES["bert_taskmoe"].model_class is BertForTaskMoE
+
+
+def _as_per_expert_layout(folder):
+    """Rewrite a saved model's weights as releases before the stacked experts saved them: one `ExpertFFN` per expert,
+    `mlp.experts.<i>.w_in.weight` `(intermediate, hidden)` and so on, in every shard."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    weight_map = {}
+    for path in folder.glob("*.safetensors"):
+        old = {}
+        for name, tensor in load_file(path).items():
+            stem, _, kind = name.rpartition(".experts.")
+            if not stem or kind[0].isdigit():
+                old[name] = tensor
+                continue
+            proj, bias = kind.removesuffix("_bias"), kind.endswith("_bias")
+            for i, part in enumerate(tensor.unbind(0)):
+                old[f"{stem}.experts.{i}.{proj}.{'bias' if bias else 'weight'}"] = part.clone()
+        save_file(old, path, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(old, path.name)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        index.write_text(json.dumps({**json.loads(index.read_text()), "weight_map": weight_map}))
+
+
+@pytest.mark.parametrize("shard", [None, "20KB"])
+def test_a_checkpoint_of_the_per_expert_layout_loads_into_the_stacked_experts(tmp_path, shard):
+    """Checkpoints saved before the experts were stored stacked (`ExpertBank`) keep one module per expert: they
+    load, each expert's weights stacked into its slice, and the model computes what the saved one did."""
+    model = _model(tiny_config(moe_layers=[1], num_experts=3))
+    with torch.no_grad():
+        model.bert.encoder.layer[1].mlp.experts.w_in.normal_()  # experts that differ: a wrong order would show
+    model.save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
+    assert (tmp_path / "model.safetensors.index.json").exists() == bool(shard)
+    _as_per_expert_layout(tmp_path)
+    from safetensors import safe_open
+
+    on_file = set()
+    for path in tmp_path.glob("*.safetensors"):
+        with safe_open(path, framework="pt") as f:
+            on_file |= set(f.keys())
+    assert "bert.encoder.layer.1.mlp.experts.2.w_in.weight" in on_file
+    assert "bert.encoder.layer.1.mlp.experts.w_in" not in on_file
+    assert "bert.encoder.layer.0.mlp.experts.0.w_in.weight" in on_file  # a dense layer keeps its one expert
+
+    loaded, info = BertForTaskMoE.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    for (name, saved), now in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(saved, now), name
+    batch = random_batch(model.config)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(**batch).loss, model.eval()(**batch).loss, atol=0, rtol=0)

@@ -15,13 +15,21 @@ from .test_camtl import _model as camtl_model
 from .test_mmoe import batch as tabular_batch
 from .test_mmoe import config as mmoe_config
 
-# family -> (build a tiny model, a batch, the LoRA target modules documented in the README)
+# family -> (build a tiny model, a batch, the LoRA target modules documented in docs/deployment.md, or LoraConfig's
+# targeting keywords)
 FAMILIES = {
-    "bert_taskmoe": (
-        lambda: BertForTaskMoE(tiny_config(num_experts=3)),
-        lambda m: random_batch(m.config),
-        ["query", "value", "w_in", "w_out"],
-    ),
+    # the experts' weights are stacked parameters (`ExpertBank`): LoRA reaches them by `target_parameters`, in
+    # either dispatch (the grouped GEMM reads the adapted weights too)
+    **{
+        f"bert_taskmoe_{dispatch}": (
+            lambda dispatch=dispatch: BertForTaskMoE(
+                tiny_config(num_experts=3, expert_dispatch=dispatch, intermediate_size=40)  # grouped GEMM: 8 | 40
+            ),
+            lambda m: random_batch(m.config),
+            {"target_modules": ["query", "value"], "target_parameters": ["experts.w_in", "experts.w_out"]},
+        )
+        for dispatch in ("sorted_loop", "grouped_mm")
+    },
     "bert_pals": (
         lambda: BertWithPALs(pals_config(pal_decoder_init="normal")),
         lambda m: random_batch(m.config),
@@ -63,8 +71,11 @@ def test_lora_trains_saves_reloads_and_merges(family, tmp_path):
     base = build().eval()
     state = {k: v.clone() for k, v in base.state_dict().items()}
     batch = _labels(base, make_batch(base))
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    targeting = targets if isinstance(targets, dict) else {"target_modules": targets}
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, **targeting))
     assert peft_model.get_nb_trainable_parameters()[0] > 0
+    for target in targeting.get("target_parameters", ()):  # the adapted parameters' modules carry LoRA weights
+        assert any(target.split(".")[0] in n and "lora_A" in n for n, _ in peft_model.named_parameters()), target
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
     peft_model.train()
     for _ in range(3):
@@ -72,6 +83,9 @@ def test_lora_trains_saves_reloads_and_merges(family, tmp_path):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    for target in targeting.get("target_parameters", ()):  # B starts at zero: trained, so the forward read A B
+        module = target.split(".")[0]
+        assert any(module in n and "lora_B" in n and p.abs().sum() > 0 for n, p in peft_model.named_parameters())
     peft_model.eval()
     tuned = _outputs(peft_model, batch)
     peft_model.save_pretrained(tmp_path / "adapter")

@@ -61,17 +61,23 @@ def test_dispatch_matches_reference(gating, top_k):
     assert out.router_logits.dtype == torch.float32 and out.router_logits.shape == (B, S, N)
 
 
-def test_top1_routes_each_token_to_one_expert_and_each_expert_sees_only_its_tokens():
-    moe = _moe()
-    seen = []
-    for e in moe.experts:
-        e.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[0]))
+@pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
+def test_top1_routes_each_token_to_one_expert_and_each_expert_sees_only_its_tokens(dispatch):
+    moe = _moe(expert_dispatch=dispatch)
+    seen = {}
+    moe.experts.register_forward_hook(lambda bank, args, out: seen.update(x=args[0], ends=args[1].tolist()))
     x, task_ids = _inputs()
     out = moe(x, task_ids)
     assert out.expert_index.shape == (B, S, 1)
-    counts = torch.bincount(out.expert_index.flatten(), minlength=N).tolist()
-    assert seen == counts  # each expert ran once, on exactly the tokens routed to it
-    assert sum(seen) == B * S
+    chosen = out.expert_index.flatten()
+    counts = torch.bincount(chosen, minlength=N).tolist()
+    ends = seen["ends"]
+    assert [end - start for start, end in zip([0, *ends[:-1]], ends)] == counts
+    assert seen["x"].shape[0] == B * S  # each token once, not every expert on every token
+    start = 0
+    for e, end in enumerate(ends):  # each expert's slice holds exactly the tokens routed to it, in token order
+        assert torch.equal(seen["x"][start:end], x.reshape(-1, D)[chosen == e])
+        start = end
 
 
 def test_task_gates_route_differently_and_shared_gate_ignores_task():

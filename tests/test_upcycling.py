@@ -28,11 +28,13 @@ def test_report_lists_copied_and_new_weights_and_every_expert_is_the_ffn():
     assert all("router" in n or n.startswith("heads.") for n in report.new)
     assert not report.unused
     for i, layer in enumerate(bert.encoder.layer):
+        experts = f"bert.encoder.layer.{i}.mlp.experts"
+        assert names[f"{experts}.w_in"].shape == (3, *layer.intermediate.dense.weight.shape)  # one slice per expert
         for e in range(3):
-            assert torch.equal(
-                names[f"bert.encoder.layer.{i}.mlp.experts.{e}.w_in.weight"], layer.intermediate.dense.weight
-            )
-            assert torch.equal(names[f"bert.encoder.layer.{i}.mlp.experts.{e}.w_out.bias"], layer.output.dense.bias)
+            assert torch.equal(names[f"{experts}.w_in"][e], layer.intermediate.dense.weight)
+            assert torch.equal(names[f"{experts}.w_in_bias"][e], layer.intermediate.dense.bias)
+            assert torch.equal(names[f"{experts}.w_out"][e], layer.output.dense.weight)
+            assert torch.equal(names[f"{experts}.w_out_bias"][e], layer.output.dense.bias)
         assert torch.equal(names[f"bert.encoder.layer.{i}.ffn_norm.weight"], layer.output.LayerNorm.weight)
     assert "copied" in report.summary() and model.config.upcycled_from
 

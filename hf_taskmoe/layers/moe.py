@@ -9,7 +9,8 @@ Equations of the MT-TaG paper (section 3.1), for a token x of task t:
     h(x)     = g* E*(x)                                    (6)   `expert_weighting="gate"`
 
 Dispatch follows `notes/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
-`argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice,
+`argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice (or one grouped
+GEMM per projection runs them all: the experts' weights are stored stacked, `ExpertBank`),
 and the outputs are put back with the inverse permutation. Never every expert on every token in training; one
 device-to-host sync per layer for `sorted_loop` (the per-expert token counts), none for `grouped_mm`. A captured
 program (`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert on every token, masked
@@ -27,6 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
+from ..contract import StackedWeight
 from ..utils import is_capturing, lookup
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
@@ -36,8 +38,9 @@ EXPERT_DISPATCHES = ("sorted_loop", "grouped_mm")
 
 
 @torch.compiler.disable
-def _expert_loop(experts: nn.ModuleList, x_sorted: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """Each expert on its contiguous slice of the expert-sorted tokens (`ends`: where each expert's slice ends).
+def _expert_loop(experts: Sequence, x_sorted: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Each expert (a callable) on its contiguous slice of the expert-sorted tokens (`ends`: where each expert's slice
+    ends).
 
     The one host sync of the layer (`ends.tolist()`). Experts with no tokens still run on their empty slice so
     that every parameter takes part in the graph. Kept out of torch.compile's graphs: traced, the slice sizes
@@ -71,6 +74,120 @@ class ExpertFFN(nn.Module):
         nn.Module.__init__(expert)
         expert.w_in, expert.act, expert.w_out = copy.deepcopy(w_in), act, copy.deepcopy(w_out)
         return expert
+
+
+#: an `ExpertBank`'s stacked weights, and their names in checkpoints of releases that kept one `ExpertFFN` per expert
+#: (`experts.<i>.w_in.weight`): a model holding expert banks declares these as its `stacked_weights`
+EXPERT_BANK_WEIGHTS = (
+    StackedWeight(r"(.+\.experts)\.(w_in|w_out)", r"\1.{index}.\2.weight"),
+    StackedWeight(r"(.+\.experts)\.(w_in|w_out)_bias", r"\1.{index}.\2.bias"),
+)
+
+
+class ExpertBank(nn.Module):
+    """The `N` experts of one MoE layer, each `w_out_i act(w_in_i x)` (eq. 1), stored stacked: one tensor per kind of
+    weight, `w_in` `(N, intermediate, hidden)` and `w_in_bias` `(N, intermediate)`, `w_out` `(N, hidden, intermediate)`
+    and `w_out_bias` `(N, hidden)`; slice `i` holds what expert `i`'s `nn.Linear`s would (so a dense FFN's weights
+    broadcast into every slice when upcycling, and checkpoints of earlier releases, one module per expert, stack on
+    load: `TaskMoE.legacy_stacking`).
+
+    Why stacked: the grouped GEMM takes one tensor per projection, so a training step neither stacks the experts'
+    weights in the forward nor unbinds their gradients in the backward (`benchmarks/op_count.py`). peft's LoRA
+    reaches the experts through `target_parameters=["experts.w_in", "experts.w_out"]` (a `ParamWrapper` on this
+    module: the weights are read in `forward` only, where its parametrization is active).
+
+    `forward(x_sorted, ends, slot_expert)` runs each expert on its contiguous slice of expert-sorted slots;
+    `forward(x, combine=weights)` runs every expert on every token and mixes them by `combine` `(tokens, N)` (the
+    dispatch of a captured program). Indexing (`bank[i]`) and iteration give each expert as a callable, for analyses.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str | nn.Module = "gelu",
+                 grouped: bool = False):
+        super().__init__()
+        self.num_experts = num_experts
+        self.grouped = grouped  # one grouped GEMM per projection (`expert_dispatch="grouped_mm"`) or a loop
+        self.w_in = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
+        self.w_in_bias = nn.Parameter(torch.zeros(num_experts, intermediate_size))
+        self.act = ACT2FN[hidden_act] if isinstance(hidden_act, str) else hidden_act
+        self.w_out = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.w_out_bias = nn.Parameter(torch.zeros(num_experts, hidden_size))
+        for weight in (self.w_in, self.w_out):  # as `nn.Linear` draws each (the model's `_init_weights` redraws)
+            for expert in weight.detach():
+                nn.init.kaiming_uniform_(expert, a=5**0.5)
+
+    @classmethod
+    def copy_of(cls, w_in: nn.Linear, act: nn.Module, w_out: nn.Linear, num_experts: int,
+                grouped: bool = False) -> ExpertBank:
+        """`num_experts` experts, each a copy of a dense FFN (`w_in`, `act`, `w_out`: the dense model's own modules,
+        e.g. BERT's `intermediate.dense`, `intermediate.intermediate_act_fn`, `output.dense`)."""
+        bank = cls(num_experts, w_in.in_features, w_in.out_features, act, grouped)
+        with torch.no_grad():
+            for mine, dense in ((bank.w_in, w_in.weight), (bank.w_in_bias, w_in.bias), (bank.w_out, w_out.weight),
+                                (bank.w_out_bias, w_out.bias)):
+                mine.copy_(dense.expand_as(mine) if dense is not None else torch.zeros_like(mine))
+        return bank.to(w_in.weight.dtype)
+
+    @torch.no_grad()
+    def init_weights(self, std: float) -> None:
+        """N(0, std) weights and zero biases (BERT's `nn.Linear` init, per expert), through `transformers.
+        initialization`, which leaves weights a checkpoint loaded alone."""
+        from transformers import initialization as init
+
+        init.normal_(self.w_in, mean=0.0, std=std)
+        init.normal_(self.w_out, mean=0.0, std=std)
+        init.zeros_(self.w_in_bias)
+        init.zeros_(self.w_out_bias)
+
+    def __len__(self) -> int:
+        return self.num_experts
+
+    def __getitem__(self, index: int):
+        """Expert `index` as a callable `(..., hidden) -> (..., hidden)` (its slices of the stacked weights)."""
+        if not -self.num_experts <= index < self.num_experts:
+            raise IndexError(f"expert {index} of {self.num_experts}")
+        return _Expert(self, index % self.num_experts)
+
+    def __iter__(self):
+        return (self[i] for i in range(self.num_experts))
+
+    def forward(self, x: torch.Tensor, ends: torch.Tensor | None = None, slot_expert: torch.Tensor | None = None,
+                combine: torch.Tensor | None = None) -> torch.Tensor:
+        """`x` `(slots, hidden)` sorted by expert, `ends` `(N,)` int32 where each expert's slice ends and
+        `slot_expert` `(slots,)` each slot's expert: every expert on its slice, `(slots, hidden)`. Or, with `combine`
+        `(tokens, N)`: every expert on every token of `x`, weighted by `combine` and summed, `(tokens, hidden)`."""
+        if combine is not None:
+            h = self.act(torch.einsum("th,eih->tei", x, self.w_in) + self.w_in_bias)  # (tokens, experts, inter)
+            y = torch.einsum("tei,ehi->teh", h, self.w_out) + self.w_out_bias  # (tokens, experts, hidden)
+            return torch.einsum("teh,te->th", y, combine.to(y.dtype))
+        if not self.grouped:
+            w_in, b_in, w_out, b_out = (w.unbind(0) for w in (self.w_in, self.w_in_bias, self.w_out, self.w_out_bias))
+            experts = [
+                lambda chunk, i=i: F.linear(self.act(F.linear(chunk, w_in[i], b_in[i])), w_out[i], b_out[i])
+                for i in range(self.num_experts)
+            ]
+            return _expert_loop(experts, x, ends)
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        # the grouped GEMM takes (experts, in, out): the stored weights transposed, a view
+        h = F.grouped_mm(x.to(dtype), self.w_in.to(dtype).transpose(1, 2), offs=ends)  # (slots, inter)
+        h = self.act(h + self.w_in_bias.to(h.dtype).index_select(0, slot_expert))
+        y = F.grouped_mm(h, self.w_out.to(dtype).transpose(1, 2), offs=ends)  # (slots, hidden)
+        return y + self.w_out_bias.to(y.dtype).index_select(0, slot_expert)
+
+    def extra_repr(self) -> str:
+        inter, hidden = self.w_in.shape[1:]
+        return f"num_experts={self.num_experts}, hidden={hidden}, intermediate={inter}, grouped={self.grouped}"
+
+
+class _Expert:
+    """One expert of an `ExpertBank` as a callable (`bank[i]`)."""
+
+    def __init__(self, bank: ExpertBank, index: int):
+        self.bank, self.index = bank, index
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        bank, i = self.bank, self.index
+        return F.linear(bank.act(F.linear(x, bank.w_in[i], bank.w_in_bias[i])), bank.w_out[i], bank.w_out_bias[i])
 
 
 class TaskGate(nn.Module):
@@ -151,12 +268,14 @@ class TaskMoE(nn.Module):
       of `"gate"`. An upcycled model with identical experts computes exactly what the dense model did.
     """
 
-    def __init__(self, config, layer_idx: int | None = None, experts: Sequence[nn.Module] | None = None):
+    def __init__(self, config, layer_idx: int | None = None, experts: ExpertBank | Sequence[nn.Module] | None = None):
         """`config`: a `BertTaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
-        `top_k`, `expert_weighting`, the auxiliary-loss coefficients, the tasks). A layer outside
+        `top_k`, `expert_weighting`, `expert_dispatch`, the auxiliary-loss coefficients, the tasks). A layer outside
         `config.moe_layer_indices` (`layer_idx`) is dense: one expert, no gate. `experts`: the experts themselves,
-        e.g. copies of a dense model's FFN (`hf_taskmoe.models.task_moe`), instead of fresh `ExpertFFN`s; any module
-        mapping `(..., hidden)` to `(..., hidden)` works (`grouped_mm` needs `ExpertFFN`s)."""
+        e.g. copies of a dense model's FFN (`hf_taskmoe.models.task_moe`), instead of fresh ones: an `ExpertBank`
+        (stacked two-projection experts, either dispatch), or modules mapping `(..., hidden)` to `(..., hidden)`
+        (e.g. a gated FFN; the sorted loop). Fresh experts are an `ExpertBank`; a one-expert (dense) layer is one
+        `ExpertFFN` in `experts.0`, the dense FFN as it was, at no cost for stacking."""
         super().__init__()
         moe_layer = layer_idx is None or layer_idx in config.moe_layer_indices
         self.num_experts = config.num_experts if moe_layer else 1
@@ -166,22 +285,28 @@ class TaskMoE(nn.Module):
         self.expert_weighting = config.expert_weighting
         self.compute_aux_loss = config.router_aux_loss_coef > 0
         self.compute_z_loss = config.router_z_loss_coef > 0
+        self.dispatch = config.expert_dispatch
         if experts is not None and len(experts) != self.num_experts:
             raise ValueError(f"TaskMoE of layer {layer_idx} takes {self.num_experts} experts, got {len(experts)}.")
-        self.experts = nn.ModuleList(
-            experts
-            if experts is not None
-            else [
-                ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act)
-                for _ in range(self.num_experts)
-            ]
-        )
+        if experts is None and self.num_experts > 1:
+            experts = ExpertBank(config.num_experts, config.hidden_size, config.intermediate_size, config.hidden_act)
+        elif experts is None:
+            experts = [ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act)]
+        if isinstance(experts, ExpertBank):
+            experts.grouped = self.dispatch == "grouped_mm"
+        elif self.dispatch == "grouped_mm" and self.num_experts > 1:
+            raise ValueError(
+                f"`expert_dispatch='grouped_mm'` needs two-projection experts (an `ExpertBank`); layer {layer_idx}'s "
+                f"experts are {type(experts[0]).__name__} modules: use `expert_dispatch='sorted_loop'`."
+            )
+        # decided here: peft's LoRA on the stacked weights puts a wrapper in the bank's place
+        self.stacked = isinstance(experts, ExpertBank)
+        self.experts = experts if self.stacked else nn.ModuleList(experts)
         self.router = (
             build_gate(config.gating, config.hidden_size, self.num_experts, self.num_tasks)
             if self.num_experts > 1
             else None
         )
-        self.dispatch = config.expert_dispatch
 
     def add_task(self, init_from: int | None, std: float) -> None:
         self.num_tasks += 1
@@ -253,10 +378,10 @@ class TaskMoE(nn.Module):
         ends = torch.searchsorted(sorted_expert, experts, right=True, out_int32=True)  # (experts,)
         token_of_slot = order // self.top_k if self.top_k > 1 else order
         x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
-        if self.dispatch == "grouped_mm":
-            y_sorted = self._grouped_experts(x_sorted, sorted_expert, ends)
+        if self.stacked:  # one grouped GEMM per projection, or a loop over the slices
+            y_sorted = self.experts(x_sorted, ends, sorted_expert)  # (tokens*k, hidden)
         else:
-            y_sorted = _expert_loop(self.experts, x_sorted, ends)  # (tokens*k, hidden)
+            y_sorted = _expert_loop(self.experts, x_sorted, ends)
         if flat_weight is None:
             return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)  # (tokens, hidden) in token order
         y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
@@ -270,24 +395,10 @@ class TaskMoE(nn.Module):
         depends on the routes. The same sum as the sorted dispatch, at `num_experts` times the FFN compute: for
         serving, never for training. `top_e` / `weights` `(tokens, k)`."""
         combine = weights.new_zeros(x.shape[0], self.num_experts).scatter_add(1, top_e, weights)  # (tokens, experts)
+        if self.stacked:
+            return self.experts(x, combine=combine)
         outputs = torch.stack([expert(x) for expert in self.experts], dim=1)  # (tokens, experts, hidden)
         return torch.einsum("teh,te->th", outputs, combine.to(outputs.dtype))  # (tokens, hidden)
-
-    def _grouped_experts(
-        self, x_sorted: torch.Tensor, sorted_expert: torch.Tensor, ends: torch.Tensor
-    ) -> torch.Tensor:
-        """Every expert on its contiguous slice in one grouped GEMM per projection (`F.grouped_mm`), with no host
-        sync: the slices' ends are a device tensor. The experts' weights stay separate `nn.Linear`s (peft, the
-        upcycling rules and checkpoints see the same names) and are stacked for the call."""
-        w_in = torch.stack([e.w_in.weight for e in self.experts]).transpose(1, 2)  # (experts, hidden, inter)
-        w_out = torch.stack([e.w_out.weight for e in self.experts]).transpose(1, 2)  # (experts, inter, hidden)
-        dtype = x_sorted.dtype if not torch.is_autocast_enabled(x_sorted.device.type) else \
-            torch.get_autocast_dtype(x_sorted.device.type)
-        h = F.grouped_mm(x_sorted.to(dtype), w_in.to(dtype), offs=ends)  # (slots, inter)
-        h = h + torch.stack([e.w_in.bias for e in self.experts]).to(h.dtype).index_select(0, sorted_expert)
-        h = self.experts[0].act(h)
-        y = F.grouped_mm(h, w_out.to(dtype), offs=ends)  # (slots, hidden)
-        return y + torch.stack([e.w_out.bias for e in self.experts]).to(y.dtype).index_select(0, sorted_expert)
 
     def _combine_weights(self, top_p: torch.Tensor) -> torch.Tensor:
         if self.expert_weighting == "gate":

@@ -36,14 +36,16 @@ FAMILY = register_family(
         upcycling=UpcyclingRules(
             rename=BERT_BACKBONE_RULES
             + (
+                # stacked experts (`experts.w_in`: every slice a copy of the FFN) or a dense layer's `experts.0`
+                (r"encoder\.layer\.(\d+)\.mlp\.experts\.w_in", r"encoder.layer.\1.intermediate.dense.weight"),
+                (r"encoder\.layer\.(\d+)\.mlp\.experts\.w_in_bias", r"encoder.layer.\1.intermediate.dense.bias"),
+                (r"encoder\.layer\.(\d+)\.mlp\.experts\.w_out", r"encoder.layer.\1.output.dense.weight"),
+                (r"encoder\.layer\.(\d+)\.mlp\.experts\.w_out_bias", r"encoder.layer.\1.output.dense.bias"),
                 (
-                    r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_in\.(weight|bias)",
+                    r"encoder\.layer\.(\d+)\.mlp\.experts\.0\.w_in\.(weight|bias)",
                     r"encoder.layer.\1.intermediate.dense.\2",
                 ),
-                (
-                    r"encoder\.layer\.(\d+)\.mlp\.experts\.\d+\.w_out\.(weight|bias)",
-                    r"encoder.layer.\1.output.dense.\2",
-                ),
+                (r"encoder\.layer\.(\d+)\.mlp\.experts\.0\.w_out\.(weight|bias)", r"encoder.layer.\1.output.dense.\2"),
                 (r"encoder\.layer\.(\d+)\.ffn_norm\.(weight|bias)", r"encoder.layer.\1.output.LayerNorm.\2"),
             ),
             new=BertForTaskMoE.parameter_roles.new_patterns,

@@ -19,7 +19,7 @@ from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings
 from transformers.utils import ModelOutput
 
 from ...contract import ParameterRoles
-from ...layers.moe import MoEOutput, SharedGate, TaskGate, TaskMoE
+from ...layers.moe import EXPERT_BANK_WEIGHTS, ExpertBank, MoEOutput, SharedGate, TaskGate, TaskMoE
 from ...modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, heads_to_output_fields
 from ...tasks import TaskSpec
 from ..multitask_bert import (
@@ -119,6 +119,7 @@ class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedMode
     _supports_flex_attn = True
     _supports_attention_backend = True
     _no_split_modules = ["BertEmbeddings", "TaskMoEBertLayer"]
+    stacked_weights = EXPERT_BANK_WEIGHTS
     # The loss is a per-batch mean: the Trainer must not pass `num_items_in_batch` into forward.
     accepts_loss_kwargs = False
     # Output fields that are not predictions (the Trainer's default prediction step skips them).
@@ -140,6 +141,8 @@ class BertTaskMoEPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedMode
         super()._init_weights(module)
         if isinstance(module, (TaskGate, SharedGate)):
             init.normal_(module.weight, mean=0.0, std=self.config.router_init_std)  # paper 4.4: N(0, 0.001)
+        elif isinstance(module, ExpertBank):  # BERT's Linear init, per expert
+            module.init_weights(self.config.initializer_range)
 
 
 class BertTaskMoEModel(MultiTaskBertEncoderMixin, BertTaskMoEPreTrainedModel):

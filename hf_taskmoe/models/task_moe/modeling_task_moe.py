@@ -2,9 +2,10 @@
 
 The dense model (`AutoModel.from_config(config.dense_config)`) keeps every module but the feed-forward block of each
 MoE layer, which becomes a `BackboneTaskMoE`: `num_experts` copies of that very FFN behind a task-aware or shared
-gate. A split FFN (BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2) becomes `ExpertFFN`s whose projections are copies of
-`intermediate.dense` and `output.dense` (the latter then an identity inside `output`, which still adds the residual
-and normalises); a whole FFN module (DistilBERT's `ffn`, ModernBERT's gated `mlp`) is copied whole into each expert.
+gate. A split FFN (BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2) becomes an `ExpertBank` whose stacked projections are
+copies of `intermediate.dense` and `output.dense` (the latter then an identity inside `output`, which still adds the
+residual and normalises; one expert: an `ExpertFFN` in `experts.0`); a whole FFN module (DistilBERT's `ffn`,
+ModernBERT's gated `mlp`) is copied whole into each expert.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, replace_module
 from ...contract import ParameterRoles
-from ...layers.moe import ExpertFFN, SharedGate, TaskGate, TaskMoE
+from ...layers.moe import EXPERT_BANK_WEIGHTS, ExpertBank, ExpertFFN, SharedGate, TaskGate, TaskMoE
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..backbone_encoder import BackboneTaskMixin, layer_rule
 from ..bert_taskmoe.modeling_bert_taskmoe import TaskMoEEncoderOutput, TaskMoEHeadsMixin, moe_encoder_fields
@@ -27,7 +28,7 @@ class BackboneTaskMoE(TaskMoE):
 
     task_conditioned = True  # initialised by the task model, not by the dense model's `_init_weights`
 
-    def __init__(self, config, layer_idx: int, experts: list[torch.nn.Module], context: TaskContext):
+    def __init__(self, config, layer_idx: int, experts: ExpertBank | list[torch.nn.Module], context: TaskContext):
         super().__init__(config, layer_idx, experts)
         self.context = context
 
@@ -40,13 +41,16 @@ class BackboneTaskMoE(TaskMoE):
         return out.hidden_states
 
 
-def ffn_experts(layer: torch.nn.Module, backbone: Backbone, num_experts: int) -> list[torch.nn.Module]:
-    """`num_experts` copies of a layer's FFN; a split FFN's output projection becomes an identity in place."""
+def ffn_experts(layer: torch.nn.Module, backbone: Backbone, num_experts: int) -> ExpertBank | list[torch.nn.Module]:
+    """`num_experts` copies of a layer's FFN; a split FFN's output projection becomes an identity in place, its
+    experts an `ExpertBank` (one expert: an `ExpertFFN`)."""
     site = backbone.ffn
     if site.split:
         w_in, act, w_out = (layer.get_submodule(p) for p in (site.w_in, site.act, site.w_out))
         replace_module(layer, site.w_out, torch.nn.Identity())
-        return [ExpertFFN.copy_of(w_in, act, w_out) for _ in range(num_experts)]
+        if num_experts == 1:
+            return [ExpertFFN.copy_of(w_in, act, w_out)]
+        return ExpertBank.copy_of(w_in, act, w_out, num_experts)
     import copy
 
     ffn = layer.get_submodule(site.module)
@@ -77,6 +81,7 @@ class TaskMoEForMultiTask(TaskMoEHeadsMixin, BackboneTaskMixin, MultiTaskPreTrai
     parameter_roles = ParameterRoles(
         roles={"expert": r"\.experts\.", "gating": r"\.router\."}, task_specific=("gating",), new=("gating",)
     )
+    stacked_weights = EXPERT_BANK_WEIGHTS
 
     def __init__(self, config: TaskMoEConfig):
         super().__init__(config)
@@ -94,8 +99,14 @@ class TaskMoEForMultiTask(TaskMoEHeadsMixin, BackboneTaskMixin, MultiTaskPreTrai
         site = backbone.ffn
         if site.split:
             return (
-                layer_rule(backbone, rf"{site.module}\.experts\.\d+\.w_in\.(.+)", rf"{site.w_in}.\2"),
-                layer_rule(backbone, rf"{site.module}\.experts\.\d+\.w_out\.(.+)", rf"{site.w_out}.\2"),
+                # stacked experts (`experts.w_in`, `experts.w_in_bias`: every slice a copy) or one (`experts.0.w_in.*`)
+                *(
+                    layer_rule(backbone, rf"{site.module}\.experts\.{proj}{suffix}", f"{path}.{kind}")
+                    for proj, path in (("w_in", site.w_in), ("w_out", site.w_out))
+                    for suffix, kind in (("", "weight"), ("_bias", "bias"))
+                ),
+                layer_rule(backbone, rf"{site.module}\.experts\.0\.w_in\.(.+)", rf"{site.w_in}.\2"),
+                layer_rule(backbone, rf"{site.module}\.experts\.0\.w_out\.(.+)", rf"{site.w_out}.\2"),
             )
         return (layer_rule(backbone, rf"{site.module}\.experts\.\d+\.(.+)", rf"{site.module}.\2"),)
 
@@ -104,6 +115,8 @@ class TaskMoEForMultiTask(TaskMoEHeadsMixin, BackboneTaskMixin, MultiTaskPreTrai
         super()._init_weights(module)
         if isinstance(module, (TaskGate, SharedGate)):
             init.normal_(module.weight, mean=0.0, std=self.config.router_init_std)  # MT-TaG 4.4: N(0, 0.001)
+        elif isinstance(module, ExpertBank):  # the dense model's Linear init, per expert
+            module.init_weights(getattr(self.config.dense_config, "initializer_range", 0.02))
 
     def _context_flags(self, output_router_logits=None) -> dict:
         return {"output_routing": bool(output_router_logits)}
