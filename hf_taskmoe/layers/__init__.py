@@ -1,7 +1,7 @@
 """Family-agnostic building blocks."""
 
 from .heads import MultiTaskHeads, TaskHead, build_head
-from .moe import GATING_TYPES, ExpertFFN, MoEOutput, SharedGate, TaskGate, TaskMoE
+from .moe import GATING_TYPES, ExpertBank, ExpertFFN, MoEOutput, SharedGate, TaskGate, TaskMoE
 from .pals import PALAttention, ProjectedAttentionLayers
 from .routing import ROUTER_TYPES, SELECTION_FUNCTIONS, RoutedLayer, TaskRouter
 
@@ -10,6 +10,7 @@ __all__ = [
     "TaskHead",
     "build_head",
     "GATING_TYPES",
+    "ExpertBank",
     "ExpertFFN",
     "MoEOutput",
     "SharedGate",
