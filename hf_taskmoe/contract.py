@@ -152,6 +152,9 @@ class StackedWeight:
 
     pattern: str
     legacy: str
+    #: the slices' own names in the old layout, in order (`{index}` then takes these instead of 0, 1, ...), e.g. a
+    #: fused projection's `("query", "key", "value")`
+    slice_names: tuple[str, ...] | None = None
 
     def legacy_names(self, name: str, slices: int) -> list[str] | None:
         """The old names of `name`'s slices, or None when `name` is not one of these parameters."""
@@ -159,7 +162,9 @@ class StackedWeight:
         if match is None:
             return None
         template = match.expand(self.legacy)
-        return [template.format(index=i) for i in range(slices)]
+        if self.slice_names is not None and len(self.slice_names) != slices:
+            return None
+        return [template.format(index=self.slice_names[i] if self.slice_names else i) for i in range(slices)]
 
 
 def is_stacked(model: nn.Module, name: str) -> bool:

@@ -421,7 +421,7 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
             for stacked in self.stacked_weights:
                 if re.fullmatch(stacked.pattern, name):
                     old = stacked.legacy_names(name, self.get_parameter(name).shape[0])
-                    if all(key in on_file for key in old):
+                    if old and all(key in on_file for key in old):
                         found[name] = old
                     break
         if not found:
