@@ -153,7 +153,8 @@ class StackedWeight:
     pattern: str
     legacy: str
     #: the slices' own names in the old layout, in order (`{index}` then takes these instead of 0, 1, ...), e.g. a
-    #: fused projection's `("query", "key", "value")`
+    #: fused projection's `("query", "key", "value")`, whose parameter may hold them concatenated on its first axis
+    #: (`(3s, s)`: the stack of three `(s, s)` viewed)
     slice_names: tuple[str, ...] | None = None
 
     def legacy_names(self, name: str, slices: int) -> list[str] | None:

@@ -420,7 +420,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         for name in missing:
             for stacked in self.stacked_weights:
                 if re.fullmatch(stacked.pattern, name):
-                    old = stacked.legacy_names(name, self.get_parameter(name).shape[0])
+                    slices = len(stacked.slice_names) if stacked.slice_names else self.get_parameter(name).shape[0]
+                    old = stacked.legacy_names(name, slices)
                     if old and all(key in on_file for key in old):
                         found[name] = old
                     break
@@ -429,7 +430,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         tensors = _checkpoint_tensors(source, kwargs, [key for old in found.values() for key in old])
         for name, old in found.items():
             parameter = self.get_parameter(name)
-            parameter.copy_(torch.stack([tensors[key] for key in old]).to(parameter.dtype))
+            # stacked on a new leading axis; a fused projection's (e.g. `(3s, s)`) is the same values viewed
+            parameter.copy_(torch.stack([tensors[key] for key in old]).view_as(parameter).to(parameter.dtype))
         done = {key for old in found.values() for key in old}
         info["missing_keys"] = type(missing)(k for k in missing if k not in found)
         info["unexpected_keys"] = type(unexpected)(k for k in unexpected if k not in done)

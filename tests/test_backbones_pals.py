@@ -83,7 +83,7 @@ def test_a_tasks_pals_change_only_its_rows(arch):
         before = model(**batch).task_logits
         group = model.config.task_group_ids[1]
         model.pals.decoders[group].weight.mul_(-2.0)
-        model.pals.attention["1"][group].value.weight.normal_()
+        model.pals.attention["1"][group].qkv.weight.normal_()
         after = model(**batch).task_logits
     torch.testing.assert_close(after["a"], before["a"], atol=0, rtol=0)
     assert not torch.allclose(after["b"], before["b"], atol=1e-4)
@@ -158,7 +158,7 @@ def test_task_groups_share_pals_and_add_task_gets_its_own():
     assert sum(p.numel() for p in model.pals.parameters()) == 2 * model.config.pal_parameters_per_group()
     new_id = model.add_task(hf_taskmoe.TaskSpec(name="d", problem_type="regression"), init_from="b")
     assert model.pals.num_groups == 3 and model.pals.task_to_group.tolist() == [0, 1, 0, 2]
-    torch.testing.assert_close(model.pals.attention["1"][2].query.weight, model.pals.attention["1"][1].query.weight)
+    torch.testing.assert_close(model.pals.attention["1"][2].qkv.weight, model.pals.attention["1"][1].qkv.weight)
     with torch.no_grad():
         out = model(**token_batch("roberta", VOCAB, torch.tensor([new_id, 0])))
     assert torch.isfinite(out.task_logits["d"]).all()

@@ -51,7 +51,7 @@ def test_init_covers_every_parameter():
     pals = model.bert.pals
     assert all(torch.count_nonzero(d.weight) == 0 for d in pals.decoders)  # D_t = 0 by default
     assert all(abs(e.weight.std().item() - 0.5) < 0.1 for e in pals.encoders)
-    assert abs(pals.attention["1"][2].query.weight.std().item() - 0.5) < 0.15
+    assert abs(pals.attention["1"][2].qkv.weight.std().item() - 0.5) < 0.15
 
 
 def test_fresh_model_from_dense_computes_the_dense_bert():
@@ -121,7 +121,7 @@ def test_task_group_shares_one_set_of_pals():
         out.loss.backward()
         assert pals.encoders[1].weight.grad.abs().sum() > 0 and pals.encoders[0].weight.grad is None
     names = [n for n, _ in model.named_parameters() if ".pals." in n]
-    assert len(names) == 2 * (2 + 3 * TINY["num_hidden_layers"])
+    assert len(names) == 2 * (2 + TINY["num_hidden_layers"])  # per group: E, D, one fused qkv per layer
 
 
 def test_pal_layers_subset_and_padding_ignored():
@@ -280,3 +280,29 @@ def test_per_group_and_batched_dispatch_compute_the_same_step(family):
         torch.testing.assert_close(batched_grads[name], grad, atol=1e-5, rtol=1e-4)  # summed in another order
     with pytest.raises(ValueError, match="pal_dispatch"):
         BertPALsConfig(tasks=tasks, pal_dispatch="grouped", **TINY)
+
+
+def test_a_checkpoint_with_separate_query_key_value_loads_into_the_fused_projection(tmp_path):
+    """Releases before the fused `qkv` saved each PAL attention's `query` / `key` / `value` as three `(s, s)`
+    weights: such a checkpoint loads, the three concatenated in that order, and computes what the saved model did."""
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    model = BertWithPALs(pals_config(pal_decoder_init="normal")).eval()
+    model.save_pretrained(tmp_path)
+    old = {}
+    for name, tensor in load_file(tmp_path / "model.safetensors").items():
+        if name.endswith(".qkv.weight"):
+            for part, chunk in zip(("query", "key", "value"), tensor.chunk(3)):
+                old[name.replace(".qkv.", f".{part}.")] = chunk.clone()
+        else:
+            old[name] = tensor
+    assert any(name.endswith(".attention.1.2.value.weight") for name in old)
+    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded, info = BertWithPALs.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    for (name, saved), now in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(saved, now), name
+    batch = random_batch(model.config)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.eval()(**batch).loss, model(**batch).loss, atol=0, rtol=0)

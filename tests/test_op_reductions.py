@@ -238,7 +238,9 @@ def test_packed_heads_and_the_additive_mask_give_the_same_attention(training):
     assert keep.dtype == torch.bool and additive.dtype == torch.float32
     assert torch.equal(additive, torch.where(keep, 0.0, float("-inf")))
     torch.manual_seed(0)
-    before = attention.attend(*qkv.chunk(3, dim=-1), keep)
+    # what the separate query / key / value path did: each split into heads by a view and a transpose
+    heads = [part.view(3, 7, 3, 4).transpose(1, 2) for part in qkv.chunk(3, dim=-1)]  # (B, h, T, s/h)
+    before = attention._attention(*heads, keep)
     torch.manual_seed(0)
     now = attention.attend_packed(qkv, additive)
     assert torch.equal(before, now)

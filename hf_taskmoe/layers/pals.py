@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..contract import StackedWeight
 from ..utils import is_capturing
 
 
@@ -29,26 +30,17 @@ class PALAttention(nn.Module):
             raise ValueError(f"`pal_size` ({pal_size}) must be a multiple of `pal_num_heads` ({num_heads}).")
         self.num_heads = num_heads
         self.dropout = dropout
-        self.query = nn.Linear(pal_size, pal_size, bias=False)
-        self.key = nn.Linear(pal_size, pal_size, bias=False)
-        self.value = nn.Linear(pal_size, pal_size, bias=False)
+        # W^Q, W^K, W^V as one (3s, s) projection (rows: query, key, value): one product per PAL, and one weight per
+        # group for the batched path to gather. Checkpoints of the separate `query` / `key` / `value` layout load
+        # into it (`PAL_WEIGHTS`)
+        self.qkv = nn.Linear(pal_size, 3 * pal_size, bias=False)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        return self.attend(self.query(x), self.key(x), self.value(x), key_mask)
-
-    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None):
-        """The attention of projected queries, keys and values, each `(B, T, s)`; heads concatenated, no W^O."""
-        batch, seq, size = query.shape
-
-        def heads(projected: torch.Tensor) -> torch.Tensor:
-            return projected.view(batch, seq, self.num_heads, size // self.num_heads).transpose(1, 2)  # (B, h, T, s/h)
-
-        return self._attention(heads(query), heads(key), heads(value), key_mask)
+        return self.attend_packed(self.qkv(x), key_mask)
 
     def attend_packed(self, qkv: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        """`attend` of the queries, keys and values side by side in one `(B, T, 3s)` tensor: the three split into
-        heads by one view and one permute (the same `(B, h, T, s/h)` views as `attend` makes of each: the same
-        strides, the same attention) instead of a split and a view and a transpose each."""
+        """The attention of the projected queries, keys and values side by side in one `(B, T, 3s)` tensor; heads
+        concatenated, no W^O. The three split into `(B, h, T, s/h)` heads by one view and one permute."""
         batch, seq, size = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         query, key, value = qkv.view(batch, seq, 3, self.num_heads, size // self.num_heads).permute(2, 0, 3, 1, 4)
         return self._attention(query, key, value, key_mask)
@@ -109,6 +101,13 @@ def explicit_attention(
     return out.view(batch, heads, seq, head_size)
 
 
+#: checkpoints of releases that kept `query` / `key` / `value` as three `(s, s)` projections load into the fused
+#: `qkv` (`from_pretrained`): a model holding PALs declares these as its `stacked_weights`
+PAL_WEIGHTS = (
+    StackedWeight(r"(.+\.attention\.\d+\.\d+)\.qkv\.weight", r"\1.{index}.weight", ("query", "key", "value")),
+)
+
+
 class PALDecoder(nn.Linear):
     """`D_t`: a bias-free `nn.Linear(s, d)` of its own class so that `_init_weights` can find it (models start it
     at zero: a module without parameters of its own is never visited by transformers' init for custom code)."""
@@ -131,7 +130,7 @@ class ProjectedAttentionLayers(nn.Module):
     shared by all layers, and one `PALAttention` per (PAL layer, group).
 
     Parameter names: `encoders.<g>.weight` (s, d), `decoders.<g>.weight` (d, s),
-    `attention.<layer>.<g>.{query,key,value}.weight` (s, s).
+    `attention.<layer>.<g>.qkv.weight` (3s, s): the query, key and value projections, in that order.
     """
 
     def __init__(
@@ -227,10 +226,7 @@ class ProjectedAttentionLayers(nn.Module):
         sync and no data-dependent shape (what `torch.export`, ONNX and a sync-free training step need); the same
         numbers as the per-group path."""
         attention = self.attention[str(layer_idx)]
-        weights = [w for g in rows.groups for w in (attention[g].query.weight, attention[g].key.weight,
-                                                     attention[g].value.weight)]
-        size = weights[0].shape[0]
-        qkv = torch.cat(weights).view(len(rows.groups), 3 * size, size).index_select(0, rows.index)  # (B, 3s, s)
+        qkv = torch.stack([attention[g].qkv.weight for g in rows.groups]).index_select(0, rows.index)  # (B, 3s, s)
         # bmm, not einsum: the same products with a third of the operations (einsum adds permutes and reshapes)
         h = torch.bmm(x, rows.encoder)  # (B, T, s): E_g x
         # (B, T, 3s) -> (B, T, s); the groups' attentions share their settings

@@ -27,6 +27,7 @@ from transformers.models.bert.modeling_bert import (
 
 from ...contract import ParameterRoles
 from ...layers.pals import (
+    PAL_WEIGHTS,
     PALAttention,
     PALDecoder,
     ProjectedAttentionLayers,
@@ -79,6 +80,7 @@ class BertPALsPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # Trained alone by the paper's best extension (section 3.4: task-specific training after joint training).
     # absent tasks' heads and PALs sit out a step
+    stacked_weights = PAL_WEIGHTS  # query / key / value of earlier checkpoints load into the fused `qkv`
     parameter_roles = ParameterRoles(
         roles={"pal": r"(^|\.)pals\."}, task_specific=("pal",), possibly_idle=("pal", "head"), new=("pal",)
     )

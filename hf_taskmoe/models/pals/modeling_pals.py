@@ -30,7 +30,7 @@ from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input
 from ...contract import ParameterRoles
-from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers
+from ...layers.pals import PAL_WEIGHTS, PALAttention, PALDecoder, ProjectedAttentionLayers
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..backbone_encoder import BackboneTaskMixin
 from .configuration_pals import PALsConfig
@@ -162,6 +162,7 @@ class PALsForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # trained alone by the paper's best extension (section 3.4: task-specific training after joint training)
     # absent tasks' heads and PALs sit out a step
+    stacked_weights = PAL_WEIGHTS  # query / key / value of earlier checkpoints load into the fused `qkv`
     parameter_roles = ParameterRoles(roles={"pal": r"^pals\."}, task_specific=("pal",), possibly_idle=("pal", "head"),
                                      new=("pal",))
 
@@ -186,8 +187,7 @@ class PALsForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
             else:
                 init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, PALAttention):  # N(0, initializer_range) whatever the dense model's own init does
-            for linear in (module.query, module.key, module.value):
-                init.normal_(linear.weight, mean=0.0, std=std)
+            init.normal_(module.qkv.weight, mean=0.0, std=std)
         elif isinstance(module, BackbonePALs):
             for encoder in module.encoders:
                 init.normal_(encoder.weight, mean=0.0, std=std)
