@@ -122,6 +122,16 @@ def tiny_dense(tmp_path_factory, minilm):
     return folder
 
 
+def load_exactly(model, folder):
+    """`type(model).from_pretrained(folder)`, asserted to be `model`: nothing missing or left over on file, every
+    tensor of the state dict equal (checkpoints of an earlier layout, converted on load, included)."""
+    loaded, info = type(model).from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    for (name, saved), now in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(saved, now), name
+    return loaded
+
+
 def make_hub_cache(cache_dir: Path, repo_id: str, folder: Path, revision: str = "a" * 40) -> Path:
     """Lay out `folder`'s files as the Hugging Face cache holds a downloaded repo snapshot."""
     repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
