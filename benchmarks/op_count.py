@@ -4,9 +4,10 @@ launches (docs/scale-out.md, precision).
 
 MiniLM-L6-H384 shapes with random weights (no download), a batch of 16 x 64 tokens (padded rows) mixing 5
 single-label classification tasks, the models in training mode. The multi-task batch is checked on the host as the
-Trainer's collator does (`BatchChecker`) and the forward is given `values_checked=True`. Every operator call that
-reaches the dispatcher below autograd is counted (`TorchDispatchMode`), the backward's included; the optimizer step
-is not. A warm-up step runs first, outside the count.
+Trainer's collator does (`BatchChecker.check`) and the forward is given what the collator adds: `values_checked=True`
+and the rows per task, `task_counts`. Every operator call that reaches the dispatcher below autograd is counted
+(`TorchDispatchMode`), the backward's included; the optimizer step is not. A warm-up step runs first, outside the
+count.
 
     python benchmarks/op_count.py [--batch 16] [--seq 64] [--num-tasks 5] [--top 0]
 
@@ -93,9 +94,10 @@ def main():
         if name == "bert_sequence_classification":
             step_batch = dense_batch
         else:
-            if not BatchChecker.for_model(model)(batch):  # what the Trainer's collator does, on the CPU
+            marks = BatchChecker.for_model(model).check(batch)  # what the Trainer's collator does, on the CPU
+            if marks is None:
                 raise RuntimeError(f"{name}: the batch could not be checked on the host")
-            step_batch = {**batch, "values_checked": True}
+            step_batch = {**batch, **marks}  # values_checked=True, task_counts=(rows per task)
         counts[name] = count_step(model, step_batch)
     dense = sum(counts["bert_sequence_classification"].values())
     totals = {name: sum(ops.values()) for name, ops in counts.items()}

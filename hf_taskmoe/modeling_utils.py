@@ -107,6 +107,29 @@ def resolve_task_ids(
     return task_ids
 
 
+def check_task_counts(task_counts, batch_size: int, task_names: list[str]) -> list[int]:
+    """`task_counts` (the rows of each task in the batch, in the model's task order, counted on the host where the
+    batch was made: `BatchChecker.check`) as a list of ints, checked against the batch's size without reading
+    anything from the device."""
+    if isinstance(task_counts, torch.Tensor):
+        raise ValueError(
+            "`task_counts` must be a tuple of Python ints counted on the host (BatchChecker.check gives it), got a "
+            "tensor: reading it back would be the host sync it exists to avoid. Leave it out to count on the device."
+        )
+    counts = list(task_counts) if isinstance(task_counts, (list, tuple)) else None
+    if (
+        counts is None
+        or len(counts) != len(task_names)
+        or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts)
+        or sum(counts) != batch_size
+    ):
+        raise ValueError(
+            f"`task_counts` must hold one row count per task {task_names} ({len(task_names)} non-negative ints) "
+            f"summing to the batch's {batch_size} rows, got {task_counts!r}."
+        )
+    return counts
+
+
 def check_input_shapes(input_ids, inputs_embeds, max_length: int | None = None, limit: str = "max_position_embeddings",
                        **per_token: torch.Tensor | None) -> tuple[int, int]:
     """Check that exactly one of `input_ids`/`inputs_embeds` is given, that the batch has rows and tokens (at most
@@ -210,23 +233,30 @@ class BatchChecker:
     calls it stays small when a `DataLoader` sends it to worker processes."""
 
     def __init__(self, tasks: list[TaskSpec], with_heads: bool, vocab_size: int | None = None,
-                 type_vocab_size: int | None = None, marks_batches: bool = True):
+                 type_vocab_size: int | None = None, marks_batches: bool = True, counts_tasks: bool | None = None):
         #: whether `HostCheckedCollator` marks a checked batch `values_checked=True` (the model's forward takes it)
         self.marks_batches = marks_batches
+        #: whether a marked batch also carries `task_counts`, its rows per task counted here, which an encoder
+        #: family's forward splits the batch among its heads by instead of reading them back from the device.
+        #: Not for a batch that is split again after the collator (`nn.DataParallel` scatters its rows over devices
+        #: and copies the counts): `MultiTaskTrainer` turns it off there
+        self.counts_tasks = with_heads and marks_batches if counts_tasks is None else counts_tasks
         self.task_names = [t.name for t in tasks]
         self.heads = MultiTaskHeads(tasks, hidden_size=1, dropout=0.0) if with_heads else None
         self.vocab_size = vocab_size
         self.type_vocab_size = type_vocab_size
 
     @classmethod
-    def for_model(cls, model) -> BatchChecker:
+    def for_model(cls, model, counts_tasks: bool = True) -> BatchChecker:
+        """The checks of `model`'s forward; `counts_tasks=False`: marked batches carry no `task_counts`."""
         sizes = token_table_sizes(model)
         return cls(
             [TaskSpec.from_dict(t) for t in model.config.tasks],
             isinstance(getattr(model, "heads", None), MultiTaskHeads),
             vocab_size=sizes["input_ids"],
             type_vocab_size=sizes["token_type_ids"],
-            marks_batches=_takes_values_checked(model),
+            marks_batches=_forward_takes(model, "values_checked"),
+            counts_tasks=counts_tasks and _forward_takes(model, "task_counts"),
         )
 
     @staticmethod
@@ -248,11 +278,17 @@ class BatchChecker:
             )
 
     def __call__(self, batch) -> bool:
+        return self.check(batch) is not None
+
+    def check(self, batch) -> dict | None:
+        """Check `batch`; return the keywords its forward can then take (`{"values_checked": True}`, and
+        `"task_counts"`, the rows of each task as a tuple of ints, when `counts_tasks`), or None when the forward must
+        check some values itself. `HostCheckedCollator` adds them to the batch (when `marks_batches`)."""
         first = batch.get("input_ids")
         if first is None:
             first = batch.get("inputs_embeds")
         if first is None or first.dim() < 2:
-            return False  # nothing to size the batch by (a tabular batch): `forward` checks it
+            return None  # nothing to size the batch by (a tabular batch): `forward` checks it
         rows, seq = first.shape[0], first.shape[1]
         self.check_ids("input_ids", batch.get("input_ids"), self.vocab_size, "vocabulary (`vocab_size`)",
                        "The text was tokenised with another tokenizer than the model's: tokenise with the model's own "
@@ -266,22 +302,26 @@ class BatchChecker:
             "`token_type_ids` out.",
         )
         task_ids = resolve_task_ids(batch.get("task_ids"), rows, self.task_names, first.device)
+        marks = {"values_checked": True}
         if self.heads is not None:
             labels, spans = batch.get("labels"), batch.get("span_positions")
             check_batch_dim(rows, labels=labels, span_positions=spans)
-            self.heads.check_inputs(self.heads.split_rows(task_ids), seq, labels, spans)
+            counts = torch.bincount(task_ids, minlength=len(self.task_names)).tolist()  # on the host: no sync
+            self.heads.check_inputs(self.heads.split_rows(task_ids, counts), seq, labels, spans)
+            if self.counts_tasks:
+                marks["task_counts"] = tuple(counts)
         elif batch.get("labels") is not None:
-            return False  # labels of a model without per-task heads (seq2seq targets): `forward` checks them
-        return True
+            return None  # labels of a model without per-task heads (seq2seq targets): `forward` checks them
+        return marks
 
 
-def _takes_values_checked(model) -> bool:
-    """Whether the model's forward (under a peft wrapper: its base model's) takes `values_checked`: a family
-    registered by a user may not."""
+def _forward_takes(model, name: str) -> bool:
+    """Whether the model's forward (under a peft wrapper: its base model's) takes the keyword `name`
+    (`values_checked`, `task_counts`): a family registered by a user may not."""
     import inspect
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "values_checked" in inspect.signature(base.forward).parameters
+    return name in inspect.signature(base.forward).parameters
 
 
 class HostCheckedCollator:
@@ -309,8 +349,9 @@ class HostCheckedCollator:
 
     def __call__(self, features):
         batch = self.collator(features)
-        if self.checker(batch) and self.checker.marks_batches:
-            batch["values_checked"] = True  # the model's forward then reads no value back from the device
+        marks = self.checker.check(batch)
+        if marks is not None and self.checker.marks_batches:
+            batch.update(marks)  # `values_checked` (and `task_counts`): the forward then reads nothing back
         return batch
 
 
@@ -592,12 +633,27 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         """The family's part of `add_task`: the new task's weights besides its head (copied from task `source`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot add tasks.")
 
-    def _prepare_task_batch(self, task_ids, batch: int, seq: int, labels, span_positions, check_values: bool = True):
+    def _prepare_task_batch(
+        self, task_ids, batch: int, seq: int, labels, span_positions, check_values: bool = True, task_counts=None
+    ):
         """Validate task ids, labels and spans (their values too with `check_values`); return `(task_ids,
-        task_rows, prepared_labels)`."""
+        task_rows, prepared_labels)`. `task_counts`: the rows of each task, counted on the host where the batch was
+        made; a batch whose values were checked there is split by them (nothing read back), any other is split by
+        the counts read back from the device, which must agree with them."""
         check_batch_dim(batch, labels=labels, span_positions=span_positions)
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values)
-        task_rows = self.heads.split_rows(task_ids)
+        task_names = self.config.task_names
+        if task_counts is not None:
+            task_counts = check_task_counts(task_counts, batch, task_names)
+        task_ids = resolve_task_ids(task_ids, batch, task_names, self.device, check_values)
+        task_rows = self.heads.split_rows(task_ids, None if check_values else task_counts)
+        if check_values and task_counts is not None:
+            counted = [len(task_rows[t]) if t in task_rows else 0 for t in range(len(task_names))]
+            if counted != task_counts:
+                raise ValueError(
+                    f"`task_counts` says the batch holds {dict(zip(task_names, task_counts))} rows per task, but its "
+                    f"`task_ids` hold {dict(zip(task_names, counted))}: count them from the same batch "
+                    "(BatchChecker.check), or leave `task_counts` out."
+                )
         prepared = self.heads.check_inputs(task_rows, seq, labels, span_positions, check_values)
         return task_ids, task_rows, prepared if labels is not None else None
 

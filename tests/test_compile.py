@@ -102,10 +102,14 @@ FULLGRAPH_FAMILIES = {
 
 
 def _checked(batches):
-    """The batches as the Trainer's collator hands them over: checked on the host, marked `values_checked`."""
+    """The batches as the Trainer's collator hands them over: checked on the host, marked `values_checked` and given
+    their rows per task (`task_counts`, which differ from batch to batch and must not make the compiled forward
+    recompile: a captured forward splits nothing)."""
     from hf_taskmoe.modeling_utils import BatchChecker
 
-    return [{**batch, "values_checked": True} for batch in batches if BatchChecker(TASKS, with_heads=True)(batch)]
+    checker = BatchChecker(TASKS, with_heads=True)
+    marked = [(batch, checker.check(batch)) for batch in batches]
+    return [{**batch, **marks} for batch, marks in marked if marks is not None]
 
 
 def _sgd_steps(model, batches, autocast_dtype):
@@ -138,6 +142,7 @@ def test_fullgraph_training_over_changing_task_mixes_compiles_once(family):
     compiled_model = copy.deepcopy(eager)
     batches = _checked(_batches())
     assert len(batches) == 12 and len({tuple(b["task_ids"].tolist()) for b in batches}) > 6
+    assert len({b["task_counts"] for b in batches}) > 3
     eager_losses = _sgd_steps(eager, batches, autocast_dtype)
     with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
         compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)

@@ -1,11 +1,12 @@
 """No host sync in the training forward: every read of a device tensor's value by the host (`.tolist()`,
-`.item()`, `.cpu()`, `bool(t)`, `nonzero`, `unique`, boolean-mask indexing) stalls a GPU stream. For a batch marked
-`values_checked=True` (the Trainer's: its collator checked the batch on the CPU) the library's own code reads back
-one thing per eager forward of an encoder family: the per-task row counts that split the batch among the heads (so
-an absent task's head gets no gradient rather than a zero one, which AdamW would still act on). PALs run batched
+`.item()`, `.cpu()`, `bool(t)`, `nonzero`, `unique`, boolean-mask indexing) stalls a GPU stream. A batch the Trainer's
+collator checked on the CPU (`BatchChecker.check`) carries `values_checked=True` and its rows per task,
+`task_counts`: the forward of every family then reads nothing back. The heads split the batch by the host's counts
+(so an absent task's head gets no gradient rather than a zero one, which AdamW would still act on), PALs run batched
 across their groups, the routes of BART's straight-through training are not planned on the host, per-task losses
-stay on the device. The sort-and-loop expert dispatch adds one read per MoE layer (its slice sizes); the
-grouped-GEMM dispatch none. Under capture (torch.export, ONNX, compile) every head runs on every row: no read.
+stay on the device. Only the sort-and-loop expert dispatch reads one value per MoE layer (its slice sizes); the
+grouped-GEMM dispatch none. A checked batch without `task_counts` reads the per-task row counts back once. Under
+capture (torch.export, ONNX, compile) every head runs on every row: no read.
 
 On CPU nothing stalls, so these tests count the calls that would, wherever they come from in `hf_taskmoe`."""
 
@@ -38,15 +39,15 @@ TASKS = [
     TaskSpec(name="b", num_labels=3),
     TaskSpec(name="c", problem_type="regression"),
 ]
-FAMILIES = {
+FAMILIES = {  # (build, host reads of a training step on a batch the collator checked and counted)
     "mt_tag_grouped_mm": (
         lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, expert_dispatch="grouped_mm", **SIZES)),
-        1,
+        0,
     ),
-    # the heads' split, and one read per MoE layer (2 layers)
-    "mt_tag_sorted_loop": (lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES)), 3),
-    "pals": (lambda: BertWithPALs(BertPALsConfig(tasks=TASKS, pal_size=8, pal_num_heads=2, **SIZES)), 1),
-    "camtl": (lambda: CAMTLModel(CAMTLConfig(tasks=TASKS, conditional_attention_max_length=8, **SIZES)), 1),
+    # one read per MoE layer (2 layers): the sizes of the experts' slices
+    "mt_tag_sorted_loop": (lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES)), 2),
+    "pals": (lambda: BertWithPALs(BertPALsConfig(tasks=TASKS, pal_size=8, pal_num_heads=2, **SIZES)), 0),
+    "camtl": (lambda: CAMTLModel(CAMTLConfig(tasks=TASKS, conditional_attention_max_length=8, **SIZES)), 0),
 }
 
 
@@ -95,15 +96,20 @@ def _mixed_batch(padded: bool):
 
 
 def assert_checked_step_reads(model, batch: dict, expected: int) -> None:
-    """A training step on `batch`, checked on the host as the Trainer's collator does, reads back `expected` values;
-    the same batch not marked as checked (a user calling the model) gets the value checks, more reads."""
-    assert BatchChecker.for_model(model)(batch)  # what the Trainer's collator does, on the CPU
+    """A training step on `batch`, checked and counted on the host as the Trainer's collator does, reads back
+    `expected` values. Without the host's `task_counts` the step reads the heads' split back (one more); the same
+    batch not marked as checked (a user calling the model) gets the value checks too, more reads."""
+    marks = BatchChecker.for_model(model).check(batch)  # what the Trainer's collator does, on the CPU
+    assert marks is not None and set(marks) == {"values_checked", "task_counts"}
     with host_reads() as calls:
-        model(**batch, values_checked=True).loss.backward()
+        model(**batch, **marks).loss.backward()
     assert len(calls) == expected, Counter(calls)
+    with host_reads() as uncounted_calls:
+        model(**batch, values_checked=True)
+    assert len(uncounted_calls) == expected + 1, Counter(uncounted_calls)
     with host_reads() as checked_calls:
         model(**batch)
-    assert len(checked_calls) > expected
+    assert len(checked_calls) > expected + 1
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -154,24 +160,76 @@ def test_skipping_the_value_checks_changes_no_number(family, task_ids):
     batch = {**_mixed_batch(padded=True), "task_ids": torch.tensor(task_ids)}
     batch["labels"] = torch.where(torch.tensor(task_ids) == 1, batch["labels"].round().clamp(0, 2), batch["labels"])
     batch["labels"] = torch.where(torch.tensor(task_ids) == 0, batch["labels"].round().clamp(0, 1), batch["labels"])
-    assert BatchChecker.for_model(model)(batch)
+    marks = BatchChecker.for_model(model).check(batch)
+    assert marks["task_counts"] == tuple(torch.bincount(torch.tensor(task_ids), minlength=3).tolist())
     checked = model(**batch)
     checked.loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    unchecked = model(**batch, values_checked=True)
-    unchecked.loss.backward()
-    torch.testing.assert_close(unchecked.loss, checked.loss)
-    assert set(unchecked.task_logits) == set(checked.task_logits) == set(unchecked.task_losses)
-    for name, logits in checked.task_logits.items():
-        torch.testing.assert_close(unchecked.task_logits[name], logits)
-        torch.testing.assert_close(unchecked.task_losses[name], checked.task_losses[name])
-    assert (unchecked.logits is None) == (checked.logits is None)
-    # the same parameters get a gradient (an absent task's head none: AdamW leaves it alone) and the same values
-    assert {n for n, p in model.named_parameters() if p.grad is not None} == set(grads)
-    for name, param in model.named_parameters():
-        if param.grad is not None:
-            torch.testing.assert_close(param.grad, grads[name], atol=1e-6, rtol=1e-4)
+    for skipped in (marks, {"values_checked": True}):  # split by the host's counts, or by counts read back
+        model.zero_grad(set_to_none=True)
+        unchecked = model(**batch, **skipped)
+        unchecked.loss.backward()
+        torch.testing.assert_close(unchecked.loss, checked.loss)
+        assert set(unchecked.task_logits) == set(checked.task_logits) == set(unchecked.task_losses)
+        for name, logits in checked.task_logits.items():
+            torch.testing.assert_close(unchecked.task_logits[name], logits)
+            torch.testing.assert_close(unchecked.task_losses[name], checked.task_losses[name])
+        assert (unchecked.logits is None) == (checked.logits is None)
+        # the same parameters get a gradient (an absent task's head none: AdamW leaves it alone) and the same values
+        assert {n for n, p in model.named_parameters() if p.grad is not None} == set(grads)
+        for name, param in model.named_parameters():
+            if param.grad is not None:
+                torch.testing.assert_close(param.grad, grads[name], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("counts, message", [
+    ((2, 2, 1), "summing to the batch's 6 rows"),
+    ((2, 2), "one row count per task"),
+    ((2, 2, 2, 0), "one row count per task"),
+    ((3, -1, 4), "non-negative ints"),
+    ((2.0, 2, 2), "non-negative ints"),
+    (torch.tensor([2, 2, 2]), "tuple of Python ints counted on the host"),
+    ("222", "one row count per task"),
+])
+@pytest.mark.parametrize("values_checked", [True, False])
+def test_task_counts_that_cannot_be_the_batchs_are_refused(counts, message, values_checked):
+    model = FAMILIES["mt_tag_grouped_mm"][0]()
+    with pytest.raises(ValueError, match=message):
+        model(**_mixed_batch(padded=False), task_counts=counts, values_checked=values_checked)
+
+
+def test_task_counts_of_another_batch_are_refused_when_the_forward_counts_itself():
+    """Counts of the right size but another mix: a forward that checks the values compares them with `task_ids` (a
+    forward of a batch marked `values_checked` trusts them, as it trusts the rest of the host's checks)."""
+    model = FAMILIES["camtl"][0]()
+    with pytest.raises(ValueError, match=r"`task_counts` says .*'a': 3.* hold .*'a': 2"):
+        model(**_mixed_batch(padded=False), task_counts=(3, 2, 1))
+    model(**_mixed_batch(padded=False), task_counts=(2, 2, 2))  # the right ones pass
+
+
+def test_the_collator_counts_tasks_only_for_a_forward_that_splits_by_them():
+    """The Trainer's collator adds `task_counts` for the encoder families; not when told not to (what
+    `MultiTaskTrainer` does under `nn.DataParallel`, which scatters a batch's rows over devices), nor for a model
+    whose forward does not take them (a family without per-task heads, one registered by a user)."""
+    from hf_taskmoe import MMoEModel
+    from hf_taskmoe.modeling_utils import HostCheckedCollator
+    from hf_taskmoe.training.data import MultiTaskCollator
+
+    from .test_mmoe import config
+
+    features = [{"input_ids": [5, 6, 7], "task_ids": 0, "labels": 1},
+                {"input_ids": [5, 6], "task_ids": 2, "labels": 0.5},
+                {"input_ids": [7], "task_ids": 2, "labels": 1.5}]
+    model = FAMILIES["pals"][0]()
+    batch = HostCheckedCollator(MultiTaskCollator(pad_token_id=0), BatchChecker.for_model(model))(features)
+    assert batch["values_checked"] is True and batch["task_counts"] == (1, 0, 2)
+    with host_reads() as calls:
+        model(**batch).loss.backward()
+    assert not calls, Counter(calls)
+    scattered = HostCheckedCollator(MultiTaskCollator(pad_token_id=0),
+                                    BatchChecker.for_model(model, counts_tasks=False))
+    assert "task_counts" not in scattered(features) and scattered(features)["values_checked"] is True
+    assert not BatchChecker.for_model(MMoEModel(config())).counts_tasks
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -216,6 +274,31 @@ def test_trainer_checks_batches_in_its_collator(tmp_path):
     with pytest.raises(ValueError, match=r"task 'a'.*out-of-range"):
         trainer.train()
     assert not seen  # the task-a batch was refused before its forward
+
+
+def test_the_trainer_hands_the_forward_its_batches_checked_and_counted(tmp_path):
+    """Every training batch reaches the forward with `values_checked=True` and its own rows per task."""
+    from datasets import Dataset
+
+    from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
+
+    model = FAMILIES["mt_tag_grouped_mm"][0]()
+    rows = {"input_ids": [[5, 6, 7, 8]] * 6, "attention_mask": [[1, 1, 1, 1]] * 6}
+    train = {
+        "a": Dataset.from_dict({**rows, "labels": [0, 1, 0, 1, 0, 1]}),
+        "b": Dataset.from_dict({**rows, "labels": [0, 1, 2, 1, 0, 2]}),
+        "c": Dataset.from_dict({**rows, "labels": [0.5, 1.0, 1.5, 2.0, 0.0, 1.0]}),
+    }
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
+                                      use_cpu=True, report_to="none", save_strategy="no", batching="heterogeneous")
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs), with_kwargs=True)
+    MultiTaskTrainer(model=model, args=args, train_dataset=train).train()
+    assert len(seen) == 4
+    for kwargs in seen:
+        assert kwargs["values_checked"] is True
+        assert kwargs["task_counts"] == tuple(torch.bincount(kwargs["task_ids"], minlength=3).tolist())
+    assert any(sum(c > 0 for c in kwargs["task_counts"]) > 1 for kwargs in seen)  # mixed batches among them
 
 
 def test_the_checked_collator_reads_and_writes_through_and_pickles():

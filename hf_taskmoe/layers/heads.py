@@ -4,11 +4,12 @@
 A batch may mix tasks. `MultiTaskHeads` splits the rows by task with one stable `argsort` of
 `task_ids` (rows keep their order inside a task), runs each task's head on its rows only, and returns
 per-task logits and losses plus the total loss (the heads of single-label tasks of one width as one product: the same
-numbers in a fraction of the operations). That split reads the per-task row counts back from the device; a
-batch checked on the host (`values_checked=True`) instead runs every head on every row and takes each row's loss and
-logits from its own task's head (`forward_every_row`): no host sync and no shape that depends on the task mix, which
-torch.export, ONNX and CUDA graphs need. Heads of tasks absent from such a batch then get zero gradients (as under
-DDP's static graph), so an optimizer with momentum or weight decay moves them too.
+numbers in a fraction of the operations). That split needs the per-task row counts on the host: counted where the
+batch was made (`task_counts`, `BatchChecker.check`), or else read back from the device. A captured forward of a
+batch checked on the host (`values_checked=True`: torch.export, ONNX, compile) instead runs every head on every row
+and takes each row's loss and logits from its own task's head (`forward_every_row`): no shape that depends on the
+task mix, which a program taking batches of any mix needs. Heads of tasks absent from such a batch then get zero
+gradients (as under DDP's static graph), so an optimizer with momentum or weight decay moves them too.
 
 Label format per row (the collator pads a mixed batch's labels to one 2-D tensor with -100):
 
@@ -153,12 +154,14 @@ class MultiTaskHeads(nn.ModuleDict):
         self.tasks.append(task)
         return head
 
-    def split_rows(self, task_ids: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Batch rows of each task present, in batch order: one stable sort and one host sync (the per-task row
-        counts: each head runs on its own rows), the one sync of a checked forward."""
+    def split_rows(self, task_ids: torch.Tensor, counts: list[int] | None = None) -> dict[int, torch.Tensor]:
+        """Batch rows of each task present, in batch order: one stable sort, and the per-task row counts (each head
+        runs on its own rows): `counts` when the host counted them where the batch was made (`task_counts`, checked
+        by `check_task_counts`), else read back from the device (one host sync)."""
         order = torch.argsort(task_ids, stable=True)
-        counts = torch.bincount(task_ids, minlength=len(self.tasks)).tolist()
-        return {t: rows for t, rows in enumerate(order.split(counts)) if len(rows)}
+        if counts is None:
+            counts = torch.bincount(task_ids, minlength=len(self.tasks)).tolist()
+        return {t: rows for t, rows in enumerate(order.split(list(counts))) if counts[t]}
 
     def check_inputs(
         self,
@@ -264,7 +267,7 @@ class MultiTaskHeads(nn.ModuleDict):
         """`forward` for heads that stack (`_stackable`): the rows grouped by task (`order`), one dropout, one product
         with the present tasks' classifiers side by side, each row's own task's logits gathered, one cross-entropy,
         per-task sums on the device. The tasks absent from the batch take no part (their heads get no gradient), and
-        nothing is read back beyond the split's row counts."""
+        nothing is read back beyond the split's row counts (none when the host counted them)."""
         present = list(task_rows)  # task ids, ascending
         heads = [self[self.tasks[t].name] for t in present]
         width = heads[0].num_labels

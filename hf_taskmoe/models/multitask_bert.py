@@ -300,6 +300,7 @@ class MultiTaskBertHeadsMixin:
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         values_checked: bool = False,
+        task_counts: tuple[int, ...] | None = None,
         **kwargs,
     ) -> MultiTaskModelOutput | tuple:
         r"""
@@ -314,16 +315,22 @@ class MultiTaskBertHeadsMixin:
             The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
             `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
             then skips the value checks (each a read back from the device) and gives the same loss, per-task
-            losses, logits and gradients. An eager forward still reads the per-task row counts once to split the
-            batch among the heads (an absent task's head gets no gradient). Under capture (torch.export, ONNX,
+            losses, logits and gradients. An eager forward splits the batch among the heads by `task_counts` (an
+            absent task's head gets no gradient); without them it reads the per-task row counts back once. Under
+            capture (torch.export, ONNX,
             torch.compile) every head runs on every row (`MultiTaskHeads.forward_every_row`) and nothing is read
             back; there `task_logits` / `task_losses` read back which tasks are present when first looked at, and
             `logits` is None when the tasks' logit shapes differ. Models with a multiple-choice or extractive-QA task
             split the batch. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
+        task_counts (`tuple[int, ...]`, *optional*):
+            The rows of each task in the batch, in `config.tasks` order, counted on the host where the batch was made
+            (`BatchChecker.check`; `HostCheckedCollator` adds them beside `values_checked`). With `values_checked`
+            the eager forward splits the batch by them and reads nothing back from the device; otherwise they must
+            agree with `task_ids`. Ignored under capture, which splits nothing.
         """
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, values_checked=values_checked, **kwargs,
+            output_attentions, output_hidden_states, values_checked=values_checked, task_counts=task_counts, **kwargs,
         )
         output = MultiTaskModelOutput(
             loss=heads_out.loss,
@@ -353,15 +360,16 @@ class MultiTaskBertHeadsMixin:
 
     def _encode_and_score(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-        *flags, values_checked: bool = False, **kwargs,
+        *flags, values_checked: bool = False, task_counts=None, **kwargs,
     ):
         """Check the batch (labels before the encoder runs), encode, run each row's head.
         Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`.
 
         A batch checked on the host (`values_checked`) that is being captured (torch.export, ONNX, torch.compile)
         runs every head on every row when the heads allow it (`MultiTaskHeads.forward_every_row`): nothing is read
-        back from the device and no shape depends on the task mix. An eager forward splits the batch by task (one
-        read of the per-task row counts): there the heads of tasks absent from the batch get no gradient at all,
+        back from the device and no shape depends on the task mix. An eager forward splits the batch by task (by the
+        host's `task_counts`, else one read of the per-task row counts): there the heads of tasks absent from the
+        batch get no gradient at all,
         where the every-row path gives them zeros, which AdamW's momentum and weight decay would still act on --
         training would then depend on whether the batch was checked on the host."""
         check_kwargs(kwargs, self.forward)
@@ -392,7 +400,7 @@ class MultiTaskBertHeadsMixin:
                 heads_out.task_logits = None
             return task_ids, encoded, heads_out
         task_ids, task_rows, prepared = self._prepare_task_batch(
-            task_ids, batch, seq, labels, span_positions, check_values=not values_checked
+            task_ids, batch, seq, labels, span_positions, check_values=not values_checked, task_counts=task_counts
         )
         encoded = self._run_encoder(
             input_ids,

@@ -242,10 +242,14 @@ class MultiTaskTrainer(Trainer):
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
             data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0)
         #: every batch's task ids and labels are checked on the CPU by the collator, which marks the batch
-        #: `values_checked=True`: the forward passes skip the value checks' host syncs (models of this library only)
+        #: `values_checked=True` and gives its rows per task (`task_counts`): the forward passes skip the value
+        #: checks' host syncs and split the batch among the heads without one (models of this library only). Not the
+        #: counts under `nn.DataParallel` (`n_gpu > 1` without distributed training), which splits each batch again
         self._checked_on_host = hasattr(getattr(model, "config", None), "tasks") and hasattr(model, "task_ids_for")
         if self._checked_on_host and not isinstance(data_collator, HostCheckedCollator):
-            data_collator = HostCheckedCollator(data_collator, BatchChecker.for_model(model))
+            data_collator = HostCheckedCollator(
+                data_collator, BatchChecker.for_model(model, counts_tasks=args.n_gpu <= 1)
+            )
         super().__init__(
             model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=data_collator, **kwargs
         )
@@ -381,7 +385,9 @@ class MultiTaskTrainer(Trainer):
                 hook(self.state.global_step)
         strategy = self.task_sampler.strategy if self.task_sampler is not None else None
         if model.training and strategy is not None and strategy.model_aware:
-            # a sampler sees tensors only; the rows it keeps were checked with the pool
+            # a sampler sees tensors only; the rows it keeps were checked with the pool (but counted anew: the pool's
+            # task counts are not the kept rows')
+            inputs.pop("task_counts", None)
             checked = {"values_checked": inputs.pop("values_checked")} if "values_checked" in inputs else {}
             inputs = {**strategy.select(model, inputs, self.args.per_device_train_batch_size, self.state.global_step),
                       **checked}

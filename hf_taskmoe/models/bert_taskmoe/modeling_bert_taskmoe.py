@@ -218,6 +218,7 @@ class TaskMoEHeadsMixin:
         output_router_logits: bool | None = None,
         return_dict: bool | None = None,
         values_checked: bool = False,
+        task_counts: tuple[int, ...] | None = None,
         **kwargs,
     ) -> TaskMoEOutput | tuple:
         r"""
@@ -233,16 +234,23 @@ class TaskMoEHeadsMixin:
             The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
             `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
             then skips the value checks (each a read back from the device) and gives the same loss, per-task
-            losses, logits and gradients. An eager forward still reads the per-task row counts once to split the
-            batch among the heads (an absent task's head gets no gradient). Under capture (torch.export, ONNX,
+            losses, logits and gradients. An eager forward splits the batch among the heads by `task_counts` (an
+            absent task's head gets no gradient); without them it reads the per-task row counts back once. Under
+            capture (torch.export, ONNX,
             torch.compile) every head runs on every row (`MultiTaskHeads.forward_every_row`) and nothing is read
             back; there `task_logits` / `task_losses` read back which tasks are present when first looked at, and
             `logits` is None when the tasks' logit shapes differ. Models with a multiple-choice or extractive-QA task
             split the batch. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
+        task_counts (`tuple[int, ...]`, *optional*):
+            The rows of each task in the batch, in `config.tasks` order, counted on the host where the batch was made
+            (`BatchChecker.check`; `HostCheckedCollator` adds them beside `values_checked`). With `values_checked`
+            the eager forward splits the batch by them and reads nothing back from the device; otherwise they must
+            agree with `task_ids`. Ignored under capture, which splits nothing.
         """
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, output_router_logits, values_checked=values_checked, **kwargs,
+            output_attentions, output_hidden_states, output_router_logits, values_checked=values_checked,
+            task_counts=task_counts, **kwargs,
         )
         loss = heads_out.loss
         if loss is not None:
