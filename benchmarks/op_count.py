@@ -61,6 +61,8 @@ def build_models(num_tasks: int) -> dict[str, torch.nn.Module]:
         ),
         # what an accelerator runs ("auto" takes the per-group path on a CPU, where it is faster)
         "pals": BertWithPALs.from_dense(dense, tasks=tasks, pal_size=204, pal_dispatch="batched"),
+        # what a CPU runs ("auto" there): one PAL call per group and layer, more operations but faster plain products
+        "pals_per_group": BertWithPALs.from_dense(dense, tasks=tasks, pal_size=204, pal_dispatch="per_group"),
         "camtl": CAMTLModel.from_dense(dense, tasks=tasks, conditional_attention_max_length=128),
     }
 
