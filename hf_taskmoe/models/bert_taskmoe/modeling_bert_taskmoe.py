@@ -231,22 +231,13 @@ class TaskMoEHeadsMixin:
         output_router_logits (`bool`):
             Also return router logits, chosen experts and per-task routing counts.
         values_checked (`bool`, *optional*, defaults to `False`):
-            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
-            `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
-            then skips the value checks (each a read back from the device) and gives the same loss, per-task
-            losses, logits and gradients. An eager forward splits the batch among the heads by `task_counts` (an
-            absent task's head gets no gradient); without them it reads the per-task row counts back once. Under
-            capture (torch.export, ONNX, torch.compile) every head runs on every row
-            (`MultiTaskHeads.forward_every_row`) and nothing is read back; there `task_logits` / `task_losses`
-            read back which tasks are present when first looked at, and `logits` is None when the tasks' logit
-            shapes differ. Models with a multiple-choice or extractive-QA task
-            split the batch. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
+            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`):
+            the forward skips those checks and gives the same results; as in `MultiTaskBertHeadsMixin.forward`
+            (`hf_taskmoe.models.multitask_bert`), which says what an eager and a captured forward then read back.
         task_counts (`tuple[int, ...]`, *optional*):
-            The rows of each task in the batch, in `config.tasks` order, counted on the host where the batch was made
-            (`BatchChecker.check`; `HostCheckedCollator` adds them beside `values_checked`). With `values_checked`
-            the eager forward splits the batch by them and reads nothing back from the device; otherwise they must
-            agree with `task_ids`. A captured forward that runs every head on every row splits nothing and does
-            not read them (they may change from batch to batch without a recompile).
+            The rows of each task in the batch, counted on the host where it was made (`BatchChecker.check`): with
+            `values_checked` the heads split the batch by them and nothing is read back from the device; as in
+            `MultiTaskBertHeadsMixin.forward`.
         """
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
