@@ -32,19 +32,27 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
-from _bert_timing import benchmark_parser, make_batch, prepare, side_by_side
+from _bert_timing import benchmark_parser, make_batch, prepare, side_by_side, train_step
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, parameter_report
 from hf_taskmoe.layers import pals
 
 
-class SdpaPALs(BertWithPALs):
-    """BertWithPALs whose PAL attention always calls `scaled_dot_product_attention` (its math fallback on a CPU in
-    training with dropout): the graph is built in the forward, so patching the forward is enough."""
+def patched(owner, name: str, value) -> type[BertWithPALs]:
+    """BertWithPALs whose forward runs with `owner.name` replaced by `value` (the graph is built in the forward, so
+    patching the forward is enough)."""
 
-    def forward(self, *args, **kwargs):
-        with mock.patch.object(pals, "explicit_attention_wins", lambda query, dropout: False):
-            return super().forward(*args, **kwargs)
+    class Patched(BertWithPALs):
+        def forward(self, *args, **kwargs):
+            with mock.patch.object(owner, name, value):
+                return super().forward(*args, **kwargs)
+
+    return Patched
+
+
+#: PALs whose PAL attention always calls `scaled_dot_product_attention` (its math fallback on a CPU in training with
+#: dropout)
+SdpaPALs = patched(pals, "explicit_attention_wins", lambda query, dropout: False)
 
 
 def separate_qkv(self, x, key_mask):
@@ -71,27 +79,15 @@ def put_back_per_group(self, x, layer_idx, group_rows, key_mask):
 
 
 CURRENT_PALS_FORWARD = pals.ProjectedAttentionLayers.forward
+#: PALs as earlier versions computed them: one PAL module's method replaced by its earlier version
 EARLIER = {
-    "pals_separate_qkv": (pals.PALAttention, "forward", separate_qkv),
-    "pals_put_back_per_group": (pals.ProjectedAttentionLayers, "forward", put_back_per_group),
+    "pals_separate_qkv": patched(pals.PALAttention, "forward", separate_qkv),
+    "pals_put_back_per_group": patched(pals.ProjectedAttentionLayers, "forward", put_back_per_group),
 }
-
-
-def earlier(name: str) -> type[BertWithPALs]:
-    """BertWithPALs whose forward runs with one earlier version of a PAL module's method (`EARLIER[name]`)."""
-    owner, method, version = EARLIER[name]
-
-    class Earlier(BertWithPALs):
-        def forward(self, *args, **kwargs):
-            with mock.patch.object(owner, method, version):
-                return super().forward(*args, **kwargs)
-
-    return Earlier
 
 
 def profile_difference(models: dict, batch: dict, steps: int = 3, top: int = 10) -> dict[str, float]:
     """Self CPU ms per training step of each operator, PALs minus dense, the `top` largest differences."""
-    from _bert_timing import train_step
     from torch.profiler import ProfilerActivity, profile
 
     per_step = {}
@@ -130,9 +126,8 @@ def main():
                                                   pal_decoder_init="normal")
     batch = make_batch(args.batch, args.seq, args.num_tasks, models["dense"].config.vocab_size)
     if args.with_earlier:
-        for name in EARLIER:
-            models[name] = earlier(name).from_dense(source, tasks=tasks, pal_size=args.pal_size,
-                                                    pal_decoder_init="normal")
+        for name, cls in EARLIER.items():
+            models[name] = cls.from_dense(source, tasks=tasks, pal_size=args.pal_size, pal_decoder_init="normal")
             models[name].load_state_dict(models["pals"].state_dict())
             with torch.no_grad():  # the same numbers as the current PALs
                 same = [m.eval()(**batch).loss for m in (models["pals"], models[name])]
