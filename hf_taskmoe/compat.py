@@ -11,12 +11,15 @@ Private transformers members this package still touches, each checked by a canar
   `_pipeline_calls_generate` (class flags a custom pipeline sets, as transformers' own pipelines do; the text-to-text
   pipeline sets the last to False and merges generation keywords through `_sanitize_parameters`);
 - `Pipeline._sanitize_parameters` / `_forward` (the documented extension points of a custom pipeline).
+
+One private torch member, also with a canary: `torch.compiler._is_exporting_flag` (`is_exporting` below).
 """
 
 from __future__ import annotations
 
 import inspect
 
+import torch
 from transformers import GenerationMixin, PreTrainedModel
 
 #: the keyword under which generation hands the key/value cache to a model's `forward` and reads it back from
@@ -92,3 +95,16 @@ def _t5_block_returns_biases() -> bool:
 #: does; the floor release (5.10.4) returns a tuple whose length depends on `output_attentions` and `use_cache`.
 #: `TaskRoutedForSeq2SeqLM` mixes its experts' blocks through the former and refuses the latter by name.
 T5_BLOCK_RETURNS_BIASES: bool = _t5_block_returns_biases()
+
+
+def is_exporting() -> bool:
+    """Whether `torch.export` (or ONNX export through it) is capturing the forward, and not `torch.compile`.
+
+    `torch.compiler.is_exporting()` is not that before torch 2.12: dynamo folds it to a constant True while it traces
+    *any* function, so under `torch.compile` a forward took its export paths (refused `labels` in a training step, ran
+    every MoE expert on every token; pytorch/pytorch#176347). The flag it is meant to return is the module attribute
+    that `torch.export` sets; dynamo reads a module attribute at trace time, so this is right in eager code, under
+    `torch.compile` and under `torch.export` on every release. Where the attribute is gone, the public function is
+    trusted (the releases that drop it have the fix)."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)

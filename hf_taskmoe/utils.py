@@ -18,7 +18,9 @@ def is_capturing() -> bool:
     shapes (masked dense experts, PALs batched across groups, every head on every row)."""
     import torch
 
-    return torch.compiler.is_exporting() or torch.jit.is_tracing()
+    from .compat import is_exporting
+
+    return is_exporting() or torch.jit.is_tracing()
 
 
 def lookup(registry: Mapping[str, V], key: Any, field: str) -> V:

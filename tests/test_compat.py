@@ -148,3 +148,18 @@ def test_task_routed_t5_is_refused_by_name_where_the_t5_block_differs():
     else:
         with pytest.raises(NotImplementedError, match="upgrade transformers"):
             TaskRoutedForSeq2SeqLM(config)
+
+
+def test_canary_is_exporting_is_false_under_compile_and_true_under_export():
+    """`compat.is_exporting` reads `torch.compiler._is_exporting_flag` (dynamo folds the public function to True under
+    torch.compile before torch 2.12): False in eager code and under torch.compile, True under torch.export."""
+    from hf_taskmoe.compat import is_exporting
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            return x + 1 if is_exporting() else x - 1
+
+    x = torch.zeros(2)
+    assert Probe()(x).tolist() == [-1.0, -1.0]
+    assert torch.compile(Probe(), fullgraph=True, backend="eager")(x).tolist() == [-1.0, -1.0]
+    assert torch.export.export(Probe(), (x,)).module()(x).tolist() == [1.0, 1.0]

@@ -17,6 +17,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
+from ..compat import is_exporting
 from ..layers.heads import MultiTaskHeads
 from ..modeling_utils import (
     MultiTaskModelOutput,
@@ -380,7 +381,7 @@ class MultiTaskBertHeadsMixin:
             input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
-        exporting = torch.compiler.is_exporting()
+        exporting = is_exporting()
         if exporting:
             if not values_checked:
                 raise ValueError(

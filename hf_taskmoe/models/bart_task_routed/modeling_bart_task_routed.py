@@ -28,7 +28,7 @@ from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.models.bart.modeling_bart import BartDecoderLayer, BartEncoderLayer, shift_tokens_right
 from transformers.utils import ModelOutput, TransformersKwargs
 
-from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...compat import CACHE_ARG, is_exporting, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
 from ...layers.routing import (
     RoutedCache,
@@ -338,7 +338,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: BART has no segment embeddings
         cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
         check_kwargs({k: v for k, v in kwargs.items() if k not in _TRANSFORMERS_KWARGS}, self.forward)
-        if torch.compiler.is_exporting() and not values_checked:
+        if is_exporting() and not values_checked:
             raise ValueError(_EXPORT_NEEDS_CHECKED)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         reference = next(
@@ -464,7 +464,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         if stack is self.model.encoder and kwargs.get("routing_weights") is None:
             inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
             if inputs is not None:
-                if torch.compiler.is_exporting() and not values_checked:
+                if is_exporting() and not values_checked:
                     raise ValueError(_EXPORT_NEEDS_CHECKED)
                 task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device,
                                             check_values=not values_checked)
