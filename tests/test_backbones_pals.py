@@ -17,6 +17,7 @@ from hf_taskmoe.backbones import get_backbone
 from hf_taskmoe.models import family_for
 
 from .backbone_matrix import ENCODER_ARCHS, TASKS, VOCAB, dense_config, dense_model, method_cases, token_batch
+from .equivalence import PALS_KEYS, load_mapped
 from .family_tester import FamilyContract
 
 PAL_SIZES = {"pal_size": 8, "pal_num_heads": 2}
@@ -130,11 +131,7 @@ def test_on_bert_it_computes_what_bert_with_pals_computes():
     reference = BertWithPALs(BertPALsConfig(**dense.to_dict(), tasks=[t.to_dict() for t in TASKS],
                                             pal_decoder_init="normal", classifier_pooling="cls", **PAL_SIZES)).eval()
     model = PALsForMultiTask(PALsConfig(dense_config=dense, tasks=TASKS, **PAL_SIZES)).eval()
-    renamed = {("pals." + k[len("bert.pals."):]) if k.startswith("bert.pals.") else
-               ("backbone." + k[len("bert."):]) if k.startswith("bert.") else k: v
-               for k, v in reference.state_dict().items()}
-    missing, unexpected = model.load_state_dict(renamed, strict=False)
-    assert not unexpected and all(k.startswith("backbone.") and "position" in k for k in missing), missing
+    load_mapped(model, reference, PALS_KEYS, may_miss=r"^backbone\..*position")  # the training step: test_equivalence
     batch = token_batch("bert", VOCAB, torch.tensor([1, 0, 1, 0]))
     with torch.no_grad():
         expected, got = reference(**batch, output_hidden_states=True), model(**batch, output_hidden_states=True)
