@@ -179,7 +179,8 @@ class ModelArguments:
     )
     expert_dispatch: str | None = field(
         default=None,
-        metadata={"help": "bert_taskmoe: 'sorted_loop' (default, faster on CPU) or 'grouped_mm' (no host sync)."},
+        metadata={"help": "bert_taskmoe: 'auto' (default: grouped_mm on a GPU, sorted_loop on a CPU), 'sorted_loop' "
+                          "or 'grouped_mm' (no host sync)."},
     )
     router_aux_loss_coef: float = field(default=0.0, metadata={"help": "bert_taskmoe: load-balancing loss weight."})
     router_z_loss_coef: float = field(default=0.0, metadata={"help": "bert_taskmoe: router z-loss weight."})

@@ -33,8 +33,48 @@ from ..utils import is_capturing, lookup
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
-#: one grouped GEMM per projection over all slices (`F.grouped_mm`, no host sync); see `benchmarks/moe_vs_dense.py`
-EXPERT_DISPATCHES = ("sorted_loop", "grouped_mm")
+#: one grouped GEMM per projection over all slices (`F.grouped_mm`, no host sync), or `auto`: the grouped GEMM on an
+#: accelerator and under torch.compile in bf16 (a host sync per layer costs a GPU more than the loop saves: 2.7x
+#: dense's bf16 training step on an H200 against 1.3x, `benchmarks/gpu.py`), the loop on a CPU (where it is the faster,
+#: `benchmarks/moe_vs_dense.py`) and wherever the grouped GEMM cannot run (no `F.grouped_mm`, experts that are whole
+#: FFN modules, widths not divisible by 8)
+EXPERT_DISPATCHES = ("auto", "sorted_loop", "grouped_mm")
+HAS_GROUPED_MM = hasattr(F, "grouped_mm")
+
+
+def grouped_mm_fits(hidden_size: int, intermediate_size: int) -> bool:
+    """Whether `F.grouped_mm` can run experts of these widths: it exists in this torch and its strides are 16-byte
+    aligned (widths divisible by 8)."""
+    return HAS_GROUPED_MM and hidden_size % 8 == 0 and intermediate_size % 8 == 0
+
+
+class _PermuteRows(torch.autograd.Function):
+    """`x.index_select(0, order)` for a permutation `order`, whose gradient is a gather by the inverse permutation.
+
+    `index_select`'s own backward scatters with `index_add_` (atomic adds on a GPU, serialised in bf16) because it
+    must allow repeated indices; a permutation has none, so a gather does: no atomics, fewer bytes."""
+
+    @staticmethod
+    def forward(ctx, x, order, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def one_hot(index: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """`index` `(...,)` as one-hot rows `(..., n)` of `dtype`, for products that select rows of a table: their
+    backward is a product too, where `index_select`'s scatters with atomic adds. A comparison, not `F.one_hot`,
+    which reads the indices' minimum back to the host on a CPU."""
+    return (index.unsqueeze(-1) == torch.arange(n, device=index.device)).to(dtype)
+
+
+def permute_rows(x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` in the order `order` (a permutation; `inverse` its inverse), differentiable without a scatter."""
+    return _PermuteRows.apply(x, order, inverse)
 
 
 @torch.compiler.disable
@@ -99,13 +139,15 @@ class ExpertBank(nn.Module):
     `forward(x_sorted, ends, slot_expert)` runs each expert on its contiguous slice of expert-sorted slots;
     `forward(x, combine=weights)` runs every expert on every token and mixes them by `combine` `(tokens, N)` (the
     dispatch of a captured program). Indexing (`bank[i]`) and iteration give each expert as a callable, for analyses.
+    `grouped`: the layer's `expert_dispatch` (`"auto"`, `"sorted_loop"` or `"grouped_mm"`, or a bool for the last
+    two), resolved on each call by `uses_grouped_mm`.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str | nn.Module = "gelu",
-                 grouped: bool = False):
+                 grouped: bool | str = False):
         super().__init__()
         self.num_experts = num_experts
-        self.grouped = grouped  # one grouped GEMM per projection (`expert_dispatch="grouped_mm"`) or a loop
+        self.grouped = grouped  # the dispatch: "auto", "sorted_loop"/False, "grouped_mm"/True
         self.w_in = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
         self.w_in_bias = nn.Parameter(torch.zeros(num_experts, intermediate_size))
         self.act = ACT2FN[hidden_act] if isinstance(hidden_act, str) else hidden_act
@@ -117,7 +159,7 @@ class ExpertBank(nn.Module):
 
     @classmethod
     def copy_of(cls, w_in: nn.Linear, act: nn.Module, w_out: nn.Linear, num_experts: int,
-                grouped: bool = False) -> ExpertBank:
+                grouped: bool | str = False) -> ExpertBank:
         """`num_experts` experts, each a copy of a dense FFN (`w_in`, `act`, `w_out`: the dense model's own modules,
         e.g. BERT's `intermediate.dense`, `intermediate.intermediate_act_fn`, `output.dense`)."""
         bank = cls(num_experts, w_in.in_features, w_in.out_features, act, grouped)
@@ -150,6 +192,21 @@ class ExpertBank(nn.Module):
     def __iter__(self):
         return (self[i] for i in range(self.num_experts))
 
+    def uses_grouped_mm(self, x: torch.Tensor, dtype: torch.dtype) -> bool:
+        """Whether a call on `x` computing in `dtype` runs the grouped GEMM: `"grouped_mm"` always; `"auto"` where
+        `F.grouped_mm` fits the widths, off the CPU in eager code, and under torch.compile in bf16 (the loop's slice
+        sizes would be a graph break; `aten._grouped_mm` traces in bf16 only, torch 2.13's meta kernel)."""
+        if self.grouped in (True, "grouped_mm"):
+            return True
+        if self.grouped != "auto":
+            return False
+        inter, hidden = self.w_in.shape[1:]
+        if not grouped_mm_fits(hidden, inter):
+            return False
+        if torch.compiler.is_compiling():
+            return dtype == torch.bfloat16
+        return x.device.type != "cpu"
+
     def forward(self, x: torch.Tensor, ends: torch.Tensor | None = None, slot_expert: torch.Tensor | None = None,
                 combine: torch.Tensor | None = None) -> torch.Tensor:
         """`x` `(slots, hidden)` sorted by expert, `ends` `(N,)` int32 where each expert's slice ends and
@@ -159,20 +216,23 @@ class ExpertBank(nn.Module):
             h = self.act(torch.einsum("th,eih->tei", x, self.w_in) + self.w_in_bias)  # (tokens, experts, inter)
             y = torch.einsum("tei,ehi->teh", h, self.w_out) + self.w_out_bias  # (tokens, experts, hidden)
             return torch.einsum("teh,te->th", y, combine.to(y.dtype))
-        if not self.grouped:
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        if not self.uses_grouped_mm(x, dtype):
             w_in, b_in, w_out, b_out = (w.unbind(0) for w in (self.w_in, self.w_in_bias, self.w_out, self.w_out_bias))
             experts = [
                 lambda chunk, i=i: F.linear(self.act(F.linear(chunk, w_in[i], b_in[i])), w_out[i], b_out[i])
                 for i in range(self.num_experts)
             ]
             return _expert_loop(experts, x, ends)
-        device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        # each slot's expert as a one-hot row: the biases reach the slots by a product whose backward is a product
+        # too (`index_select` of the biases would scatter their gradients back with contended atomic adds)
+        slot_one_hot = one_hot(slot_expert, self.num_experts, dtype)  # (slots, experts)
         # the grouped GEMM takes (experts, in, out): the stored weights transposed, a view
         h = F.grouped_mm(x.to(dtype), self.w_in.to(dtype).transpose(1, 2), offs=ends)  # (slots, inter)
-        h = self.act(h + self.w_in_bias.to(h.dtype).index_select(0, slot_expert))
+        h = self.act(torch.addmm(h, slot_one_hot, self.w_in_bias.to(dtype)))
         y = F.grouped_mm(h, self.w_out.to(dtype).transpose(1, 2), offs=ends)  # (slots, hidden)
-        return y + self.w_out_bias.to(y.dtype).index_select(0, slot_expert)
+        return torch.addmm(y, slot_one_hot, self.w_out_bias.to(dtype))
 
     def extra_repr(self) -> str:
         inter, hidden = self.w_in.shape[1:]
@@ -199,7 +259,10 @@ class TaskGate(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_tasks, num_experts, hidden_size))
 
     def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
-        gates = self.weight.float().index_select(0, task_ids)  # (batch, experts, hidden): each row's task gate
+        tasks, experts, hidden = self.weight.shape
+        # each row's task gate, selected by a product (whose backward is a product, not a scatter of atomic adds)
+        rows = one_hot(task_ids, tasks, torch.float32)  # (batch, tasks)
+        gates = (rows @ self.weight.float().view(tasks, -1)).view(-1, experts, hidden)  # (batch, experts, hidden)
         # one batched product (an einsum dispatches about four times the operations)
         return torch.bmm(hidden_states.float(), gates.transpose(1, 2))  # (batch, seq, experts)
 
@@ -293,7 +356,7 @@ class TaskMoE(nn.Module):
         elif experts is None:
             experts = [ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act)]
         if isinstance(experts, ExpertBank):
-            experts.grouped = self.dispatch == "grouped_mm"
+            experts.grouped = self.dispatch
         elif self.dispatch == "grouped_mm" and self.num_experts > 1:
             raise ValueError(
                 f"`expert_dispatch='grouped_mm'` needs two-projection experts (an `ExpertBank`); layer {layer_idx}'s "
@@ -376,17 +439,22 @@ class TaskMoE(nn.Module):
         # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are
         experts = torch.arange(self.num_experts, dtype=sorted_expert.dtype, device=x.device)
         ends = torch.searchsorted(sorted_expert, experts, right=True, out_int32=True)  # (experts,)
-        token_of_slot = order // self.top_k if self.top_k > 1 else order
-        x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
+        if self.top_k == 1:  # the slots are the tokens permuted: gathered both ways, no scatter
+            token_of_slot = order
+            inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+            x_sorted = permute_rows(x, order, inverse)  # (tokens, hidden), contiguous per expert
+        else:
+            token_of_slot = order // self.top_k
+            x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
         if self.stacked:  # one grouped GEMM per projection, or a loop over the slices
             y_sorted = self.experts(x_sorted, ends, sorted_expert)  # (tokens*k, hidden)
         else:
             y_sorted = _expert_loop(self.experts, x_sorted, ends)
-        if flat_weight is None:
-            return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)  # (tokens, hidden) in token order
+        if self.top_k == 1:  # (tokens, hidden) back in token order
+            if flat_weight is not None:
+                y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
+            return permute_rows(y_sorted, inverse, order)
         y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
-        if self.top_k == 1:
-            return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)
         return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
 
     def _masked_experts(self, x: torch.Tensor, top_e: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -63,11 +63,12 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
             FFN output by about 1/N at an upcycled start. The default everywhere (config, `from_dense`, the example
             script) since straight-through scored higher on every demo task but BoolQ (docs/mt-tag.md, "Upcycling"). See
             `hf_taskmoe.layers.moe.TaskMoE`.
-        expert_dispatch (`str`, *optional*, defaults to `"sorted_loop"`):
+        expert_dispatch (`str`, *optional*, defaults to `"auto"`):
             How tokens reach their experts: `"sorted_loop"` (one `F.linear` per expert on its slice of the sorted
-            tokens; one host sync per layer for the slice sizes) or `"grouped_mm"` (`torch.nn.functional.grouped_mm`
-            over all slices at once, no host sync; the fast path of recent GPUs in bf16). Same values either way;
-            `benchmarks/moe_vs_dense.py` measures both.
+            tokens; one host sync per layer for the slice sizes), `"grouped_mm"` (`torch.nn.functional.grouped_mm`
+            over all slices at once, no host sync; the fast path of recent GPUs in bf16) or `"auto"`: the grouped
+            GEMM on an accelerator and under torch.compile, the loop on a CPU (the faster there). Same values either
+            way; `benchmarks/gpu.py` and `benchmarks/moe_vs_dense.py` measure both.
         router_init_std (`float`, *optional*, defaults to 0.001):
             Standard deviation of the normal initialisation of the gates (paper section 4.4).
         router_aux_loss_coef (`float`, *optional*, defaults to 0.0):
@@ -90,7 +91,7 @@ class BertTaskMoEConfig(MultiTaskBertConfig):
     top_k: int = 1
     moe_layers: list | None = None
     expert_weighting: str = "straight_through"
-    expert_dispatch: str = "sorted_loop"
+    expert_dispatch: str = "auto"
     router_init_std: float = 0.001
     router_aux_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0

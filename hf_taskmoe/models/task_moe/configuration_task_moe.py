@@ -23,8 +23,9 @@ class TaskMoEConfig(BackboneTaskConfig):
         moe_layers (`list[int]`, *optional*): the layers whose FFN is a mixture (default: every layer).
         expert_weighting (`str`, *optional*, defaults to `"straight_through"`): `"straight_through"` (an upcycled
             model computes exactly the dense model) or `"gate"` (the paper's `g* E*(x)`).
-        expert_dispatch (`str`, *optional*, defaults to `"sorted_loop"`): `"sorted_loop"` or `"grouped_mm"`
-            (plain two-projection FFNs only: not DistilBERT's or ModernBERT's, whose experts are whole FFN modules).
+        expert_dispatch (`str`, *optional*, defaults to `"auto"`): `"sorted_loop"`, `"grouped_mm"` (plain
+            two-projection FFNs only: not DistilBERT's or ModernBERT's, whose experts are whole FFN modules) or
+            `"auto"` (the grouped GEMM on an accelerator and under torch.compile where the FFN allows, else the loop).
         router_init_std (`float`, *optional*, defaults to 0.001): std of the gates' normal initialisation.
         router_aux_loss_coef / router_z_loss_coef (`float`, *optional*, defaults to 0.0): weights of the
             load-balancing and router z-losses.
@@ -38,7 +39,7 @@ class TaskMoEConfig(BackboneTaskConfig):
     top_k: int = 1
     moe_layers: list | None = None
     expert_weighting: str = "straight_through"
-    expert_dispatch: str = "sorted_loop"
+    expert_dispatch: str = "auto"
     router_init_std: float = 0.001
     router_aux_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0
