@@ -57,7 +57,7 @@ from hf_taskmoe.training import (
 )
 from hf_taskmoe.training.callbacks import TrainingProgressCallback
 from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
-from hf_taskmoe.training.trainer import latest_complete_checkpoint, unreadable_checkpoint_files
+from hf_taskmoe.training.trainer import scan_checkpoints, skipped_checkpoint_line, unreadable_checkpoint_files
 
 logger = logging.getLogger(__name__)
 
@@ -672,11 +672,14 @@ def check_output_dir(training_args, run_args) -> str | None:
     check_writable_folder(out)
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("latest", "true"):
-        last = latest_complete_checkpoint(str(out))
+        last, skipped = scan_checkpoints(str(out))
         if last is None:
             raise UsageError(
-                f"--resume_from_checkpoint {resume}: there is no complete checkpoint in {out} to resume from."
+                f"--resume_from_checkpoint {resume}: there is no complete checkpoint in {out} to resume from"
+                + (f" ({skipped_checkpoint_line(skipped, None)})" if skipped else ".")
             )
+        if skipped and training_args.process_index == 0:  # on stderr whatever --log_level says: the run goes on
+            print(skipped_checkpoint_line(skipped, last), file=sys.stderr)
         return last
     if resume:
         if not Path(resume).is_dir():
