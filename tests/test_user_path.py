@@ -513,3 +513,13 @@ def test_resuming_past_a_cut_short_checkpoint_says_which_and_why_in_one_line(tmp
     assert said[0].startswith("Skipped the incomplete checkpoint checkpoint-4 (trainer_state.json (unreadable")
     assert said[0].endswith("resuming from checkpoint-2 instead.")
 
+
+def test_an_output_folder_named_with_html_gives_an_escaped_card_title(tmp_path, tiny_dense):
+    """Issue 44 item 5: the card's title, in the text and in the metadata's model name, escapes the folder's name."""
+    out = tmp_path / "<img src=x onerror=alert(1)>"
+    run_multitask.main(_argv(out, tiny_dense, "--do_train", "false", "--max_eval_samples", "4"))
+    card = ModelCard.load(out / "README.md")
+    assert card.data.model_name == "&lt;img src=x onerror=alert(1)&gt;"
+    assert "\n# &lt;img src=x onerror=alert(1)&gt;\n" in card.content
+    code = card.content.split("```python\n", 1)[1].split("```", 1)[0]  # a Python string literal there
+    assert "<img" not in card.content.replace(code, "")
