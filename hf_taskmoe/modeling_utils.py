@@ -203,6 +203,37 @@ def check_generation_counts(generate_kwargs: dict) -> None:
                              f"leave it out to use the model's generation config.")
 
 
+def check_generation_cache(model, kwargs: dict) -> None:
+    """A task-routed model decodes with a dynamic cache only: its routed layers keep one cache slot per expert, which
+    a static (fixed-layout) cache cannot hold. A `cache_implementation` other than 'dynamic' -- a keyword of
+    `generate`, or set on the `generation_config` passed or on the model's own -- is refused by name and why, before
+    transformers builds that cache (and fails with a message about something else)."""
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+    asked = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+    if asked not in (None, "dynamic"):
+        raise ValueError(
+            f"{type(model).__name__} cannot decode with a static cache (`cache_implementation={asked!r}`): its routed "
+            "layers keep one cache slot per expert, which only the dynamic cache holds. Leave `cache_implementation` "
+            "unset (the default dynamic cache)."
+        )
+
+
+def check_token_ids(sizes: dict[str, int | None], **ids: torch.Tensor | None) -> None:
+    """Every id must index its table (`sizes`: `token_table_sizes`): `input_ids` / `decoder_input_ids` the vocabulary,
+    `token_type_ids` the token type table. One outside is a `ValueError` naming it (an `IndexError: index out of range
+    in self` deep in the embedding otherwise, a device-side assert on a GPU). `BatchChecker` checks a batch so on the
+    host; a forward that checks values (not `values_checked`) calls it itself. Reads the ids (a host sync)."""
+    for name, tensor in ids.items():
+        if name == "token_type_ids":
+            BatchChecker.check_ids(name, tensor, sizes["token_type_ids"], "token type table (`type_vocab_size`)",
+                                   "This model takes no second segment ids: tokenise with the model's own tokenizer, "
+                                   "or leave `token_type_ids` out.")
+        else:
+            BatchChecker.check_ids(name, tensor, sizes["input_ids"], "vocabulary (`vocab_size`)",
+                                   "The text was tokenised with another tokenizer than the model's: tokenise with the "
+                                   "model's own (AutoTokenizer.from_pretrained(<the model's folder>)).")
+
+
 def token_table_sizes(model) -> dict[str, int | None]:
     """The rows of the tables the model's token ids index: `{"input_ids": vocabulary size, "token_type_ids":
     type_vocab_size}`, None where the model has no such table (a family without a token embedding)."""
@@ -290,17 +321,8 @@ class BatchChecker:
         if first is None or first.dim() < 2:
             return None  # nothing to size the batch by (a tabular batch): `forward` checks it
         rows, seq = first.shape[0], first.shape[1]
-        self.check_ids("input_ids", batch.get("input_ids"), self.vocab_size, "vocabulary (`vocab_size`)",
-                       "The text was tokenised with another tokenizer than the model's: tokenise with the model's own "
-                       "(AutoTokenizer.from_pretrained(<the model's folder>)).")
-        self.check_ids(
-            "token_type_ids",
-            batch.get("token_type_ids"),
-            self.type_vocab_size,
-            "token type table (`type_vocab_size`)",
-            "This model takes no second segment ids: tokenise with the model's own tokenizer, or leave "
-            "`token_type_ids` out.",
-        )
+        check_token_ids({"input_ids": self.vocab_size, "token_type_ids": self.type_vocab_size},
+                        input_ids=batch.get("input_ids"), token_type_ids=batch.get("token_type_ids"))
         task_ids = resolve_task_ids(batch.get("task_ids"), rows, self.task_names, first.device)
         marks = {"values_checked": True}
         if self.heads is not None:
@@ -457,7 +479,7 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         missing, unexpected = info.get("missing_keys"), info.get("unexpected_keys")
         if not (self.stacked_weights and missing and unexpected):
             return
-        found, on_file = {}, set(unexpected)
+        found, partial, on_file = {}, {}, set(unexpected)
         for name in missing:
             for stacked in self.stacked_weights:
                 if re.fullmatch(stacked.pattern, name):
@@ -465,7 +487,20 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
                     old = stacked.legacy_names(name, slices)
                     if old and all(key in on_file for key in old):
                         found[name] = old
+                    elif old and any(key in on_file for key in old):  # some experts' tensors on file, not all
+                        partial[name] = [key for key in old if key not in on_file]
                     break
+        if partial and not kwargs.get("ignore_mismatched_sizes", False):
+            absent = [key for keys in partial.values() for key in keys]
+            raise ValueError(
+                f"Cannot load {type(self).__name__} from {source}: the checkpoint keeps one tensor per expert, and "
+                f"{len(absent)} of them {'is' if len(absent) == 1 else 'are'} not on file ({', '.join(absent[:6])}"
+                f"{' ...' if len(absent) > 6 else ''}), "
+                f"so {', '.join(sorted(partial)[:4])}{' ...' if len(partial) > 4 else ''} cannot be stacked (a weights "
+                "file cut short, or a config.json whose `num_experts` is not the checkpoint's). Restore the weights "
+                "saved with this config.json; to load anyway with those weights freshly initialised, pass "
+                "ignore_mismatched_sizes=True."
+            )
         if not found:
             return
         tensors = _checkpoint_tensors(source, kwargs, [key for old in found.values() for key in old])
@@ -662,6 +697,7 @@ def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, tor
     """Tensors `names` from the safetensors file(s) of checkpoint `source` (a directory or a Hub repo id, resolved
     with transformers' `cached_file`: a Hub checkpoint is already in the cache after its load)."""
     import json
+    from pathlib import Path
 
     from safetensors import safe_open
     from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
@@ -674,13 +710,29 @@ def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, tor
     if index:
         with open(index) as f:
             weight_map = json.load(f)["weight_map"]
+        absent = [name for name in names if name not in weight_map]
+        if absent:
+            raise ValueError(f"Cannot load from {source}: {SAFE_WEIGHTS_INDEX_NAME} lists no file for the tensor(s) "
+                             f"{absent[:6]}; the checkpoint is incomplete. Restore its weights files and index.")
         files = {name: cached_file(str(source), weight_map[name], **hub) for name in names}
     else:
-        path = cached_file(str(source), SAFE_WEIGHTS_NAME, **hub)
+        try:
+            path = cached_file(str(source), SAFE_WEIGHTS_NAME, **hub)
+        except OSError:
+            raise ValueError(
+                f"Cannot load from {source}: its per-expert tensors (an earlier release's layout) are stacked from "
+                f"safetensors files only, and it has no {SAFE_WEIGHTS_NAME}. Save it again as safetensors (load it "
+                "with the release that wrote it, then save_pretrained)."
+            ) from None
         files = dict.fromkeys(names, path)
     tensors = {}
     for path in set(files.values()):
         with safe_open(path, framework="pt") as f:
+            absent = [name for name, p in files.items() if p == path and name not in f.keys()]
+            if absent:
+                raise ValueError(f"Cannot load from {source}: {Path(path).name} holds no tensor {absent[0]!r}"
+                                 f"{f' (and {len(absent) - 1} more)' if len(absent) > 1 else ''}, which its index "
+                                 "names; the file was cut short or replaced. Restore the checkpoint's weights files.")
             tensors.update({name: f.get_tensor(name) for name, p in files.items() if p == path})
     return tensors
 

@@ -98,6 +98,14 @@ class _MultiTaskPipeline(Pipeline):
                 f"A pipeline input of task {name!r} holds {wanted[0]!r} (and optionally {list(wanted[1:])}, 'task'); "
                 f"got keys {sorted(item) if isinstance(item, dict) else ['text']}."
             )
+        # one text per field: a list would reach the tokenizer as a batch (a TypeError about its types there)
+        wrong = {k: type(v).__name__ for k, v in fields.items()
+                 if not isinstance(v, str) and (v is not None or k == wanted[0])}
+        if wrong:
+            raise ValueError(
+                f"A pipeline input of task {name!r} holds one string per field, got {wrong}; for several inputs pass "
+                f"a list of dicts, one per input (e.g. [{{{wanted[0]!r}: ..., 'task': {name!r}}}, ...])."
+            )
         return fields, task_id
 
     def max_length(self) -> int:
@@ -147,7 +155,7 @@ class _MultiTaskPipeline(Pipeline):
         preprocess_params = {**self._preprocess_params, **preprocess_params}
         forward_params = {**self._forward_params, **forward_params}
         postprocess_params = {**self._postprocess_params, **postprocess_params}
-        size = batch_size if batch_size is not None else (self._batch_size or 8)
+        size = batch_size if batch_size is not None else (self._batch_size if self._batch_size is not None else 8)
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"`batch_size` must be a positive integer, got {size!r}.")
         results = []

@@ -248,3 +248,83 @@ def test_pipeline_truncates_at_what_the_model_takes(minilm_tokenizer):
     pipe = pipeline("multitask-text-classification", model=model, tokenizer=trained)
     out = pipe(long_text, task="stsb")
     assert lengths[-1] == 32 and set(out) == {"task", "score"}
+
+
+# ------------------------------------------------------------------------------- issue 44 item 3: at the model
+def test_ids_beyond_the_models_tables_are_refused_at_the_forward(model):
+    """Ids passed straight to a forward (no collator) that do not index the vocabulary or the token type table: a
+    ValueError naming them, not `IndexError: index out of range in self`; a routed causal LM and T5 alike."""
+    batch = _batch(model)
+    too_big = batch["input_ids"].clone()
+    too_big[1, 2] = model.config.vocab_size
+    with pytest.raises(ValueError, match=r"`input_ids` holds 99 \(row 1, position 2.*`vocab_size`\) has 99 entries"):
+        model(**{**batch, "input_ids": too_big})
+    with pytest.raises(ValueError, match=r"`token_type_ids` holds 2 .*`type_vocab_size`\) has 2 entries"):
+        model(**{**batch, "token_type_ids": batch["token_type_ids"] * 2})
+
+    from .test_task_routed_lm import MIXED, VOCAB, lm_batch, routed
+
+    lm = routed("gpt2")
+    lm_inputs = lm_batch(lm, MIXED)
+    with pytest.raises(ValueError, match=rf"`input_ids` holds {VOCAB} .*`vocab_size`\) has {VOCAB} entries"):
+        lm(**{**lm_inputs, "input_ids": lm_inputs["input_ids"].masked_fill(lm_inputs["input_ids"] == 5, VOCAB)})
+
+
+def test_a_static_cache_on_a_routed_causal_lm_is_refused_by_name_and_why():
+    from .test_task_routed_lm import MIXED, prompts, routed
+
+    lm = routed("gpt2")
+    ids, mask = prompts()
+    with pytest.raises(ValueError, match=r"TaskRoutedForCausalLM cannot decode with a static cache .*one cache slot "
+                                         r"per expert"):
+        lm.generate(ids, attention_mask=mask, task_ids=MIXED, max_new_tokens=2, cache_implementation="static")
+    lm.generation_config.cache_implementation = "static"  # set on the model's generation config: the same
+    with pytest.raises(ValueError, match="cannot decode with a static cache"):
+        lm.generate(ids, attention_mask=mask, task_ids=MIXED, max_new_tokens=2)
+
+
+def test_a_checkpoint_missing_one_experts_tensor_is_refused_by_name(tmp_path, tiny_dense):
+    """A checkpoint of the per-expert layout (an earlier release's) missing one expert's tensor: a ValueError naming
+    the tensor, not a KeyError in the stacked-expert loader; sharded the same."""
+    import json
+    import re
+
+    from safetensors.torch import save_file
+
+    saved = BertForTaskMoE.from_dense(tiny_dense, [TaskSpec(name="a", num_labels=2)], num_experts=2)
+    per_expert = {}
+    for name, tensor in saved.state_dict().items():
+        match = re.fullmatch(r"(.+\.experts)\.(w_in|w_out)(_bias)?", name)
+        for i in range(tensor.shape[0] if match else 0):
+            kind = "bias" if match.group(3) else "weight"
+            per_expert[f"{match.group(1)}.{i}.{match.group(2)}.{kind}"] = tensor[i].contiguous()
+        if not match:
+            per_expert[name] = tensor.contiguous()
+    gone = "bert.encoder.layer.0.mlp.experts.1.w_in.weight"
+    del per_expert[gone]
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    for folder in (single, sharded):
+        saved.config.save_pretrained(folder)
+    save_file(per_expert, str(single / "model.safetensors"), metadata={"format": "pt"})
+    names = sorted(per_expert)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+        file = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({n: per_expert[n] for n in part}, str(sharded / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    weight_map[gone] = "model-00001-of-00002.safetensors"  # the index still names it
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    for folder in (single, sharded):
+        with pytest.raises(ValueError, match=rf"1 of them is not on file \({re.escape(gone)}\)"):
+            BertForTaskMoE.from_pretrained(folder)
+
+
+def test_pipeline_refuses_a_list_as_a_text_pair_and_a_batch_size_of_zero(model, minilm_tokenizer):
+    from transformers import pipeline
+
+    pipe = pipeline("multitask-text-classification", model=model, tokenizer=minilm_tokenizer)
+    with pytest.raises(ValueError, match=r"holds one string per field, got \{'text_pair': 'list'\}.*a list of dicts"):
+        pipe({"text": "a man plays", "text_pair": ["a man is playing", "nobody plays"]}, task="mnli")
+    zero = pipeline("multitask-text-classification", model=model, tokenizer=minilm_tokenizer, batch_size=0)
+    with pytest.raises(ValueError, match=r"`batch_size` must be a positive integer, got 0"):
+        zero(["a fine film"], task="sst2")

@@ -5,6 +5,7 @@ what they did."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -441,3 +442,84 @@ def test_the_task_config_schema_lists_the_loaders_fields_and_accepts_every_shipp
     with pytest.raises(ValueError, match="labelfield"):
         (tmp_path / "tasks.json").write_text(json.dumps(bad))
         load_tasks([str(tmp_path / "tasks.json")], splits=[])
+
+
+# ------------------------------------------------------------------------------- issue 44: refusals, resume, card
+def _checkpoint_folder(tmp_path, name, config):
+    folder = tmp_path / name
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+BAD_INPUTS = {
+    "no such model folder": (lambda t, d: ["--model_name_or_path", str(t / "nope")], r"no such folder"),
+    "a file as the model": (lambda t, d: ["--model_name_or_path", str(d / "vocab.txt")], r"is a file"),
+    "a folder without config.json": (
+        lambda t, d: ["--model_name_or_path", str(_checkpoint_folder(t, "empty", None))], r"holds no config.json"),
+    "an unknown model_type with code of its own": (
+        lambda t, d: ["--model_name_or_path", str(_checkpoint_folder(
+            t, "remote", {"model_type": "zzz", "auto_map": {"AutoConfig": "m.C", "AutoModel": "m.M"}}))],
+        r"names model_type 'zzz', which neither transformers .* nor hf_taskmoe knows and asks to run code"),
+    "a config without weights": (
+        lambda t, d: ["--model_name_or_path", str(_checkpoint_folder(
+            t, "noweights", json.loads((d / "config.json").read_text())))], r"cannot load the checkpoint's weights"),
+    "no such tokenizer": (lambda t, d: ["--tokenizer_name", str(t / "nope")], r"--tokenizer_name .*: no such folder"),
+    "an unknown family": (lambda t, d: ["--model_family", "nope"],
+                          r"families built from a dense checkpoint \[.*'bert_taskmoe'.*\] or a method name "
+                          r"\[.*'mt-tag'.*\], got 'nope'"),
+    "max_seq_length 0": (lambda t, d: ["--max_seq_length", "0"], r"`max_seq_length` must be an integer >= 1, got 0"),
+    "max_seq_length beyond the positions": (lambda t, d: ["--max_seq_length", "4096"], r"exceeds the 512 positions"),
+    "max_train_samples 0": (lambda t, d: ["--max_train_samples", "0"], r"`max_train_samples` must be an integer"),
+    "pad_to_multiple_of -1": (lambda t, d: ["--pad_to_multiple_of", "-1"], r"`pad_to_multiple_of` must be"),
+    "task_specific_steps -1": (lambda t, d: ["--task_specific_steps", "-1"], r"`task_specific_steps` must be"),
+    "a negative learning rate": (lambda t, d: ["--learning_rate", "-1"], r"`learning_rate` must be a finite number"),
+    "zero epochs": (lambda t, d: ["--max_steps", "-1", "--num_train_epochs", "0"], r"`num_train_epochs` must be > 0"),
+    "an ambiguous option": (lambda t, d: ["--sampling", "x"], r"ambiguous option: --sampling"),
+    "init_from on a dense checkpoint": (lambda t, d: ["--init_from", "trec"], r"--init_from trec: applies when"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_every_bad_argument_is_one_paragraph_and_exit_2(tmp_path, tiny_dense, capsys, case):
+    """Issue 44 item 2: each wrong input is refused in one paragraph with exit status 2, never an "internal error"
+    (a bug of ours) nor argparse's usage screen; nothing is written to the output folder."""
+    extra, message = BAD_INPUTS[case]
+    code = run_multitask.cli(_argv(tmp_path / "out", tiny_dense, "--do_eval", "false", *extra(tmp_path, tiny_dense)))
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if "Loading weights" not in line]  # progress bars
+    assert code == 2, err
+    assert len(lines) == 2 and lines[0].startswith("error: ") and "--debug" in lines[1], err
+    assert re.search(message, lines[0]), lines[0]
+    assert "internal error" not in err and "Traceback" not in err and "mmoe" not in lines[0]
+    assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_resuming_past_a_cut_short_checkpoint_says_which_and_why_in_one_line(tmp_path, tiny_dense, capsys):
+    """Issue 44 item 4: `--resume_from_checkpoint latest` falls back to an older checkpoint and says on stderr, in one
+    line and whatever --log_level, which it skipped and why."""
+    out = tmp_path / "run"
+    run_multitask.main(_argv(out, tiny_dense, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2",
+                             "--do_eval", "false"))
+    state = out / "checkpoint-4" / "trainer_state.json"
+    state.write_text(state.read_text()[:40])  # kill -9 while it was written
+    capsys.readouterr()
+    code = run_multitask.cli(_argv(out, tiny_dense, "--max_steps", "4", "--resume_from_checkpoint", "latest",
+                                   "--do_eval", "false", "--log_level", "error"))
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "checkpoint-4" in line]
+    assert code == 0 and len(said) == 1, err
+    assert said[0].startswith("Skipped the incomplete checkpoint checkpoint-4 (trainer_state.json (unreadable")
+    assert said[0].endswith("resuming from checkpoint-2 instead.")
+
+
+def test_an_output_folder_named_with_html_gives_an_escaped_card_title(tmp_path, tiny_dense):
+    """Issue 44 item 5: the card's title, in the text and in the metadata's model name, escapes the folder's name."""
+    out = tmp_path / "<img src=x onerror=alert(1)>"
+    run_multitask.main(_argv(out, tiny_dense, "--do_train", "false", "--max_eval_samples", "4"))
+    card = ModelCard.load(out / "README.md")
+    assert card.data.model_name == "&lt;img src=x onerror=alert(1)&gt;"
+    assert "\n# &lt;img src=x onerror=alert(1)&gt;\n" in card.content
+    code = card.content.split("```python\n", 1)[1].split("```", 1)[0]  # a Python string literal there
+    assert "<img" not in card.content.replace(code, "")

@@ -24,8 +24,10 @@ from ..modeling_utils import (
     check_batch_dim,
     check_input_shapes,
     check_kwargs,
+    check_token_ids,
     heads_to_output_fields,
     resolve_task_ids,
+    token_table_sizes,
 )
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin
@@ -401,6 +403,8 @@ class MultiTaskBertHeadsMixin:
             if exporting:  # a program returns tensors: `logits`, each row's own task's, zero-padded (`logit_widths`)
                 heads_out.task_logits = None
             return task_ids, encoded, heads_out
+        if not values_checked:  # else `BatchChecker` checked them on the host
+            check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids)
         task_ids, task_rows, prepared = self._prepare_task_batch(
             task_ids, batch, seq, labels, span_positions, check_values=not values_checked, task_counts=task_counts
         )

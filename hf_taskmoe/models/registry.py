@@ -125,14 +125,32 @@ def get_family(name: str) -> Family:
     return lookup(FAMILIES, name, "model_family")
 
 
+def dense_choices() -> tuple[list[str], list[str]]:
+    """`(families, methods)`: the names `family_for` takes -- the families built from a dense checkpoint, and their
+    methods' names (`run_multitask.py --model_family`)."""
+    buildable = [f for f in FAMILIES.values() if f.buildable_from_dense]
+    return sorted(f.name for f in buildable), sorted({f.method for f in buildable if f.method})
+
+
+def check_dense_family(name: str) -> str:
+    """`name` if it names a family built from a dense checkpoint or a method of one; else a `ValueError` listing both
+    (a family such as MMoE, built from its config, is not one)."""
+    families, methods = dense_choices()
+    if name not in families and name not in methods:
+        raise ValueError(
+            f"`model_family` must be one of the families built from a dense checkpoint {families} or a method name "
+            f"{methods}, got {name!r}."
+        )
+    return name
+
+
 def family_for(name: str, model_type: str) -> Family:
-    """The family that builds `name`'s method (a family name or a method name) from a dense checkpoint of
-    `model_type`: the named family itself when it takes that type, else another family of its method that does.
-    A `ValueError` lists the model types the method supports when none takes it."""
+    """The family that builds `name`'s method (a family name or a method name, `check_dense_family`) from a dense
+    checkpoint of `model_type`: the named family itself when it takes that type, else another family of its method
+    that does. A `ValueError` lists the model types the method supports when none takes it."""
+    check_dense_family(name)
     named = FAMILIES.get(name)
     method = named.method if named is not None else name
-    if named is None and not any(f.method == method for f in FAMILIES.values()):
-        lookup(FAMILIES, name, "model_family")  # raises, listing the families
     if named is not None and (model_type in named.accepted_model_types or method is None):
         return named
     candidates = [f for f in FAMILIES.values() if f.method == method]

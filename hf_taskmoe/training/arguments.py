@@ -160,6 +160,20 @@ class MultiTaskTrainingArguments(TrainingArguments):
                 "turn training off instead (--do_train False)."
             )
 
+        import math
+
+        # torch's optimizers refuse these only when the Trainer builds them, after the data and model are ready
+        for name in ("learning_rate", "weight_decay"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"`{name}` must be a finite number >= 0, got {value!r}.")
+        if self.max_steps == -1 and not (isinstance(self.num_train_epochs, (int, float)) and self.num_train_epochs > 0):
+            raise ValueError(
+                f"`num_train_epochs` must be > 0 when `max_steps` is -1 (training for epochs), got "
+                f"{self.num_train_epochs!r}; it would train nothing. To evaluate without training, turn training off "
+                "instead (--do_train False)."
+            )
+
         if self.fp16 and (self.use_cpu or not (torch.cuda.is_available() or torch.xpu.is_available())):
             # transformers would accept it and train in fp32 while reporting fp16
             raise ValueError(

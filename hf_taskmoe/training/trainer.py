@@ -170,24 +170,40 @@ def unreadable_checkpoint_files(checkpoint: str) -> list[str]:
     return broken
 
 
-def latest_complete_checkpoint(output_dir: str) -> str | None:
-    """The newest `checkpoint-<step>` of `output_dir` that holds everything a resume needs; newer incomplete ones
-    (a run killed while saving) are skipped with a warning."""
+def skipped_checkpoint_line(skipped: list[tuple[str, str]], taken: str | None) -> str:
+    """The one line that says which newer checkpoints resuming skipped and why, and which it takes instead."""
+    said = "; ".join(f"{os.path.basename(path)} ({why})" for path, why in skipped)
+    then = f"resuming from {os.path.basename(taken)} instead" if taken else "no complete checkpoint is left"
+    return f"Skipped the incomplete checkpoint{'s' if len(skipped) > 1 else ''} {said}: {then}."
+
+
+def scan_checkpoints(output_dir: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """`(the newest checkpoint-<step> of output_dir that holds everything a resume needs, [(each newer incomplete
+    checkpoint -- a run killed while saving --, what it lacks or what is unreadable)])`."""
     if not os.path.isdir(output_dir):
-        return None
+        return None, []
     pattern = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
     found = sorted(
         ((int(m.group(1)), name) for name in os.listdir(output_dir) if (m := pattern.match(name))), reverse=True
     )
+    skipped = []
     for _, name in found:
         path = os.path.join(output_dir, name)
         missing = missing_checkpoint_files(path)
         broken = unreadable_checkpoint_files(path)
         if not missing and not broken:
-            return path
-        logger.warning(f"Skipping the incomplete checkpoint {path} ("
-                       + "; ".join(([f"{', '.join(missing)} missing"] if missing else []) + broken) + ").")
-    return None
+            return path, skipped
+        skipped.append((path, "; ".join(([f"{', '.join(missing)} missing"] if missing else []) + broken)))
+    return None, skipped
+
+
+def latest_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest `checkpoint-<step>` of `output_dir` that holds everything a resume needs; newer incomplete ones
+    (a run killed while saving) are skipped with a warning naming each and why (`scan_checkpoints`)."""
+    latest, skipped = scan_checkpoints(output_dir)
+    if skipped:
+        logger.warning(skipped_checkpoint_line(skipped, latest))
+    return latest
 
 
 class MultiTaskTrainer(Trainer):

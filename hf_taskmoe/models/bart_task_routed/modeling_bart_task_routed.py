@@ -42,11 +42,14 @@ from ...layers.routing import (
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
+    check_generation_cache,
     check_generation_counts,
     check_kwargs,
     check_lengths,
+    check_token_ids,
     grow_embedding,
     resolve_task_ids,
+    token_table_sizes,
 )
 from ...problem_types.seq2seq import Seq2Seq
 from ...tasks import TaskSpec
@@ -357,6 +360,8 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
                 check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, limit, name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        if not values_checked:  # else `BatchChecker` checked them on the host
+            check_token_ids(token_table_sizes(self), input_ids=input_ids, decoder_input_ids=decoder_input_ids)
         router_logits = None
         if routing_weights is None:
             routing_weights, router_logits = self.router(task_ids)
@@ -502,6 +507,7 @@ class BartTaskRouted(MultiTaskPreTrainedModel, BartForConditionalGeneration):
         dropped (BART has no segment embeddings), so `model.generate(**tokenizer(texts), task_ids=...)` works."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
+        check_generation_cache(self, kwargs)
         return super().generate(*args, **kwargs)
 
     # ------------------------------------------------------------------ building and exporting

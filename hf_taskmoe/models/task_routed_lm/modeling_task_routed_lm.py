@@ -38,10 +38,13 @@ from ...layers.routing import RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
+    check_generation_cache,
     check_generation_counts,
     check_input_shapes,
     check_kwargs,
+    check_token_ids,
     resolve_task_ids,
+    token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration_task_routed_lm import TaskRoutedLMConfig
@@ -203,6 +206,8 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         )
         check_batch_dim(batch, labels=labels)
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        if not values_checked:  # else `BatchChecker` checked them on the host
+            check_token_ids(token_table_sizes(self), input_ids=input_ids)
         router_logits = None
         if routing_weights is None:
             routing_weights, router_logits = self.router(task_ids)
@@ -295,6 +300,8 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         ids a BERT tokenizer returns are dropped."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
+        check_generation_cache(self, kwargs)
+        kwargs.pop("cache_implementation", None)  # 'dynamic': the routed cache passed below is one
         if input_ids is not None and attention_mask is not None:
             input_ids, attention_mask = left_align(input_ids, attention_mask)
         if pop_cache(dict(kwargs)) is None:

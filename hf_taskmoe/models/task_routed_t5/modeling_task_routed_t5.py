@@ -49,10 +49,13 @@ from ...contract import TASK_ROUTING_ROLES
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
+    check_generation_cache,
     check_generation_counts,
     check_kwargs,
     check_lengths,
+    check_token_ids,
     resolve_task_ids,
+    token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from ..task_routed_lm.routing_mixin import ContextRoutedLayer, TaskRoutingMixin, dense_forward_kwargs, fork_layers
@@ -373,6 +376,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
                 check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, None, name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        if not values_checked:  # else `BatchChecker` checked them on the host
+            check_token_ids(token_table_sizes(self), input_ids=input_ids, decoder_input_ids=decoder_input_ids)
         router_logits = None
         if routing_weights is None:
             routing_weights, router_logits = self.router(task_ids)
@@ -465,12 +470,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
         if reference is not None:
             task_ids = resolve_task_ids(task_ids, reference.shape[0], self.config.task_names, self.device)
-        if kwargs.get("cache_implementation") not in (None, "dynamic"):
-            raise ValueError(
-                f"{type(self).__name__} cannot decode with a static cache (`cache_implementation="
-                f"{kwargs['cache_implementation']!r}`): its decoder blocks keep one cache slot per expert. Leave "
-                "`cache_implementation` unset (the default dynamic cache)."
-            )
+        check_generation_cache(self, kwargs)
         kwargs.pop("cache_implementation", None)
         if pop_cache(dict(kwargs)) is None:
             kwargs[CACHE_ARG] = self.new_cache()
