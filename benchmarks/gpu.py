@@ -104,32 +104,38 @@ def encoder_tasks(n: int) -> list[TaskSpec]:
 
 
 def bert_models(bench: Bench) -> dict[str, torch.nn.Module]:
-    """The dense reference and every BERT family upcycled from the same dense weights (random)."""
+    """The dense reference and every BERT family upcycled from the same dense weights (random), on the device."""
+    shapes = BERT_TINY if bench.tiny else BERT_BASE
+    models = bert_family_models(shapes, bench.args.num_tasks, bench.args.num_experts, bench.args.families,
+                                pal_size=204 if not bench.tiny else 12,
+                                camtl_max_length=128 if not bench.tiny else 16)
+    return {name: m.to(bench.device) for name, m in models.items()}
+
+
+def bert_family_models(shapes: dict, num_tasks: int, num_experts: int, families: str = "", pal_size: int = 204,
+                       camtl_max_length: int = 128, pal_dispatch: str = "auto") -> dict[str, torch.nn.Module]:
+    """`bert_models` of any `shapes` (a `BertConfig`'s sizes), where they are made (also under a `FakeTensorMode`:
+    `benchmarks/cost_proxies.py`); `families` comma-separated, empty for all (the dense model always)."""
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-    shapes = BERT_TINY if bench.tiny else BERT_BASE
     torch.manual_seed(0)
     dense = BertModel(BertConfig(**shapes))
-    tasks = encoder_tasks(bench.args.num_tasks)
+    tasks = encoder_tasks(num_tasks)
     reference = BertForSequenceClassification(BertConfig(**shapes, num_labels=2))
     reference.bert.load_state_dict(dense.state_dict())
-    experts = bench.args.num_experts
-    models = {
-        DENSE: reference,
-        "mt_dense": BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=1),
-        "mt_tag": BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=experts, gating="task"),
-        "mt_tag_grouped_mm": BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=experts, gating="task",
-                                                       expert_dispatch="grouped_mm"),
-        "mt_tag_sorted_loop": BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=experts, gating="task",
-                                                        expert_dispatch="sorted_loop"),
-        "pals": BertWithPALs.from_dense(dense, tasks=tasks, pal_size=204 if not bench.tiny else 12),
-        "camtl": CAMTLModel.from_dense(dense, tasks=tasks, conditional_attention_max_length=128 if not bench.tiny
-                                       else 16),
+    build = {
+        DENSE: lambda: reference,
+        "mt_dense": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=1),
+        "mt_tag": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts, gating="task"),
+        "mt_tag_grouped_mm": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts,
+                                                               gating="task", expert_dispatch="grouped_mm"),
+        "mt_tag_sorted_loop": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts,
+                                                                gating="task", expert_dispatch="sorted_loop"),
+        "pals": lambda: BertWithPALs.from_dense(dense, tasks=tasks, pal_size=pal_size, pal_dispatch=pal_dispatch),
+        "camtl": lambda: CAMTLModel.from_dense(dense, tasks=tasks, conditional_attention_max_length=camtl_max_length),
     }
-    if bench.args.families:
-        keep = set(bench.args.families.split(",")) | {DENSE}
-        models = {name: m for name, m in models.items() if name in keep}
-    return {name: m.to(bench.device) for name, m in models.items()}
+    keep = set(families.split(",")) | {DENSE} if families else set(build)
+    return {name: make() for name, make in build.items() if name in keep}
 
 
 def encoder_batch(bench: Bench, batch: int, seq: int, vocab: int) -> dict:
