@@ -23,6 +23,16 @@ def is_capturing() -> bool:
     return is_exporting() or torch.jit.is_tracing()
 
 
+def one_hot(index, n: int, dtype):
+    """`index` `(...,)` as one-hot rows `(..., n)` of `dtype`, for products that select rows of a table (a task's gate,
+    a slot's expert bias, a row's PAL weights): their backward is a product too, where `index_select`'s scatters with
+    `index_add_` (contended atomic adds on a GPU, serialised in bf16). A comparison, not `F.one_hot`, which reads the
+    indices' minimum back to the host on a CPU."""
+    import torch
+
+    return (index.unsqueeze(-1) == torch.arange(n, device=index.device)).to(dtype)
+
+
 def lookup(registry: Mapping[str, V], key: Any, field: str) -> V:
     """Return ``registry[key]``; on a miss, raise a ``ValueError`` listing the valid keys."""
     try:

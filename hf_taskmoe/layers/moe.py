@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
 from ..contract import StackedWeight
-from ..utils import is_capturing, lookup
+from ..utils import is_capturing, lookup, one_hot
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
@@ -63,13 +63,6 @@ class _PermuteRows(torch.autograd.Function):
     def backward(ctx, grad):
         (inverse,) = ctx.saved_tensors
         return grad.index_select(0, inverse), None, None
-
-
-def one_hot(index: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """`index` `(...,)` as one-hot rows `(..., n)` of `dtype`, for products that select rows of a table: their
-    backward is a product too, where `index_select`'s scatters with atomic adds. A comparison, not `F.one_hot`,
-    which reads the indices' minimum back to the host on a CPU."""
-    return (index.unsqueeze(-1) == torch.arange(n, device=index.device)).to(dtype)
 
 
 def permute_rows(x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:

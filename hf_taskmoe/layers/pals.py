@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..contract import StackedWeight
-from ..utils import is_capturing
+from ..utils import is_capturing, one_hot
 
 
 class PALAttention(nn.Module):
@@ -121,8 +121,9 @@ class RowGroups(NamedTuple):
 
     groups: list[int]  # the groups taking part, ascending
     index: torch.LongTensor  # (batch,) each row's position in `groups`
-    encoder: torch.Tensor  # (batch, d, s) each row's E_g, transposed: x E_g^T = bmm(x, encoder)
-    decoder: torch.Tensor  # (batch, s, d) each row's D_g, transposed
+    encoder: torch.Tensor  # (batch, d, s) each row's E_g, transposed, in the compute dtype: x E_g^T = bmm(x, encoder)
+    decoder: torch.Tensor  # (batch, s, d) each row's D_g, transposed, in the compute dtype
+    rows: torch.Tensor  # (batch, groups) each row's position in `groups`, one-hot, in the compute dtype
 
 
 class ProjectedAttentionLayers(nn.Module):
@@ -159,18 +160,31 @@ class ProjectedAttentionLayers(nn.Module):
         and `groups` the groups present (ascending; known on the host from the split of the batch), None for every
         group (a captured forward, which reads nothing back). Only the groups listed take part in the graph, so the
         PALs of absent groups get no gradient (a zero one would still be moved by AdamW's momentum and weight decay).
-        The encoders and decoders are shared by every layer: they are gathered per row here, once."""
+        The encoders and decoders are shared by every layer: they are cast to the compute dtype (autocast's) and
+        gathered per row here, once, so no layer casts a per-row copy again (under autocast a gathered weight is no
+        parameter, which autocast's cast cache would keep). Rows select their group's weights by a one-hot product,
+        whose backward is a product: `index_select`'s would scatter the rows' gradients into the groups with atomic
+        adds."""
         if groups is None or len(groups) == self.num_groups:
             groups, index = list(range(self.num_groups)), group_ids
         else:  # each row's position among the groups present, on the device (no host read)
             present = torch.zeros(self.num_groups, dtype=torch.long, device=group_ids.device)
             present = present.scatter(0, group_ids, torch.ones_like(group_ids))
             index = (present.cumsum(0) - 1).index_select(0, group_ids)  # (batch,)
+        weight = self.encoders[0].weight
+        device = weight.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+        rows = one_hot(index, len(groups), dtype)  # (batch, groups)
+        return RowGroups(groups, index, self.row_weights(rows, [self.encoders[g] for g in groups]),
+                         self.row_weights(rows, [self.decoders[g] for g in groups]), rows)
 
-        def row_weights(linears) -> torch.Tensor:  # (batch, in, out): each row's group's weight, transposed
-            return torch.stack([linears[g].weight for g in groups]).index_select(0, index).transpose(1, 2)
-
-        return RowGroups(groups, index, row_weights(self.encoders), row_weights(self.decoders))
+    @staticmethod
+    def row_weights(rows: torch.Tensor, linears) -> torch.Tensor:
+        """`(batch, in, out)`: each row's weight among `linears`' (one per group present, in `rows`' column order),
+        transposed, in `rows`' dtype: one cast of the stack and one product."""
+        stacked = torch.stack([linear.weight for linear in linears]).to(rows.dtype)  # (groups, out, in)
+        out_features, in_features = stacked.shape[1:]
+        return (rows @ stacked.view(len(linears), -1)).view(-1, out_features, in_features).transpose(1, 2)
 
     def plan(self, group_ids: torch.LongTensor, task_rows: dict | None, task_groups: list[int], dispatch: str):
         """How one model forward runs its PALs, worked out once for every layer. `group_ids` `(batch,)`: each row's
@@ -229,11 +243,11 @@ class ProjectedAttentionLayers(nn.Module):
         sync and no data-dependent shape (what `torch.export`, ONNX and a sync-free training step need); the same
         numbers as the per-group path."""
         attention = self.attention[str(layer_idx)]
-        qkv = torch.stack([attention[g].qkv.weight for g in rows.groups]).index_select(0, rows.index)  # (B, 3s, s)
+        qkv = self.row_weights(rows.rows, [attention[g].qkv for g in rows.groups])  # (B, s, 3s)
         # bmm, not einsum: the same products with a third of the operations (einsum adds permutes and reshapes)
-        h = torch.bmm(x, rows.encoder)  # (B, T, s): E_g x
+        h = torch.bmm(x.to(rows.rows.dtype), rows.encoder)  # (B, T, s): E_g x
         # (B, T, 3s) -> (B, T, s); the groups' attentions share their settings
-        out = attention[0].attend_packed(torch.bmm(h, qkv.transpose(1, 2)), key_mask)
+        out = attention[0].attend_packed(torch.bmm(h, qkv), key_mask)
         return F.gelu(torch.bmm(out, rows.decoder))  # (B, T, d): D_g
 
 
