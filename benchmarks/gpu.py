@@ -460,6 +460,36 @@ def section_peft(bench: Bench) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------------------------------- report
+def report(paths: list[str]) -> str:
+    """Markdown tables of saved runs (`--out` files), side by side: one column per run, each figure a ratio to the
+    dense model measured in that run (what docs/benchmarks.md shows)."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append((path, json.load(f)))
+    rows: dict[str, dict[str, list]] = {}
+    for i, (_, run) in enumerate(runs):
+        for section, figures in run["sections"].items():
+            for key, value in figures.items():
+                if not (key.endswith("_ratio") or key == "step_ratio") or not isinstance(value, dict):
+                    continue
+                for model, ratio in value.items():
+                    if model in (DENSE, "dense"):
+                        continue
+                    rows.setdefault(f"{section}: {key.removesuffix('_ratio')}", {}).setdefault(
+                        model, [None] * len(runs))[i] = ratio
+    head = " | ".join(f"run {i + 1}" for i in range(len(runs)))
+    lines = [f"| figure | model | {head} |", "|---|---|" + "---|" * len(runs)]
+    for figure, models in rows.items():
+        for model, values in models.items():
+            cells = " | ".join("-" if v is None else f"{v:.3f}" for v in values)
+            lines.append(f"| {figure} | {model} | {cells} |")
+    legend = [f"- run {i + 1}: `{path}`: {run['device']}, torch {run['torch']}, transformers {run['transformers']}"
+              for i, (path, run) in enumerate(runs)]
+    return "\n".join(legend + [""] + lines)
+
+
 # ----------------------------------------------------------------------------------------------------------- driver
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -477,7 +507,12 @@ def main():
     parser.add_argument("--generate-models", default="", help="Of llama,t5,bart (default: all).")
     parser.add_argument("--out", default="", help="Write the results here (JSON) after every section.")
     parser.add_argument("--max-seconds", type=float, default=0, help="Start no section after this much wall time.")
+    parser.add_argument("--report", nargs="+", metavar="JSON",
+                        help="Print the ratios of saved runs (--out files) as one markdown table, and run nothing.")
     args = parser.parse_args()
+    if args.report:
+        print(report(args.report))
+        return
     sections = [s for s in args.sections.split(",") if s]
     unknown = sorted(set(sections) - set(SECTIONS))
     if unknown:
