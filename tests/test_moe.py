@@ -90,8 +90,10 @@ def test_task_gates_route_differently_and_shared_gate_ignores_task():
     assert torch.equal(shared[0], shared[1]) and torch.equal(shared[1], shared[2])
 
 
-def test_straight_through_value_is_the_expert_and_gradient_is_the_gates():
-    gate, st = _moe(expert_weighting="gate"), _moe(expert_weighting="straight_through")
+@pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
+def test_straight_through_value_is_the_expert_and_gradient_is_the_gates(dispatch):
+    gate = _moe(expert_weighting="gate", expert_dispatch=dispatch)
+    st = _moe(expert_weighting="straight_through", expert_dispatch=dispatch)
     x, task_ids = _inputs()
     out = st(x, task_ids)
     experts_only = torch.stack(

@@ -65,6 +65,28 @@ class _PermuteRows(torch.autograd.Function):
         return grad.index_select(0, inverse), None, None
 
 
+class _PutBackStraightThrough(torch.autograd.Function):
+    """A top-1 layer's outputs put back in token order, `y = E*(x)` in value with the gradient of `g* E*(x)` (eq. 6)
+    reaching the gate probability `g*`: `TaskMoE`'s straight-through weighting, whose weight is exactly 1.0 in value.
+
+    The same numbers as multiplying by `(g* - sg(g*)) + 1` (the other weightings' path) without the multiplication:
+    no (tokens, hidden) product in the forward, and in the backward the outputs' gradient is a gather by the
+    permutation and the gate's is one product and sum, `dL/dg* = <dL/dy, E*(x)>`."""
+
+    @staticmethod
+    def forward(ctx, y_sorted, inverse, order, gate):
+        out = y_sorted.index_select(0, inverse)  # (tokens, hidden) in token order
+        ctx.save_for_backward(order, out)
+        ctx.gate_dtype = gate.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        order, out = ctx.saved_tensors
+        grad_gate = (grad * out).sum(-1).to(ctx.gate_dtype) if ctx.needs_input_grad[3] else None
+        return grad.index_select(0, order), None, None, grad_gate
+
+
 def permute_rows(x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     """Rows of `x` in the order `order` (a permutation; `inverse` its inverse), differentiable without a scatter."""
     return _PermuteRows.apply(x, order, inverse)
@@ -404,6 +426,9 @@ class TaskMoE(nn.Module):
         if is_capturing():  # torch.export / ONNX / jit.trace: no shape may depend on the routes
             y = self._masked_experts(x, top_e.reshape(-1, self.top_k), weights.reshape(-1, self.top_k))
             y = y.view(batch, seq, hidden)
+        elif self.top_k == 1 and self.expert_weighting == "straight_through":  # the value is the expert's output
+            y = self._sorted_experts(x, top_e.reshape(-1), None, straight_through=top_p.reshape(-1))
+            y = y.view(batch, seq, hidden)
         elif self.top_k == 1:  # each token's one output, put back in token order, scaled there: no gather of weights
             y = self._sorted_experts(x, top_e.reshape(-1), None).view(batch, seq, hidden) * weights
         else:
@@ -421,12 +446,15 @@ class TaskMoE(nn.Module):
         )
 
     def _sorted_experts(
-        self, x: torch.Tensor, flat_expert: torch.Tensor, flat_weight: torch.Tensor | None
+        self, x: torch.Tensor, flat_expert: torch.Tensor, flat_weight: torch.Tensor | None,
+        straight_through: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Each expert on the tokens routed to it (`notes/moe-dispatch.md`): slots sorted by expert, one `F.linear`
         pair per expert's slice (`sorted_loop`) or one grouped GEMM per projection (`grouped_mm`), outputs put back
         in token order. `flat_expert` / `flat_weight` `(tokens*k,)`: slot s = token s//k, its (s%k)-th choice.
-        `flat_weight` None (top-1): the outputs come back unscaled, for the caller to scale in token order."""
+        Top-1: `flat_weight` None, the outputs come back unscaled, for the caller to scale in token order; or
+        `straight_through` `(tokens,)` the chosen experts' gate probabilities, whose gradient is eq. 6's while the
+        value is the expert's output (`expert_weighting="straight_through"`, `_PutBackStraightThrough`)."""
         sorted_expert, order = torch.sort(flat_expert, stable=True)  # slots grouped by expert, and their experts
         # where each expert's slice ends: a search of the sorted experts, whose size is fixed (no `bincount`, whose
         # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are
@@ -444,8 +472,8 @@ class TaskMoE(nn.Module):
         else:
             y_sorted = _expert_loop(self.experts, x_sorted, ends)
         if self.top_k == 1:  # (tokens, hidden) back in token order
-            if flat_weight is not None:
-                y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
+            if straight_through is not None:
+                return _PutBackStraightThrough.apply(y_sorted, inverse, order, straight_through)
             return permute_rows(y_sorted, inverse, order)
         y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
         return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
