@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 
 from ..compat import CACHE_ARGS
 from ..utils import is_capturing, lookup
@@ -246,33 +246,59 @@ def plan_routes(routing_weights: torch.Tensor, every_expert: bool = False) -> li
     routes: the routes stay tensors, and an expert a row does not use adds 0 times its output (a hard route gives the
     chosen expert's output exactly).
     """
-    batch, layers, experts = routing_weights.shape
     if every_expert or is_capturing():
-        return [[PlanEntry(j, None, scale=True) for j in range(experts)] for _ in range(layers)]
+        return every_expert_plan(*routing_weights.shape[1:])
     host = routing_weights.detach().float().cpu()  # (batch, layers, experts); the forward's one host sync
+    return _plan_from_host(host, routing_weights.device, routing_weights.requires_grad and torch.is_grad_enabled())
+
+
+def every_expert_plan(layers: int, experts: int) -> list[list[PlanEntry]]:
+    """Every expert of every routed layer on every row, scaled by its decisions (reads nothing)."""
+    return [[PlanEntry(j, None, scale=True) for j in range(experts)] for _ in range(layers)]
+
+
+def hard_route_plan(routing_weights: torch.Tensor) -> list[list[PlanEntry]]:
+    """`plan_routes` for generation: the plan of one-hot decisions (each row's one expert per layer, unscaled), or
+    the every-expert plan when some row's route is soft (a soft route's cost is the method's). One host read of the
+    decisions: a generation step reuses the plan its first step made (`ExpertRowsCache.routing_plan`)."""
+    host = routing_weights.detach().float().cpu()  # (batch, layers, experts); one read per `generate` call
+    if not (((host == 0) | (host == 1)).all() and (host.sum(-1) == 1).all()):
+        return every_expert_plan(*host.shape[1:])
+    return _plan_from_host(host, routing_weights.device, grad=False)
+
+
+def _plan_from_host(host: torch.Tensor, device, grad: bool) -> list[list[PlanEntry]]:
+    """The plan of host decisions `(batch, layers, experts)`; row indices on `device`."""
+    _, layers, experts = host.shape
     used = host != 0
-    grad = routing_weights.requires_grad and torch.is_grad_enabled()
     plan = []
     for layer in range(layers):
         entries = []
         for j in range(experts):
             column = used[:, layer, j]
-            if every_expert or bool(column.all()):
+            if bool(column.all()):
                 rows = None
             elif bool(column.any()):
-                rows = column.nonzero().squeeze(-1).to(routing_weights.device, non_blocking=True)
+                rows = column.nonzero().squeeze(-1).to(device, non_blocking=True)
             else:
                 continue
             unit = bool((host[:, layer, j][column] == 1).all())
-            entries.append(PlanEntry(j, rows, scale=every_expert or grad or not unit))
+            entries.append(PlanEntry(j, rows, scale=grad or not unit))
         plan.append(entries)
     return plan
 
 
+#: layer arguments that are never per row, whatever their length (the positions of the step's tokens)
+_NOT_PER_ROW = frozenset({"cache_position"})
+
+
 def _rows(value, rows: torch.Tensor, batch: int):
-    """`value` restricted to `rows` when it is a per-row tensor (masks, encoder states); else unchanged."""
+    """`value` restricted to `rows` when it is a per-row tensor (masks, encoder states, positions) or a tuple of them
+    (rotary `(cos, sin)`); else unchanged."""
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
         return value.index_select(0, rows)
+    if isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+        return tuple(_rows(v, rows, batch) for v in value)
     return value
 
 
@@ -342,6 +368,12 @@ class RoutedLayer(nn.Module):
         self.experts = nn.ModuleList(experts)
         self.route_index = route_index
 
+    def cache_slot(self, j: int) -> int | None:
+        """The key/value cache slot expert `j` writes (its attention's `layer_idx`); None for a layer that keeps no
+        cache (an encoder layer). A BART decoder layer's is its self-attention's."""
+        expert = self.experts[j]
+        return expert.self_attn.layer_idx if hasattr(expert, "encoder_attn") else None
+
     def forward(self, hidden_states, *args, routing_weights=None, routing_plan=None, task_ids=None,
                 routing_recorder: RouteRecorder | None = None, **kwargs):
         if routing_recorder is not None:
@@ -357,12 +389,15 @@ class RoutedLayer(nn.Module):
             weights = routing_weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
         batch = hidden_states.shape[0]
         cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
+        if cache is None:  # GPT-2's loop passes its cache by position
+            cache = next((a for a in args if isinstance(a, Cache)), None)
         out = None
         attentions = {kind: None for kind in (routing_recorder.kinds if routing_recorder is not None else ())}
         for j, rows, scale in entries:
             expert = self.experts[j]
-            if isinstance(cache, RoutedCache):
-                cache.set_slot_rows(expert, rows)
+            slot = self.cache_slot(j) if cache is not None and hasattr(cache, "set_slot_rows") else None
+            if slot is not None:
+                cache.set_slot_rows(slot, rows)
             seen, handles = routing_recorder.watch(expert) if attentions else ({}, [])
             try:
                 if rows is None:
@@ -371,7 +406,7 @@ class RoutedLayer(nn.Module):
                     y = expert(
                         hidden_states.index_select(0, rows),
                         *[_rows(a, rows, batch) for a in args],
-                        **{k: _rows(v, rows, batch) for k, v in kwargs.items()},
+                        **{k: v if k in _NOT_PER_ROW else _rows(v, rows, batch) for k, v in kwargs.items()},
                     )
             finally:
                 for handle in handles:
@@ -403,6 +438,16 @@ def _scatter_rows(total, y, rows, like, batch: int | None = None):
     return total.index_add(0, rows, y)
 
 
+def _slot_index(rows: torch.Tensor | None, beam_idx: torch.Tensor) -> torch.Tensor:
+    """Beam search's reordering `beam_idx` (batch rows) as positions inside a cache slot that keeps `rows` only. Beams
+    move only inside one example (one task, one route), so each kept row's source is a kept row too."""
+    if rows is None:
+        return beam_idx
+    position = torch.full(beam_idx.shape, -1, dtype=torch.long, device=beam_idx.device)
+    position[rows] = torch.arange(len(rows), device=rows.device)
+    return position[beam_idx[rows]]  # each kept row's source, as a position inside the slot
+
+
 class RoutedCache(EncoderDecoderCache):
     """The key/value cache of a task-routed decoder: one slot per decoder expert (`layer_idx` of its
     attention), slot 0 recording the decoded length. An expert that serves only some rows of the batch keeps
@@ -414,14 +459,7 @@ class RoutedCache(EncoderDecoderCache):
         super().__init__(DynamicCache(), DynamicCache())
         self.slot_rows: dict[int, torch.Tensor] = {}
 
-    @staticmethod
-    def _slot(expert) -> int:
-        return expert.self_attn.layer_idx
-
-    def set_slot_rows(self, expert, rows: torch.Tensor | None) -> None:
-        if not hasattr(expert, "encoder_attn"):  # an encoder layer keeps no cache
-            return
-        slot = self._slot(expert)
+    def set_slot_rows(self, slot: int, rows: torch.Tensor | None) -> None:
         if rows is None:
             self.slot_rows.pop(slot, None)
         else:
@@ -429,15 +467,63 @@ class RoutedCache(EncoderDecoderCache):
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         for slot in range(max(len(self.self_attention_cache), len(self.cross_attention_cache))):
-            rows = self.slot_rows.get(slot)
-            index = beam_idx
-            if rows is not None:
-                position = torch.full(beam_idx.shape, -1, dtype=torch.long, device=beam_idx.device)
-                position[rows] = torch.arange(len(rows), device=rows.device)
-                index = position[beam_idx[rows]]  # each kept row's source, as a position inside the slot
+            index = _slot_index(self.slot_rows.get(slot), beam_idx)
             for cache in (self.self_attention_cache, self.cross_attention_cache):
                 if slot < len(cache.layers):
                     cache.layers[slot].reorder_cache(index)
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        if self.slot_rows:
+            raise NotImplementedError("A task-routed cache with experts serving a subset of rows cannot drop rows.")
+        super().batch_select_indices(indices)
+
+    def batch_repeat_interleave(self, repeats: int):
+        if self.slot_rows:
+            raise NotImplementedError("A task-routed cache with experts serving a subset of rows cannot repeat rows.")
+        super().batch_repeat_interleave(repeats)
+
+
+class ExpertRowsCache(DynamicCache):
+    """The key/value cache of a decoder-only task-routed model (`TaskRoutedForCausalLM`): the dense layout, then a
+    slot per expert copy (`fork_layers`), each slot the dense layer kind of its layer (full or sliding window).
+
+    Generation under hard routes runs, in each routed layer, only the experts some row uses, each on its own rows, and
+    each expert's slot keeps only those rows: `slot_rows[slot]` (absent: every row), translated for beam search's
+    reordering as `RoutedCache` does. `routing_plan` is the plan (`hard_route_plan`) the first step of a generation
+    made from the decisions (the generation's one host read) and every later step reuses: a row's task, so its route,
+    does not change while it is decoded. `plans_routes` (set by `generate` on its fresh cache) asks the first step to
+    make it; without it (a cache passed by hand) every expert runs on every row, as in a forward without cache.
+
+    A slot an expert no row uses stays empty, so the lengths the dense model reads before its layers run (past
+    length, mask sizes) come from a filled slot of the same kind: every filled slot saw every step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slot_rows: dict[int, torch.Tensor] = {}
+        self.routing_plan: list[list[PlanEntry]] | None = None
+        self.plan_batch: int | None = None
+        self.plans_routes = False
+
+    set_slot_rows = RoutedCache.set_slot_rows
+
+    def _filled(self, layer_idx: int) -> int:
+        """`layer_idx`, or a filled slot of its kind when it is empty (an expert no row uses)."""
+        layers = self.layers
+        if layer_idx >= len(layers) or layers[layer_idx].get_seq_length() > 0:
+            return layer_idx
+        sliding = getattr(layers[layer_idx], "is_sliding", False)
+        return next((i for i, layer in enumerate(layers)
+                     if getattr(layer, "is_sliding", False) == sliding and layer.get_seq_length() > 0), layer_idx)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return super().get_seq_length(self._filled(layer_idx))
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return super().get_mask_sizes(query_length, self._filled(layer_idx))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        for slot, layer in enumerate(self.layers):
+            layer.reorder_cache(_slot_index(self.slot_rows.get(slot), beam_idx))
 
     def batch_select_indices(self, indices: torch.Tensor):
         if self.slot_rows:

@@ -9,13 +9,22 @@ rotary), masks, attention kernels, final norm and LM head -- and its layer loop 
 decisions from the model's `TaskContext`.
 
 Generation with a key/value cache. Each expert copy of a layer has its own cache slot (its attention's `layer_idx`):
-expert 0 keeps the dense layer's slot, the others get slots after the dense ones (`fork_layers`). Every expert runs
-on every row, so each slot holds the keys and values its expert computed from the mixed hidden states at that layer's
-input -- exactly what a forward without a cache recomputes at every step, under a hard route (one-hot decisions: the
-other experts' outputs are multiplied by 0) and under a soft one alike. Sharing one slot between the copies would make
-them overwrite each other's history; forking only the FFN would keep one slot per layer but is not the paper's method.
-Nothing is read back from the device during the forward (no plan of which expert runs on which rows): hard routes
-cost the `m` experts' compute, which is what makes the forward exportable and the cache layout fixed.
+expert 0 keeps the dense layer's slot, the others get slots after the dense ones (`fork_layers`). A forward runs every
+expert on every row, so each slot holds the keys and values its expert computed from the mixed hidden states at that
+layer's input -- exactly what a forward without a cache recomputes at every step, under a hard route (one-hot
+decisions: the other experts' outputs are multiplied by 0) and under a soft one alike -- and nothing is read back from
+the device (the forward exports). Sharing one slot between the copies would make them overwrite each other's history;
+forking only the FFN would keep one slot per layer but is not the paper's method.
+
+`generate` under hard routes costs the dense model's compute instead: a hard route is a function of the task, fixed for
+the whole generation, so the first step reads the decisions once (`hard_route_plan`, the call's one host read) and
+keeps the plan on the cache (`ExpertRowsCache`); each step then runs, per routed layer, only the experts some row uses,
+each on its own rows (the whole batch, with the plain cache and no gather, when every row takes the same expert), and
+each expert's slot keeps only its rows (translated for beam search's reordering). Each used expert runs its whole layer
+on its row slice -- at most `m` calls per layer, one for a batch of one route -- rather than one grouped GEMM per
+projection across experts: with a few experts the calls are few and each is the dense layer's own kernels (attention
+included), which a grouped GEMM would have to split around. Soft routes keep the every-expert path (their cost is the
+method's).
 
 Weights: `backbone.<the dense model's own names>`, a routed layer's `<layers>.<i>.experts.<j>.*` (a plain layer is
 `experts.0`), the router under `router.*`.
@@ -28,13 +37,13 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
-from ...layers.routing import RouteRecorder
+from ...layers.routing import ExpertRowsCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
@@ -131,10 +140,10 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         return self.config.max_position_embeddings
 
     # ------------------------------------------------------------------ cache
-    def new_cache(self) -> DynamicCache:
+    def new_cache(self) -> ExpertRowsCache:
         """An empty key/value cache with one slot per expert: the dense layout (its sliding-window layers included),
         then a slot like its layer's for each expert copy."""
-        cache = DynamicCache(config=self.config.dense_config)
+        cache = ExpertRowsCache(config=self.config.dense_config)
         if cache.layers:  # built from the config: one layer object per slot, of the slot's layer's kind
             cache.layers.extend(copy.deepcopy(cache.layers[i]) for i in self._slot_layers[len(cache.layers):])
         return cache
@@ -227,7 +236,7 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             self.config.output_hidden_states if output_hidden_states is None else output_hidden_states,
             self.config.output_attentions if output_attentions is None else output_attentions,
         )
-        flags = self._routing_flags(routing_weights)
+        flags = self._routing_flags(routing_weights, cache)
         if hidden or attentions:
             # transformers records hidden states and attentions with hooks on the layer classes, which would record
             # each expert on its own: the routed layers record their mixed outputs instead
@@ -293,19 +302,28 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         return Seq2Seq.task_token_loss(logits[:, :-1], labels[:, 1:], task_ids, self.config.task_specs)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, input_ids=None, attention_mask=None, **kwargs):
+    def generate(self, input_ids=None, attention_mask=None, every_expert: bool = False, **kwargs):
         """`GenerationMixin.generate` with `task_ids` (one per row). Prompts padded on the right (a BERT tokenizer's
         default, the text-to-text pipeline's batches) are moved to the left first (`left_align`), as a decoder-only
         model needs; the returned sequences hold the (left-aligned) prompts, then the generated tokens. The segment
-        ids a BERT tokenizer returns are dropped."""
+        ids a BERT tokenizer returns are dropped.
+
+        Under hard routes (every row's decisions one-hot: `selection="hard"` or `"gumbel_softmax_st"` at evaluation)
+        each routed layer runs only the experts the rows use, each on its own rows, with its own rows in its cache
+        slot: the dense model's cost. The plan is made at the first step from the decisions (one host read per call)
+        and kept for the others. A soft route, a cache passed by hand, or `every_expert=True` (the reference the
+        routed path is tested against) run every expert on every row, mixed by the decisions."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
         check_generation_cache(self, kwargs)
         kwargs.pop("cache_implementation", None)  # 'dynamic': the routed cache passed below is one
         if input_ids is not None and attention_mask is not None:
             input_ids, attention_mask = left_align(input_ids, attention_mask)
-        if pop_cache(dict(kwargs)) is None:
-            kwargs[CACHE_ARG] = self.new_cache()
+        cache = pop_cache(dict(kwargs))
+        if cache is None:
+            kwargs[CACHE_ARG] = cache = self.new_cache()
+        if isinstance(cache, ExpertRowsCache) and cache.get_seq_length() == 0:
+            cache.plans_routes = not every_expert  # hard routes: each layer runs only the experts its rows use
         return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     # ------------------------------------------------------------------ building and exporting

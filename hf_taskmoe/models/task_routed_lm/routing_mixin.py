@@ -15,9 +15,17 @@ from transformers import PreTrainedModel
 from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
-from ...layers.routing import RoutedLayer, TaskRouter, annealed_temperature, plan_routes
+from ...layers.routing import (
+    ExpertRowsCache,
+    RoutedLayer,
+    TaskRouter,
+    annealed_temperature,
+    hard_route_plan,
+    plan_routes,
+)
 from ...modeling_utils import grow_embedding
 from ...tasks import TaskSpec
+from ...utils import is_capturing
 
 
 class ContextRoutedLayer(RoutedLayer):
@@ -25,13 +33,22 @@ class ContextRoutedLayer(RoutedLayer):
     layer's own arguments. The routing weights (and the plan, and a `RouteRecorder` when hidden states or attentions
     are asked for) come from the model's `TaskContext`, filled by the family before it calls the dense model.
 
-    Every expert runs on every row and the outputs are mixed by the decisions (`sum_j D_ij E^(i,j)(h)`): no decision
-    is read back to the host, so the forward traces (torch.export, compile) and every expert's cache slot holds
-    every row (beam search reorders it like any cache). The cost is `m` times the layer's (`m` = experts)."""
+    Which experts run on which rows is the plan in the context (`plan_routes`). A forward (training, evaluation, a
+    forward with a cache passed by hand) takes the every-expert plan: every expert runs on every row and the outputs
+    are mixed by the decisions (`sum_j D_ij E^(i,j)(h)`), no decision is read back to the host, so the forward traces
+    (torch.export, compile) and every expert's cache slot holds every row; the cost is `m` times the layer's (`m` =
+    experts). `generate` under hard routes takes the plan of the routes instead (`hard_route_plan`, made once per
+    generation): only the experts some row uses run, each on its rows (the whole batch, with no gather, when every
+    row takes it), and each keeps only its rows in its cache slot (`ExpertRowsCache`): the dense model's cost."""
 
     def __init__(self, experts: list[nn.Module], route_index: int | None, context: TaskContext):
         super().__init__(experts, route_index)
         self.context = context  # a plain object (no weights): shared with the model, not saved
+        #: the key/value cache slot of each expert (`fork_layers`); empty: the layers keep no cache (an encoder)
+        self.cache_slots: list[int] = []
+
+    def cache_slot(self, j: int) -> int | None:
+        return self.cache_slots[j] if self.cache_slots else None
 
     def forward(self, hidden_states, *args, **kwargs):
         flags = self.context.flags
@@ -74,6 +91,8 @@ def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, atte
                 slot_layers.append(i)
                 experts.append(expert)
         layers[i] = layer_class(experts, route if i in routed else None, context)
+        if paths:
+            layers[i].cache_slots = [expert.get_submodule(paths[0]).layer_idx for expert in experts]
         route += int(i in routed)
     return slot_layers
 
@@ -243,9 +262,26 @@ class TaskRoutingMixin:
             return True
         return False
 
-    def _routing_flags(self, routing_weights: torch.Tensor) -> dict:
-        """What the routed layers read from the context: the decisions and the every-expert plan (no host read)."""
-        return {"routing_weights": routing_weights, "routing_plan": plan_routes(routing_weights, every_expert=True)}
+    def _routing_flags(self, routing_weights: torch.Tensor, cache=None) -> dict:
+        """What the routed layers read from the context: the decisions and the plan. The every-expert plan (no host
+        read), but in generation (`cache` an `ExpertRowsCache` that `generate` made): the plan of the routes, made
+        from the decisions at the first step (one host read per `generate` call) and kept on the cache for the
+        later steps, which read nothing."""
+        plan = None
+        if isinstance(cache, ExpertRowsCache) and not self.training and not is_capturing():
+            batch = routing_weights.shape[0]
+            if cache.routing_plan is None and cache.plans_routes and cache.get_seq_length() == 0:
+                cache.routing_plan, cache.plan_batch = hard_route_plan(routing_weights), batch
+            if cache.routing_plan is not None:
+                if cache.plan_batch != batch:
+                    raise ValueError(
+                        f"This cache was filled for {cache.plan_batch} rows, each routed expert keeping its own rows; "
+                        f"got {batch} rows. Continue decoding with the rows (and task ids) it was filled with."
+                    )
+                plan = cache.routing_plan
+        if plan is None:
+            plan = plan_routes(routing_weights, every_expert=True)
+        return {"routing_weights": routing_weights, "routing_plan": plan}
 
     def apply_freezing(self) -> None:
         """Freeze the task representations when `config.freeze_task_embeddings` (section 5.1 (m))."""

@@ -1,0 +1,121 @@
+"""Task-routed generation at the dense model's cost under hard routes (issue 46 item 5): `generate` of a
+`TaskRoutedForCausalLM` runs, in each routed layer, only the experts the rows use, each on its own rows, each keeping
+its own rows in its cache slot (`ExpertRowsCache`). Tested token for token against the every-expert path
+(`every_expert=True`, what a forward runs) and against `export_task`, for one task, mixed tasks with left padding and
+beam search, on GPT-2, Llama and Qwen2 (a sliding-window layer); soft routes keep the every-expert path."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from hf_taskmoe.compat import CACHE_ARG
+from hf_taskmoe.layers.routing import ExpertRowsCache
+
+from .test_host_syncs import host_reads
+from .test_task_routed_lm import MIXED, prompts, routed, train
+
+ARCHS = ["gpt2", "llama", "qwen2"]
+ONE_TASK = torch.tensor([1, 1, 1, 1])
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def hard_model(request):
+    """A model trained a few steps under hard routes: the tasks' routes differ and the experts learned apart."""
+    torch.manual_seed(0)
+    model = train(routed(request.param, selection="hard", num_experts=3))
+    routes = model.task_routing().argmax(-1)  # (tasks, layers)
+    assert len({tuple(r) for r in routes[MIXED.unique()].tolist()}) > 1, routes  # a mixed batch takes several routes
+    return model
+
+
+def rows_per_expert(model):
+    """Counts, per (layer, expert), of the rows each expert computed: forward pre-hooks on every expert."""
+    seen = Counter()
+    handles = []
+    for i, layer in enumerate(model.routed_layers()):
+        for j, expert in enumerate(layer.experts):
+            handles.append(expert.register_forward_pre_hook(
+                lambda _m, args, kwargs, key=(i, j): seen.update({key: (args[0] if args else kwargs["hidden_states"])
+                                                                  .shape[0]}), with_kwargs=True))
+    return seen, handles
+
+
+def generate(model, task_ids, **kwargs):
+    ids, mask = prompts()
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": None, **kwargs}
+    seen, handles = rows_per_expert(model)
+    try:
+        out = model.generate(ids, attention_mask=mask, task_ids=task_ids, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out, seen
+
+
+@pytest.mark.parametrize("task_ids", [ONE_TASK, MIXED], ids=["one_task", "mixed"])
+def test_greedy_generation_equals_the_every_expert_path(hard_model, task_ids):
+    got, seen = generate(hard_model, task_ids)
+    expected, every = generate(hard_model, task_ids, every_expert=True)
+    assert torch.equal(got, expected)
+    routes = hard_model.task_routing().argmax(-1)[task_ids]  # (batch, layers): each row's expert per layer
+    steps = 6  # the prompt, then one token per step but the last
+    for (layer, expert), count in seen.items():
+        assert count == steps * int((routes[:, layer] == expert).sum()), (layer, expert)  # its own rows only
+    assert sum(seen.values()) == steps * len(task_ids) * len(routes[0])  # each row: one expert per layer
+    assert sum(every.values()) == hard_model.config.num_experts * sum(seen.values())
+
+
+def test_one_task_generation_equals_the_exported_model(hard_model):
+    ids, mask = prompts()
+    for t, task in enumerate(hard_model.config.task_names):
+        rows = torch.full((len(ids),), t)
+        got = hard_model.generate(ids, attention_mask=mask, task_ids=rows, max_new_tokens=6, do_sample=False,
+                                  eos_token_id=None)
+        expected = hard_model.export_task(task).generate(ids, attention_mask=mask, max_new_tokens=6,
+                                                         do_sample=False, eos_token_id=None)
+        assert torch.equal(got, expected), task
+
+
+def test_beam_search_reorders_each_experts_rows(hard_model):
+    cache = hard_model.new_cache()
+    got, _ = generate(hard_model, MIXED, num_beams=2, max_new_tokens=5, **{CACHE_ARG: cache})
+    expected, _ = generate(hard_model, MIXED, num_beams=2, max_new_tokens=5, every_expert=True)
+    assert torch.equal(got, expected)
+    assert cache.slot_rows, "a mixed batch keeps some experts' rows only"
+    beams = torch.arange(2 * len(MIXED)) // 2  # the example of each beam row
+    routes = hard_model.task_routing().argmax(-1)[MIXED[beams]]  # (beam rows, layers)
+    for layer in hard_model.routed_layers():
+        for j, slot in enumerate(layer.cache_slots):
+            rows = cache.slot_rows.get(slot)
+            if rows is not None:
+                assert torch.equal(rows, (routes[:, layer.route_index] == j).nonzero().squeeze(-1))
+                assert cache.layers[slot].keys.shape[0] == len(rows)
+
+
+def test_the_plan_is_read_once_per_generation(hard_model):
+    with host_reads() as calls:
+        generate(hard_model, MIXED)
+    plan_reads = [c for c in calls if c.startswith("routing.py") and c.endswith(" cpu")]
+    assert len(plan_reads) == 1, Counter(calls)
+
+
+def test_soft_routes_run_every_expert_on_every_row():
+    torch.manual_seed(0)
+    model = train(routed("llama", selection="softmax", num_experts=2, router_init_std=0.05))
+    got, seen = generate(model, MIXED)
+    expected, _ = generate(model, MIXED, every_expert=True)
+    assert torch.equal(got, expected)
+    layers, experts = model.config.num_routed_layers, model.config.num_experts
+    assert seen == Counter({(i, j): 6 * len(MIXED) for i in range(layers) for j in range(experts)})
+
+
+def test_a_routed_cache_continues_only_with_its_rows(hard_model):
+    ids, mask = prompts()
+    cache = hard_model.new_cache()
+    hard_model.generate(ids, attention_mask=mask, task_ids=MIXED, max_new_tokens=2, **{CACHE_ARG: cache})
+    assert isinstance(cache, ExpertRowsCache) and cache.routing_plan is not None
+    with pytest.raises(ValueError, match="filled for 4 rows"), torch.no_grad():
+        hard_model(ids[:2, -1:], task_ids=MIXED[:2], **{CACHE_ARG: cache})
