@@ -16,6 +16,7 @@ import weakref
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from .problem_types import (
@@ -279,7 +280,14 @@ class TaskConfigMixin:
             if spec.problem_type not in allowed:
                 raise ValueError(f"Task {spec.name!r}: problem_type {spec.problem_type!r} {refusal} {list(allowed)}.")
         self.tasks = [s.to_dict() for s in specs]  # stored as plain dicts: the config is JSON
+        self.task_specs  # noqa: B018  (parsed and cached now, for a compiled forward: see `task_specs`)
         return specs
+
+    def __setstate__(self, state):
+        """A copy (`copy.deepcopy`, pickle) has its specs parsed too, as a built config (see `task_specs`)."""
+        self.__dict__.update(state)
+        if getattr(self, "tasks", None) is not None:
+            self.task_specs  # noqa: B018
 
     def _tasks_or_raise(self) -> list:
         if self.tasks is None:
@@ -290,8 +298,14 @@ class TaskConfigMixin:
     def task_specs(self) -> list[TaskSpec]:
         """`tasks` as `TaskSpec`s, parsed once per content of `tasks` (forward passes read them every step)."""
         tasks = self._tasks_or_raise()
-        key = json.dumps(tasks, sort_keys=True)
         cached = _SPEC_CACHE.get(id(self))
+        if cached is not None and torch.compiler.is_compiling():
+            # dynamo traces neither `json.dumps` nor the parse (a graph break in every forward that reads the specs):
+            # a compiled forward takes the specs last parsed eagerly. Every config has them: parsed when it is built
+            # (`_validate_tasks`) or copied (`__setstate__`); an edit of `tasks` is re-parsed by the next eager read
+            # (`add_task`'s), whose new entry fails the compiled graph's guards.
+            return list(cached[1])
+        key = json.dumps(tasks, sort_keys=True)
         if cached is None or cached[0] != key:
             if cached is None:
                 weakref.finalize(self, _SPEC_CACHE.pop, id(self), None)

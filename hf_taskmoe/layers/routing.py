@@ -242,11 +242,11 @@ def plan_routes(routing_weights: torch.Tensor, every_expert: bool = False) -> li
     straight-through gradient needs). Computed once per forward for all layers: the decisions are copied to
     the host once (the one device-to-host sync of the forward), the row indices go back to the device. With
     `every_expert` nothing is read: every expert runs on every row, scaled by its decisions. So it is under capture
-    (`torch.export`, ONNX, `torch.jit.trace`: `hf_taskmoe.utils.is_capturing`), where no shape may depend on the
-    routes: the routes stay tensors, and an expert a row does not use adds 0 times its output (a hard route gives the
-    chosen expert's output exactly).
+    (`torch.export`, ONNX, `torch.jit.trace`: `hf_taskmoe.utils.is_capturing`) and under `torch.compile`, where no
+    shape may depend on the routes: the routes stay tensors, and an expert a row does not use adds 0 times its output
+    (a hard route gives the chosen expert's output exactly).
     """
-    if every_expert or is_capturing():
+    if every_expert or is_capturing() or torch.compiler.is_compiling():  # compiled: one graph for every route
         return every_expert_plan(*routing_weights.shape[1:])
     host = routing_weights.detach().float().cpu()  # (batch, layers, experts); the forward's one host sync
     return _plan_from_host(host, routing_weights.device, routing_weights.requires_grad and torch.is_grad_enabled())
