@@ -249,3 +249,12 @@ def test_auto_dispatch_is_the_loop_on_a_cpu_and_the_grouped_gemm_compiled_in_bf1
     odd = ExpertBank(2, 12, 20, grouped="auto")  # 12 % 8 != 0
     torch.compile(lambda x: decisions.append(odd.uses_grouped_mm(x, torch.bfloat16)) or x, backend="eager")(x)
     assert decisions[-1] is False
+
+
+def test_grouped_mm_is_refused_by_name_where_torch_lacks_it(monkeypatch):
+    import hf_taskmoe.models.bert_taskmoe.configuration_bert_taskmoe as configuration
+
+    monkeypatch.setattr(configuration, "HAS_GROUPED_MM", False)
+    with pytest.raises(ValueError, match=r"`expert_dispatch='grouped_mm'` needs `torch.nn.functional.grouped_mm`"):
+        _config(num_experts=2, expert_dispatch="grouped_mm")
+    assert _config(num_experts=2).expert_dispatch == "auto"  # the default still builds

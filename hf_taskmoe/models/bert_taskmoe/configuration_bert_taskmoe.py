@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...layers.moe import EXPERT_DISPATCHES, EXPERT_WEIGHTINGS, GATING_TYPES
+from ...layers.moe import EXPERT_DISPATCHES, EXPERT_WEIGHTINGS, GATING_TYPES, HAS_GROUPED_MM
 from ...utils import check_choice, check_float, check_int
 from ..multitask_bert import CLASSIFIER_POOLINGS, MultiTaskBertConfig
 
@@ -16,6 +16,13 @@ def validate_moe_fields(config) -> None:
     check_int(config.top_k, "top_k", minimum=1, maximum=config.num_experts)
     check_choice(config.expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
     check_choice(config.expert_dispatch, EXPERT_DISPATCHES, "expert_dispatch")
+    if config.expert_dispatch == "grouped_mm" and not HAS_GROUPED_MM:
+        import torch
+
+        raise ValueError(
+            f"`expert_dispatch='grouped_mm'` needs `torch.nn.functional.grouped_mm`, which torch {torch.__version__} "
+            "lacks; use 'auto' or 'sorted_loop', or a newer torch."
+        )
     if config.expert_dispatch == "grouped_mm" and (config.hidden_size % 8 or config.intermediate_size % 8):
         raise ValueError(
             "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 (grouped GEMM "
