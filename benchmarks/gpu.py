@@ -240,7 +240,10 @@ def section_infer(bench: Bench, models: dict, make_batches) -> dict:
 
 def section_profile(bench: Bench, models: dict, batches: dict) -> dict:
     """Kernels and GPU kernel time of one bf16 training step (CUDA), or aten ops dispatched (CPU); peak memory."""
-    out = {"kernels": {}, "kernel_ms": {}, "peak_mem_MiB": {}, "params_M": {}}
+    # peak_mem_MiB: everything allocated at the step's peak (every model of the run is resident: compare the next two);
+    # step_MiB: what the step added to what was allocated before it (activations and the gradients);
+    # activations_MiB: step_MiB less the gradients (one fp32 gradient per trainable parameter)
+    out = {"kernels": {}, "kernel_ms": {}, "peak_mem_MiB": {}, "step_MiB": {}, "activations_MiB": {}, "params_M": {}}
     for name, m in models.items():
         m.train()
         out["params_M"][name] = round(sum(p.numel() for p in m.parameters()) / 1e6, 2)
@@ -262,8 +265,10 @@ def section_profile(bench: Bench, models: dict, batches: dict) -> dict:
             train_step(m, batches[name], "bf16")
             bench.sync()
             out["peak_mem_MiB"][name] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-            out.setdefault("peak_over_weights_MiB", {})[name] = round((torch.cuda.max_memory_allocated() - base)
-                                                                      / 2**20, 1)
+            step = torch.cuda.max_memory_allocated() - base
+            grads = sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad)
+            out["step_MiB"][name] = round(step / 2**20, 1)
+            out["activations_MiB"][name] = round((step - grads) / 2**20, 1)
             m.zero_grad(set_to_none=True)
         else:
             from op_count import OpCounter
@@ -271,7 +276,7 @@ def section_profile(bench: Bench, models: dict, batches: dict) -> dict:
             with OpCounter() as counter:
                 train_step(m, batches[name], "bf16")
             out["kernels"][name] = sum(counter.ops.values())
-    for field in ("kernels", "kernel_ms", "peak_mem_MiB"):
+    for field in ("kernels", "kernel_ms", "step_MiB", "activations_MiB"):
         if out[field]:
             out[f"{field}_ratio"] = ratios(out[field])
     log(f"profile: {out}")
