@@ -448,29 +448,18 @@ def _slot_index(rows: torch.Tensor | None, beam_idx: torch.Tensor) -> torch.Tens
     return position[beam_idx[rows]]  # each kept row's source, as a position inside the slot
 
 
-class RoutedCache(EncoderDecoderCache):
-    """The key/value cache of a task-routed decoder: one slot per decoder expert (`layer_idx` of its
-    attention), slot 0 recording the decoded length. An expert that serves only some rows of the batch keeps
-    only those rows; `slot_rows[slot]` holds them (the same rows at every step: a row's task does not change
-    during generation), so that beam search's reordering, which moves rows only inside one example (one task),
-    is translated into each slot's own row positions."""
+class SlotRows:
+    """What a task-routed cache keeps beside its key/value slots: `slot_rows[slot]`, the rows of the batch an expert's
+    slot holds when the expert serves only some rows (absent: every row); put before the transformers cache class.
+    Such a cache cannot drop or repeat rows (its slots hold different rows): it refuses."""
 
-    def __init__(self):
-        super().__init__(DynamicCache(), DynamicCache())
-        self.slot_rows: dict[int, torch.Tensor] = {}
+    slot_rows: dict[int, torch.Tensor]
 
     def set_slot_rows(self, slot: int, rows: torch.Tensor | None) -> None:
         if rows is None:
             self.slot_rows.pop(slot, None)
         else:
             self.slot_rows[slot] = rows
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        for slot in range(max(len(self.self_attention_cache), len(self.cross_attention_cache))):
-            index = _slot_index(self.slot_rows.get(slot), beam_idx)
-            for cache in (self.self_attention_cache, self.cross_attention_cache):
-                if slot < len(cache.layers):
-                    cache.layers[slot].reorder_cache(index)
 
     def batch_select_indices(self, indices: torch.Tensor):
         if self.slot_rows:
@@ -483,7 +472,26 @@ class RoutedCache(EncoderDecoderCache):
         super().batch_repeat_interleave(repeats)
 
 
-class ExpertRowsCache(DynamicCache):
+class RoutedCache(SlotRows, EncoderDecoderCache):
+    """The key/value cache of a task-routed decoder: one slot per decoder expert (`layer_idx` of its
+    attention), slot 0 recording the decoded length. An expert that serves only some rows of the batch keeps
+    only those rows; `slot_rows[slot]` holds them (the same rows at every step: a row's task does not change
+    during generation), so that beam search's reordering, which moves rows only inside one example (one task),
+    is translated into each slot's own row positions."""
+
+    def __init__(self):
+        super().__init__(DynamicCache(), DynamicCache())
+        self.slot_rows: dict[int, torch.Tensor] = {}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        for slot in range(max(len(self.self_attention_cache), len(self.cross_attention_cache))):
+            index = _slot_index(self.slot_rows.get(slot), beam_idx)
+            for cache in (self.self_attention_cache, self.cross_attention_cache):
+                if slot < len(cache.layers):
+                    cache.layers[slot].reorder_cache(index)
+
+
+class ExpertRowsCache(SlotRows, DynamicCache):
     """The key/value cache of a decoder-only task-routed model (`TaskRoutedForCausalLM`): the dense layout, then a
     slot per expert copy (`fork_layers`), each slot the dense layer kind of its layer (full or sliding window).
 
@@ -504,8 +512,6 @@ class ExpertRowsCache(DynamicCache):
         self.plan_batch: int | None = None
         self.plans_routes = False
 
-    set_slot_rows = RoutedCache.set_slot_rows
-
     def _filled(self, layer_idx: int) -> int:
         """`layer_idx`, or a filled slot of its kind when it is empty (an expert no row uses)."""
         layers = self.layers
@@ -525,12 +531,3 @@ class ExpertRowsCache(DynamicCache):
         for slot, layer in enumerate(self.layers):
             layer.reorder_cache(_slot_index(self.slot_rows.get(slot), beam_idx))
 
-    def batch_select_indices(self, indices: torch.Tensor):
-        if self.slot_rows:
-            raise NotImplementedError("A task-routed cache with experts serving a subset of rows cannot drop rows.")
-        super().batch_select_indices(indices)
-
-    def batch_repeat_interleave(self, repeats: int):
-        if self.slot_rows:
-            raise NotImplementedError("A task-routed cache with experts serving a subset of rows cannot repeat rows.")
-        super().batch_repeat_interleave(repeats)
