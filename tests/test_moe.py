@@ -258,3 +258,16 @@ def test_grouped_mm_is_refused_by_name_where_torch_lacks_it(monkeypatch):
     with pytest.raises(ValueError, match=r"`expert_dispatch='grouped_mm'` needs `torch.nn.functional.grouped_mm`"):
         _config(num_experts=2, expert_dispatch="grouped_mm")
     assert _config(num_experts=2).expert_dispatch == "auto"  # the default still builds
+
+
+@pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
+@pytest.mark.parametrize("weighting", ["straight_through", "gate"])
+def test_inference_without_gradients_computes_what_training_computes(dispatch, weighting):
+    """Without gradients a top-1 layer sorts by a gather and puts back by a copy, with the biases gathered (the
+    cheaper ops when nothing is differentiated); with them, gathers both ways and one-hot products: the same values."""
+    moe = _moe(expert_dispatch=dispatch, expert_weighting=weighting).eval()
+    x, task_ids = _inputs()
+    with torch.no_grad():
+        plain = moe(x, task_ids).hidden_states
+    differentiable = moe(x.requires_grad_(True), task_ids).hidden_states
+    torch.testing.assert_close(plain, differentiable.detach(), atol=1e-6, rtol=1e-6)
