@@ -190,6 +190,28 @@ def latest_complete_checkpoint(output_dir: str) -> str | None:
     return None
 
 
+SPECIAL_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def carry_dense_special_tokens(model) -> None:
+    """Give a backbone-generic family's config the PAD/BOS/EOS ids its dense config (`dense_config`) declares, where it
+    names none itself.
+
+    `Trainer.train` aligns the tokenizer's special token ids with `model.config.get_text_config()` and warns ("The
+    tokenizer has new PAD/BOS/EOS tokens ...") wherever that config does not hold them. Ours does not: the ids live
+    in the dense config, which the tokenizer agrees with, so the warning would report as new the ids nobody changed,
+    on every non-BERT run, and there would be nothing for the user to do. With the ids copied first, transformers
+    aligns and warns only where the tokenizer really differs from the model."""
+    config = getattr(model, "config", None)
+    dense = getattr(config, "dense_config", None)
+    if config is None or dense is None or not hasattr(config, "get_text_config"):
+        return
+    text = config.get_text_config()
+    for name in SPECIAL_TOKEN_IDS:
+        if getattr(text, name, None) is None and getattr(dense, name, None) is not None:
+            setattr(text, name, getattr(dense, name))
+
+
 class MultiTaskTrainer(Trainer):
     """`Trainer` for multi-task models.
 
@@ -470,6 +492,7 @@ class MultiTaskTrainer(Trainer):
             self._check_checkpoint(checkpoint)
         if checkpoint and self.task_sampler is not None:
             self._restore_task_sampler(checkpoint)
+        carry_dense_special_tokens(self.model)
         return super().train(resume_from_checkpoint=checkpoint or None, **kwargs)
 
     def _check_checkpoint(self, checkpoint: str) -> None:
