@@ -34,7 +34,9 @@ Serve several tasks in one batch with onnxruntime::
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -174,6 +176,7 @@ def export_program(
     `BartTaskRouted`'s program (`"encoder"` or `"decoder_step"`)."""
     with _eval(model):
         spec = _program(model, token_type_ids, max_length, part)
+        spec.module.eval()
         return torch.export.export(spec.module, spec.inputs, dynamic_shapes=spec.shapes)
 
 
@@ -208,8 +211,9 @@ def export_onnx(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _eval(model), _eager_attention(model):
+    with _eval(model), _eager_attention(model), _quiet_exporter():
         spec = _program(model, token_type_ids, max_length, part)
+        spec.module.eval()  # the wrapper too: the exporter reads its own flag (a fresh module's is training mode)
         program = torch.onnx.export(
             spec.module, spec.inputs, dynamic_shapes=spec.shapes, input_names=spec.input_names,
             output_names=spec.output_names, opset_version=opset_version, dynamo=True, verbose=False,
@@ -336,6 +340,32 @@ def _eval(model):
         yield
     finally:
         model.train(was_training)
+
+
+#: what torch's ONNX exporter says on every successful export of these models, none of it the user's to act on:
+#: the torchvision ops it cannot register (no model here uses nms or roi_align), torch's own pytree deprecation
+#: (LeafSpec, raised inside the exporter), and that an input's dynamic axis is named by the axis it shares (we give
+#: every input the same `batch` and `seq` dims on purpose). Errors and any other warning still come through.
+_EXPORTER_NOISE = (
+    (FutureWarning, r".*`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    (UserWarning, r"# The axis name: \w+ will not be used, since it shares the same shape constraints"),
+)
+_EXPORTER_REGISTRATION_LOGGER = "torch.onnx._internal.exporter._registration"  # "torchvision is not installed"
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """Silence `_EXPORTER_NOISE` and the exporter's registration warnings for one export."""
+    registration = logging.getLogger(_EXPORTER_REGISTRATION_LOGGER)
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            for category, message in _EXPORTER_NOISE:
+                warnings.filterwarnings("ignore", message=message, category=category)
+            yield
+    finally:
+        registration.setLevel(level)
 
 
 @contextlib.contextmanager

@@ -309,6 +309,42 @@ def test_parameter_overhead_for_bert_base_with_eight_glue_tasks():
     assert round(smaller.ratio_to_dense, 3) == 1.107
 
 
+def test_attention_blocks_stay_bounded_at_long_lengths():
+    """N = d / L at the paper's 128 tokens on BERT-base (6 blocks of 22); at 512, where N = d / L would be one 512 x 512
+    block and 2.4 billion FiLM parameters, N grows with L so that no block is longer than 64."""
+    tasks = [TaskSpec(name="a", num_labels=2)]
+    sizes = {}
+    for length in (128, 512, 2048):
+        config = CAMTLConfig(tasks=tasks, conditional_attention_max_length=length)  # BERT-base sizes
+        with torch.device("meta"):
+            sizes[length] = sum(p.numel() for p in CAMTLModel(config).parameters())
+        assert config.attention_blocks == {128: 6, 512: 8, 2048: 32}[length]
+    assert sizes[128] < 132_000_000 and sizes[512] < 166_000_000 and sizes[2048] - sizes[512] < 1_000_000
+    assert CAMTLConfig(tasks=tasks, conditional_attention_max_length=512,
+                       conditional_attention_blocks=2).attention_blocks == 2  # as given
+
+
+def test_a_config_saved_before_the_bound_loads_with_its_blocks(tmp_path):
+    """A saved config holds N; one saved before (no N in its config.json) keeps the N = d // L it was built with."""
+    import json
+
+    old = camtl_config(conditional_attention_max_length=128, conditional_attention_blocks=1)  # d=32: the old N
+    assert camtl_config(conditional_attention_max_length=128).attention_blocks == 2  # the bounded default
+    model = _model(old)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["conditional_attention_blocks"] == 1
+    del saved["conditional_attention_blocks"]  # as an earlier version wrote it
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    loaded = AutoModel.from_pretrained(tmp_path).eval()
+    assert loaded.config.attention_blocks == 1
+    batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
+    torch.testing.assert_close(loaded.bert(**batch).last_hidden_state, model.bert(**batch).last_hidden_state)
+    fresh = camtl_config(conditional_attention_max_length=16)  # N = 2 both ways: saved, and loaded the same
+    fresh.save_pretrained(tmp_path / "fresh")
+    assert AutoConfig.from_pretrained(tmp_path / "fresh").attention_blocks == fresh.attention_blocks == 2
+
+
 def test_covariance_similarity():
     torch.manual_seed(0)
     x = torch.randn(200, 8)

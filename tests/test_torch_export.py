@@ -119,3 +119,16 @@ def test_jit_trace_of_the_encoder_answers_another_task_mix(family):
         expected = encoder(**{n: SERVED[n] for n in names}).last_hidden_state
     torch.testing.assert_close(traced(**{n: SERVED[n] for n in names})["last_hidden_state"], expected,
                                atol=1e-4, rtol=1e-4)
+
+
+def test_a_successful_onnx_export_is_quiet(tmp_path, capfd):
+    """None of what torch's exporter says on every export of these models reaches the user (training-mode wrapper,
+    torchvision ops, pytree deprecation, shared axis names): no warning, nothing on stderr."""
+    import warnings
+
+    pytest.importorskip("onnxscript")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        export_onnx(_model("mt_tag_sorted_loop"), tmp_path / "quiet.onnx")
+    assert [str(w.message) for w in caught] == []
+    assert capfd.readouterr().err == ""

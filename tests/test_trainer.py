@@ -275,3 +275,29 @@ def test_release_freed_memory_every_k_steps_trims_the_heap_on_cpu(tmp_path):
     callback.trim = lambda pad: calls.append(pad) or 1
     trainer.train()  # 6 steps
     assert calls == [0, 0, 0]
+
+
+@pytest.mark.parametrize("dense_pad, warned", [(0, False), (1, True)])
+def test_no_special_token_warning_where_the_tokenizer_agrees_with_the_dense_config(
+    tmp_path, minilm_tokenizer, monkeypatch, dense_pad, warned
+):
+    """A backbone-generic family keeps PAD/BOS/EOS in its dense config: Trainer.train's alignment with the tokenizer
+    (pad 0, no BOS/EOS) warns only where the dense config really differs (pad 1), not on every non-BERT run."""
+    import transformers
+    from transformers import trainer_utils
+
+    from hf_taskmoe import TaskMoEForMultiTask
+
+    messages = []
+    monkeypatch.setattr(trainer_utils.logger, "warning", lambda msg, *a, **k: messages.append(str(msg)))
+    dense = transformers.RobertaModel(transformers.RobertaConfig(
+        vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        pad_token_id=dense_pad, bos_token_id=0, eos_token_id=2))
+    model = TaskMoEForMultiTask.from_dense(dense, tasks=TASKS, num_experts=2)
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, max_steps=1,
+                                      save_strategy="no", report_to="none", use_cpu=True, disable_tqdm=True)
+    MultiTaskTrainer(model=model, args=args, train_dataset=task_sets(model.config),
+                     processing_class=minilm_tokenizer).train()
+    aligns = hasattr(trainer_utils, "align_special_tokens")  # transformers releases that align at all
+    assert any("PAD/BOS/EOS" in m for m in messages) == (warned and aligns)
+    assert model.config.pad_token_id == (0 if aligns else dense_pad)  # the tokenizer's, where transformers aligns

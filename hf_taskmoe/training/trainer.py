@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import ProgressCallback, Trainer, TrainerCallback, TrainingArguments
+from transformers import ProcessorMixin, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, EvalPrediction, speed_metrics
 
@@ -204,6 +204,32 @@ def latest_complete_checkpoint(output_dir: str) -> str | None:
     if skipped:
         logger.warning(skipped_checkpoint_line(skipped, latest))
     return latest
+
+
+SPECIAL_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def carry_dense_special_tokens(model, tokenizer) -> None:
+    """Give a backbone-generic family's config each PAD/BOS/EOS id that its dense config (`dense_config`) and the
+    tokenizer agree on, where the family's config names none itself.
+
+    `Trainer.train` aligns the tokenizer's special token ids with `model.config.get_text_config()` and warns ("The
+    tokenizer has new PAD/BOS/EOS tokens ...") wherever that config does not hold them. Ours does not: the ids live
+    in the dense config, so the warning would report as new the ids the tokenizer and the dense model already share,
+    on every non-BERT run, and there would be nothing for the user to do. Only agreed ids are copied: where the
+    tokenizer differs from the dense model (or defines no such token, which transformers before 5.24 also reports),
+    the family's config stays as it was and transformers aligns and warns as it would."""
+    if isinstance(tokenizer, ProcessorMixin):
+        tokenizer = tokenizer.tokenizer
+    config = getattr(model, "config", None)
+    dense = getattr(config, "dense_config", None)
+    if tokenizer is None or dense is None or not hasattr(config, "get_text_config"):
+        return
+    text = config.get_text_config()
+    for name in SPECIAL_TOKEN_IDS:
+        ours = getattr(dense, name, None)
+        if getattr(text, name, None) is None and ours is not None and ours == getattr(tokenizer, name, None):
+            setattr(text, name, ours)
 
 
 class MultiTaskTrainer(Trainer):
@@ -486,6 +512,7 @@ class MultiTaskTrainer(Trainer):
             self._check_checkpoint(checkpoint)
         if checkpoint and self.task_sampler is not None:
             self._restore_task_sampler(checkpoint)
+        carry_dense_special_tokens(self.model, self.processing_class)
         return super().train(resume_from_checkpoint=checkpoint or None, **kwargs)
 
     def _check_checkpoint(self, checkpoint: str) -> None:

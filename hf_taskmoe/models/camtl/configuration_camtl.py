@@ -2,10 +2,43 @@
 
 from __future__ import annotations
 
+import math
+
 from ...utils import check_choice, check_float, check_int
 from ..multitask_bert import MultiTaskBertConfig
 
 BOTTLENECK_PLACEMENTS = ("none", "base", "large")
+
+#: the largest diagonal block `L / N` of conditional attention by default. The paper's N = d / L makes the block
+#: L^2 / d, and the FiLM maps R^d -> R^(block^2) grow with its square (L^4 / d^2): BERT-base at L = 512 would be one
+#: 512 x 512 block and 2.4 billion FiLM parameters. 64 is the largest block of the paper's own settings (BERT-large,
+#: d = 1024, at L = 256); beyond it N grows with L instead, so the block, and the FiLM, stay this size.
+MAX_ATTENTION_BLOCK = 64
+
+
+def default_attention_blocks(hidden_size: int, max_length: int) -> int:
+    """The number `N` of diagonal blocks when `conditional_attention_blocks` is not set: the paper's `N = d / L`
+    (at least 1), raised where needed so that no block is longer than `MAX_ATTENTION_BLOCK`."""
+    return max(1, hidden_size // max_length, math.ceil(max_length / MAX_ATTENTION_BLOCK))
+
+
+class AttentionBlocksSaved:
+    """Config mixin: a saved config holds the block count `N` its model was built with, so that a later default
+    cannot change the shapes of a saved model. A config saved without it (before the default was bounded by
+    `MAX_ATTENTION_BLOCK`) loads with the rule it was built with then, `N = max(1, d // L)`."""
+
+    def to_diff_dict(self) -> dict:
+        out = super().to_diff_dict()
+        out["conditional_attention_blocks"] = self.attention_blocks
+        return out
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded  # (config, unused kwargs) when asked
+        if "conditional_attention_blocks" not in config_dict and "conditional_attention_blocks" not in kwargs:
+            config.conditional_attention_blocks = max(1, config.hidden_size // config.conditional_attention_max_length)
+        return loaded
 
 
 def validate_camtl_fields(config) -> None:
@@ -39,7 +72,7 @@ def validate_camtl_fields(config) -> None:
         )
 
 
-class CAMTLConfig(MultiTaskBertConfig):
+class CAMTLConfig(AttentionBlocksSaved, MultiTaskBertConfig):
     r"""
     Configuration of CA-MTL (Pilault et al. 2021, section 2.1): a BERT whose upper layers are modulated by
     a learned embedding `z_t` of each task, with one head per task. Every field of `BertConfig` and of
@@ -62,7 +95,9 @@ class CAMTLConfig(MultiTaskBertConfig):
         conditional_attention_max_length (`int`, *optional*, defaults to 128):
             The longest sequence `L` conditional attention covers (the paper's sequence length).
         conditional_attention_blocks (`int`, *optional*):
-            Number `N` of diagonal blocks; defaults to `max(1, hidden_size // max_length)` (the paper's N = d/L).
+            Number `N` of diagonal blocks of size `ceil(L / N)`; defaults to the paper's `N = d / L` (at least 1),
+            raised to `ceil(L / 64)` where that block would be longer than 64 (`MAX_ATTENTION_BLOCK`: the FiLM maps
+            grow with the block's square). Saved with the config.
         conditional_attention_init_std (`float`, *optional*):
             Standard deviation of the random blocks `A_n`; defaults to `initializer_range`. 0 makes a fresh
             model compute exactly the dense BERT.
@@ -130,7 +165,7 @@ class CAMTLConfig(MultiTaskBertConfig):
     def attention_blocks(self) -> int:
         if self.conditional_attention_blocks is not None:
             return self.conditional_attention_blocks
-        return max(1, self.hidden_size // self.conditional_attention_max_length)
+        return default_attention_blocks(self.hidden_size, self.conditional_attention_max_length)
 
     @property
     def uses_task_embedding(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..backbone_encoder import BackboneTaskConfig
-from ..camtl.configuration_camtl import CAMTLConfig, validate_camtl_fields
+from ..camtl.configuration_camtl import AttentionBlocksSaved, CAMTLConfig, validate_camtl_fields
 
 __all__ = ["ATTENTION_IMPLEMENTATIONS_WITH_BIAS", "CAMTLBackboneConfig", "check_attention_implementation"]
 
@@ -24,7 +24,7 @@ def check_attention_implementation(implementation: str | None, model_type: str) 
     )
 
 
-class CAMTLBackboneConfig(BackboneTaskConfig):
+class CAMTLBackboneConfig(AttentionBlocksSaved, BackboneTaskConfig):
     r"""
     Configuration of CA-MTL (Pilault et al. 2021) on a dense encoder of any declared architecture (RoBERTa, XLM-R,
     ELECTRA, DistilBERT, DeBERTa-v2/v3, ModernBERT, BERT: `hf_taskmoe.backbones.backbone_names("encoder")`): the
@@ -41,7 +41,8 @@ class CAMTLBackboneConfig(BackboneTaskConfig):
             attention scores of the conditional layers. Needs an architecture whose attention takes an additive mask
             (not DeBERTa-v2/v3: `Backbone.attention_bias`) and the `"eager"` or `"sdpa"` attention implementation.
         conditional_attention_max_length (`int`, *optional*, defaults to 128): the longest input `L` it covers.
-        conditional_attention_blocks (`int`, *optional*): number `N` of diagonal blocks (default `hidden // L`).
+        conditional_attention_blocks (`int`, *optional*): number `N` of diagonal blocks (default `hidden // L`,
+            raised to `ceil(L / 64)` where a block would be longer than 64; saved with the config).
         conditional_attention_init_std (`float`, *optional*): std of the blocks `A_n` (default `initializer_range`);
             0 makes a fresh model compute exactly the dense model.
         conditional_alignment (`bool`, *optional*, defaults to `True`): the task-conditioned alignment between the
