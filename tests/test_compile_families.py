@@ -200,19 +200,12 @@ def test_the_sorted_expert_loop_is_a_graph_break(arch):
 
 
 # -- MultiTaskTrainer(torch_compile=True) ----------------------------------------------------------------------------
-LABEL_DTYPE_FOLLOWS_THE_MIX = pytest.mark.xfail(
-    strict=True, raises=torch._dynamo.exc.FailOnRecompileLimitHit,
-    reason="MultiTaskCollator._labels (training/data.py) makes the labels float when a batch holds a regression row "
-    "and long otherwise: the labels' dtype follows the task mix, and dynamo recompiles on a dtype change")
-
-
-@pytest.mark.parametrize("family, class_labels", [
-    ("pals", "float"), ("camtl", "float"), pytest.param("camtl", "int", marks=LABEL_DTYPE_FOLLOWS_THE_MIX)])
+@pytest.mark.parametrize("family, class_labels", [("pals", "float"), ("camtl", "float"), ("camtl", "int")])
 def test_trainer_with_torch_compile_runs_one_graph_over_mixed_batches(family, class_labels, tmp_path):
     """`torch_compile=True` (accelerate compiles the model; `aot_eager` here, inductor by default): the collator's
-    checked and counted batches, whose task mixes differ from step to step, run one graph with no break, when the
-    class labels are stored as floats (`0.0`, `1.0`: every batch's labels are then float, as with a regression task
-    in the mix). With int class labels a batch without a regression row has long labels: a second graph (xfail)."""
+    checked and counted batches, whose task mixes differ from step to step, run one graph with no break, whether the
+    class labels are stored as floats (`0.0`, `1.0`) or ints: the mixture holds a regression task, so the Trainer's
+    collator gives every batch float labels, also a batch without a regression row (one dtype, one graph)."""
     from datasets import Dataset
     from torch._dynamo.utils import counters
 

@@ -63,6 +63,9 @@ class ProblemType:
     text_is_words: ClassVar[bool] = False
     #: an empty text field is a valid row (e.g. an empty choice context)
     allows_empty_text: ClassVar[bool] = False
+    #: the label is a real number (a float in a batch's labels): a mixture holding such a task collates every
+    #: batch's labels as floats, so that their dtype does not follow the batch's mix (`MultiTaskCollator`)
+    float_labels: ClassVar[bool] = False
     #: the label is a JSON object (extractive QA's `{"text": [...], "answer_start": [...]}`), checked by
     #: `encode_label` rather than as a column of one kind
     label_is_object: ClassVar[bool] = False

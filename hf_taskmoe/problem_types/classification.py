@@ -347,6 +347,7 @@ class MultiLabelClassification(_ClassType):
 
 class Regression(ProblemType):
     name = "regression"
+    float_labels = True
     hub_pipeline_tag = "text-regression"  # the Hub has none for regression on text; not a classification result
     default_metrics = ("pearson", "spearmanr")
     capabilities = frozenset({ENCODER, TABULAR})

@@ -726,14 +726,16 @@ class MultiTaskCollator:
     """Pads a batch that may mix tasks; a multiple-choice example becomes one row per choice (consecutive).
 
     Labels: a 1-D tensor when every row has one label, else a 2-D one padded with -100; float when any
-    label is a float (regression), long otherwise.
+    label is a float (regression) or `float_labels` (a mixture holding a task with real-valued labels: then every
+    batch's labels are float, whatever its mix, so that a compiled step sees one dtype), long otherwise.
     """
 
     model_keys = ("input_ids", "attention_mask", "token_type_ids")
 
-    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None):
+    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, float_labels: bool = False):
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.float_labels = float_labels
 
     def _rows(self, features: list[dict]) -> list[dict]:
         rows = []
@@ -767,7 +769,7 @@ class MultiTaskCollator:
             batch["token_type_ids"] = token_type_ids
         batch["task_ids"] = torch.tensor([int(r["task_ids"]) for r in rows], dtype=torch.long)
         if "labels" in rows[0]:
-            batch["labels"] = self._labels([r["labels"] for r in rows])
+            batch["labels"] = self._labels([r["labels"] for r in rows], self.float_labels)
         if any("span_positions" in r for r in rows):
             num_spans = max(len(r.get("span_positions") or []) for r in rows)
             spans = torch.zeros((n, num_spans, 2), dtype=torch.long)
@@ -778,8 +780,8 @@ class MultiTaskCollator:
         return batch
 
     @staticmethod
-    def _labels(labels: list) -> torch.Tensor:
-        is_float = any(
+    def _labels(labels: list, float_labels: bool = False) -> torch.Tensor:
+        is_float = float_labels or any(
             isinstance(v, float) or (isinstance(v, list) and any(isinstance(x, float) for x in v)) for v in labels
         )
         dtype = torch.float32 if is_float else torch.long

@@ -282,7 +282,9 @@ class MultiTaskTrainer(Trainer):
 
         if data_collator is None:
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
-            data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0)
+            # one labels dtype for every batch of the mixture, whatever its mix (a compiled step's graph keys on it)
+            float_labels = any(problem_type_of(t).float_labels for t in self.tasks)
+            data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0, float_labels=float_labels)
         #: every batch's task ids and labels are checked on the CPU by the collator, which marks the batch
         #: `values_checked=True` and gives its rows per task (`task_counts`): the forward passes skip the value
         #: checks' host syncs and split the batch among the heads without one (models of this library only). Not the
