@@ -102,6 +102,25 @@ def test_the_plan_is_read_once_per_generation(hard_model):
     assert len(plan_reads) == 1, Counter(calls)
 
 
+def test_a_generation_reads_the_device_back_as_often_for_two_new_tokens_as_for_six(hard_model):
+    """The plan once, the task ids and the prompt's token ids once, before the first step: no decoding step reads
+    anything back (each step read the task ids' range and its input ids' before)."""
+    reads = {}
+    for new_tokens in (2, 6):
+        with host_reads() as calls:
+            generate(hard_model, MIXED, max_new_tokens=new_tokens)
+        reads[new_tokens] = Counter(calls)
+    assert reads[2] == reads[6], reads
+
+
+def test_bad_task_ids_and_token_ids_are_still_refused_by_generate(hard_model):
+    ids, mask = prompts()
+    with pytest.raises(ValueError, match="task"):
+        hard_model.generate(ids, attention_mask=mask, task_ids=torch.full((ids.shape[0],), 99), max_new_tokens=2)
+    with pytest.raises(ValueError, match="vocabulary"):
+        hard_model.generate(ids + 10_000, attention_mask=mask, task_ids=MIXED, max_new_tokens=2)
+
+
 def test_soft_routes_run_every_expert_on_every_row():
     torch.manual_seed(0)
     model = train(routed("llama", selection="softmax", num_experts=2, router_init_std=0.05))

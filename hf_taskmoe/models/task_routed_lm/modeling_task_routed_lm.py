@@ -311,14 +311,22 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         Under hard routes (every row's decisions one-hot: `selection="hard"` or `"gumbel_softmax_st"` at evaluation)
         each routed layer runs only the experts the rows use, each on its own rows, with its own rows in its cache
         slot: the dense model's cost. The plan is made at the first step from the decisions (one host read per call)
-        and kept for the others. A soft route, a cache passed by hand, or `every_expert=True` (the reference the
-        routed path is tested against) run every expert on every row, mixed by the decisions."""
+        and kept for the others; the task ids and the prompt's token ids are checked once, before the first step. A
+        soft route, a cache passed by hand, or `every_expert=True` (the reference the routed path is tested against)
+        run every expert on every row, mixed by the decisions."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
         check_generation_cache(self, kwargs)
         kwargs.pop("cache_implementation", None)  # 'dynamic': the routed cache passed below is one
         if input_ids is not None and attention_mask is not None:
             input_ids, attention_mask = left_align(input_ids, attention_mask)
+        if input_ids is not None and not kwargs.get("values_checked"):
+            # the task ids and the prompt's token ids checked once, here: every decoding step then reads nothing back
+            # to check them again (its new ids are the model's own), where each step read both
+            kwargs["task_ids"] = resolve_task_ids(kwargs.get("task_ids"), input_ids.shape[0], self.config.task_names,
+                                                  self.device)
+            check_token_ids(token_table_sizes(self), input_ids=input_ids)
+            kwargs["values_checked"] = True
         cache = pop_cache(dict(kwargs))
         if cache is None:
             kwargs[CACHE_ARG] = cache = self.new_cache()
