@@ -23,6 +23,17 @@ def is_capturing() -> bool:
     return is_exporting() or torch.jit.is_tracing()
 
 
+def compute_dtype(tensor, default=None):
+    """The dtype an operation on `tensor` computes in: autocast's on the tensor's device where autocast is on, else
+    `default` (the tensor's own dtype when None)."""
+    import torch
+
+    device = tensor.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return tensor.dtype if default is None else default
+
+
 def one_hot(index, n: int, dtype):
     """`index` `(...,)` as one-hot rows `(..., n)` of `dtype`, for products that select rows of a table (a task's gate,
     a slot's expert bias, a row's PAL weights): their backward is a product too, where `index_select`'s scatters with

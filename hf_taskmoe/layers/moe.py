@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
 from ..contract import StackedWeight
-from ..utils import is_capturing, lookup, one_hot
+from ..utils import compute_dtype, is_capturing, lookup, one_hot
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
@@ -231,8 +231,7 @@ class ExpertBank(nn.Module):
             h = self.act(torch.einsum("th,eih->tei", x, self.w_in) + self.w_in_bias)  # (tokens, experts, inter)
             y = torch.einsum("tei,ehi->teh", h, self.w_out) + self.w_out_bias  # (tokens, experts, hidden)
             return torch.einsum("teh,te->th", y, combine.to(y.dtype))
-        device = x.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        dtype = compute_dtype(x)
         if not self.uses_grouped_mm(x, dtype):
             w_in, b_in, w_out, b_out = (w.unbind(0) for w in (self.w_in, self.w_in_bias, self.w_out, self.w_out_bias))
             experts = [

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..contract import StackedWeight
-from ..utils import is_capturing, one_hot
+from ..utils import compute_dtype, is_capturing, one_hot
 
 
 class PALAttention(nn.Module):
@@ -171,10 +171,7 @@ class ProjectedAttentionLayers(nn.Module):
             present = torch.zeros(self.num_groups, dtype=torch.long, device=group_ids.device)
             present = present.scatter(0, group_ids, torch.ones_like(group_ids))
             index = (present.cumsum(0) - 1).index_select(0, group_ids)  # (batch,)
-        weight = self.encoders[0].weight
-        device = weight.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-        rows = one_hot(index, len(groups), dtype)  # (batch, groups)
+        rows = one_hot(index, len(groups), compute_dtype(self.encoders[0].weight))  # (batch, groups)
         return RowGroups(groups, index, self.row_weights(rows, [self.encoders[g] for g in groups]),
                          self.row_weights(rows, [self.decoders[g] for g in groups]), rows)
 
@@ -290,6 +287,5 @@ def pal_key_mask(
     keep = attention_mask.bool().reshape(attention_mask.shape[0], 1, 1, attention_mask.shape[-1])  # one view
     if dtype is None:
         return keep
-    if torch.is_autocast_enabled(attention_mask.device.type):
-        dtype = torch.get_autocast_dtype(attention_mask.device.type)
+    dtype = compute_dtype(attention_mask, default=dtype)
     return torch.full_like(keep, float("-inf"), dtype=dtype).masked_fill_(keep, 0.0)
