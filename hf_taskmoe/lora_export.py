@@ -1,0 +1,511 @@
+"""Export a task-routed model as one dense base model plus one peft LoRA adapter per task.
+
+A task-routed model (`TaskRoutedForCausalLM`, `TaskRoutedForSeq2SeqLM`) under hard routes computes, for each task, a
+plain dense model: `export_task(task)` builds it. Serving engines (vLLM, SGLang, LoRAX, TGI) and peft itself batch
+requests for *different LoRA adapters on one base model*; `export_task_adapters` writes the routed model in that form:
+
+    path/base/          the dense model (`save_pretrained`), one choice of shared weights at each routed layer
+    path/<task>/        peft LoRA adapter of the task (`PeftModel.save_pretrained`): adapter_config.json + safetensors
+    path/hf_taskmoe_adapters.json   what was exported: routes, base choice, rank, what was folded, carried or dropped
+
+Each adapter holds, for every routed layer and every linear in it (GPT-2's `Conv1D` included, `fan_in_fan_out`), the
+truncated SVD of `W_task - W_base` at `rank` (`lora_alpha = rank`: the LoRA scale is 1). What LoRA weights cannot
+carry is handled as follows:
+
+* a norm whose weight differs from the base's is *folded* into the linears it feeds (pre-norm layers: Llama's
+  `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds `c_attn`, ...): the task's layer computes
+  `W_t (w_t * x_hat + b_t) + c_t`, which equals `W'(w_b * x_hat + b_b) + c'` with `W' = W_t diag(w_t / w_b)` and
+  `c' = c_t + W_t b_t - W' b_b`, so the base's norm serves every task and the difference moves into the adapter
+  (exact; refused where a base norm weight is 0, and not possible for post-norm layers);
+* a linear's bias that differs (or a bias folded in from a norm) goes in peft's `lora_bias` (a bias on LoRA's B,
+  loaded by peft and applied per row in mixed batches; vLLM's LoRA does not load it) -- or is dropped with
+  `carry_biases=False`;
+* anything else that differs (a post-norm layer's norms, T5's relative-position table, a bias where the linear has
+  none) has no place in the format peft runs in mixed batches (peft's `modules_to_save` wrapper mixes batches only for
+  linear, embedding and convolution modules, and an adapter-wide copy is what a mixed batch must not use): it is
+  *dropped*, the base's value serves the task, and its relative size `||delta|| / ||W_task||` is recorded in the
+  manifest and returned. `lossless=True` refuses such an export, saying what and why.
+
+Folding and the bias carried make the export exact at full rank for Llama, Qwen2, Mistral and GPT-2 (and T5 but for a
+routed relative-position table): the only error left is the rank's truncation.
+
+The base (`base=`): `"majority"` (default) takes at each routed layer the expert the most exported tasks use (ties: the
+lowest index), so every task on it is exact there with a zero adapter, the base is a model some tasks run exactly
+(requests with no adapter get a real route), and when tasks share experts -- what routing learns -- most deltas are
+zero; `"mean"` takes the mean of the tasks' routed weights (each exported task once), the point nearest all of them in
+the Frobenius norm, which no task runs exactly; `"expert0"` takes expert 0; a dense model of the same architecture
+(the checkpoint `from_dense` forked) takes its routed layers from it (all other weights are the routed model's, as
+those are what every task runs). `benchmarks/lora_export.py --base` compares them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.pytorch_utils import Conv1D
+
+__all__ = ["AdapterExport", "BASES", "export_task_adapters", "routed_layer_experts"]
+
+#: the base choices `export_task_adapters(base=...)` takes by name
+BASES = ("majority", "mean", "expert0")
+MANIFEST = "hf_taskmoe_adapters.json"
+BASE_FOLDER = "base"
+
+
+# --------------------------------------------------------------------------------------------- the model's internals
+def routed_layer_experts(model) -> list[tuple[str, int, list[nn.Module]]]:
+    """`(name, route index, experts)` of each routed layer: its module name in `model.export_task(...)`'s dense model
+    (`"model.layers.3"`), its index on the router's layer axis (`model.hard_route(task)[index]` is the task's expert
+    there), and its experts (modules of the dense layer's class, in expert order).
+
+    The only place this module reads the routed model's internals (`_layer_stacks`, a routed layer's `route_index` and
+    `experts`)."""
+    stacks = getattr(model, "_layer_stacks", None)
+    if stacks is None or not callable(getattr(model, "export_task", None)) or not callable(
+        getattr(model, "hard_route", None)
+    ):
+        raise TypeError(
+            f"export_task_adapters takes a task-routed model with hard routes (TaskRoutedForCausalLM, "
+            f"TaskRoutedForSeq2SeqLM), got {type(model).__name__}. BartTaskRouted is not supported yet: its export "
+            "does not expose its routed layers' experts (and its post-norm layers' norms could not be folded)."
+        )
+    found = []
+    for prefix, layers in stacks().items():
+        for i, layer in enumerate(layers):
+            if layer.route_index is not None:
+                found.append((f"{prefix}{i}", int(layer.route_index), list(layer.experts)))
+    return found
+
+
+# --------------------------------------------------------------------------------------------- architecture knowledge
+#: pre-norm layers: `{model_type: {norm (relative to the layer): linears whose input is exactly its output}}`
+_LLAMA_NORMS = {
+    "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),
+}
+NORM_CONSUMERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "llama": _LLAMA_NORMS,
+    "qwen2": _LLAMA_NORMS,
+    "mistral": _LLAMA_NORMS,
+    "gpt2": {"ln_1": ("attn.c_attn",), "ln_2": ("mlp.c_fc",)},
+}
+
+
+def _norm_consumers(model_type: str, layer: nn.Module) -> dict[str, tuple[str, ...]]:
+    """The norms of `layer` that can be folded and the linears each feeds (empty: none can)."""
+    if model_type in ("t5", "mt5"):  # a block's sub-layers: `layer.<k>.layer_norm` feeds its own sub-layer's inputs
+        found = {}
+        for k, sub in enumerate(layer.layer):
+            if hasattr(sub, "SelfAttention"):
+                found[f"layer.{k}.layer_norm"] = tuple(f"layer.{k}.SelfAttention.{p}" for p in "qkv")
+            elif hasattr(sub, "EncDecAttention"):  # keys and values read the encoder's output, not this norm's
+                found[f"layer.{k}.layer_norm"] = (f"layer.{k}.EncDecAttention.q",)
+            elif hasattr(sub, "DenseReluDense"):
+                ffn = sub.DenseReluDense
+                names = ("wi_0", "wi_1") if hasattr(ffn, "wi_0") else ("wi",)
+                found[f"layer.{k}.layer_norm"] = tuple(f"layer.{k}.DenseReluDense.{n}" for n in names)
+        return found
+    table = NORM_CONSUMERS.get(model_type, {})
+    names = dict(layer.named_modules())
+    return {norm: lins for norm, lins in table.items() if norm in names and all(n in names for n in lins)}
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, (nn.Linear, Conv1D))
+
+
+def _matrix(module: nn.Module) -> torch.Tensor:
+    """A linear's weight as `(out, in)` float64 (GPT-2's `Conv1D` stores `(in, out)`)."""
+    weight = module.weight.detach().double()
+    return weight.t() if isinstance(module, Conv1D) else weight
+
+
+def _bias(module: nn.Module, out: int) -> torch.Tensor:
+    bias = getattr(module, "bias", None)
+    if bias is None:
+        return torch.zeros(out, dtype=torch.float64, device=module.weight.device)
+    return bias.detach().double()
+
+
+# --------------------------------------------------------------------------------------------- the result
+@dataclass
+class AdapterExport:
+    """What `export_task_adapters` wrote (also in `path/hf_taskmoe_adapters.json`).
+
+    `dropped`: per task, `{parameter name: ||task - base|| / ||task||}` of what the export could not carry (the base's
+    value serves the task there); empty for every task means the export is exact up to the rank. `weight_error`: per
+    task, the largest relative truncation error `||delta - B A|| / ||W_task||` over its linears (0 at full rank).
+    `folded`: per task, the norms folded into the linears they feed. `lora_bias`: the tasks whose adapter carries
+    biases (peft's `lora_bias`)."""
+
+    path: str
+    base: str
+    rank: int
+    requested_rank: int | str
+    tasks: list[str]
+    routes: dict[str, list[int]]
+    base_experts: dict[str, int | None]
+    target_modules: list[str]
+    folded: dict[str, list[str]] = field(default_factory=dict)
+    lora_bias: list[str] = field(default_factory=list)
+    dropped: dict[str, dict[str, float]] = field(default_factory=dict)
+    weight_error: dict[str, float] = field(default_factory=dict)
+    force_argmax: bool = False
+
+    @property
+    def exact(self) -> bool:
+        """Nothing dropped for any task: the export is exact up to the rank."""
+        return not any(self.dropped.values())
+
+    def adapter_path(self, task: str) -> str:
+        return os.path.join(self.path, task)
+
+    @property
+    def base_path(self) -> str:
+        return os.path.join(self.path, BASE_FOLDER)
+
+
+# --------------------------------------------------------------------------------------------- checks
+def _check_rank(rank) -> int | str:
+    if rank == "full":
+        return rank
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise ValueError(f"`rank` must be a positive int or 'full', got {rank!r}.")
+    return rank
+
+
+def _check_tasks(model, tasks) -> list[str]:
+    names = list(model.config.task_names)
+    if tasks is None:
+        tasks = names
+    if isinstance(tasks, str) or not list(tasks):
+        raise ValueError(f"`tasks` must be a non-empty list of task names (of {names}), got {tasks!r}.")
+    tasks = list(tasks)
+    unknown = [t for t in tasks if t not in names]
+    if unknown:
+        raise ValueError(f"Unknown task(s) {unknown}; the model's tasks are {names}.")
+    if len(set(tasks)) != len(tasks):
+        raise ValueError(f"`tasks` names a task twice: {tasks}.")
+    for reserved in (BASE_FOLDER, "default"):
+        if reserved in tasks:
+            raise ValueError(
+                f"A task named {reserved!r} cannot be exported as an adapter folder: "
+                + ("the base model is written to path/base." if reserved == BASE_FOLDER else
+                   "peft saves an adapter named 'default' at the folder's root, not in path/default.")
+            )
+    return tasks
+
+
+def _check_path(path, overwrite: bool) -> Path:
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"`path` {str(path)!r} exists and is not a folder.")
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise ValueError(f"`path` {str(path)!r} exists and is not empty; pass overwrite=True to replace it.")
+        shutil.rmtree(path)
+    return path
+
+
+def _routes(model, tasks: list[str], force_argmax: bool) -> dict[str, list[int]]:
+    routes = {}
+    for task in tasks:
+        try:
+            routes[task] = model.hard_route(task, force_argmax=False)
+        except ValueError:
+            if not force_argmax:
+                raise ValueError(
+                    f"Task {task!r} has a soft route (selection {model.config.selection!r}): each routed layer mixes "
+                    "its experts per input, which neither one dense base nor a LoRA adapter holds. Export a hard "
+                    "route: train with selection='gumbel_softmax_st' or 'hard', or pass force_argmax=True to export "
+                    "the arg-max experts (the adapters then differ from the routed model's outputs)."
+                ) from None
+            routes[task] = model.hard_route(task, force_argmax=True)
+    return routes
+
+
+# --------------------------------------------------------------------------------------------- base
+def _mean_state(modules: list[nn.Module]) -> dict[str, torch.Tensor]:
+    states = [m.state_dict() for m in modules]
+    return {
+        k: (torch.stack([s[k].double() for s in states]).mean(0).to(v.dtype) if v.is_floating_point() else v)
+        for k, v in states[0].items()
+    }
+
+
+def _build_base(model, tasks, routes, layers, base, force_argmax) -> tuple[PreTrainedModel, str, dict]:
+    """The dense model of the first task's export with each routed layer replaced by the base choice."""
+    dense = model.export_task(tasks[0], force_argmax=force_argmax)
+    chosen: dict[str, int | None] = {}
+    if isinstance(base, PreTrainedModel):
+        source, label = base, f"dense:{getattr(base.config, 'name_or_path', '') or type(base).__name__}"
+        if type(source) is not type(dense):
+            raise ValueError(f"A dense base must be a {type(dense).__name__} (the routed model's dense class), got "
+                             f"{type(source).__name__}.")
+    elif base in BASES:
+        source, label = None, base
+    else:
+        raise ValueError(f"`base` must be one of {BASES} or a dense model of the routed model's class, got {base!r}.")
+    with torch.no_grad():
+        for name, index, experts in layers:
+            target = dense.get_submodule(name)
+            if source is not None:
+                state, chosen[name] = source.get_submodule(name).state_dict(), None
+            elif label == "mean":
+                state, chosen[name] = _mean_state([experts[routes[t][index]] for t in tasks]), None
+            else:
+                counts = [sum(routes[t][index] == j for t in tasks) for j in range(len(experts))]
+                j = 0 if label == "expert0" else max(range(len(experts)), key=lambda e: (counts[e], -e))
+                state, chosen[name] = experts[j].state_dict(), j
+            try:
+                target.load_state_dict(state, strict=True)
+            except RuntimeError as error:
+                raise ValueError(f"The base's layer {name} does not fit the routed model's: {error}") from None
+    config = dense.config
+    if hasattr(config, "hf_taskmoe_task"):
+        delattr(config, "hf_taskmoe_task")
+    config.hf_taskmoe_adapter_base = label
+    return dense, label, chosen
+
+
+# --------------------------------------------------------------------------------------------- deltas
+@dataclass
+class _LayerDelta:
+    weights: dict[str, torch.Tensor]  # linear name -> (out, in) delta, float64
+    biases: dict[str, torch.Tensor]  # linear name -> (out,) delta (only the nonzero ones)
+    norms: dict[str, torch.Tensor]  # linear name -> the task's (out, in) weight, for relative errors
+    folded: list[str]
+    dropped: dict[str, float]
+
+
+def _relative(delta: torch.Tensor, reference: torch.Tensor) -> float:
+    scale = float(reference.double().norm())
+    return float(delta.double().norm()) / (scale if scale > 0 else 1.0)
+
+
+def _layer_delta(model_type: str, post_norm: bool, name: str, base_layer: nn.Module, task_layer: nn.Module,
+                 carry_biases: bool) -> _LayerDelta:
+    """What the task's layer differs by from the base's, in the form an adapter carries."""
+    linears = {n: m for n, m in task_layer.named_modules() if _is_linear(m)}
+    base_modules = dict(base_layer.named_modules())
+    weights = {n: _matrix(m) for n, m in linears.items()}
+    biases = {n: _bias(m, w.shape[0]) for (n, m), w in zip(linears.items(), weights.values())}
+    handled: set[str] = {f"{n}.weight" for n in linears} | {f"{n}.bias" for n in linears}
+    folded, dropped = [], {}
+    consumers = {} if post_norm else _norm_consumers(model_type, task_layer)
+    for norm, feeds in consumers.items():
+        t_norm, b_norm = task_layer.get_submodule(norm), base_modules[norm]
+        w_t, w_b = t_norm.weight.detach().double(), b_norm.weight.detach().double()
+        nb_t = getattr(t_norm, "bias", None)
+        nb_b = getattr(b_norm, "bias", None)
+        nb_t = nb_t.detach().double() if nb_t is not None else None
+        nb_b = nb_b.detach().double() if nb_b is not None else None
+        same = torch.equal(w_t, w_b) and (nb_t is None or torch.equal(nb_t, nb_b))
+        handled |= {f"{norm}.weight", f"{norm}.bias"}
+        if same:
+            continue
+        if bool((w_b == 0).any()):
+            dropped[f"{name}.{norm}"] = _relative(
+                torch.cat([w_t - w_b] + ([nb_t - nb_b] if nb_t is not None else [])),
+                torch.cat([w_t] + ([nb_t] if nb_t is not None else [])),
+            )
+            continue  # a zero in the base's norm weight loses the direction: nothing to fold through
+        ratio = w_t / w_b
+        for lin in feeds:
+            w_task = weights[lin]
+            folded_w = w_task * ratio[None, :]
+            if nb_t is not None:  # c' = c_t + W_t b_t - W' b_b
+                biases[lin] = biases[lin] + w_task @ nb_t - folded_w @ nb_b
+            weights[lin] = folded_w
+        folded.append(f"{name}.{norm}")
+    out_weights, out_biases, refs = {}, {}, {}
+    for n in linears:
+        base_mod = base_modules[n]
+        out_weights[n] = weights[n] - _matrix(base_mod)
+        refs[n] = weights[n]
+        bias_delta = biases[n] - _bias(base_mod, weights[n].shape[0])
+        if bool((bias_delta != 0).any()):
+            if carry_biases:  # a linear without a bias gets one through lora_bias too (a folded norm bias)
+                out_biases[n] = bias_delta
+            else:
+                dropped[f"{name}.{n}.bias"] = _relative(bias_delta, biases[n])
+    # anything else in the layer that differs: dropped
+    base_params = dict(base_layer.named_parameters())
+    for pname, param in task_layer.named_parameters():
+        if pname in handled:
+            continue
+        other = base_params[pname]
+        if not torch.equal(param, other):
+            dropped[f"{name}.{pname}"] = _relative(param.detach() - other.detach(), param.detach())
+    return _LayerDelta(out_weights, out_biases, refs, folded, dropped)
+
+
+def _task_deltas(model_type, post_norm, layers, base_model, dense, carry_biases) -> list[tuple[str, _LayerDelta]]:
+    return [
+        (name, _layer_delta(model_type, post_norm, name, base_model.get_submodule(name), dense.get_submodule(name),
+                            carry_biases))
+        for name, _, _ in layers
+    ]
+
+
+def _check_outside_layers(base_model, dense, layers, task) -> None:
+    """Every weight outside the routed layers is the routed model's own, the same for every task."""
+    prefixes = tuple(f"{name}." for name, _, _ in layers)
+    base_state = base_model.state_dict()
+    for key, value in dense.state_dict().items():
+        if not key.startswith(prefixes) and not torch.equal(value, base_state[key]):
+            raise RuntimeError(f"Task {task!r}'s export differs from the base outside the routed layers at {key}.")
+
+
+def _svd(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """`(A (rank, in), B (out, rank), ||delta - B A||)`: the truncated SVD split evenly, padded with zeros."""
+    out_f, in_f = delta.shape
+    if not bool(delta.any()):
+        zeros = delta.new_zeros
+        return zeros(rank, in_f), zeros(out_f, rank), 0.0
+    u, s, vh = torch.linalg.svd(delta, full_matrices=False)
+    k = min(rank, s.numel())
+    root = s[:k].sqrt()
+    a = delta.new_zeros(rank, in_f)
+    b = delta.new_zeros(out_f, rank)
+    a[:k] = root[:, None] * vh[:k]
+    b[:, :k] = u[:, :k] * root[None, :]
+    return a, b, float(s[k:].norm())
+
+
+# --------------------------------------------------------------------------------------------- export
+def export_task_adapters(
+    model,
+    path: str | os.PathLike,
+    rank: int | str = "full",
+    tasks: list[str] | None = None,
+    lossless: bool = False,
+    base: str | PreTrainedModel = "majority",
+    *,
+    force_argmax: bool = False,
+    carry_biases: bool = True,
+    overwrite: bool = False,
+    tokenizer=None,
+) -> AdapterExport:
+    """Write a task-routed model as one dense base (`path/base`) plus one peft LoRA adapter per task (`path/<task>`);
+    see the module's docstring for the layout and for what is folded, carried and dropped.
+
+    Args:
+        model: a task-routed model (`TaskRoutedForCausalLM`, `TaskRoutedForSeq2SeqLM`) whose exported tasks have hard
+            routes (`selection="gumbel_softmax_st"` or `"hard"`).
+        path: an empty (or missing) folder; `overwrite=True` replaces a non-empty one.
+        rank: the LoRA rank, or `"full"`: the largest `min(out, in)` of the routed linears (exact). A rank above it
+            is capped there; every linear's factors are padded with zeros to the one rank (one `r` per adapter, as
+            serving engines take).
+        tasks: the tasks to export (default: all).
+        lossless: refuse (before writing anything) an export that would drop something (a norm of a post-norm layer,
+            a relative-position table, a bias with `carry_biases=False`): the result is then exact up to the rank.
+        base: `"majority"`, `"mean"`, `"expert0"` or a dense model of the routed model's class (see the module).
+        force_argmax: export the arg-max experts of a soft route (refused otherwise).
+        carry_biases: carry bias differences in peft's `lora_bias` (peft loads it; vLLM does not); False drops them.
+        tokenizer: saved with the base when given.
+
+    Returns an `AdapterExport` (also written to `path/hf_taskmoe_adapters.json`)."""
+    from peft import LoraConfig, get_peft_model
+
+    layers = routed_layer_experts(model)
+    requested = _check_rank(rank)
+    tasks = _check_tasks(model, tasks)
+    for flag, value in (("lossless", lossless), ("force_argmax", force_argmax), ("carry_biases", carry_biases),
+                        ("overwrite", overwrite)):
+        if not isinstance(value, bool):
+            raise ValueError(f"`{flag}` must be a bool, got {value!r}.")
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no routed layer: export_task(task) gives its dense model.")
+    path = Path(path)
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        _check_path(path, overwrite)  # raises before any work
+    routes = _routes(model, tasks, force_argmax)
+    model_type = model.config.dense_config.model_type
+    post_norm = bool(getattr(model.config.backbone, "post_norm", False))
+    base_model, label, chosen = _build_base(model, tasks, routes, layers, base, force_argmax)
+    linears = [f"{name}.{n}" for name, _, _ in layers for n, m in base_model.get_submodule(name).named_modules()
+               if _is_linear(m)]
+    full = max(min(base_model.get_submodule(n).weight.shape) for n in linears)
+    r = full if requested == "full" else min(requested, full)
+
+    # pass 1: what each task's export drops (refused under lossless before anything is written)
+    dropped, folded, biased = {}, {}, []
+    for task in tasks:
+        dense = model.export_task(task, force_argmax=force_argmax)
+        _check_outside_layers(base_model, dense, layers, task)
+        deltas = _task_deltas(model_type, post_norm, layers, base_model, dense, carry_biases)
+        dropped[task] = {k: v for _, d in deltas for k, v in d.dropped.items()}
+        folded[task] = [f for _, d in deltas for f in d.folded]
+        if any(d.biases for _, d in deltas):
+            biased.append(task)
+        del dense, deltas
+    if lossless and any(dropped.values()):
+        what = sorted({k for d in dropped.values() for k in d})
+        raise ValueError(
+            f"lossless=True: this export cannot carry {len(what)} differing parameter(s) "
+            f"(e.g. {what[:4]}): peft runs mixed-adapter batches only through LoRA on linear layers"
+            + (" and these are not linears, norms foldable into the next linears, or biases of linears"
+               if carry_biases else ", and carry_biases=False drops bias differences")
+            + (" (a post-norm layer's norm feeds the residual stream: it cannot be folded)" if post_norm else "")
+            + ". Train with these parts shared across experts, or export with lossless=False and read the cost in "
+            "the returned `dropped`."
+        )
+
+    path = _check_path(path, overwrite)
+    path.mkdir(parents=True, exist_ok=True)
+    base_dir = path / BASE_FOLDER
+    base_model.save_pretrained(base_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(base_dir)
+
+    relative_targets = sorted({n.rsplit(".", 1)[-1] for n in linears})
+    conv = any(isinstance(base_model.get_submodule(n), Conv1D) for n in linears)
+    task_type = "SEQ_2_SEQ_LM" if base_model.config.is_encoder_decoder else "CAUSAL_LM"
+    work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
+    errors = {}
+    for task in tasks:
+        dense = model.export_task(task, force_argmax=force_argmax)
+        deltas = _task_deltas(model_type, post_norm, layers, base_model, dense, carry_biases)
+        del dense
+        config = LoraConfig(
+            r=r, lora_alpha=r, lora_dropout=0.0, target_modules=list(linears), fan_in_fan_out=conv,
+            lora_bias=task in biased, task_type=task_type, bias="none",
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*lora_bias=True.*")  # a linear without a bias: merge-only
+            peft_model = get_peft_model(work, config, adapter_name=task)
+        worst = 0.0
+        with torch.no_grad():
+            for name, delta in deltas:
+                for n, d in delta.weights.items():
+                    lora = peft_model.base_model.model.get_submodule(f"{name}.{n}")
+                    a, b, error = _svd(d, r)
+                    lora.lora_A[task].weight.copy_(a.to(lora.lora_A[task].weight.dtype))
+                    lora.lora_B[task].weight.copy_(b.to(lora.lora_B[task].weight.dtype))
+                    if lora.lora_B[task].bias is not None:
+                        bias = delta.biases.get(n)
+                        lora.lora_B[task].bias.copy_(bias.to(lora.lora_B[task].bias.dtype) if bias is not None
+                                                     else torch.zeros_like(lora.lora_B[task].bias))
+                    worst = max(worst, error / max(float(delta.norms[n].norm()), 1e-30))
+        errors[task] = worst
+        peft_model.save_pretrained(str(path), selected_adapters=[task])
+        work = peft_model.unload()
+    del work
+
+    result = AdapterExport(
+        path=str(path), base=label, rank=r, requested_rank=requested, tasks=tasks, routes=routes,
+        base_experts=chosen, target_modules=relative_targets, folded=folded, lora_bias=biased, dropped=dropped,
+        weight_error=errors, force_argmax=force_argmax,
+    )
+    (path / MANIFEST).write_text(json.dumps(asdict(result), indent=2) + "\n")
+    return result
