@@ -498,7 +498,9 @@ def export_task_adapters(
                                                      else torch.zeros_like(lora.lora_B[task].bias))
                     worst = max(worst, error / max(float(delta.norms[n].norm()), 1e-30))
         errors[task] = worst
-        peft_model.save_pretrained(str(path), selected_adapters=[task])
+        with warnings.catch_warnings():  # peft 0.21 takes lora_B's 1-D bias for an unsharded ZeRO-3 tensor
+            warnings.filterwarnings("ignore", message=r".*LoRA tensor\(s\) have invalid shape.*")
+            peft_model.save_pretrained(str(path), selected_adapters=[task])
         work = peft_model.unload()
     del work
 
@@ -508,4 +510,26 @@ def export_task_adapters(
         weight_error=errors, force_argmax=force_argmax,
     )
     (path / MANIFEST).write_text(json.dumps(asdict(result), indent=2) + "\n")
+    (path / "README.md").write_text(_readme(result, type(base_model).__name__))  # in place of peft's model card
     return result
+
+
+def _readme(result: AdapterExport, dense_class: str) -> str:
+    first, rest = result.tasks[0], result.tasks[1:]
+    loads = "".join(f'model.load_adapter("{t}", adapter_name="{t}")\n' for t in rest)
+    exact = "exact up to the rank" if result.exact else "approximate beyond the rank: see `dropped`"
+    return (
+        f"# Task adapters (hf_taskmoe.export_task_adapters)\n\n"
+        f"`base/`: a {dense_class} (base choice `{result.base}`); one peft LoRA adapter per task "
+        f"({', '.join(result.tasks)}), rank {result.rank}, `lora_alpha` = rank; {exact}. "
+        f"`{MANIFEST}` lists each task's route, what was folded, carried (`lora_bias`) or dropped.\n\n"
+        "```python\n"
+        "from peft import PeftModel\n"
+        "from transformers import AutoModelForCausalLM  # AutoModelForSeq2SeqLM for an encoder-decoder\n\n"
+        'base = AutoModelForCausalLM.from_pretrained("base")\n'
+        f'model = PeftModel.from_pretrained(base, "{first}", adapter_name="{first}")\n'
+        f"{loads}"
+        "# a mixed batch: one adapter name per row\n"
+        f'out = model.generate(input_ids=ids, attention_mask=mask, adapter_names=["{first}", ...])\n'
+        "```\n"
+    )

@@ -1,0 +1,312 @@
+"""`export_task_adapters`: a task-routed model written as one dense base plus one peft LoRA adapter per task, loaded
+back with plain transformers + peft and run on mixed-task batches (`adapter_names`), on tiny random checkpoints whose
+experts differ everywhere (weights, norms, biases) and whose tasks take different routes.
+
+Documented error (docs/serving-adapters.md): at full rank the peft model's logits equal the routed model's within
+1e-4 (float32; measured ~1e-6), and greedy generation agrees token for token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    T5Config,
+)
+
+from hf_taskmoe import TaskRoutedForCausalLM, TaskRoutedForSeq2SeqLM, TaskSpec
+from hf_taskmoe.lora_export import AdapterExport, export_task_adapters, routed_layer_experts
+
+VOCAB = 40
+TASKS = [TaskSpec(name=n, problem_type="seq2seq") for n in ("x", "y", "z", "w")]
+SPECIAL = dict(bos_token_id=2, eos_token_id=3, pad_token_id=0)
+#: the documented bound on |logits(peft export) - logits(routed)| at full rank, float32
+FULL_RANK_ATOL = 1e-4
+
+
+def dense_config(arch: str, hidden: int = 32):
+    if arch == "gpt2":
+        return GPT2Config(n_embd=hidden, n_layer=2, n_head=2, n_positions=64, vocab_size=VOCAB, resid_pdrop=0.0,
+                          embd_pdrop=0.0, attn_pdrop=0.0, **SPECIAL)
+    small = dict(hidden_size=hidden, intermediate_size=hidden * 3 // 2, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, **SPECIAL)
+    if arch == "llama":
+        return LlamaConfig(**small)
+    if arch == "qwen2":  # q/k/v carry biases
+        return Qwen2Config(**small, use_sliding_window=False)
+    if arch == "mistral":
+        return MistralConfig(**small, sliding_window=None)
+    if arch == "t5":
+        return T5Config(d_model=hidden, d_kv=8, d_ff=hidden, num_layers=2, num_decoder_layers=2, num_heads=2,
+                        vocab_size=VOCAB, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    raise ValueError(arch)
+
+
+def distinct_routes(model, shared: bool = False) -> list[list[int]]:
+    """Set task representations so that the tasks take pairwise different routes (`shared`: and two tasks take the
+    same expert at some routed layer, so the majority base leaves a zero delta there)."""
+    n, dim = model.config.num_tasks, model.config.task_dim
+    for seed in range(200):
+        generator = torch.Generator().manual_seed(seed)
+        model.set_task_embeddings(torch.randn(n, dim, generator=generator) * 3)
+        routes = [model.hard_route(t) for t in model.config.task_names]
+        if len({tuple(r) for r in routes}) == n and (not shared or any(
+            len({r[i] for r in routes}) < n for i in range(len(routes[0]))
+        )):
+            return routes
+    raise AssertionError("no seed gave distinct routes")
+
+
+def routed(arch: str, hidden: int = 32, selection: str = "gumbel_softmax_st", seed: int = 0, scale: float = 0.05,
+           num_experts: int = 3):
+    """A tiny routed model whose every parameter (each expert's weights, norms and biases) was moved apart, as
+    training moves them, and whose tasks take different routes."""
+    torch.manual_seed(seed)
+    if arch == "t5":
+        dense = AutoModelForSeq2SeqLM.from_config(dense_config(arch, hidden)).eval()
+        model = TaskRoutedForSeq2SeqLM.from_dense(dense, TASKS, expert_noise_variance=0.0, selection=selection,
+                                                  num_experts=num_experts)
+    else:
+        dense = AutoModelForCausalLM.from_config(dense_config(arch, hidden)).eval()
+        model = TaskRoutedForCausalLM.from_dense(dense, TASKS, expert_noise_variance=0.0, selection=selection,
+                                                 num_experts=num_experts)
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * scale)
+    model.eval()
+    if selection in ("gumbel_softmax_st", "hard"):
+        distinct_routes(model)
+    return model
+
+
+def load_peft(folder, tasks, auto=AutoModelForCausalLM):
+    """Plain transformers + peft: the base, then each task's adapter under its name."""
+    base = auto.from_pretrained(folder / "base")
+    model = PeftModel.from_pretrained(base, folder / tasks[0], adapter_name=tasks[0])
+    for task in tasks[1:]:
+        model.load_adapter(folder / task, adapter_name=task)
+    return model.eval()
+
+
+MIXED = torch.tensor([0, 1, 2, 3, 2, 0])
+
+
+def mixed_logits(model, peft_model, tasks=None, seed: int = 0):
+    """Both models' logits on one batch mixing the tasks (`tasks`: the exported ones, default all)."""
+    names = list(model.config.task_names)
+    tasks = tasks or names
+    task_ids = torch.tensor([names.index(tasks[i % len(tasks)]) for i in MIXED])
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, VOCAB, (len(task_ids), 9), generator=generator)
+    with torch.no_grad():
+        return (model(input_ids=ids, task_ids=task_ids).logits,
+                peft_model(input_ids=ids, adapter_names=[names[i] for i in task_ids]).logits)
+
+
+def max_error(model, folder, tasks=None) -> float:
+    tasks = tasks or model.config.task_names
+    ref, out = mixed_logits(model, load_peft(folder, tasks), tasks)
+    return float((ref - out).abs().max())
+
+
+# ---------------------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "mistral"])
+def test_full_rank_export_matches_the_routed_model_on_a_mixed_batch(arch, tmp_path):
+    model = routed(arch)
+    result = export_task_adapters(model, tmp_path / "out", rank="full", lossless=True)
+    assert result.exact and result.rank == 32 and set(result.weight_error.values()) == {0.0}
+    # every task off the majority expert somewhere had its norms folded; GPT-2's LayerNorm biases and Qwen2's q/k/v
+    # biases travel in lora_bias
+    assert any(result.folded.values())
+    assert bool(result.lora_bias) == (arch in ("gpt2", "qwen2"))
+    error = max_error(model, tmp_path / "out")
+    assert error < FULL_RANK_ATOL, error
+    config = json.loads((tmp_path / "out" / "x" / "adapter_config.json").read_text())
+    assert config["r"] == config["lora_alpha"] == 32 and config["peft_type"] == "LORA"
+    assert config["fan_in_fan_out"] == (arch == "gpt2")
+    manifest = json.loads((tmp_path / "out" / "hf_taskmoe_adapters.json").read_text())
+    assert manifest["routes"] == {t: model.hard_route(t) for t in model.config.task_names}
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_greedy_generation_agrees_token_for_token(arch, tmp_path):
+    model = routed(arch)
+    export_task_adapters(model, tmp_path, rank="full")
+    peft_model = load_peft(tmp_path, model.config.task_names)
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(4, VOCAB, (len(MIXED), 6), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    mask[3, :1] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    names = [model.config.task_names[i] for i in MIXED]
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        ours = model.generate(ids, task_ids=MIXED, **kwargs)
+        theirs = peft_model.generate(input_ids=ids, adapter_names=names, **kwargs)
+    assert torch.equal(ours, theirs)
+    # and the tasks do generate differently (the adapters matter)
+    with torch.no_grad():
+        plain = peft_model.get_base_model().generate(ids, **kwargs)
+    assert not torch.equal(plain, theirs)
+
+
+@pytest.mark.parametrize("base", ["majority", "mean", "expert0"])
+def test_every_base_choice_is_exact_at_full_rank(base, tmp_path):
+    model = routed("llama")
+    result = export_task_adapters(model, tmp_path, base=base)
+    assert result.base == base and result.exact
+    assert max_error(model, tmp_path) < FULL_RANK_ATOL
+    if base != "mean":
+        assert all(isinstance(j, int) for j in result.base_experts.values())
+
+
+def test_majority_base_leaves_zero_adapters_where_a_task_takes_the_base_expert(tmp_path):
+    from safetensors.torch import load_file
+
+    model = routed("llama", seed=1)
+    routes = distinct_routes(model, shared=True)
+    result = export_task_adapters(model, tmp_path, rank=4)
+    layers = routed_layer_experts(model)
+    checked = 0
+    for t, task in enumerate(model.config.task_names):
+        weights = load_file(str(tmp_path / task / "adapter_model.safetensors"))
+        for name, index, _ in layers:
+            on_base = routes[t][index] == result.base_experts[name]
+            lora = [v for k, v in weights.items() if f"{name}." in k]
+            assert lora and all(bool((v == 0).all()) == on_base for v in lora)
+            checked += on_base
+    assert checked  # some task sat on the majority expert somewhere
+
+
+def test_a_dense_model_as_the_base(tmp_path):
+    torch.manual_seed(0)
+    dense = AutoModelForCausalLM.from_config(dense_config("llama")).eval()
+    model = routed("llama")
+    result = export_task_adapters(model, tmp_path, base=dense)
+    assert result.base.startswith("dense:") and result.exact
+    assert max_error(model, tmp_path) < FULL_RANK_ATOL
+
+
+# ---------------------------------------------------------------------------------------------- the rank's cost
+def test_error_decreases_with_the_rank(tmp_path):
+    model = routed("llama", hidden=64, scale=0.02)  # full rank 64
+    mean_errors, max_errors, weight_errors = [], [], []
+    for rank in (8, 16, 32, "full"):
+        result = export_task_adapters(model, tmp_path / str(rank), rank=rank)
+        ref, out = mixed_logits(model, load_peft(tmp_path / str(rank), model.config.task_names))
+        mean_errors.append(float((ref - out).abs().mean()))
+        max_errors.append(float((ref - out).abs().max()))
+        weight_errors.append(max(result.weight_error.values()))
+    assert result.rank == 64
+    assert mean_errors[0] > mean_errors[1] > mean_errors[2] > mean_errors[3], mean_errors
+    assert max_errors[2] > 1e-2 and max_errors[3] < FULL_RANK_ATOL, max_errors
+    assert weight_errors[0] > weight_errors[1] > weight_errors[2] > weight_errors[3] == 0.0, weight_errors
+
+
+def test_a_rank_above_the_full_rank_is_capped(tmp_path):
+    result = export_task_adapters(routed("llama"), tmp_path, rank=500, tasks=["x"])
+    assert (result.rank, result.requested_rank) == (32, 500)
+
+
+# ---------------------------------------------------------------------------------------------- what LoRA cannot carry
+def test_dropped_biases_are_measured_and_lossless_refuses_them(tmp_path):
+    model = routed("gpt2")
+    with pytest.raises(ValueError, match="lossless=True.*carry_biases=False"):
+        export_task_adapters(model, tmp_path / "refused", lossless=True, carry_biases=False)
+    assert not (tmp_path / "refused").exists()  # refused before anything was written
+    result = export_task_adapters(model, tmp_path / "out", carry_biases=False)
+    assert not result.exact and not result.lora_bias
+    assert all(v > 0 for task in result.tasks for v in result.dropped[task].values())
+    assert any(k.endswith(".bias") for d in result.dropped.values() for k in d)
+    assert max_error(model, tmp_path / "out") > 1e-3  # the cost is real and measured
+
+
+def test_t5_exports_and_its_routed_relative_position_table_is_the_cost(tmp_path):
+    model = routed("t5")
+    with pytest.raises(ValueError, match="relative_attention_bias"):
+        export_task_adapters(model, tmp_path / "refused", lossless=True)
+    result = export_task_adapters(model, tmp_path / "lossy")
+    assert any("relative_attention_bias" in k for d in result.dropped.values() for k in d)
+    # shared across experts (what a training option would keep shared), the export is exact
+    with torch.no_grad():
+        for _, _, experts in routed_layer_experts(model):
+            for expert in experts[1:]:
+                for a, b in zip(expert.parameters(), experts[0].parameters()):
+                    if a.dim() == 2 and a.shape[0] == model.config.dense_config.relative_attention_num_buckets:
+                        a.copy_(b)
+    result = export_task_adapters(model, tmp_path / "exact", lossless=True)
+    assert result.exact
+    peft_model = load_peft(tmp_path / "exact", model.config.task_names, AutoModelForSeq2SeqLM)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, VOCAB, (len(MIXED), 7), generator=generator)
+    decoder = torch.randint(4, VOCAB, (len(MIXED), 5), generator=generator)
+    names = [model.config.task_names[i] for i in MIXED]
+    with torch.no_grad():
+        ref = model(input_ids=ids, decoder_input_ids=decoder, task_ids=MIXED).logits
+        out = peft_model(input_ids=ids, decoder_input_ids=decoder, adapter_names=names).logits
+    assert float((ref - out).abs().max()) < FULL_RANK_ATOL
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_soft_routes_are_refused_by_name_and_force_argmax_exports_them(tmp_path):
+    model = routed("llama", selection="softmax")
+    with pytest.raises(ValueError, match=r"soft route \(selection 'softmax'\).*force_argmax=True"):
+        export_task_adapters(model, tmp_path / "soft")
+    assert not (tmp_path / "soft").exists()
+    result = export_task_adapters(model, tmp_path / "argmax", force_argmax=True, tasks=["x"])
+    assert result.force_argmax and result.routes["x"] == model.hard_route("x", force_argmax=True)
+
+
+def test_bad_inputs_are_refused(tmp_path):
+    model = routed("llama")
+    for rank in (0, -1, True, 2.0, "half"):
+        with pytest.raises(ValueError, match="`rank` must be a positive int or 'full'"):
+            export_task_adapters(model, tmp_path / "r", rank=rank)
+    with pytest.raises(ValueError, match=r"Unknown task\(s\) \['nope'\]"):
+        export_task_adapters(model, tmp_path / "t", tasks=["x", "nope"])
+    with pytest.raises(ValueError, match="names a task twice"):
+        export_task_adapters(model, tmp_path / "t", tasks=["x", "x"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        export_task_adapters(model, tmp_path / "t", tasks="x")
+    with pytest.raises(ValueError, match="`base` must be one of"):
+        export_task_adapters(model, tmp_path / "b", base="median")
+    with pytest.raises(ValueError, match="must be a LlamaForCausalLM"):
+        export_task_adapters(model, tmp_path / "b", base=AutoModelForCausalLM.from_config(dense_config("gpt2")))
+    with pytest.raises(ValueError, match="`lossless` must be a bool"):
+        export_task_adapters(model, tmp_path / "b", lossless="yes")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("x")
+    with pytest.raises(ValueError, match="exists and is not empty; pass overwrite=True"):
+        export_task_adapters(model, full)
+    assert (full / "keep.txt").exists()
+    result = export_task_adapters(model, full, overwrite=True, tasks=["y"], rank=2)
+    assert isinstance(result, AdapterExport) and not (full / "keep.txt").exists()
+    assert sorted(p.name for p in full.iterdir()) == ["README.md", "base", "hf_taskmoe_adapters.json", "y"]
+    assert "PeftModel.from_pretrained" in (full / "README.md").read_text()
+    with pytest.raises(TypeError, match="task-routed model"):
+        export_task_adapters(AutoModelForCausalLM.from_config(dense_config("llama")), tmp_path / "d")
+
+
+def test_bart_is_refused_naming_what_is_missing(tmp_path):
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from hf_taskmoe import BartTaskRouted
+
+    dense = BartForConditionalGeneration(BartConfig(
+        vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=40,
+    ))
+    model = BartTaskRouted.from_dense(dense, TASKS[:2], expert_noise_variance=0.0)
+    with pytest.raises(TypeError, match="BartTaskRouted is not supported yet"):
+        export_task_adapters(model, tmp_path)
