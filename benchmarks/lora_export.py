@@ -13,7 +13,7 @@ peft; on a held-out mixed batch (every task in turn) the script measures against
 - `exact_match`: the fraction of answers equal to the task's truth (the task metric), routed model first;
 - `adapter_mb`: one adapter's size (float32, LoRA A and B).
 
-    python benchmarks/lora_export.py [--steps 300] [--ranks 8,16,32,64,full] [--base majority] [--out DIR]
+    python benchmarks/lora_export.py [--steps 300] [--ranks 8,16,32,64,full] [--base mean|majority|expert0] [--out DIR]
 
 Training is resumable: `--out DIR` keeps the trained routed model (and a checkpoint every `--save-every` steps) and a
 rerun picks up from there. `--dense PATH [--gguf-file NAME]` starts from a real causal LM instead (e.g. SmolLM2-135M:
@@ -144,7 +144,7 @@ def main():
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ranks", default="8,16,32,64,full")
-    parser.add_argument("--base", default="majority")
+    parser.add_argument("--base", default="mean")
     parser.add_argument("--eval-rows", type=int, default=256)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=None, help="keep the trained model (and resume training) here")
