@@ -17,7 +17,8 @@ on the CPU) and the clock waits for the device. At Llama 16 x 1024 shapes on a G
     python benchmarks/routed_serving.py --layers 16 --hidden 1024 --heads 16 --kv-heads 8 --batch 16 --prompt 128 \\
         --new 64
 
-Prints a table (ms per call, generated tokens per second, ratio to the dense model), then one JSON line.
+Prints a table (wall ms per call, generated tokens per second, ratio to the dense model; the process's CPU time and its
+ratio, steadier on a shared CPU), then one JSON line.
 """
 
 from __future__ import annotations
@@ -109,14 +110,16 @@ def main():
     }
 
     def timed(fn):
+        """(wall, CPU) seconds per call: on a shared machine the wall time also counts waiting for a core, the
+        process's CPU time (all its threads) only the work."""
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(args.repeats):
             fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return (time.perf_counter() - start) / args.repeats
+        return (time.perf_counter() - start) / args.repeats, (time.process_time() - cpu) / args.repeats
 
     with torch.no_grad():
         for fn in variants.values():  # warm-up
@@ -126,19 +129,23 @@ def main():
         for r in range(args.rounds):
             for v in order if r % 2 == 0 else order[::-1]:
                 times[v].append(timed(variants[v]))
-    ms = {v: 1000 * statistics.median(t) for v, t in times.items()}
+    ms = {v: 1000 * statistics.median(w for w, _ in t) for v, t in times.items()}
+    cpu_ms = {v: 1000 * statistics.median(c for _, c in t) for v, t in times.items()}
     tokens = args.batch * args.new
     shape = f"llama {args.layers}x{args.hidden}, {args.tasks} tasks x 3 experts, batch {args.batch}, prompt " \
             f"{args.prompt}, {args.new} new tokens, rank {export.rank}"
     print(f"{shape}; {device.type} {str(dtype).replace('torch.', '')}, threads {args.threads}")
-    print(f"{'variant':<12} {'ms/call':>9} {'tokens/s':>10} {'x dense':>8}")
+    print(f"{'variant':<12} {'ms/call':>9} {'tokens/s':>10} {'x dense':>8} {'CPU ms':>9} {'CPU x dense':>12}")
     result = {"device": device.type, "dtype": str(dtype).replace("torch.", ""), "layers": args.layers,
               "hidden": args.hidden, "tasks": args.tasks, "batch": args.batch, "prompt": args.prompt,
               "new_tokens": args.new, "rank": export.rank, "threads": args.threads,
               "export_s": round(export_seconds, 2)}
     for v, value in ms.items():
-        print(f"{v:<12} {value:9.1f} {1000 * tokens / value:10.0f} {value / ms['dense']:8.2f}")
+        print(f"{v:<12} {value:9.1f} {1000 * tokens / value:10.0f} {value / ms['dense']:8.2f} {cpu_ms[v]:9.1f} "
+              f"{cpu_ms[v] / cpu_ms['dense']:12.2f}")
         result[f"{v}_ms"] = round(value, 2)
+        result[f"{v}_cpu_ms"] = round(cpu_ms[v], 2)
+        result[f"{v}_cpu_ratio"] = round(cpu_ms[v] / cpu_ms["dense"], 3)
         result[f"{v}_tokens_per_s"] = round(1000 * tokens / value, 1)
         result[f"{v}_ratio"] = round(value / ms["dense"], 3)
     print(json.dumps(result))

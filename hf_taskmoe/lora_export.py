@@ -208,15 +208,25 @@ def _check_tasks(model, tasks) -> list[str]:
     return tasks
 
 
-def _check_path(path, overwrite: bool) -> Path:
+def _check_path(path, overwrite: bool, clear: bool = False) -> Path:
+    """Refuse a file or (without `overwrite`) a non-empty folder; `clear`: empty the folder (after every check)."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"`path` {str(path)!r} exists and is not a folder.")
     if path.is_dir() and any(path.iterdir()):
         if not overwrite:
             raise ValueError(f"`path` {str(path)!r} exists and is not empty; pass overwrite=True to replace it.")
-        shutil.rmtree(path)
+        if clear:
+            shutil.rmtree(path)
     return path
+
+
+def _target_modules(model: nn.Module, linears: list[str]) -> list[str]:
+    """The linears' own names (`q_proj`, ...: what engines expect) when peft's suffix matching finds exactly these
+    linears by them (every layer routed); else their full names."""
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in linears})
+    matched = {n for n, _ in model.named_modules() if n and n.rsplit(".", 1)[-1] in leaves}
+    return leaves if matched == set(linears) else list(linears)
 
 
 def _routes(model, tasks: list[str], force_argmax: bool) -> dict[str, list[int]]:
@@ -430,9 +440,7 @@ def export_task_adapters(
             raise ValueError(f"`{flag}` must be a bool, got {value!r}.")
     if not layers:
         raise ValueError(f"{type(model).__name__} has no routed layer: export_task(task) gives its dense model.")
-    path = Path(path)
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        _check_path(path, overwrite)  # raises before any work
+    path = _check_path(path, overwrite)  # refuses before any work
     routes = _routes(model, tasks, force_argmax)
     model_type = model.config.dense_config.model_type
     post_norm = bool(getattr(model.config.backbone, "post_norm", False))
@@ -465,14 +473,14 @@ def export_task_adapters(
             "the returned `dropped`."
         )
 
-    path = _check_path(path, overwrite)
+    path = _check_path(path, overwrite, clear=True)
     path.mkdir(parents=True, exist_ok=True)
     base_dir = path / BASE_FOLDER
     base_model.save_pretrained(base_dir)
     if tokenizer is not None:
         tokenizer.save_pretrained(base_dir)
 
-    relative_targets = sorted({n.rsplit(".", 1)[-1] for n in linears})
+    targets = _target_modules(base_model, linears)
     conv = any(isinstance(base_model.get_submodule(n), Conv1D) for n in linears)
     task_type = "SEQ_2_SEQ_LM" if base_model.config.is_encoder_decoder else "CAUSAL_LM"
     work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
@@ -482,7 +490,7 @@ def export_task_adapters(
         deltas = _task_deltas(model_type, post_norm, layers, base_model, dense, carry_biases)
         del dense
         config = LoraConfig(
-            r=r, lora_alpha=r, lora_dropout=0.0, target_modules=list(linears), fan_in_fan_out=conv,
+            r=r, lora_alpha=r, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=conv,
             lora_bias=task in biased, task_type=task_type, bias="none",
         )
         with warnings.catch_warnings():
@@ -510,7 +518,7 @@ def export_task_adapters(
 
     result = AdapterExport(
         path=str(path), base=label, rank=r, requested_rank=requested, tasks=tasks, routes=routes,
-        base_experts=chosen, target_modules=relative_targets, folded=folded, lora_bias=biased, dropped=dropped,
+        base_experts=chosen, target_modules=targets, folded=folded, lora_bias=biased, dropped=dropped,
         weight_error=errors, force_argmax=force_argmax,
     )
     (path / MANIFEST).write_text(json.dumps(asdict(result), indent=2) + "\n")

@@ -51,14 +51,15 @@ def dense_config(arch: str, hidden: int = 32):
 
 
 def distinct_routes(model, shared: bool = False) -> list[list[int]]:
-    """Set task representations so that the tasks take pairwise different routes (`shared`: and two tasks take the
-    same expert at some routed layer, so the majority base leaves a zero delta there)."""
+    """Set task representations so that the tasks take pairwise different routes (as many as there are; `shared`:
+    and two tasks take the same expert at some routed layer, so the majority base leaves a zero delta there)."""
     n, dim = model.config.num_tasks, model.config.task_dim
+    wanted = min(n, model.config.num_experts ** model.config.num_routed_layers)
     for seed in range(200):
         generator = torch.Generator().manual_seed(seed)
         model.set_task_embeddings(torch.randn(n, dim, generator=generator) * 3)
         routes = [model.hard_route(t) for t in model.config.task_names]
-        if len({tuple(r) for r in routes}) == n and (not shared or any(
+        if len({tuple(r) for r in routes}) == wanted and (not shared or any(
             len({r[i] for r in routes}) < n for i in range(len(routes[0]))
         )):
             return routes
@@ -133,6 +134,11 @@ def test_full_rank_export_matches_the_routed_model_on_a_mixed_batch(arch, tmp_pa
     config = json.loads((tmp_path / "out" / "x" / "adapter_config.json").read_text())
     assert config["r"] == config["lora_alpha"] == 32 and config["peft_type"] == "LORA"
     assert config["fan_in_fan_out"] == (arch == "gpt2")
+    # every layer routed: the linears' own names, as engines expect them
+    assert sorted(config["target_modules"]) == (
+        ["c_attn", "c_fc", "c_proj"] if arch == "gpt2"
+        else ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    )
     manifest = json.loads((tmp_path / "out" / "hf_taskmoe_adapters.json").read_text())
     assert manifest["routes"] == {t: model.hard_route(t) for t in model.config.task_names}
 
@@ -194,6 +200,20 @@ def test_a_dense_model_as_the_base(tmp_path):
     model = routed("llama")
     result = export_task_adapters(model, tmp_path, base=dense)
     assert result.base.startswith("dense:") and result.exact
+    assert max_error(model, tmp_path) < FULL_RANK_ATOL
+
+
+def test_a_partly_routed_model_targets_its_routed_layers_by_full_name(tmp_path):
+    torch.manual_seed(0)
+    dense = AutoModelForCausalLM.from_config(dense_config("llama")).eval()
+    model = TaskRoutedForCausalLM.from_dense(dense, TASKS, expert_noise_variance=0.0, routed_layers=[1])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.eval()
+    distinct_routes(model)
+    result = export_task_adapters(model, tmp_path, lossless=True)
+    assert result.target_modules and all(t.startswith("model.layers.1.") for t in result.target_modules)
     assert max_error(model, tmp_path) < FULL_RANK_ATOL
 
 
