@@ -16,15 +16,15 @@ carry is handled as follows:
   `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds `c_attn`, ...): the task's layer computes
   `W_t (w_t * x_hat + b_t) + c_t`, which equals `W'(w_b * x_hat + b_b) + c'` with `W' = W_t diag(w_t / w_b)` and
   `c' = c_t + W_t b_t - W' b_b`, so the base's norm serves every task and the difference moves into the adapter
-  (exact; refused where a base norm weight is 0, and not possible for post-norm layers);
+  (exact; not possible where a base norm weight is 0, nor for post-norm layers, whose norm feeds the residual stream);
 * a linear's bias that differs (or a bias folded in from a norm) goes in peft's `lora_bias` (a bias on LoRA's B,
-  loaded by peft and applied per row in mixed batches; vLLM's LoRA does not load it) -- or is dropped with
+  loaded by peft and applied per row in mixed batches; check that a serving engine loads it) -- or is dropped with
   `carry_biases=False`;
-* anything else that differs (a post-norm layer's norms, T5's relative-position table, a bias where the linear has
-  none) has no place in the format peft runs in mixed batches (peft's `modules_to_save` wrapper mixes batches only for
-  linear, embedding and convolution modules, and an adapter-wide copy is what a mixed batch must not use): it is
-  *dropped*, the base's value serves the task, and its relative size `||delta|| / ||W_task||` is recorded in the
-  manifest and returned. `lossless=True` refuses such an export, saying what and why.
+* anything else that differs (a post-norm layer's norms, T5's relative-position table of a routed first block, a norm
+  that cannot be folded) has no place in what peft runs in mixed batches (peft's `modules_to_save` wrapper mixes
+  batches only for linear, embedding and convolution modules; T5's table is looked up by position bucket, not by
+  row): it is *dropped*, the base's value serves the task, and its relative size `||delta|| / ||W_task||` is recorded
+  in the manifest and returned. `lossless=True` refuses such an export before writing anything, saying what and why.
 
 Folding and the bias carried make the export exact at full rank for Llama, Qwen2, Mistral and GPT-2 (and T5 but for a
 routed relative-position table): the only error left is the rank's truncation.
@@ -425,7 +425,7 @@ def export_task_adapters(
         base: `"mean"` (default), `"majority"`, `"expert0"` or a dense model of the routed model's class (the module
             says which when).
         force_argmax: export the arg-max experts of a soft route (refused otherwise).
-        carry_biases: carry bias differences in peft's `lora_bias` (peft loads it; vLLM does not); False drops them.
+        carry_biases: carry bias differences in peft's `lora_bias` (peft loads it; engines may not); False drops them.
         tokenizer: saved with the base when given.
 
     Returns an `AdapterExport` (also written to `path/hf_taskmoe_adapters.json`)."""
