@@ -18,6 +18,7 @@ from transformers import (
     GPT2Config,
     LlamaConfig,
     MistralConfig,
+    MT5Config,
     Qwen2Config,
     T5Config,
 )
@@ -44,9 +45,11 @@ def dense_config(arch: str, hidden: int = 32):
         return Qwen2Config(**small, use_sliding_window=False)
     if arch == "mistral":
         return MistralConfig(**small, sliding_window=None)
-    if arch == "t5":
-        return T5Config(d_model=hidden, d_kv=8, d_ff=hidden, num_layers=2, num_decoder_layers=2, num_heads=2,
-                        vocab_size=VOCAB, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    if arch in ("t5", "mt5"):  # mT5: gated-GELU FFN (wi_0, wi_1), untied LM head
+        t5 = dict(d_model=hidden, d_kv=8, d_ff=hidden, num_layers=2, num_decoder_layers=2, num_heads=2,
+                  vocab_size=VOCAB, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+        return T5Config(**t5) if arch == "t5" else MT5Config(**t5, feed_forward_proj="gated-gelu",
+                                                              tie_word_embeddings=False)
     raise ValueError(arch)
 
 
@@ -71,7 +74,7 @@ def routed(arch: str, hidden: int = 32, selection: str = "gumbel_softmax_st", se
     """A tiny routed model whose every parameter (each expert's weights, norms and biases) was moved apart, as
     training moves them, and whose tasks take different routes."""
     torch.manual_seed(seed)
-    if arch == "t5":
+    if arch in ("t5", "mt5"):
         dense = AutoModelForSeq2SeqLM.from_config(dense_config(arch, hidden)).eval()
         model = TaskRoutedForSeq2SeqLM.from_dense(dense, TASKS, expert_noise_variance=0.0, selection=selection,
                                                   num_experts=num_experts)
@@ -194,6 +197,15 @@ def test_majority_base_leaves_zero_adapters_where_a_task_takes_the_base_expert(t
     assert checked  # some task sat on the majority expert somewhere
 
 
+def test_a_bf16_model_exports_in_bf16_within_its_rounding(tmp_path):
+    model = routed("llama").to(torch.bfloat16)
+    result = export_task_adapters(model, tmp_path)
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    assert base.dtype == torch.bfloat16 and result.exact
+    ref, out = mixed_logits(model, load_peft(tmp_path, model.config.task_names))
+    assert float((ref.float() - out.float()).abs().max()) < 0.05  # bf16 rounding of logits of size ~1
+
+
 def test_a_dense_model_as_the_base(tmp_path):
     torch.manual_seed(0)
     dense = AutoModelForCausalLM.from_config(dense_config("llama")).eval()
@@ -251,8 +263,9 @@ def test_dropped_biases_are_measured_and_lossless_refuses_them(tmp_path):
     assert max_error(model, tmp_path / "out") > 1e-3  # the cost is real and measured
 
 
-def test_t5_exports_and_its_routed_relative_position_table_is_the_cost(tmp_path):
-    model = routed("t5")
+@pytest.mark.parametrize("arch", ["t5", "mt5"])
+def test_t5_exports_and_its_routed_relative_position_table_is_the_cost(arch, tmp_path):
+    model = routed(arch)
     with pytest.raises(ValueError, match="relative_attention_bias"):
         export_task_adapters(model, tmp_path / "refused", lossless=True)
     result = export_task_adapters(model, tmp_path / "lossy")
@@ -275,6 +288,12 @@ def test_t5_exports_and_its_routed_relative_position_table_is_the_cost(tmp_path)
         ref = model(input_ids=ids, decoder_input_ids=decoder, task_ids=MIXED).logits
         out = peft_model(input_ids=ids, decoder_input_ids=decoder, adapter_names=names).logits
     assert float((ref - out).abs().max()) < FULL_RANK_ATOL
+    assert any(result.folded.values())  # the blocks' layer norms, folded into q/k/v, EncDecAttention.q and wi(_0, _1)
+    kwargs = dict(max_new_tokens=6, do_sample=False)
+    with torch.no_grad():
+        ours = model.generate(ids, task_ids=MIXED, **kwargs)
+        theirs = peft_model.generate(input_ids=ids, adapter_names=names, **kwargs)
+    assert torch.equal(ours, theirs)
 
 
 # ---------------------------------------------------------------------------------------------- refusals
