@@ -1,6 +1,7 @@
 """The cost of serving a task-routed LM as one base + one LoRA adapter per task (`export_task_adapters`), by rank.
 
-A tiny Llama (default: 2 layers x 128, FFN 256, 4 heads, 2 key/value heads, vocabulary 48), every layer forked
+A tiny Llama (default: 2 layers x 128, FFN 256, 4 heads, 2 key/value heads, vocabulary 48; `--arch gpt2`: a GPT-2 of
+2 layers x 128, whose LayerNorms and linears have biases), every layer forked
 into 3 experts (`selection="gumbel_softmax_st"`), is trained briefly from random weights on four synthetic
 text-to-text tasks over token ids (copy, reverse, shift by one, sort: a prompt of 6 tokens, its 6-token answer),
 mixed in every batch. The routed model is then exported at each rank and the export loaded with plain transformers +
@@ -11,7 +12,9 @@ peft; on a held-out mixed batch (every task in turn) the script measures against
 - `greedy_agree`: the fraction of greedily generated answer tokens equal to the routed model's (whole answer, no
   stopping), `greedy_rows`: the fraction of rows whose whole answer is equal;
 - `exact_match`: the fraction of answers equal to the task's truth (the task metric), routed model first;
-- `adapter_mb`: one adapter's size (float32, LoRA A and B).
+- `adapter_mb`: one adapter's size (float32, LoRA A and B);
+- in the JSON, `exact` (nothing dropped) and `dropped_max`: the largest `||delta|| / ||W_task||` of what the export
+  could not carry (with `--no-carry-biases`: the bias differences, served from the base).
 
     python benchmarks/lora_export.py [--steps 300] [--ranks 8,16,32,64,full] [--base mean|majority|expert0] [--out DIR]
 
@@ -73,6 +76,12 @@ def build(args):
     if args.dense:
         kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
         dense = transformers.AutoModelForCausalLM.from_pretrained(args.dense, **kwargs).float()
+    elif args.arch == "gpt2":  # LayerNorms with biases, Conv1D linears with biases
+        torch.manual_seed(args.seed)
+        dense = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=48, n_embd=args.hidden, n_layer=2, n_head=4, n_positions=64, bos_token_id=BOS,
+            eos_token_id=EOS, pad_token_id=PAD, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        ))
     else:
         torch.manual_seed(args.seed)
         dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(
@@ -142,6 +151,9 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--arch", default="llama", choices=("llama", "gpt2"))
+    parser.add_argument("--no-carry-biases", action="store_true",
+                        help="drop bias differences (what an engine without lora_bias serves): their cost is measured")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ranks", default="8,16,32,64,full")
     parser.add_argument("--base", default="mean")
@@ -165,7 +177,8 @@ def main():
     names = [TASK_NAMES[t] for t in task_ids.tolist()]
     routed_answers = evaluate(model, None, ids, labels, answers, task_ids, names)
     routed_em = float((routed_answers == answers).all(-1).float().mean())
-    result = {"model": args.dense or f"llama-2x{args.hidden}", "steps": args.steps, "base": args.base,
+    result = {"model": args.dense or f"{args.arch}-2x{args.hidden}", "steps": args.steps, "base": args.base,
+              "carry_biases": not args.no_carry_biases,
               "rows": args.eval_rows, "routed_exact_match": round(routed_em, 4), "ranks": {}}
     print(f"routed model: exact match {100 * routed_em:.1f}%")
     print(f"{'rank':>6} {'max_logit_err':>14} {'mean_logit_err':>15} {'greedy_agree':>13} {'greedy_rows':>12} "
@@ -177,7 +190,8 @@ def main():
             rank = rank_text if rank_text == "full" else int(rank_text)
             folder = Path(tmp) / rank_text
             began = time.perf_counter()
-            exported = export_task_adapters(model, folder, rank=rank, base=args.base)
+            exported = export_task_adapters(model, folder, rank=rank, base=args.base,
+                                            carry_biases=not args.no_carry_biases)
             seconds = time.perf_counter() - began
             base = transformers.AutoModelForCausalLM.from_pretrained(folder / "base")
             peft_model = PeftModel.from_pretrained(base, folder / TASK_NAMES[0], adapter_name=TASK_NAMES[0])
@@ -197,6 +211,7 @@ def main():
                 "mean_logit_err": float(f"{mean_err:.3e}"),
                 "greedy_agree": round(agree, 4), "greedy_rows": round(rows, 4), "exact_match": round(em, 4),
                 "adapter_mb": round(size, 3), "exact": exported.exact,
+                "dropped_max": round(max((v for d in exported.dropped.values() for v in d.values()), default=0.0), 4),
             }
             del peft_model, base
     print(json.dumps(result))
