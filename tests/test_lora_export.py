@@ -263,6 +263,21 @@ def test_dropped_biases_are_measured_and_lossless_refuses_them(tmp_path):
     assert max_error(model, tmp_path / "out") > 1e-3  # the cost is real and measured
 
 
+def test_a_norm_with_a_zero_base_weight_is_dropped_not_folded(tmp_path):
+    model = routed("llama")
+    name, index, experts = routed_layer_experts(model)[0]
+    with torch.no_grad():
+        experts[0].input_layernorm.weight[0] = 0.0  # the base (expert 0) loses that direction: nothing to fold through
+    off_base = [t for t in model.config.task_names if model.hard_route(t)[index] != 0]
+    assert off_base
+    with pytest.raises(ValueError, match="input_layernorm"):
+        export_task_adapters(model, tmp_path / "refused", base="expert0", lossless=True)
+    result = export_task_adapters(model, tmp_path / "lossy", base="expert0")
+    for task in off_base:
+        assert f"{name}.input_layernorm" in result.dropped[task]
+        assert f"{name}.input_layernorm" not in result.folded[task]
+
+
 @pytest.mark.parametrize("arch", ["t5", "mt5"])
 def test_t5_exports_and_its_routed_relative_position_table_is_the_cost(arch, tmp_path):
     model = routed(arch)
