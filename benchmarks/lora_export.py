@@ -74,8 +74,10 @@ def make_batch(task_ids: torch.Tensor, generator, low: int, high: int):
 def build(args):
     tasks = [TaskSpec(name=n, problem_type="seq2seq") for n in TASK_NAMES]
     if args.dense:
+        # a GGUF checkpoint is dequantized on load and then marked as quantized: ask for float32 when loading
+        # (`.float()` refuses a model so marked)
         kwargs = {"gguf_file": args.gguf_file} if args.gguf_file else {}
-        dense = transformers.AutoModelForCausalLM.from_pretrained(args.dense, **kwargs).float()
+        dense = transformers.AutoModelForCausalLM.from_pretrained(args.dense, dtype=torch.float32, **kwargs)
     elif args.arch == "gpt2":  # LayerNorms with biases, Conv1D linears with biases
         torch.manual_seed(args.seed)
         dense = transformers.GPT2LMHeadModel(transformers.GPT2Config(
