@@ -182,9 +182,11 @@ CASES: dict[str, Case] = {
 class ModelTester:
     """The `model_tester` transformers' mixin asks for: sizes and `prepare_config_and_inputs_for_common`."""
 
-    batch_size = 4
+    # 7: the batch `test_eager_matches_sdpa_inference` runs; a shorter one it would extend with random ids < 5, task
+    # ids out of range for 2 tasks
+    batch_size = 7
     seq_length = 7
-    decoder_seq_length = 5
+    decoder_seq_length = 5  # the mixin reads `key_length` as the encoder's (cross-attention keys)
     encoder_seq_length = 7
     key_length = 7
     is_training = True
@@ -194,8 +196,6 @@ class ModelTester:
         self.parent, self.case = parent, case
         for name, value in case.sizes.items():
             setattr(self, name, value)
-        if case.is_encoder_decoder:
-            self.key_length = self.decoder_seq_length
 
     def get_config(self):
         return self.case.config()
@@ -240,11 +240,34 @@ ALL = "*"
 ENCODERS = ("TaskMoEForMultiTask", "PALsForMultiTask", "CAMTLForMultiTask", "BertForTaskMoE", "BertWithPALs",
             "CAMTLModel")
 
+ROUTED = ("TaskRoutedForCausalLM", "TaskRoutedForSeq2SeqLM", "BartTaskRouted")
+_EXACT_LOAD = ("hf_taskmoe's from_pretrained is exact by design: a checkpoint on file that lacks weights its "
+               "config.json describes is refused with a ValueError naming them, not loaded with them random "
+               "(tests/family_tester.py::test_a_weights_file_missing_extra_or_misshaped_task_tensors_is_refused_"
+               "naming_them); ignore_mismatched_sizes=True opts in to transformers' behaviour")
+_TASK_LOGITS = ("the first output, `logits`, is a dict task name -> tensor (each task its own width: classes, one "
+                "regression value); the mixin reads `outputs[0]` as one tensor. Determinism and gradients of the "
+                "task outputs: tests/family_tester.py")
+_MIXED_ATTENTIONS = ("a routed layer reports its experts' attention probabilities weighted by the routing weights "
+                     "and scattered back to their rows (hf_taskmoe/layers/routing.py, RoutedLayer.forward): a new "
+                     "tensor the logits do not depend on, so it gets no gradient; the hidden states do")
+
 #: test name -> {case name or ALL: why it cannot apply}. The one place a test is refused.
 REFUSALS: dict[str, dict[str, str]] = {
     "test_generation_tester_mixin_inheritance": {
         ALL: "the generation mixin is not in transformers' sdist (tests/generation/ is left out), so no tester can "
              "inherit it; the routed classes' generation is tested by tests/test_*generation.py",
+    },
+    "test_model_weights_reload_no_missing_tied_weights": {ALL: _EXACT_LOAD + " (the test replaces every weight on "
+                                                               "file by a placeholder)"},
+    "test_correct_missing_keys": {
+        ALL: _EXACT_LOAD + " (the test saves the bare base model and loads the task model from it, without its "
+             "tasks; a dense checkpoint becomes a task model through `from_dense`)",
+    },
+    "test_determinism": {name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
+    "test_retain_grad_hidden_states_attentions": {
+        **{name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
+        **{name: _MIXED_ATTENTIONS for name in ROUTED},
     },
 }
 
@@ -273,6 +296,8 @@ def test_classes(mixin) -> dict[str, type]:
 
         body = {
             "_prepare_for_class": _prepare_for_class,
+            # the inputs besides `input_ids` that tests building their own batch (eager vs sdpa) must pass on
+            "additional_model_inputs": ["task_ids", "token_type_ids", "numeric_features", "categorical_features"],
             "all_model_classes": (case.model_class,),
             "is_encoder_decoder": case.is_encoder_decoder,
             # the mixin skips this test for models whose config file predates 2023 (no copyright year here)
