@@ -251,6 +251,9 @@ _TASK_LOGITS = ("the first output, `logits`, is a dict task name -> tensor (each
 _MIXED_ATTENTIONS = ("a routed layer reports its experts' attention probabilities weighted by the routing weights "
                      "and scattered back to their rows (hf_taskmoe/layers/routing.py, RoutedLayer.forward): a new "
                      "tensor the logits do not depend on, so it gets no gradient; the hidden states do")
+_TABULAR = ("MMoE is a tabular model: its forward takes numeric and categorical features, it has no token "
+            "embeddings to get, set or resize and no attention or layer stack whose states it could report "
+            "(output_attentions / output_hidden_states are refused by name); its gates: `output_gates`")
 
 #: test name -> {case name or ALL: why it cannot apply}. The one place a test is refused.
 REFUSALS: dict[str, dict[str, str]] = {
@@ -264,6 +267,9 @@ REFUSALS: dict[str, dict[str, str]] = {
         ALL: _EXACT_LOAD + " (the test saves the bare base model and loads the task model from it, without its "
              "tasks; a dense checkpoint becomes a task model through `from_dense`)",
     },
+    **{test: {"MMoEModel": _TABULAR} for test in ("test_attention_outputs", "test_hidden_states_output",
+                                                  "test_model_outputs_equivalence", "test_model_get_set_embeddings",
+                                                  "test_resize_tokens_embeddings")},
     "test_determinism": {name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
     "test_retain_grad_hidden_states_attentions": {
         **{name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
