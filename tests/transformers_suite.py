@@ -270,6 +270,13 @@ REFUSALS: dict[str, dict[str, str]] = {
     **{test: {"MMoEModel": _TABULAR} for test in ("test_attention_outputs", "test_hidden_states_output",
                                                   "test_model_outputs_equivalence", "test_model_get_set_embeddings",
                                                   "test_resize_tokens_embeddings")},
+    "test_training_gradient_checkpointing_use_reentrant_true": {
+        name: "a backbone-generic encoder's layers read the batch's task ids from a context that the recomputation "
+              "restores through torch.utils.checkpoint's `context_fn`, which only the non-reentrant checkpoint has: "
+              "use_reentrant=True is refused with a ValueError saying so (hf_taskmoe.backbones.base.TaskContext."
+              "checkpoint_kwargs); the default and use_reentrant=False run"
+        for name in ("TaskMoEForMultiTask", "PALsForMultiTask", "CAMTLForMultiTask")
+    },
     "test_determinism": {name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
     "test_retain_grad_hidden_states_attentions": {
         **{name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
