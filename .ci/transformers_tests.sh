@@ -5,6 +5,8 @@
 # harness checks the release), and run tests/test_transformers_suite.py over every method class
 # (tests/transformers_suite.py: the testers, the stand-ins for the folders the sdist lacks, the refusals).
 # HF_TASKMOE_TRANSFORMERS_CASES narrows the classes (comma-separated names of transformers_suite.CASES).
+# Measured (this script, all 10 classes, transformers 5.24.0): 223 s of tests, 274 s with the download, on a 2-core
+# machine shared with other jobs (load average 14); the slowest tests are test_bc_torch_dtype (17 s BART, 16 s T5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python}
