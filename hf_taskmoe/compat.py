@@ -58,11 +58,23 @@ CHECKPOINTING_ENABLE: str = (
 )
 
 
+#: the name of `CHECKPOINTING_ENABLE`'s first parameter (the `torch.utils.checkpoint` keywords)
+CHECKPOINTING_KWARGS: str = (
+    "activation_checkpointing_kwargs" if CHECKPOINTING_ENABLE == "activation_checkpointing_enable"
+    else "gradient_checkpointing_kwargs"
+)
+
+
 def checkpointing_enable_with(method_owner: type, kwargs_of) -> None:
     """Give `method_owner` (a mixin put before `PreTrainedModel`) the override of `CHECKPOINTING_ENABLE` that passes
-    its checkpoint keywords through `kwargs_of(model, kwargs)`."""
+    its checkpoint keywords through `kwargs_of(model, kwargs)`, whether they come by position or by name
+    (`CHECKPOINTING_KWARGS`: transformers' deprecated `gradient_checkpointing_enable` passes them by name)."""
 
-    def enable(self, checkpoint_kwargs=None, *args, **kwargs):
+    def enable(self, *args, **kwargs):
+        if CHECKPOINTING_KWARGS in kwargs:
+            checkpoint_kwargs = kwargs.pop(CHECKPOINTING_KWARGS)
+        else:
+            checkpoint_kwargs, args = (args[0], args[1:]) if args else (None, args)
         return getattr(super(method_owner, self), CHECKPOINTING_ENABLE)(kwargs_of(self, checkpoint_kwargs), *args,
                                                                          **kwargs)
 

@@ -454,7 +454,9 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         model has no place for, or one of another shape (a hand-edited `num_experts`, `problem_type`,
         `num_hidden_layers`, `moe_layers`; a weights file missing a tensor) is refused with a `ValueError` naming
         them. `ignore_mismatched_sizes=True` opts in, as in transformers: those weights are then freshly initialised
-        (a warning lists them). Weights a bare encoder leaves out of a task model's file (its heads) are no mismatch,
+        (a warning lists them). Without a checkpoint (`from_pretrained(None, config=..., state_dict=...)`) nothing
+        on file is checked: what the state dict lacks is initialised, as in transformers. Weights a bare encoder
+        leaves out of a task model's file (its heads) are no mismatch,
         nor is the task order (`task_fingerprint`) missing from a checkpoint saved before it was recorded."""
         wants_info = kwargs.get("output_loading_info", False)
         opted_in = bool(kwargs.get("ignore_mismatched_sizes", False))
@@ -465,7 +467,13 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         )
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         model._stack_legacy_weights(info, source, kwargs)
-        model._check_loaded_weights(info, source, opted_in or cls._saved_as_another_model(source, kwargs, model.config))
+        # no checkpoint (`from_pretrained(None, config=..., state_dict=...)`): no config.json describes weights on
+        # file, the caller hands both over; as in transformers, what the state dict lacks is initialised
+        # (`_init_weights`) and listed in the loading info
+        if source is not None:
+            model._check_loaded_weights(
+                info, source, opted_in or cls._saved_as_another_model(source, kwargs, model.config)
+            )
         not_loaded = set(info.get("missing_keys", ())) | {m[0] for m in info.get("mismatched_keys", ())}
         model._check_task_order(saved="task_fingerprint" not in not_loaded)
         model._after_load()

@@ -261,12 +261,43 @@ class TaskConfigMixin:
     tasks: list | None
 
     def __setattr__(self, key, value):
+        if self._set_dense_view(key, value):
+            return
         # transformers' configs are huggingface_hub strict dataclasses, which raise their own error class on a
         # wrongly typed field; the contract of this library is a ValueError naming the field.
         try:
             super().__setattr__(key, value)
         except StrictDataclassError as err:
             raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
+
+    def _set_dense_view(self, key: str, value) -> bool:
+        """Set a read-only view of the dense model's config (`hidden_size`, `vocab_size`, `layer_norm_eps`, ...: a
+        property without a setter) on the dense config, where the model reads it; False where `key` is no such view.
+
+        transformers sets these on the outer config (`resize_token_embeddings` sets `vocab_size`; its tests set the
+        norms' epsilon), which a bare property refuses. The value is written to the dense config's field of that
+        name (the architecture's own name: `Backbone.config_fields`) only if the view then reads it back; otherwise
+        the field is restored and the assignment fails as before."""
+        view = getattr(type(self), key, None)
+        dense = self.__dict__.get("dense_config")
+        if not isinstance(view, property) or view.fset is not None or not hasattr(dense, "to_dict"):
+            return False
+        try:
+            names = self.backbone.config_fields
+        except (AttributeError, ValueError):  # no declared architecture: the field keeps its name
+            names = {}
+        name = names.get(key, key)
+        if not hasattr(dense, name):
+            return False
+        before = getattr(dense, name)
+        setattr(dense, name, value)
+        try:
+            if view.fget(self) == value:
+                return True
+        except Exception:  # noqa: BLE001 (a view that cannot read the new value: restored below)
+            pass
+        setattr(dense, name, before)
+        return False
 
     def _validate_tasks(self, allowed: str | tuple[str, ...], refusal: str) -> list[TaskSpec]:
         """Parse `tasks`, refuse problem types outside `allowed` ("Task 'x': problem_type 'y' <refusal> [...]"):
