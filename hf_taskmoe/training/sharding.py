@@ -2,18 +2,24 @@
 
 FSDP2 (`fully_shard`) all-gathers a unit's parameters before the unit runs and reduce-scatters its gradients after,
 so a unit must run on every rank in every step. The units here are the transformer blocks: the layers of the
-backbone a family declares (`config.backbone.layers`, `hf_taskmoe.backbones`), and inside a task-routed layer each
-expert (a whole copy of the block: every expert runs in a training forward). A family without a backbone
-declaration falls back to the `_no_split_modules` of the dense model it holds, then to its own. accelerate's FSDP2
-path takes these as class names (`transformer_cls_names_to_wrap`, `fsdp_config["transformer_layer_cls_to_wrap"]`).
+backbone a family declares (`config.backbone.layers`, `hf_taskmoe.backbones`). A task-routed layer is one unit with its
+experts (whole copies of the block): a unit per expert would be gathered only on the ranks whose rows use that expert,
+which hangs the other ranks wherever experts are skipped (`BartTaskRouted` with hard routes, `generate` under a hard
+route). A family without a backbone declaration falls back to its own `_no_split_modules` (its layer classes), then to
+the dense model's. accelerate's FSDP2 path takes these as class names (`transformer_cls_names_to_wrap`,
+`fsdp_config["transformer_layer_cls_to_wrap"]`).
 
 What may sit out a step -- an absent task's head, an expert no token chose -- is declared by the family
 (`parameter_roles(...).possibly_idle`). Under FSDP2 those parameters live in units that do run (the root, a block), and
-their missing gradients are reduce-scattered as zeros (`set_reduce_scatter_unused_params`). Under ZeRO-3 every
-submodule gathers its own parameters when it is called, so a module that runs on one rank and not on the other would
-desynchronise the collectives: the nearest called module holding the idle parameters (the task heads, an MoE layer,
-a routed layer) becomes a ZeRO-3 *leaf*, gathered whole and reduced whole with zeros for the parameters that got no
-gradient (`deepspeed.utils.set_z3_leaf_modules`, DeepSpeed's own answer for token-routed MoE layers).
+their missing gradients are reduce-scattered as zeros (`set_reduce_scatter_unused_params`, torch >= 2.8).
+
+DeepSpeed ZeRO-3 gathers every submodule's parameters when that submodule is called and reduces each parameter's
+gradient when it arrives, so a module that runs on one rank and not on the other desynchronises the collectives. A
+task-routed LM has no such module in training (every expert of a routed layer runs on every row; the task embedding
+is one lookup for the whole batch), and ZeRO-3 trains it as it is. DeepSpeed's answer for modules that may sit out
+(a *leaf*: gathered whole, reduced whole with zeros, `deepspeed.utils.set_z3_leaf_modules`) needs the leaf's output to
+be a tensor or a tuple of tensors, which its backward hooks attach to; the task heads of the encoder families return
+a `HeadsOutput` (a dataclass), so those families are refused under ZeRO-3 (`check_zero3`), naming the modules.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ __all__ = [
     "fsdp_config",
     "transformer_block_classes",
     "transformer_blocks",
-    "zero3_leaf_modules",
+    "check_zero3",
+    "zero3_idle_modules",
 ]
 
 
@@ -44,34 +51,30 @@ def _declared_layer_lists(model: nn.Module) -> list[nn.ModuleList]:
     return found
 
 
-def _experts_of(block: nn.Module) -> list[nn.Module]:
-    """A task-routed layer's expert copies of the block (`RoutedLayer.experts`); the block itself otherwise."""
-    experts = getattr(block, "experts", None)
-    if isinstance(experts, nn.ModuleList) and len(experts) and not isinstance(block, nn.ModuleList):
-        inner = [e for e in experts if not isinstance(e, (nn.Linear, nn.Embedding))]
-        if len(inner) == len(experts):
-            return list(experts)
-    return [block]
-
-
 def _no_split_fallback(model: nn.Module) -> list[str]:
-    """`_no_split_modules` of the dense model the family holds (a nested `PreTrainedModel`), else of the family."""
+    """The family's own `_no_split_modules` (its layer classes: a routed layer keeps its experts whole), else those of
+    the dense model it holds (a nested `PreTrainedModel`)."""
     from transformers import PreTrainedModel
 
+    if getattr(model, "_no_split_modules", None):
+        return list(model._no_split_modules)
     for name, module in model.named_modules():
         if name and isinstance(module, PreTrainedModel) and getattr(module, "_no_split_modules", None):
             return list(module._no_split_modules)
-    return list(getattr(model, "_no_split_modules", None) or [])
+    return []
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP2 shards as one unit each: the declared backbone's blocks (a routed layer's experts, each), or
-    every module whose class the fallback names. Empty when nothing is declared."""
-    blocks = [expert for layers in _declared_layer_lists(model) for block in layers for expert in _experts_of(block)]
+    """The modules FSDP2 shards as one unit each: the entries of the declared backbone's layer lists (a task-routed
+    layer whole, with its experts: it runs on every rank whichever experts its rows use), or every module whose class
+    the fallback names. Empty when nothing is declared."""
+    blocks = [block for layers in _declared_layer_lists(model) for block in layers]
     if blocks:
         return blocks
     names = set(_no_split_fallback(model))
-    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    found = [(n, m) for n, m in model.named_modules() if n and type(m).__name__ in names]
+    # the outermost only: a class named for a routed layer's experts (BART's layers) stays inside its routed layer
+    return [m for n, m in found if not any(n.startswith(o + ".") for o, _ in found)]
 
 
 def transformer_block_classes(model: nn.Module) -> list[str]:
@@ -107,20 +110,23 @@ def _called(module: nn.Module) -> bool:
     return type(module).forward is not nn.Module.forward and type(module) not in containers
 
 
-def zero3_leaf_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules ZeRO-3 must gather and reduce whole: for every parameter the family declares possibly idle
-    (`parameter_roles(...).possibly_idle`), the module its role's pattern names (`heads` for `^heads\\.`, a layer's
-    `mlp.experts`), or the nearest called module above it when that one is a plain container. Outermost first, no
-    module inside another. Raises when a possibly idle parameter would make the whole model one leaf (nothing would
-    be sharded during the forward)."""
+def zero3_idle_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules that may not run in a training step on some rank, which ZeRO-3 would have to gather and reduce
+    whole: for every parameter the family declares possibly idle (`parameter_roles(...).possibly_idle`) outside an
+    embedding and outside a task-routed LM's routed layers (both run whole in every training step), the module its
+    role's pattern names (`heads` for `^heads\\.`), or the nearest called module above it when that one is a plain
+    container. Outermost first, no module inside another."""
     roles = parameter_roles_of(model)
     if roles is UNDECLARED:
         return []
     patterns = [re.compile(p) for p in roles.possibly_idle_patterns]
     modules = dict(model.named_modules())
+    # what runs whenever the model does: an embedding (one lookup per batch, whichever rows it reads) and the experts
+    # of a layer that runs every expert on every row in a training forward (`ContextRoutedLayer`, the task-routed LMs)
+    always_run = [name for name, m in modules.items() if isinstance(m, nn.Embedding) or _every_expert_runs(m)]
     chosen: dict[str, nn.Module] = {}
     for name, param in model.named_parameters():
-        if not param.requires_grad:
+        if not param.requires_grad or any(name.startswith(p + ".") for p in always_run):
             continue
         match = next((m for p in patterns if (m := p.search(name))), None)
         if match is None:
@@ -131,29 +137,36 @@ def zero3_leaf_modules(model: nn.Module) -> list[nn.Module]:
             path = path.rsplit(".", 1)[0] if "." in path else ""
         while path and not _called(modules[path]):
             path = path.rsplit(".", 1)[0] if "." in path else ""
-        if not path:
-            raise ValueError(
-                f"{type(model).__name__}: the possibly idle parameter {name} sits in no module below the model that "
-                "is called on every rank; ZeRO-3 cannot shard its forward. Use ZeRO-2 or FSDP2."
-            )
         chosen[path] = modules[path]
-    outer = sorted(chosen, key=lambda p: (p.count("."), p))
     kept: list[str] = []
-    for path in outer:
-        if not any(path.startswith(k + ".") for k in kept):
+    for path in sorted(chosen, key=lambda p: (p.count("."), p)):
+        if not any(path.startswith(k + ".") or k == "" for k in kept):
             kept.append(path)
     return [chosen[p] for p in sorted(kept, key=list(modules).index)]
 
 
-def mark_zero3_leaves(model: nn.Module) -> list[str]:
-    """Flag `zero3_leaf_modules(model)` as ZeRO-3 leaves (before DeepSpeed wraps the model); their names."""
-    from deepspeed.utils import set_z3_leaf_module
+def _every_expert_runs(module: nn.Module) -> bool:
+    """A task-routed layer whose training forward runs every expert on every row (mixed by the route): the
+    `ContextRoutedLayer` of the task-routed LMs (named, not imported: the class may move between modules)."""
+    return any(c.__name__ == "ContextRoutedLayer" for c in type(module).__mro__)
 
-    leaves = zero3_leaf_modules(model)
-    for module in leaves:
-        set_z3_leaf_module(module, True)
-    index = {id(m): n for n, m in model.named_modules()}
-    return [index[id(m)] for m in leaves]
+
+def check_zero3(model: nn.Module) -> None:
+    """Refuse a model ZeRO-3 cannot train: one with modules that may sit out a step on some rank
+    (`zero3_idle_modules`). Their parameters would be gathered on the ranks that call them only, and their gradients
+    reduced in buckets that differ between ranks; DeepSpeed's leaf modules, the way out for token-routed MoE layers,
+    hook the leaf's output, which must be tensors (the task heads return a `HeadsOutput`)."""
+    idle = zero3_idle_modules(model)
+    if not idle:
+        return
+    index = {id(m): n or "(the model itself)" for n, m in model.named_modules()}
+    names = ", ".join(f"{index[id(m)]} ({type(m).__name__})" for m in idle)
+    raise ValueError(
+        f"DeepSpeed ZeRO-3 cannot train {type(model).__name__}: {names} may not run on every rank in a step (an "
+        "absent task's head), and ZeRO-3 gathers a module's shards only on the ranks that call it. Use FSDP2 "
+        "(`fsdp=True, fsdp_config=hf_taskmoe.training.sharding.fsdp_config(model)`), which reduces zeros for what sat "
+        "out, or ZeRO-2 (`deepspeed=examples/deepspeed/zero2.json`)."
+    )
 
 
 def prepare_sharding(model: nn.Module, args) -> None:
@@ -170,7 +183,7 @@ def prepare_sharding(model: nn.Module, args) -> None:
                 plugin_args["transformer_cls_names_to_wrap"] = ",".join(classes)
     ds_config = getattr(args, "hf_deepspeed_config", None)
     if ds_config is not None and ds_config.is_zero3():
-        mark_zero3_leaves(model)
+        check_zero3(model)
 
 
 def enable_fsdp_on_cpu(accelerator, args) -> bool:

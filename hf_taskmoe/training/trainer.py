@@ -477,8 +477,8 @@ class MultiTaskTrainer(Trainer):
             and not self.args.ddp_find_unused_parameters
         ):
             if is_sharded(self, model):
-                # the parameters are shards here: FSDP2 reduce-scatters zeros for the idle ones, ZeRO-3's leaves
-                # (`mark_zero3_leaves`) reduce their modules whole
+                # the parameters are shards here: FSDP2 reduce-scatters zeros for the idle ones; ZeRO-3 takes only
+                # families with none (`sharding.check_zero3`)
                 zero_unused_gradients_under_fsdp(model)
                 return (loss, outputs) if return_outputs else loss
             # (with find_unused_parameters=True DDP marks the idle parameters ready itself; touching them too would

@@ -98,11 +98,12 @@ trainer.train(resume_from_checkpoint="latest" if mode == "resume" else None)
 wrapped = trainer.model_wrapped
 state = trainer.accelerator.get_state_dict(wrapped)  # the full weights, gathered from the shards (collective)
 checksum = sum(float(t.double().abs().sum()) for t in state.values() if t.is_floating_point()) if state else None
-units = []
+units = {}
 try:
     from torch.distributed.fsdp import FSDPModule
 
-    units = sorted({type(m).__name__ for m in trainer.model.modules() if isinstance(m, FSDPModule)})
+    names = [type(m).__name__ for m in trainer.model.modules() if isinstance(m, FSDPModule)]
+    units = {name: names.count(name) for name in sorted(set(names))}
 except ImportError:
     pass
 with open(os.path.join(out, f"{mode}{rank}.json"), "w") as f:
