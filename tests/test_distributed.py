@@ -113,6 +113,10 @@ def _killed_and_resumed_equals_uninterrupted(tmp_path, family, engine):
     runs = {m: [json.loads((tmp_path / f"{m}{r}.json").read_text()) for r in (0, 1)] for m in ("full", "resume")}
     reference, after = runs["full"][0], runs["resume"][0]
     assert all(r["world"] == 2 for rs in runs.values() for r in rs)
+    # mixed-task batches, and a task one rank trains in a step is absent from the other rank's batch at some step
+    seen = [r["seen"] for r in runs["full"]]
+    assert any(len(set(batch)) > 1 for batch in seen[0] + seen[1])
+    assert any(set(a) != set(b) for a, b in zip(*seen))
     assert sorted(map(int, reference["losses"])) == list(range(1, 9))
     assert len(set(reference["losses"].values())) > 1  # it trained: the losses moved
     for step in range(4, 9):  # the steps the resumed run trained itself

@@ -94,6 +94,9 @@ class KillAt(TrainerCallback):
 
 trainer = MultiTaskTrainer(model=model, args=args, train_dataset=train,
                            callbacks=[KillAt()] if mode == "kill" else None)
+seen = []  # each batch's task ids on this rank
+collate = trainer.data_collator
+trainer.data_collator = lambda feats: (lambda b: (seen.append(b["task_ids"].tolist()), b)[1])(collate(feats))
 trainer.train(resume_from_checkpoint="latest" if mode == "resume" else None)
 wrapped = trainer.model_wrapped
 state = trainer.accelerator.get_state_dict(wrapped)  # the full weights, gathered from the shards (collective)
@@ -110,6 +113,7 @@ with open(os.path.join(out, f"{mode}{rank}.json"), "w") as f:
     json.dump({
         "losses": {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h},
         "world": trainer.args.world_size,
+        "seen": seen,
         "wrapper": type(wrapped).__name__,
         "units": units,
         "fsdp": trainer.is_fsdp_enabled,
