@@ -118,3 +118,25 @@ def test_a_deepspeed_checkpoint_is_complete_with_its_latest_file(tmp_path):
     assert missing_checkpoint_files(str(tmp_path)) == ["model weights", "optimizer.pt", "scheduler.pt"]
     (tmp_path / "latest").write_text("global_step3")  # DeepSpeed writes it once every rank saved
     assert missing_checkpoint_files(str(tmp_path)) == []
+
+
+def test_the_trainer_fills_the_units_and_refuses_zero3_before_wrapping(tmp_path):
+    """`prepare_sharding` (called by MultiTaskTrainer before accelerate wraps the model): FSDP2 without a class list
+    gets the family's blocks; a ZeRO-3 configuration is refused for a family whose heads may sit out."""
+    from types import SimpleNamespace
+
+    from hf_taskmoe.training.sharding import prepare_sharding
+
+    model = routed_llama()
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=True, use_cpu=True)
+    assert not args.fsdp_plugin_args.get("transformer_cls_names_to_wrap")
+    prepare_sharding(model, args)
+    assert args.fsdp_plugin_args["transformer_cls_names_to_wrap"] == "ContextRoutedLayer"
+    chosen = MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=True, use_cpu=True,
+                                        fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+    prepare_sharding(model, chosen)  # the user's choice stands
+    assert chosen.fsdp_plugin_args["transformer_cls_names_to_wrap"] == "LlamaDecoderLayer"
+    zero3 = SimpleNamespace(fsdp_plugin_args=None, hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: True))
+    prepare_sharding(model, zero3)
+    with pytest.raises(ValueError, match="ZeRO-3 cannot train"):
+        prepare_sharding(generic_moe(), zero3)
