@@ -134,7 +134,7 @@ class TaskSamplerCheckpointCallback(TrainerCallback):
             os.replace(path + ".tmp", path)
 
 
-def _non_empty_dir(checkpoint: str, name: str) -> bool:
+def _whole_folder(checkpoint: str, name: str) -> bool:
     """A sharded save's folder, whole: torch's distributed checkpoint writes its `.metadata` last."""
     path = os.path.join(checkpoint, name)
     if not os.path.isdir(path):
@@ -149,10 +149,10 @@ def missing_checkpoint_files(checkpoint: str) -> list[str]:
     # sharded runs save folders: FSDP's `pytorch_model_fsdp_0/` and `optimizer_0/` (torch distributed checkpoint, one
     # file per rank), DeepSpeed's `global_step<k>/` (each rank's model and optimizer partitions) named by `latest`
     sharded = {
-        "model": any(f.startswith("pytorch_model_fsdp_") and _non_empty_dir(checkpoint, f) for f in files),
-        "optimizer": any(f.startswith("optimizer_") and _non_empty_dir(checkpoint, f) for f in files),
+        "model": any(f.startswith("pytorch_model_fsdp_") and _whole_folder(checkpoint, f) for f in files),
+        "optimizer": any(f.startswith("optimizer_") and _whole_folder(checkpoint, f) for f in files),
     }
-    deepspeed = "latest" in files and any(f.startswith("global_step") and _non_empty_dir(checkpoint, f) for f in files)
+    deepspeed = "latest" in files and any(f.startswith("global_step") and _whole_folder(checkpoint, f) for f in files)
     wanted = {
         "model weights": deepspeed or sharded["model"] or any(
             f.startswith(("model", "adapter_model", "pytorch_model")) and f.endswith((".safetensors", ".bin", ".json"))
@@ -311,7 +311,7 @@ class MultiTaskTrainer(Trainer):
             data_collator = HostCheckedCollator(
                 data_collator, BatchChecker.for_model(model, counts_tasks=args.n_gpu <= 1)
             )
-        prepare_sharding(model, args)  # FSDP2's units and ZeRO-3's leaves, from the family's declarations
+        prepare_sharding(model, args)  # FSDP2's units from the family's declarations; ZeRO-3 checked
         super().__init__(
             model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=data_collator, **kwargs
         )
@@ -470,17 +470,16 @@ class MultiTaskTrainer(Trainer):
         if model.training and getattr(outputs, "task_losses", None) is not None:  # (its truth would be a host read)
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
-        if (
+        if model.training and loss is not None and self.args.world_size > 1 and is_sharded(self, model):
+            # the parameters are shards here, not to be touched: FSDP2 reduce-scatters zeros for the idle ones;
+            # ZeRO-3 takes only families with none (`sharding.check_zero3`)
+            zero_unused_gradients_under_fsdp(model)
+        elif (
             model.training
             and loss is not None
             and self.args.world_size > 1
             and not self.args.ddp_find_unused_parameters
         ):
-            if is_sharded(self, model):
-                # the parameters are shards here: FSDP2 reduce-scatters zeros for the idle ones; ZeRO-3 takes only
-                # families with none (`sharding.check_zero3`)
-                zero_unused_gradients_under_fsdp(model)
-                return (loss, outputs) if return_outputs else loss
             # (with find_unused_parameters=True DDP marks the idle parameters ready itself; touching them too would
             # mark them twice: "Expected to mark a variable ready only once")
             loss = loss + self._touch_every_parameter(model)
