@@ -125,12 +125,16 @@ def _killed_and_resumed_equals_uninterrupted(tmp_path, family, engine):
     return runs
 
 
-@pytest.mark.parametrize("family, unit, count", [("task_moe", "FSDPBertLayer", 2),
-                                                 ("routed_llama", "FSDPContextRoutedLayer", 2)])
+@pytest.mark.parametrize("family, unit, count", [
+    ("task_moe", "FSDPBertLayer", 2),
+    # (three 2-process runs take about 100 s on a busy 2-core machine: one family in the default run)
+    pytest.param("routed_llama", "FSDPContextRoutedLayer", 2, marks=pytest.mark.slow),
+])
 def test_fsdp2_sharded_checkpoint_kill_and_resume(tmp_path, family, unit, count):
     """FSDP2 through accelerate (`fsdp_config(model)`: one `fully_shard` unit per declared block, a routed layer whole
     with its experts), on 2 CPU processes (gloo), mixed-task batches that leave heads idle on a rank; checkpoints are
-    torch distributed checkpoints, one shard file per rank."""
+    torch distributed checkpoints, one shard file per rank. The routed LM is a slow case:
+    `pytest -m slow tests/test_distributed.py -k "fsdp2 or zero3"` runs it with ZeRO-3's."""
     runs = _killed_and_resumed_equals_uninterrupted(tmp_path, family, "fsdp2")
     for r in runs["full"] + runs["resume"]:
         assert r["fsdp"] and r["wrapper"].startswith("FSDP") and r["units"][unit] == count
