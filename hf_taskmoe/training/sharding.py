@@ -11,7 +11,7 @@ the dense model's. accelerate's FSDP2 path takes these as class names (`transfor
 
 What may sit out a step -- an absent task's head, an expert no token chose -- is declared by the family
 (`parameter_roles(...).possibly_idle`). Under FSDP2 those parameters live in units that do run (the root, a block), and
-their missing gradients are reduce-scattered as zeros (`set_reduce_scatter_unused_params`, torch >= 2.8).
+their missing gradients are reduce-scattered as zeros (`FSDPModule.set_reduce_scatter_unused_params`).
 
 DeepSpeed ZeRO-3 gathers every submodule's parameters when that submodule is called and reduces each parameter's
 gradient when it arrives, so a module that runs on one rank and not on the other desynchronises the collectives. A
@@ -172,8 +172,8 @@ def check_zero3(model: nn.Module) -> None:
 def prepare_sharding(model: nn.Module, args) -> None:
     """What `MultiTaskTrainer` does before accelerate wraps the model: FSDP with a transformer-based wrap and no class
     list gets the family's blocks (`transformer_block_classes`; accelerate would take the family's
-    `_no_split_modules`, which names the routed layer, not its experts); ZeRO-3 gets the family's leaves
-    (`mark_zero3_leaves`)."""
+    `_no_split_modules`, and BART's names its experts' classes too); ZeRO-3 is refused for a family with modules
+    that may sit out a step (`check_zero3`)."""
     plugin_args = getattr(args, "fsdp_plugin_args", None)
     if plugin_args is not None and plugin_args.get("fsdp_version", 1) == 2:
         policy = str(plugin_args.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP"))
@@ -218,5 +218,11 @@ def zero_unused_gradients_under_fsdp(model: nn.Module) -> None:
     except ImportError:  # torch without FSDP2
         return
     if isinstance(model, FSDPModule) and not getattr(model, "_hf_taskmoe_unused_zeroed", False):
+        if not hasattr(model, "set_reduce_scatter_unused_params"):
+            raise RuntimeError(
+                "This torch's FSDP2 cannot reduce-scatter zeros for parameters without a gradient "
+                "(`FSDPModule.set_reduce_scatter_unused_params`, in torch 2.13): a task head idle on one rank would "
+                "desynchronise the ranks. Upgrade torch, or train with DDP or ZeRO-2."
+            )
         model.set_reduce_scatter_unused_params(True)
         model._hf_taskmoe_unused_zeroed = True
