@@ -120,3 +120,24 @@ def is_exporting() -> bool:
     trusted (the releases that drop it have the fix)."""
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     return torch.compiler.is_exporting() if flag is None else bool(flag)
+
+
+def enable_fsdp_on_cpu(accelerator, fsdp_plugin) -> bool:
+    """Turn on accelerate's FSDP path for a multi-process CPU run (gloo), which accelerate leaves off: its
+    `AcceleratorState` takes an FSDP plugin only for accelerator devices (`MULTI_GPU`, `MULTI_XPU`, ...) and on the CPU
+    runs DDP instead without a word. torch's FSDP2 (`fully_shard`) itself runs on the CPU over gloo; this sets the two
+    attributes accelerate's `prepare`, `save_state` and `load_state` read (`state.distributed_type`,
+    `state.fsdp_plugin`), as accelerate sets them on a GPU. Returns whether it did (only `MULTI_CPU` with no plugin
+    taken). Canary: `tests/test_compat.py::test_accelerate_fsdp_state_attributes`."""
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    if fsdp_plugin is None or state.distributed_type != DistributedType.MULTI_CPU:
+        return False
+    if getattr(state, "fsdp_plugin", None) is not None:
+        return False
+    if accelerator.mixed_precision != "no":
+        fsdp_plugin.set_mixed_precision(accelerator.mixed_precision)
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = fsdp_plugin
+    return True

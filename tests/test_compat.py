@@ -163,3 +163,17 @@ def test_canary_is_exporting_is_false_under_compile_and_true_under_export():
     assert Probe()(x).tolist() == [-1.0, -1.0]
     assert torch.compile(Probe(), fullgraph=True, backend="eager")(x).tolist() == [-1.0, -1.0]
     assert torch.export.export(Probe(), (x,)).module()(x).tolist() == [1.0, 1.0]
+
+
+def test_canary_accelerate_fsdp_state_attributes():
+    """`compat.enable_fsdp_on_cpu` sets `state.distributed_type` and `state.fsdp_plugin`; accelerate's FSDP2 path
+    must still read exactly these (`AcceleratorState.is_fsdp2`) and still leave FSDP off on `MULTI_CPU` (else the
+    switch is no longer needed)."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    source = inspect.getsource(AcceleratorState.is_fsdp2.fget)
+    assert "distributed_type" in source and "DistributedType.FSDP" in source and "fsdp_plugin" in source
+    init = inspect.getsource(AcceleratorState.__init__)
+    assert "self.fsdp_plugin = fsdp_plugin" in init and "DistributedType.MULTI_GPU" in init
+    assert DistributedType.MULTI_CPU in list(DistributedType)

@@ -180,12 +180,15 @@ class MultiTaskTrainingArguments(TrainingArguments):
                 "`fp16` mixed precision needs a CUDA (or XPU) device, and this run is on the CPU. On a CPU use `bf16` "
                 "(with `use_cpu`), or leave the precision at fp32."
             )
-        if self.fsdp and (self.use_cpu or not (torch.cuda.is_available() or torch.xpu.is_available())):
-            # accelerate would wrap the model in plain DDP and say nothing
+        fsdp_version = int((self.fsdp_config or {}).get("version", 2)) if isinstance(self.fsdp_config, dict) else 2
+        if self.fsdp and fsdp_version != 2 and (
+            self.use_cpu or not (torch.cuda.is_available() or torch.xpu.is_available())
+        ):
+            # accelerate would wrap the model in plain DDP and say nothing; FSDP2 is turned on by MultiTaskTrainer
             raise ValueError(
-                "`fsdp` needs CUDA or XPU devices; on the CPU accelerate silently falls back to DDP. On a CPU use DDP "
-                "(the "
-                "default under torchrun) or DeepSpeed ZeRO (`deepspeed=examples/deepspeed/zero2.json`)."
+                "FSDP version 1 needs CUDA or XPU devices; on the CPU accelerate silently falls back to DDP. On a CPU "
+                "use FSDP2 (`fsdp_config={'version': 2}`, the default), DDP (the default under torchrun) or DeepSpeed "
+                "ZeRO (`deepspeed=examples/deepspeed/zero2.json`)."
             )
         super().__post_init__()
 

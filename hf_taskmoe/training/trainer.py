@@ -37,6 +37,7 @@ from .callbacks import ReleaseFreedMemoryCallback, RoutingAnalyticsCallback, gli
 from .data import MultiTaskCollator, MultiTaskDataset
 from .freezing import freeze_shared_parameters
 from .samplers import TaskBatchSampler, build_task_sampling
+from .sharding import enable_fsdp_on_cpu, is_sharded, prepare_sharding, zero_unused_gradients_under_fsdp
 
 logger = logging.getLogger(__name__)
 
@@ -133,17 +134,33 @@ class TaskSamplerCheckpointCallback(TrainerCallback):
             os.replace(path + ".tmp", path)
 
 
+def _whole_folder(checkpoint: str, name: str) -> bool:
+    """A sharded save's folder, whole: torch's distributed checkpoint writes its `.metadata` last."""
+    path = os.path.join(checkpoint, name)
+    if not os.path.isdir(path):
+        return False
+    return os.path.exists(os.path.join(path, ".metadata")) if name.startswith(("pytorch_model_fsdp_", "optimizer_")) \
+        else bool(os.listdir(path))
+
+
 def missing_checkpoint_files(checkpoint: str) -> list[str]:
     """What a checkpoint needs to continue a run exactly and does not hold (empty: complete)."""
     files = set(os.listdir(checkpoint))
+    # sharded runs save folders: FSDP's `pytorch_model_fsdp_0/` and `optimizer_0/` (torch distributed checkpoint, one
+    # file per rank), DeepSpeed's `global_step<k>/` (each rank's model and optimizer partitions) named by `latest`
+    sharded = {
+        "model": any(f.startswith("pytorch_model_fsdp_") and _whole_folder(checkpoint, f) for f in files),
+        "optimizer": any(f.startswith("optimizer_") and _whole_folder(checkpoint, f) for f in files),
+    }
+    deepspeed = "latest" in files and any(f.startswith("global_step") and _whole_folder(checkpoint, f) for f in files)
     wanted = {
-        "model weights": any(
+        "model weights": deepspeed or sharded["model"] or any(
             f.startswith(("model", "adapter_model", "pytorch_model")) and f.endswith((".safetensors", ".bin", ".json"))
             for f in files
         ),
         TRAINER_STATE_NAME: TRAINER_STATE_NAME in files,
-        "optimizer.pt": "optimizer.pt" in files,
-        "scheduler.pt": "scheduler.pt" in files,
+        "optimizer.pt": "optimizer.pt" in files or deepspeed or sharded["optimizer"],
+        "scheduler.pt": "scheduler.pt" in files or deepspeed,  # DeepSpeed's own scheduler is in its partitions
         "rng_state.pth": any(f.startswith("rng_state") for f in files),
     }
     return [name for name, present in wanted.items() if not present]
@@ -294,6 +311,7 @@ class MultiTaskTrainer(Trainer):
             data_collator = HostCheckedCollator(
                 data_collator, BatchChecker.for_model(model, counts_tasks=args.n_gpu <= 1)
             )
+        prepare_sharding(model, args)  # FSDP2's units from the family's declarations; ZeRO-3 checked
         super().__init__(
             model=model, args=args, train_dataset=train, eval_dataset=evals, data_collator=data_collator, **kwargs
         )
@@ -319,6 +337,13 @@ class MultiTaskTrainer(Trainer):
         if args.train_task_specific_only:
             counts = freeze_shared_parameters(self.model)
             logger.info(f"Training task-specific parameters only: {counts}")
+
+    def create_accelerator_and_postprocess(self):
+        """`Trainer`'s, then FSDP2 on the CPU (gloo) where accelerate would fall back to DDP without a word: see
+        `sharding.enable_fsdp_on_cpu`."""
+        super().create_accelerator_and_postprocess()
+        if enable_fsdp_on_cpu(self.accelerator, self.args):
+            self.is_fsdp_enabled = True
 
     # ------------------------------------------------------------------ inputs
     def _check_task_dict(self, datasets: dict | None, field: str) -> dict:
@@ -445,7 +470,11 @@ class MultiTaskTrainer(Trainer):
         if model.training and getattr(outputs, "task_losses", None) is not None:  # (its truth would be a host read)
             self._task_losses.update(outputs.task_losses)
         loss = outputs.loss
-        if (
+        if model.training and loss is not None and self.args.world_size > 1 and is_sharded(self, model):
+            # the parameters are shards here, not to be touched: FSDP2 reduce-scatters zeros for the idle ones;
+            # ZeRO-3 takes only families with none (`sharding.check_zero3`)
+            zero_unused_gradients_under_fsdp(model)
+        elif (
             model.training
             and loss is not None
             and self.args.world_size > 1

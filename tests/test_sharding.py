@@ -1,0 +1,142 @@
+"""What FSDP2 shards as one unit and what ZeRO-3 refuses, derived from the families' declarations (no process group:
+the 2-process runs are in tests/test_distributed.py)."""
+
+import pytest
+import torch
+import transformers
+
+from hf_taskmoe import (
+    BartTaskRouted,
+    BertForTaskMoE,
+    BertTaskMoEConfig,
+    TaskMoEForMultiTask,
+    TaskRoutedForCausalLM,
+    TaskSpec,
+)
+from hf_taskmoe.training import MultiTaskTrainingArguments
+from hf_taskmoe.training.sharding import (
+    check_zero3,
+    fsdp_config,
+    transformer_block_classes,
+    transformer_blocks,
+    zero3_idle_modules,
+)
+from hf_taskmoe.training.trainer import missing_checkpoint_files
+
+TASKS = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3),
+         TaskSpec(name="c", problem_type="regression")]
+SIZES = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
+TEXT = [TaskSpec(name=n, problem_type="seq2seq") for n in "xy"]
+
+
+def _unpack(built):
+    return built[0] if isinstance(built, tuple) else built
+
+
+def generic_moe():
+    return _unpack(TaskMoEForMultiTask.from_dense(transformers.BertModel(transformers.BertConfig(**SIZES)), tasks=TASKS,
+                                                  num_experts=2))
+
+
+def routed_llama():
+    dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=64, max_position_embeddings=64))
+    return _unpack(TaskRoutedForCausalLM.from_dense(dense, TEXT, num_experts=3, routed_layers=[0, 2]))
+
+
+def test_units_are_the_declared_backbone_blocks():
+    model = generic_moe()
+    assert transformer_block_classes(model) == ["BertLayer"]
+    assert transformer_blocks(model) == list(model.get_submodule(_layers_path(model)))
+    config = fsdp_config(model, cpu_offload=True)
+    assert config["version"] == 2 and config["transformer_layer_cls_to_wrap"] == ["BertLayer"]
+    assert config["state_dict_type"] == "SHARDED_STATE_DICT" and config["cpu_offload"] is True
+
+
+def _layers_path(model):
+    path = model.config.backbone.layers
+    return next(n for n, m in model.named_modules() if n.endswith("." + path) and isinstance(m, torch.nn.ModuleList))
+
+
+def test_a_routed_layer_is_one_unit_with_its_experts():
+    """Every layer of the routed Llama is a unit, a routed one holding its 3 expert blocks (a unit per expert would be
+    gathered only where an expert runs); no expert block is a unit of its own."""
+    model = routed_llama()
+    blocks = transformer_blocks(model)
+    assert transformer_block_classes(model) == ["ContextRoutedLayer"]
+    assert [len(b.experts) for b in blocks] == [3, 1, 3]
+    assert not any(type(m).__name__ == "LlamaDecoderLayer" for m in blocks)
+
+
+def test_fallback_is_the_family_no_split_modules_outermost():
+    bert = BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES))  # no backbone declaration
+    assert sorted(transformer_block_classes(bert)) == ["BertEmbeddings", "TaskMoEBertLayer"]
+    bart = BartTaskRouted.from_dense(transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=50, d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=24, decoder_ffn_dim=24,
+        encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=32)), TEXT, selection="hard")
+    # BART's own layer classes are named too, but they are the experts inside each RoutedLayer
+    assert transformer_block_classes(_unpack(bart)) == ["RoutedLayer"]
+
+
+def test_zero3_refuses_idle_heads_and_takes_the_routed_lm():
+    model = generic_moe()
+    assert [type(m).__name__ for m in zero3_idle_modules(model)] == ["MultiTaskHeads"]
+    with pytest.raises(ValueError, match=r"ZeRO-3 cannot train TaskMoEForMultiTask: heads \(MultiTaskHeads\)"):
+        check_zero3(model)
+    check_zero3(routed_llama())  # every expert runs in a training forward: nothing sits out
+
+
+def test_fsdp1_on_the_cpu_is_refused_fsdp2_accepted(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU both run")
+    with pytest.raises(ValueError, match="FSDP version 1 needs CUDA"):
+        MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=True, fsdp_config={"version": 1}, use_cpu=True)
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=True, fsdp_config={"version": 2}, use_cpu=True)
+    assert args.fsdp_plugin_args["fsdp_version"] == 2
+
+
+def test_sharded_checkpoints_are_complete_only_when_written_whole(tmp_path):
+    base = {"trainer_state.json": "{}", "scheduler.pt": "", "rng_state_0.pth": "", "rng_state_1.pth": ""}
+    for name, text in base.items():
+        (tmp_path / name).write_text(text)
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__0_0.distcp").write_text("")
+    # killed while torch's distributed checkpoint was written: no `.metadata` yet
+    assert missing_checkpoint_files(str(tmp_path)) == ["model weights", "optimizer.pt"]
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        (tmp_path / folder / ".metadata").write_text("")
+    assert missing_checkpoint_files(str(tmp_path)) == []
+
+
+def test_a_deepspeed_checkpoint_is_complete_with_its_latest_file(tmp_path):
+    (tmp_path / "trainer_state.json").write_text("{}")
+    (tmp_path / "rng_state_0.pth").write_text("")
+    (tmp_path / "global_step3").mkdir()
+    (tmp_path / "global_step3" / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_text("")
+    assert missing_checkpoint_files(str(tmp_path)) == ["model weights", "optimizer.pt", "scheduler.pt"]
+    (tmp_path / "latest").write_text("global_step3")  # DeepSpeed writes it once every rank saved
+    assert missing_checkpoint_files(str(tmp_path)) == []
+
+
+def test_the_trainer_fills_the_units_and_refuses_zero3_before_wrapping(tmp_path):
+    """`prepare_sharding` (called by MultiTaskTrainer before accelerate wraps the model): FSDP2 without a class list
+    gets the family's blocks; a ZeRO-3 configuration is refused for a family whose heads may sit out."""
+    from types import SimpleNamespace
+
+    from hf_taskmoe.training.sharding import prepare_sharding
+
+    model = routed_llama()
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=True, use_cpu=True)
+    assert not args.fsdp_plugin_args.get("transformer_cls_names_to_wrap")
+    prepare_sharding(model, args)
+    assert args.fsdp_plugin_args["transformer_cls_names_to_wrap"] == "ContextRoutedLayer"
+    chosen = MultiTaskTrainingArguments(output_dir=str(tmp_path), fsdp=True, use_cpu=True,
+                                        fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
+    prepare_sharding(model, chosen)  # the user's choice stands
+    assert chosen.fsdp_plugin_args["transformer_cls_names_to_wrap"] == "LlamaDecoderLayer"
+    zero3 = SimpleNamespace(fsdp_plugin_args=None, hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: True))
+    prepare_sharding(model, zero3)
+    with pytest.raises(ValueError, match="ZeRO-3 cannot train"):
+        prepare_sharding(generic_moe(), zero3)
