@@ -183,10 +183,10 @@ class ScriptModelArguments:
             raise ValueError(f"`task_representation` must be 'learned' or 'text', got {self.task_representation!r}.")
 
 
-#: every setting of the families built from a dense checkpoint, read from their configs
-#: (`hf_taskmoe.training.family_options`): `--num_experts`, `--pal_size`, `--conditional_attention`, ...
-FAMILY_OPTIONS = config_options(f for f in FAMILIES.values() if f.buildable_from_dense)
-ModelArguments = options_dataclass(FAMILY_OPTIONS, "ModelArguments", base=ScriptModelArguments)
+def family_settings():
+    """Every setting of the families built from a dense checkpoint, read from their configs now (a family registered
+    after this script was imported included): `--num_experts`, `--pal_size`, `--conditional_attention`, ..."""
+    return config_options(f for f in FAMILIES.values() if f.buildable_from_dense)
 
 
 def check_positive(arguments, *names: str, allow_zero: bool = False, optional: bool = False) -> None:
@@ -254,7 +254,6 @@ class RunArguments:
 
 
 
-DATACLASSES = (ModelArguments, DataArguments, RunArguments, MultiTaskTrainingArguments)
 TASKS_HELP = (
     f"Task-config JSON files (local data; format in docs/task-config.md) and/or presets "
     f"({' '.join(sorted(TASK_PRESETS))}), "
@@ -265,7 +264,9 @@ TASKS_HELP = (
 
 # ----------------------------------------------------------------------------------------------- arguments
 def build_parser() -> HfArgumentParser:
-    parser = HfArgumentParser(DATACLASSES)
+    settings = family_settings()
+    model_arguments = options_dataclass(settings, "ModelArguments", base=ScriptModelArguments)
+    parser = HfArgumentParser((model_arguments, DataArguments, RunArguments, MultiTaskTrainingArguments))
 
     def refuse(message: str):  # argparse would print its whole usage screen, then exit 2
         raise UsageError(f"Invalid arguments: {message} (--help lists the options).")
@@ -277,7 +278,7 @@ def build_parser() -> HfArgumentParser:
         elif action.dest == "tasks":
             action.help = TASKS_HELP
     # Optional switches (`bool | None`: None = the family's default) are flags: `--x` turns on, `--no_x` off.
-    switches = {name for name, option in FAMILY_OPTIONS.items() if option.kind is bool}
+    switches = {name for name, option in settings.items() if option.kind is bool}
     for action in list(parser._actions):
         if action.dest in switches and action.option_strings[0] == f"--{action.dest}":
             action.nargs, action.const = "?", True
@@ -423,7 +424,7 @@ def short_help(argv: list[str] | None = None) -> str:
             text += ["", "method settings (config fields of those names; unset: the family's default; --x/--no_x "
                      "switch a bool):"]
             by_method: dict[str, list[str]] = {}
-            for option in FAMILY_OPTIONS.values():
+            for option in family_settings().values():
                 for method in option.methods:
                     by_method.setdefault(method, []).append(f"--{option.name}")
             for methods, names in sorted(by_method.items()):
@@ -476,7 +477,7 @@ def build_model(model_args, tasks, max_seq_length: int | None = None):
             f"specific weights copied from a saved task); {path} is a dense {config.model_type} checkpoint, on which "
             "every task starts fresh. Leave --init_from out."
         )
-    settings, ignored = config_kwargs(model_args, family, FAMILY_OPTIONS)
+    settings, ignored = config_kwargs(model_args, family, family_settings())
     if ignored:
         logger.warning(f"{family.name} has no setting {', '.join('--' + n for n in ignored)}: ignored.")
     if family.script_defaults is not None:  # values the family derives from the script's own (CA-MTL's length)
