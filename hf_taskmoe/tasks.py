@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
-from .problem_types import (
+from .problem_types.registry import (
     DEFAULT_PROBLEM_TYPE,
     PROBLEM_TYPES,  # noqa: F401 (the registered problem types by name; re-exported)
     get_problem_type,

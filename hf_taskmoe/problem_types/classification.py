@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +23,7 @@ from ..layers.task_head import IGNORE_INDEX, TaskHead, bad_rows
 from ..utils import check_str_list
 from .base import ENCODER, TABULAR, ProblemType, _join, register_problem_type
 from .labels import class_index, number
+from .registry import DEFAULT_PROBLEM_TYPE
 
 
 # ----------------------------------------------------------------------------------------------- heads
@@ -606,5 +606,4 @@ for _type in (SingleLabelClassification, MultiLabelClassification, Regression, M
               TokenClassification):
     register_problem_type(_type())
 
-#: the type of a `TaskSpec` that names none
-DEFAULT_PROBLEM_TYPE: Any = SingleLabelClassification.name
+assert DEFAULT_PROBLEM_TYPE == SingleLabelClassification.name  # the registry names it without importing this module
