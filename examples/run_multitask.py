@@ -38,6 +38,7 @@ from hf_taskmoe.models import FAMILIES, family_for
 from hf_taskmoe.models.registry import check_dense_family, dense_choices
 from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments, finetune_each_task, tokenize_task
 from hf_taskmoe.training.callbacks import TrainingProgressCallback
+from hf_taskmoe.training.command_line import add_switches, given_options, option_line, preset_argv
 from hf_taskmoe.training.data import TASK_PRESETS
 from hf_taskmoe.training.errors import PushFailed, UsageError, run_command
 from hf_taskmoe.training.family_options import config_kwargs, config_options, options_dataclass
@@ -52,13 +53,16 @@ from hf_taskmoe.training.loading import (
     text_representations,
     unloadable,
 )
+from hf_taskmoe.training.protocol import train_task_specific
 from hf_taskmoe.training.push import SECRET_NAME, check_push, files_to_push, push, redacted_argv, take_secrets
 from hf_taskmoe.training.reporting import (
     baseline_scores,
-    generation_samples,
+    card_training_lines,
     results_table,
     run_summary,
+    save_evaluation_extras,
     task_baselines,
+    with_baselines,
 )
 from hf_taskmoe.training.run_folder import claim_output_dir, replace_output_dir
 
@@ -277,36 +281,9 @@ def build_parser() -> HfArgumentParser:
             action.help = PUSH_HELP
         elif action.dest == "tasks":
             action.help = TASKS_HELP
-    # Optional switches (`bool | None`: None = the family's default) are flags: `--x` turns on, `--no_x` off.
-    switches = {name for name, option in settings.items() if option.kind is bool}
-    for action in list(parser._actions):
-        if action.dest in switches and action.option_strings[0] == f"--{action.dest}":
-            action.nargs, action.const = "?", True
-            parser.add_argument(f"--no_{action.dest}", dest=action.dest, action="store_const", const=False,
-                                help=f"Turn {action.dest} off.")
+    # optional switches (`bool | None`: None = the family's default) are flags: `--x` turns on, `--no_x` off
+    add_switches(parser, [name for name, option in settings.items() if option.kind is bool])
     return parser
-
-
-def _given_options(argv: list[str]) -> set[str]:
-    names = set()
-    for token in argv:
-        if token.startswith("--"):
-            name = token[2:].split("=", 1)[0]
-            names.add(name[3:] if name.startswith("no_") else name)
-    return names
-
-
-def _preset_argv(preset: dict, given: set[str]) -> list[str]:
-    argv = []
-    for name, value in preset.items():
-        if name in given or value is None:
-            continue
-        argv.append(f"--{name}")
-        if isinstance(value, list):
-            argv.extend(str(v) for v in value)
-        elif value is not True:
-            argv.append(str(value))
-    return argv
 
 
 def _run_name(tasks: list[str]) -> str:
@@ -339,9 +316,9 @@ def _parse_args(argv: list[str]):
         if values.get("output_dir") is None:
             values["output_dir"] = str(RUNS / _run_name(values["tasks"]))
         return parser.parse_dict(values)
-    given = _given_options(argv)
+    given = given_options(argv)
     preset = TASK_CONFIG_PRESET if "tasks" in given else DEMO_PRESET
-    full = _preset_argv(preset, given) + list(argv)
+    full = preset_argv(preset, given) + list(argv)
     parsed = parser.parse_args_into_dataclasses(args=full)
     if "output_dir" not in given and preset["output_dir"] is None:
         parsed[3].output_dir = str(RUNS / _run_name(parsed[1].tasks))
@@ -353,7 +330,7 @@ def short_help(argv: list[str] | None = None) -> str:
     """The short help; each option's value in brackets is the one a run with `argv` uses: the preset's (the demo's,
     or with --tasks the task-config preset's) where it sets one, else the option's default."""
     argv = argv or []
-    preset = TASK_CONFIG_PRESET if "tasks" in _given_options(argv) else DEMO_PRESET
+    preset = TASK_CONFIG_PRESET if "tasks" in given_options(argv) else DEMO_PRESET
     own_help = {
         "push_to_hub": PUSH_HELP,
         "tasks": TASKS_HELP.split(" (")[0] + " and/or presets (downloaded from the Hub).",
@@ -367,24 +344,11 @@ def short_help(argv: list[str] | None = None) -> str:
     except (UsageError, SystemExit):  # options that do not parse: the preset's values
         values = {k: v for k, v in preset.items() if v is not None}
 
+    if values.get("tasks", [str(DEMO_TASKS)]) == [str(DEMO_TASKS)]:
+        values["tasks"] = "the demo mixture"
+
     def line(f) -> str:
-        if SECRET_NAME.search(f.name):
-            default = None  # a secret is never shown
-        elif f.name in values:
-            default = values[f.name]
-            default = getattr(default, "value", default)  # enums (save_strategy, ...) by their value
-        elif f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = "..."
-        if f.name == "tasks" and default == [str(DEMO_TASKS)]:
-            default = "the demo mixture"
-        elif isinstance(default, list):
-            default = " ".join(map(str, default))
-        help_text = own_help.get(f.name, f.metadata.get("help", "")).split("\n")[0]
-        return f"  --{f.name:<34} {help_text}" + (f" [{default}]" if default not in (None, "...", False, "") else "")
+        return option_line(f, values, own_help.get(f.name), SECRET_NAME)
 
     own = {f.name for f in dataclasses.fields(transformers.TrainingArguments)}
     sections = [
@@ -588,14 +552,8 @@ def _main(argv: list[str], cleanup) -> dict:
         trainer.save_metrics("train", result.metrics)
         trainer.save_state()
         if run_args.task_specific_steps > 0:
-            stage2 = MultiTaskTrainingArguments(**{
-                **training_args.to_dict(), "max_steps": run_args.task_specific_steps,
-                "train_task_specific_only": True, "output_dir": os.path.join(training_args.output_dir, "task_specific"),
-            })
-            MultiTaskTrainer(model=model, args=stage2, train_dataset=train_sets, eval_dataset=eval_sets,
-                             processing_class=tokenizer).train()
-            for p in model.parameters():
-                p.requires_grad_(True)
+            train_task_specific(model, training_args, run_args.task_specific_steps, train_sets, eval_sets,
+                                processing_class=tokenizer)
 
     # ---- evaluation
     metrics = {}
@@ -603,22 +561,12 @@ def _main(argv: list[str], cleanup) -> dict:
         if routed_layers(model.config) is not None:  # MoE layers (tokens) or routed layers (examples)
             trainer.routing_statistics = RoutingStatistics(model)
         metrics = trainer.evaluate()
-        # printed and saved with each score's baseline beside it (sorted keys: `..._accuracy`, `..._accuracy_baseline`)
-        shown = {**metrics, **{f"eval_{task}_{m}_baseline": v for task, base in baselines.items()
-                               for m, v in base.items() if f"eval_{task}_{m}" in metrics}}
+        shown = with_baselines(metrics, baselines)  # printed and saved with each score's baseline beside it
         trainer.log_metrics("eval", shown)
         trainer.save_metrics("eval", shown)
-        if trainer.routing_statistics is not None and trainer.is_world_process_zero():
-            os.makedirs(training_args.output_dir, exist_ok=True)
-            trainer.routing_statistics.save_json(os.path.join(training_args.output_dir, "routing.json"))
-            trainer.routing_statistics.plot(os.path.join(training_args.output_dir, "routing_heatmap.png"))
-            trainer.routing_heatmap = "routing_heatmap.png"
         if trainer.is_world_process_zero():
             print("\nPer-task results on the evaluation sets\n" + results_table(tasks, metrics, baselines=baselines))
-            samples = generation_samples(model, tokenizer, task_data)
-            if samples:
-                with open(os.path.join(training_args.output_dir, "generations.json"), "w") as f:
-                    json.dump(samples, f, indent=2, ensure_ascii=False)
+            save_evaluation_extras(trainer, model, tokenizer, task_data, training_args.output_dir)
 
     if run_args.finetune_each_task and training_args.do_train and training_args.do_eval:
         finetuned = finetune_each_task(model, training_args, train_sets, eval_sets, run_args.early_stopping_patience,
@@ -638,15 +586,7 @@ def _main(argv: list[str], cleanup) -> dict:
         training = None  # an evaluation-only run trained nothing: its card says so
         if training_args.do_train:
             tokenizer.save_pretrained(training_args.output_dir)  # beside the model: what a pipeline loads
-            training = trainer.training_summary()
-            training["training time"] = f"{totals['train_seconds']:.0f} s"
-            if checkpoint:
-                training["training time"] += (
-                    f" ({totals['train_seconds_this_run']:.0f} s after resuming from {Path(checkpoint).name})"
-                    if totals["complete"]
-                    else f" after resuming from {Path(checkpoint).name} (earlier part not recorded)"
-                )
-            training["examples seen per task"] = ", ".join(f"{k} {v}" for k, v in totals["examples_seen"].items())
+            training = card_training_lines(trainer, totals, checkpoint)
         trainer.create_model_card(
             model_name=training_args.hub_model_id or final_dir.name, base_model=source,
             data_provenance=[t.source for t in task_data], repo_id=push_repo, training=training,
@@ -656,11 +596,6 @@ def _main(argv: list[str], cleanup) -> dict:
         )
         summary = run_summary(trainer, metrics, train_metrics, started, argv,
                               totals if training_args.do_train else None, baselines, revision_of=str(HERE))
-        generations = Path(training_args.output_dir) / "generations.json"
-        if generations.exists():
-            summary["samples"] = json.loads(generations.read_text())
-        if trainer.routing_statistics is not None and trainer.routing_statistics.counts is not None:
-            summary["routing"] = trainer.routing_statistics.to_dict()  # each task's route on the dev sets
         with open(os.path.join(training_args.output_dir, "run_summary.json"), "w") as f:
             json.dump(summary, f, indent=2, default=str)
         if staging is not None:  # everything is saved: the new run replaces the earlier one

@@ -3,6 +3,7 @@ samples of generated text, and the run summary (metrics, counts, time, memory, v
 
 from __future__ import annotations
 
+import json
 import platform
 import resource
 import subprocess
@@ -52,6 +53,27 @@ def task_baselines(task_data, labels: dict) -> dict[str, dict[str, float]]:
             if base:
                 baselines[t.name] = base
     return baselines
+
+
+def with_baselines(metrics: dict, baselines: dict) -> dict:
+    """`metrics` with each score's baseline beside it (`eval_<task>_<metric>_baseline`, sorted next to its score)."""
+    return {**metrics, **{f"eval_{task}_{m}_baseline": v for task, base in baselines.items()
+                          for m, v in base.items() if f"eval_{task}_{m}" in metrics}}
+
+
+def card_training_lines(trainer, totals: dict, checkpoint: str | None = None) -> dict:
+    """The training section of the model card: `trainer.training_summary()`, the training time and the examples
+    seen per task over the whole run (`totals`: `TrainingProgressCallback.totals()`), saying where it resumed."""
+    training = trainer.training_summary()
+    training["training time"] = f"{totals['train_seconds']:.0f} s"
+    if checkpoint:
+        training["training time"] += (
+            f" ({totals['train_seconds_this_run']:.0f} s after resuming from {Path(checkpoint).name})"
+            if totals["complete"]
+            else f" after resuming from {Path(checkpoint).name} (earlier part not recorded)"
+        )
+    training["examples seen per task"] = ", ".join(f"{k} {v}" for k, v in totals["examples_seen"].items())
+    return training
 
 
 def results_table(tasks, metrics: dict, prefix: str = "eval", baselines: dict | None = None) -> str:
@@ -113,6 +135,23 @@ def generation_samples(model, tokenizer, task_data, per_task: int = 3) -> list[d
     return samples
 
 
+def save_evaluation_extras(trainer, model, tokenizer, task_data, folder: str) -> None:
+    """Beside the evaluation's metrics in `folder`: the routes of the evaluation sets (`routing.json` and
+    `routing_heatmap.png`, which the model card then shows) where the trainer gathered them, and samples of generated
+    text (`generations.json`, `generation_samples`) where a task generates."""
+    import os
+
+    os.makedirs(folder, exist_ok=True)
+    if trainer.routing_statistics is not None:
+        trainer.routing_statistics.save_json(os.path.join(folder, "routing.json"))
+        trainer.routing_statistics.plot(os.path.join(folder, "routing_heatmap.png"))
+        trainer.routing_heatmap = "routing_heatmap.png"
+    samples = generation_samples(model, tokenizer, task_data)
+    if samples:
+        with open(os.path.join(folder, "generations.json"), "w") as f:
+            json.dump(samples, f, indent=2, ensure_ascii=False)
+
+
 def git_revision(folder: str | Path | None = None) -> str | None:
     """The commit checked out where `folder` lies (default: this package's source); None outside a checkout."""
     try:
@@ -126,11 +165,12 @@ def run_summary(trainer, metrics: dict, train_metrics: dict, started: float, arg
                 progress: dict | None = None, baselines: dict | None = None, revision_of: str | None = None) -> dict:
     """What the experiment runner records of a run: metrics, baselines, steps, examples per task (over the whole run
     when it resumed: `progress`, from `TrainingProgressCallback.totals`), time, memory, versions, and the command
-    line with every secret-named option's value redacted."""
+    line with every secret-named option's value redacted; the generated samples (`generations.json` in the output
+    folder) and the evaluation routes (`trainer.routing_statistics`) where the run has them."""
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: kilobytes
     args = trainer.args
     progress = progress or {}
-    return {
+    summary = {
         "metrics": metrics,
         "train_metrics": train_metrics,
         "baselines": baselines or {},
@@ -157,4 +197,11 @@ def run_summary(trainer, metrics: dict, train_metrics: dict, started: float, arg
         "git_revision": git_revision(revision_of),
         "argv": redacted_argv(argv),
     }
+    generations = Path(args.output_dir) / "generations.json"  # `generation_samples`, as the run saved them
+    if generations.exists():
+        summary["samples"] = json.loads(generations.read_text())
+    routing = getattr(trainer, "routing_statistics", None)
+    if routing is not None and routing.counts is not None:
+        summary["routing"] = routing.to_dict()  # each task's route on the dev sets
+    return summary
 
