@@ -45,7 +45,8 @@ from torch import nn
 
 #: the text program's input names, in order (`token_type_ids` only when exported with them)
 INPUT_NAMES = ("input_ids", "attention_mask", "task_ids", "token_type_ids")
-#: the programs of an encoder-decoder family's model (`Family.export_kind == "seq2seq"`, e.g. `BartTaskRouted`; `part=`)
+#: the programs (`part=`) of a model whose family exports it as an encoder and a decoding step
+#: (`Family.export_kind == "encoder_decoder"`: `BartTaskRouted`)
 SEQ2SEQ_PARTS = ("encoder", "decoder_step")
 
 
@@ -226,7 +227,7 @@ def _program(model, token_type_ids, max_length, part) -> _Program:
     """The module to export, its example inputs, their dynamic shapes and the program's input and output names."""
     kind = _export_kind(model)
     name = type(model).__name__
-    if kind == "seq2seq":
+    if kind == "encoder_decoder":
         if part not in SEQ2SEQ_PARTS:
             raise ValueError(
                 f"A {name} exports as two programs: pass part='encoder' (input_ids, attention_mask, task_ids -> "
@@ -242,7 +243,7 @@ def _program(model, token_type_ids, max_length, part) -> _Program:
         if max_length is not None:
             raise ValueError(f"An {name} takes rows of features, not token sequences: leave `max_length` unset.")
         return _tabular_program(model)
-    if kind == "seq2seq":
+    if kind == "encoder_decoder":
         return _seq2seq_program(model, part, max_length)
     token_type_ids = _segments(model, token_type_ids)
     names = list(INPUT_NAMES if token_type_ids else INPUT_NAMES[:3])

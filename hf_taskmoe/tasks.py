@@ -20,8 +20,8 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from .problem_types.registry import (
-    DEFAULT_PROBLEM_TYPE,
     PROBLEM_TYPES,  # noqa: F401 (the registered problem types by name; re-exported)
+    default_problem_type,
     get_problem_type,
     problem_type_names,
 )
@@ -102,7 +102,7 @@ class TaskSpec:
     """
 
     name: str
-    problem_type: str = DEFAULT_PROBLEM_TYPE
+    problem_type: str = default_problem_type()  # single-label classification
     num_labels: int | None = None
     label_names: list[str] | None = None
     label_values: list[int | str] | None = None

@@ -47,7 +47,7 @@ class Family:
             backbone-generic MT-TaG).
         export_kind: the programs `hf_taskmoe.export_onnx` / `export_program` make of the family's models:
             `"text"` (the default: token inputs and task ids -> each row's task logits, `ServingLogits`), `"tabular"`
-            (feature rows -> every task's logits) or `"seq2seq"` (two programs, `part="encoder"` and
+            (feature rows -> every task's logits) or `"encoder_decoder"` (two programs, `part="encoder"` and
             `part="decoder_step"`).
     """
 

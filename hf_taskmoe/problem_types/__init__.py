@@ -13,7 +13,7 @@ from .base import (
     problem_type_of,
     register_problem_type,
 )
-from .classification import DEFAULT_PROBLEM_TYPE  # registers the encoder types (the name: `.registry`'s)
+from .classification import DEFAULT_PROBLEM_TYPE  # registers the encoder types
 from .extractive_qa import ExtractiveQA  # registers extractive question answering
 from .seq2seq import target_token_ids  # registers seq2seq
 

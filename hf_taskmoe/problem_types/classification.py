@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +24,6 @@ from ..layers.task_head import IGNORE_INDEX, TaskHead, bad_rows
 from ..utils import check_str_list
 from .base import ENCODER, TABULAR, ProblemType, _join, register_problem_type
 from .labels import class_index, number
-from .registry import DEFAULT_PROBLEM_TYPE
 
 
 # ----------------------------------------------------------------------------------------------- heads
@@ -604,6 +604,7 @@ def _align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> li
 
 for _type in (SingleLabelClassification, MultiLabelClassification, Regression, MultipleChoice, SpanClassification,
               TokenClassification):
-    register_problem_type(_type())
+    register_problem_type(_type(), default=_type is SingleLabelClassification)
 
-assert DEFAULT_PROBLEM_TYPE == SingleLabelClassification.name  # the registry names it without importing this module
+#: the type of a `TaskSpec` that names none
+DEFAULT_PROBLEM_TYPE: Any = SingleLabelClassification.name

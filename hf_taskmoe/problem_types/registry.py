@@ -16,15 +16,15 @@ ENCODER = "encoder"  # a head over an encoder's token states and pooled represen
 TABULAR = "tabular"  # a tower's output over one feature vector (MMoE): `num_outputs` logits per row
 TEXT_TO_TEXT = "text_to_text"  # the target is a text a decoder generates
 
-#: the type of a `TaskSpec` that names none (`SingleLabelClassification`'s name)
-DEFAULT_PROBLEM_TYPE: Any = "single_label_classification"
-
 #: every registered problem type by name, in registration order
 PROBLEM_TYPES: dict[str, Any] = {}
+#: the name of the type a `TaskSpec` that names none has (`register_problem_type(..., default=True)`)
+_DEFAULT: list[str] = []
 
 
-def register_problem_type(problem_type: Any, exist_ok: bool = False) -> Any:
-    """Register an instance of a `ProblemType` subclass under its `name`; returns it."""
+def register_problem_type(problem_type: Any, exist_ok: bool = False, default: bool = False) -> Any:
+    """Register an instance of a `ProblemType` subclass under its `name`; returns it. `default`: the type of a task
+    that names none (`default_problem_type`)."""
     # an instance of a `ProblemType` subclass (`.base`, above this module: told by its hooks, not imported)
     if (isinstance(problem_type, type) or not callable(getattr(problem_type, "compute_metrics", None))
             or not isinstance(getattr(problem_type, "name", None), str) or not problem_type.name):
@@ -37,7 +37,17 @@ def register_problem_type(problem_type: Any, exist_ok: bool = False) -> Any:
             f"A problem type named {problem_type.name!r} is already registered; pass exist_ok=True to replace it."
         )
     PROBLEM_TYPES[problem_type.name] = problem_type
+    if default:
+        _DEFAULT[:] = [problem_type.name]
     return problem_type
+
+
+def default_problem_type() -> str:
+    """The name of the type of a `TaskSpec` that names none: single-label classification, registered as the default
+    when the package is imported (`.classification`)."""
+    if not _DEFAULT:
+        raise RuntimeError("No problem type is registered as the default; import hf_taskmoe.problem_types first.")
+    return _DEFAULT[0]
 
 
 def get_problem_type(name: str) -> Any:
