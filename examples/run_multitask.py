@@ -256,8 +256,6 @@ class RunArguments:
         check_positive(self, "early_stopping_patience")
 
 
-
-
 TASKS_HELP = (
     f"Task-config JSON files (local data; format in docs/task-config.md) and/or presets "
     f"({' '.join(sorted(TASK_PRESETS))}), "
@@ -323,7 +321,6 @@ def _parse_args(argv: list[str]):
     if "output_dir" not in given and preset["output_dir"] is None:
         parsed[3].output_dir = str(RUNS / _run_name(parsed[1].tasks))
     return parsed
-
 
 
 def short_help(argv: list[str] | None = None) -> str:
@@ -435,6 +432,8 @@ def build_model(model_args, tasks, max_seq_length: int | None = None):
     if family.name != model_args.model_family:
         logger.info(f"--model_family {model_args.model_family} on a {config.model_type} checkpoint: {family.name} "
                     f"({family.model_class.__name__})")
+    if not family.buildable_from_dense:
+        raise UsageError(f"--model_family {family.name}: this family is not built from a dense checkpoint.")
     if init_from is not None:
         raise UsageError(
             f"--init_from {init_from}: applies when continuing a saved hf_taskmoe model with new tasks (their task-"

@@ -56,7 +56,6 @@ def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
         ) from None
 
 
-
 def select_tasks(task_data, splits: list[str], task_names: list[str] | None = None,
                  max_samples: dict[str, int | None] | None = None, seed: int = 42):
     """`(task_data, labels)`: the tasks kept (`task_names`, all when None), each checked to have every split and
@@ -230,7 +229,6 @@ def unloadable(option: str, name: str, what: str, err: BaseException) -> UsageEr
         return UsageError(f"{option} {name}: the folder holds no config.json; pass a checkpoint's folder (saved with "
                           "save_pretrained: config.json and weights).")
     return UsageError(f"{option} {name}: cannot load the {what} there ({reason}).")
-
 
 
 def load_tokenizer(name, cache_dir, model, option_given: bool = True):

@@ -24,7 +24,6 @@ PUSH_FILES = (
 )
 
 
-
 def redacted_argv(argv: list[str]) -> list[str]:
     """`argv` with the value of every option named like a secret (`--hub_token`, `--x_password`, ...) replaced by
     `<redacted>`: what `run_summary.json` records."""

@@ -230,7 +230,6 @@ def check_distributed(training_args) -> None:
         )
 
 
-
 def claim_output_dir(training_args, argv: list[str], overwrite_output_dir: bool, cleanup) -> tuple[Path, str | None,
                                                                                                      Path | None]:
     """Everything about `training_args.output_dir` before any compute: refuse CPU-only torchrun without --use_cpu,
