@@ -383,7 +383,7 @@ def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray,
     """Every metric of `task` on one evaluation set: `{metric_name: value}`, as its problem type compares
     predictions with labels (`ProblemType.compute_metrics`). `tokenizer`, `eos_token_id`: for types that decode
     text (seq2seq); `dataset`: the task's tokenised evaluation set, for types that read it (extractive QA)."""
-    from .problem_types import problem_type_of
+    from .problem_types.registry import problem_type_of
 
     def run(name: str, inputs: dict, config_name: str | None = None) -> float:
         return _run_metric(name, inputs, config_name, trust_remote_metrics)

@@ -45,7 +45,8 @@ from torch import nn
 
 #: the text program's input names, in order (`token_type_ids` only when exported with them)
 INPUT_NAMES = ("input_ids", "attention_mask", "task_ids", "token_type_ids")
-#: the programs of a `BartTaskRouted` (`part=`)
+#: the programs (`part=`) of a model whose family exports it as an encoder and a decoding step
+#: (`Family.export_kind == "encoder_decoder"`: `BartTaskRouted`)
 SEQ2SEQ_PARTS = ("encoder", "decoder_step")
 
 
@@ -131,7 +132,7 @@ def task_widths(model) -> list[int]:
     """How many logits of the exported program's row belong to each task (task id order): for an encoder family the
     first `task_widths(model)[task]` of the row's task (the rest is padding); for an `MMoEModel` the columns of each
     task, side by side in task order."""
-    if _is_tabular(model):
+    if _export_kind(model) == "tabular":
         return list(model.config.task_output_sizes)
     return model.heads.logit_widths()
 
@@ -224,7 +225,7 @@ def export_onnx(
 
 def _program(model, token_type_ids, max_length, part) -> _Program:
     """The module to export, its example inputs, their dynamic shapes and the program's input and output names."""
-    kind = "encoder_decoder" if _is_seq2seq(model) else "tabular" if _is_tabular(model) else "text"
+    kind = _export_kind(model)
     name = type(model).__name__
     if kind == "encoder_decoder":
         if part not in SEQ2SEQ_PARTS:
@@ -234,7 +235,8 @@ def _program(model, token_type_ids, max_length, part) -> _Program:
                 f"attention_mask, task_ids -> the next token's logits), got part={part!r}."
             )
     elif part is not None:
-        raise ValueError(f"`part` names a BartTaskRouted's program; a {name} exports as one program (part=None).")
+        raise ValueError(f"`part` names a program of an encoder-decoder model (BartTaskRouted); a {name} exports as "
+                         "one program (part=None).")
     if kind != "text" and token_type_ids:
         raise ValueError(f"A {name} takes no `token_type_ids`: leave `token_type_ids` unset.")
     if kind == "tabular":
@@ -294,16 +296,15 @@ def _seq2seq_program(model, part: str, max_length: int | None) -> _Program:
     return _Program(module, tuple(t.to(model.device) for t in inputs), shapes, names, outputs)
 
 
-def _is_tabular(model) -> bool:
-    from .models.mmoe.modeling_mmoe import MMoEModel
+def _export_kind(model) -> str:
+    """What its family says the model exports as (`Family.export_kind`); a model of no registered family is taken
+    as a text model (`ServingLogits` then says what it accepts)."""
+    from .models.registry import family_of
 
-    return isinstance(model, MMoEModel)
-
-
-def _is_seq2seq(model) -> bool:
-    from .models.bart_task_routed.modeling_bart_task_routed import BartTaskRouted
-
-    return isinstance(model, BartTaskRouted)
+    try:
+        return family_of(model).export_kind
+    except ValueError:
+        return "text"
 
 
 def _tabular_inputs(model) -> list[str]:
@@ -371,7 +372,7 @@ def _quiet_exporter():
 @contextlib.contextmanager
 def _eager_attention(model):
     before = model.config._attn_implementation
-    if _is_tabular(model) or before == "eager":  # MMoE has no attention
+    if _export_kind(model) == "tabular" or before == "eager":  # feature rows: no attention
         yield
         return
     model.set_attn_implementation("eager")

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
-from .problem_types import (
-    DEFAULT_PROBLEM_TYPE,
+from .problem_types.registry import (
     PROBLEM_TYPES,  # noqa: F401 (the registered problem types by name; re-exported)
+    default_problem_type,
     get_problem_type,
     problem_type_names,
 )
@@ -102,7 +102,7 @@ class TaskSpec:
     """
 
     name: str
-    problem_type: str = DEFAULT_PROBLEM_TYPE
+    problem_type: str | None = None  # None: the default type (single-label classification), set on creation
     num_labels: int | None = None
     label_names: list[str] | None = None
     label_values: list[int | str] | None = None
@@ -130,9 +130,11 @@ class TaskSpec:
                 f"the gates), where {self.name!r} is already an attribute. Rename the task (e.g. "
                 f"{self.name.rstrip('_') + '_task'!r}); reserved names are {sorted(RESERVED_TASK_NAMES)}."
             )
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        if self.problem_type is None:  # the registry names the default (the types register when the package loads)
+            set_("problem_type", default_problem_type())
         check_choice(self.problem_type, PROBLEM_TYPES, f"{prefix}.problem_type")
         kind = get_problem_type(self.problem_type)
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
 
         set_("text_fields", check_str_list(self.text_fields, f"{prefix}.text_fields"))
         if not isinstance(self.label_field, str) or not self.label_field:

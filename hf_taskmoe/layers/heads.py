@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 def build_head(task: TaskSpec, hidden_size: int, dropout: float, scale_loss_by_num_classes: bool = False) -> TaskHead:
     """The head of `task`'s problem type (`hf_taskmoe.problem_types`)."""
-    from ..problem_types import ENCODER, problem_type_names, problem_type_of
+    from ..problem_types.registry import ENCODER, problem_type_names, problem_type_of
 
     kind = problem_type_of(task)
     if kind.head_class is None or ENCODER not in kind.capabilities:

@@ -13,12 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..utils import lookup
-
-if TYPE_CHECKING:
-    from ..upcycling import UpcyclingRules
 
 
 @dataclass(frozen=True)
@@ -48,6 +45,10 @@ class Family:
             of one method on different backbones share it: `family_for` picks the one that takes a checkpoint's
             `model_type` (`run_multitask.py --model_family bert_taskmoe` on a RoBERTa checkpoint builds the
             backbone-generic MT-TaG).
+        export_kind: the programs `hf_taskmoe.export_onnx` / `export_program` make of the family's models:
+            `"text"` (the default: token inputs and task ids -> each row's task logits, `ServingLogits`), `"tabular"`
+            (feature rows -> every task's logits) or `"encoder_decoder"` (two programs, `part="encoder"` and
+            `part="decoder_step"`).
     """
 
     name: str
@@ -57,12 +58,13 @@ class Family:
     problem_types: str | tuple[str, ...] = ()
     pipeline_task: str | None = None
     describe: Callable[[Any], str] | None = None
-    upcycling: UpcyclingRules | None = None
+    upcycling: Any = None  # `hf_taskmoe.upcycling.UpcyclingRules` (upcycling asks the registry: not imported here)
     dense_model_types: tuple[str, ...] = ()
     backbone_kind: str | None = None
     prepare_dense: Callable[[Any, Any], Any] | None = None
     script_defaults: Callable[[dict], dict] | None = None
     method: str | None = None
+    export_kind: str = "text"
     extras: dict = field(default_factory=dict)
 
     @property

@@ -28,17 +28,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..layers.task_head import IGNORE_INDEX  # noqa: F401 (re-exported to the types)
-from ..utils import lookup
+from .registry import (  # noqa: F401 (the registry's names, re-exported where they were defined before)
+    ENCODER,
+    PROBLEM_TYPES,
+    TABULAR,
+    TEXT_TO_TEXT,
+    get_problem_type,
+    problem_type_names,
+    problem_type_of,
+    register_problem_type,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from ..tasks import TaskSpec
 
-#: capabilities a family may require of a task's problem type
-ENCODER = "encoder"  # a head over an encoder's token states and pooled representation (`head_class`)
-TABULAR = "tabular"  # a tower's output over one feature vector (MMoE): `num_outputs` logits per row
-TEXT_TO_TEXT = "text_to_text"  # the target is a text a decoder generates
 
 
 class ProblemType:
@@ -256,37 +261,3 @@ def positive_scores(logits: np.ndarray) -> np.ndarray:
 def as_text(value: Any) -> str:
     """A JSON value as a data file wrote it (true, 3, 2.5) for a text target."""
     return value if isinstance(value, str) else json.dumps(value)
-
-
-#: every registered problem type by name, in registration order
-PROBLEM_TYPES: dict[str, ProblemType] = {}
-
-
-def register_problem_type(problem_type: ProblemType, exist_ok: bool = False) -> ProblemType:
-    """Register an instance of a `ProblemType` subclass under its `name`; returns it."""
-    if not isinstance(problem_type, ProblemType) or not isinstance(problem_type.name, str) or not problem_type.name:
-        raise ValueError(
-            f"register_problem_type takes an instance of a ProblemType subclass with a `name`, got {problem_type!r}."
-        )
-    known = PROBLEM_TYPES.get(problem_type.name)
-    if known is not None and not exist_ok and type(known) is not type(problem_type):
-        raise ValueError(
-            f"A problem type named {problem_type.name!r} is already registered; pass exist_ok=True to replace it."
-        )
-    PROBLEM_TYPES[problem_type.name] = problem_type
-    return problem_type
-
-
-def get_problem_type(name: str) -> ProblemType:
-    """The registered problem type `name`; a `ValueError` listing the registered ones otherwise."""
-    return lookup(PROBLEM_TYPES, name, "problem_type")
-
-
-def problem_type_of(spec: TaskSpec) -> ProblemType:
-    """The problem type of a task."""
-    return get_problem_type(spec.problem_type)
-
-
-def problem_type_names(capability: str | None = None) -> tuple[str, ...]:
-    """Names of the registered types (with `capability`, only those that have it)."""
-    return tuple(n for n, t in PROBLEM_TYPES.items() if capability is None or capability in t.capabilities)

@@ -604,7 +604,7 @@ def _align_word_labels(word_ids: list[int | None], word_labels: list[int]) -> li
 
 for _type in (SingleLabelClassification, MultiLabelClassification, Regression, MultipleChoice, SpanClassification,
               TokenClassification):
-    register_problem_type(_type())
+    register_problem_type(_type(), default=_type is SingleLabelClassification)
 
 #: the type of a `TaskSpec` that names none
 DEFAULT_PROBLEM_TYPE: Any = SingleLabelClassification.name

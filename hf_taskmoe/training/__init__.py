@@ -20,7 +20,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "load_tasks",
         "tokenize_task",
     ),
-    ".protocol": ("finetune_each_task", "freeze_shared_parameters"),
+    ".protocol": ("finetune_each_task", "freeze_shared_parameters", "train_task_specific"),
     ".samplers": (
         "TASK_SAMPLERS",
         "ModelAwareSampling",

@@ -3,7 +3,7 @@
 - MT-TaG section 4.5: fine-tune the multi-task model on each task separately, with early stopping on
   that task's dev set (`finetune_each_task`).
 - PALs section 4.2: keep training, but only the task-specific parameters (heads, task gates, PALs):
-  `freeze_shared_parameters` (or `MultiTaskTrainingArguments(train_task_specific_only=True)`).
+  `train_task_specific`, `freeze_shared_parameters` (or `MultiTaskTrainingArguments(train_task_specific_only=True)`).
 
 Each family names its task-specific parameters once, in its `parameter_roles` (`hf_taskmoe.contract`).
 """
@@ -61,3 +61,19 @@ def finetune_each_task(
         results[name] = trainer.evaluate()
         trainer.save_model(run_args.output_dir)
     return results
+
+
+def train_task_specific(model: nn.Module, args, steps: int, train_datasets: dict, eval_datasets: dict | None = None,
+                        **trainer_kwargs) -> None:
+    """PALs' second stage: `steps` more steps on the task-specific parameters only (`train_task_specific_only`), with
+    `args` otherwise as the joint run's (`MultiTaskTrainingArguments`), writing under `<args.output_dir>/task_specific`;
+    every parameter is trainable again afterwards."""
+    from .arguments import MultiTaskTrainingArguments
+    from .trainer import MultiTaskTrainer
+
+    stage = MultiTaskTrainingArguments(**{**args.to_dict(), "max_steps": steps, "train_task_specific_only": True,
+                                          "output_dir": os.path.join(args.output_dir, "task_specific")})
+    MultiTaskTrainer(model=model, args=stage, train_dataset=train_datasets, eval_dataset=eval_datasets,
+                     **trainer_kwargs).train()
+    for p in model.parameters():
+        p.requires_grad_(True)

@@ -44,6 +44,7 @@ FAMILY = register_family(Family(
     dense_model_types=("bart", "bert"),
     method="task-routing",
     prepare_dense=prepare_dense,
+    export_kind="encoder_decoder",
 ))
 
 __all__ = ["FAMILY", "BartTaskRoutedConfig", "BartTaskRouted", "TaskRoutedSeq2SeqOutput", "bart_from_bert"]

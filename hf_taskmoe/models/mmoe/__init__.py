@@ -25,6 +25,7 @@ FAMILY = register_family(Family(
     model_class=MMoEModel,
     problem_types=TABULAR,
     describe=describe,
+    export_kind="tabular",
 ))
 
 __all__ = ["FAMILY", "ARCHITECTURES", "MMoEConfig", "MMoEModel", "MMoEOutput", "MMoEPreTrainedModel"]
