@@ -10,7 +10,10 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
   alignment and layer norm, frozen or trainable bottom layers. Where they differ (the BASE bottleneck relative to the
   FFN's dropout) the test is a strict xfail that says so.
 - `BertWithPALs` vs `PALsForMultiTask`: every pooling, both PAL dispatches, shared PAL groups, PALs in some layers
-  only, with every task in the batch and with one absent.
+  only, with every task in the batch and with one absent. These passed against the BERT-specific `BertWithPALs`
+  before it was folded into `PALsForMultiTask` (commit b859d0a); the class is now `PALsForMultiTask` with a BERT
+  default, so they check that its flat BERT config builds the same model, and the old implementation's own numbers
+  are kept in its legacy checkpoint: logits and a training step's gradients (`tests/test_legacy_checkpoints.py`).
 - `BartTaskRouted` (no generic BART routed class exists yet): with hard routes, a row of task `t` computes what the
   dense BART made of task `t`'s chosen experts computes -- logits, losses and, in a training step with
   straight-through Gumbel routes, the gradient of every expert and shared weight. The reference a generic BART

@@ -68,7 +68,9 @@ def test_a_legacy_checkpoint_loads_to_its_weights_and_logits(name, loader):
         model, info = cls.from_pretrained(folder, output_loading_info=True)
         assert not any(info.values()), info  # nothing missing, unexpected, mismatched or erroneous
     assert type(model) is cls
-    saved = load_file(folder / "model.safetensors")
+    # the checkpoint's names, in the class's layout: a class that now has another layout (BertWithPALs: its BERT
+    # under `backbone.`, its PALs under `pals.`) renames them on load, and declares how (`checkpoint_key_mapping`)
+    saved = {current_name(cls, k): v for k, v in load_file(folder / "model.safetensors").items()}
     state = model.state_dict()
     for key, tensor in saved.items():
         assert key in state, f"{key} is in the checkpoint but not in the model"
@@ -106,3 +108,17 @@ def test_a_legacy_checkpoint_takes_the_training_step_its_class_took(name):
     assert set(got) == set(expected)
     for param, grad in expected.items():
         torch.testing.assert_close(got[param], grad, atol=ATOL, rtol=0, msg=lambda m, p=param: f"{name} {p}: {m}")
+
+
+def test_the_key_maps_leave_names_of_the_current_layout_alone(tmp_path):
+    """A class that renames an earlier layout on load must not rename its own: a model saved now (in the current
+    layout) loads again, through the class and through `AutoModel`, bit for bit."""
+    for name, cls in CLASSES.items():
+        model = cls.from_pretrained(LEGACY / name)
+        assert all(current_name(cls, key) == key for key in model.state_dict()), name
+        model.save_pretrained(tmp_path / name)
+        for loaded in (cls.from_pretrained(tmp_path / name), AutoModel.from_pretrained(tmp_path / name)):
+            assert type(loaded) is cls
+            state = loaded.state_dict()
+            assert state.keys() == model.state_dict().keys()
+            assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()), name
