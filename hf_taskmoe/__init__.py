@@ -43,7 +43,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".models.bert_taskmoe": ("BertTaskMoEConfig", "BertForTaskMoE", "BertTaskMoEModel", "TaskMoEOutput"),
     ".models.task_moe": ("TaskMoEConfig", "TaskMoEForMultiTask"),
     ".models.pals": ("PALsConfig", "PALsForMultiTask"),
-    ".models.bert_pals": ("BertPALsConfig", "BertWithPALs", "BertPALsModel"),
+    ".models.pals.legacy": ("BertPALsConfig", "BertWithPALs", "BertPALsModel"),
     ".models.camtl": ("CAMTLBertModel", "CAMTLConfig", "CAMTLModel"),
     ".models.camtl_any": ("CAMTLBackboneConfig", "CAMTLForMultiTask"),
     ".models.mmoe": ("MMoEConfig", "MMoEModel"),

@@ -701,9 +701,18 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         return task_ids, task_rows, prepared if labels is not None else None
 
 
+def _renamed(name: str, key_mapping: dict[str, str] | None) -> str:
+    """`name` through `from_pretrained`'s `key_mapping` (each pattern in turn, as transformers chains renamings)."""
+    for pattern, replacement in (key_mapping or {}).items():
+        name = re.sub(pattern, replacement, name, count=1)
+    return name
+
+
 def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, torch.Tensor]:
     """Tensors `names` from the safetensors file(s) of checkpoint `source` (a directory or a Hub repo id, resolved
-    with transformers' `cached_file`: a Hub checkpoint is already in the cache after its load)."""
+    with transformers' `cached_file`: a Hub checkpoint is already in the cache after its load). `names` are the
+    model's, after `from_pretrained`'s `key_mapping` (`kwargs`): the files' own names are mapped likewise."""
+    mapping = kwargs.get("key_mapping")
     import json
     from pathlib import Path
 
@@ -717,7 +726,7 @@ def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, tor
         index = None
     if index:
         with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
+            weight_map = {_renamed(k, mapping): v for k, v in json.load(f)["weight_map"].items()}
         absent = [name for name in names if name not in weight_map]
         if absent:
             raise ValueError(f"Cannot load from {source}: {SAFE_WEIGHTS_INDEX_NAME} lists no file for the tensor(s) "
@@ -736,12 +745,13 @@ def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, tor
     tensors = {}
     for path in set(files.values()):
         with safe_open(path, framework="pt") as f:
-            absent = [name for name, p in files.items() if p == path and name not in f.keys()]
+            on_file = {_renamed(k, mapping): k for k in f.keys()}
+            absent = [name for name, p in files.items() if p == path and name not in on_file]
             if absent:
                 raise ValueError(f"Cannot load from {source}: {Path(path).name} holds no tensor {absent[0]!r}"
                                  f"{f' (and {len(absent) - 1} more)' if len(absent) > 1 else ''}, which its index "
                                  "names; the file was cut short or replaced. Restore the checkpoint's weights files.")
-            tensors.update({name: f.get_tensor(name) for name, p in files.items() if p == path})
+            tensors.update({name: f.get_tensor(on_file[name]) for name, p in files.items() if p == path})
     return tensors
 
 

@@ -12,10 +12,13 @@ import re
 
 import torch
 
+from hf_taskmoe import BertWithPALs
+
 KeyMap = list[tuple[str, str]]
 
-#: `BertWithPALs` -> `PALsForMultiTask` (the PALs move out of the encoder; BERT's modules move under `backbone.`)
-PALS_KEYS: KeyMap = [(r"^bert\.pals\.", "pals."), (r"^bert\.", "backbone.")]
+#: `BertWithPALs` of earlier releases -> `PALsForMultiTask` (the PALs move out of the encoder; BERT's modules move
+#: under `backbone.`): the map the class now declares and applies on load (identity on names of the new layout)
+PALS_KEYS: KeyMap = list(BertWithPALs.checkpoint_key_mapping.items())
 
 
 def renamed(name: str, keys: KeyMap) -> str:

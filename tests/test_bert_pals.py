@@ -21,6 +21,13 @@ def pals_config(tasks=THREE, **overrides):
     return BertPALsConfig(tasks=tasks, **kwargs)
 
 
+def encode(model, **batch):
+    """What the heads read: the encoder's output (`last_hidden_state`, `pooler_output`, `hidden_states`). Before
+    `BertWithPALs` became `PALsForMultiTask` with a BERT default it was `model.bert(...)`; now it is the forward of
+    `BertPALsModel` (the same model, returning the encoder's output)."""
+    return BertPALsModel.forward(model, **batch)
+
+
 def _model(config=None, seed=0, **overrides):
     torch.manual_seed(seed)
     # D_t ~ N(0, 0.02) so PALs change the output (the default zero D_t is tested on its own)
@@ -48,7 +55,7 @@ def test_init_covers_every_parameter():
             covered = (p.abs() < 1e-8) | (p == 1.0)
             assert covered.all(), f"{name} is not covered by _init_weights"
     model = BertWithPALs(pals_config(initializer_range=0.5))
-    pals = model.bert.pals
+    pals = model.pals
     assert all(torch.count_nonzero(d.weight) == 0 for d in pals.decoders)  # D_t = 0 by default
     assert all(abs(e.weight.std().item() - 0.5) < 0.1 for e in pals.encoders)
     assert abs(pals.attention["1"][2].qkv.weight.std().item() - 0.5) < 0.15
@@ -59,19 +66,19 @@ def test_fresh_model_from_dense_computes_the_dense_bert():
     bert = BertModel(BertConfig(**TINY)).eval()
     model, report = BertWithPALs.from_dense(bert, tasks=THREE, pal_size=16, pal_num_heads=4, output_loading_info=True)
     model.eval()
-    assert not report.unused and all(n.startswith(("heads.", "bert.pals.")) for n in report.new)
+    assert not report.unused and all(n.startswith(("heads.", "pals.")) for n in report.new)
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     plain = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     with torch.no_grad():
         expected = bert(**plain, output_hidden_states=True)
-        got = model.bert(**batch, output_hidden_states=True)
+        got = encode(model, **batch, output_hidden_states=True)
     for e, g in zip(expected.hidden_states, got.hidden_states, strict=True):
         torch.testing.assert_close(g, e, atol=1e-6, rtol=0)
     torch.testing.assert_close(got.pooler_output, expected.pooler_output, atol=1e-6, rtol=0)
     # with D_t drawn at random the PALs do change the output
     moved = BertWithPALs.from_dense(bert, tasks=THREE, pal_size=16, pal_num_heads=4, pal_decoder_init="normal").eval()
     with torch.no_grad():
-        assert (moved.bert(**batch).last_hidden_state - expected.last_hidden_state).abs().max() > 1e-4
+        assert (encode(moved, **batch).last_hidden_state - expected.last_hidden_state).abs().max() > 1e-4
 
 
 def test_from_dense_on_real_minilm(minilm):
@@ -81,7 +88,7 @@ def test_from_dense_on_real_minilm(minilm):
     mask = (ids != 0).long()
     with torch.no_grad():
         expected = dense(input_ids=ids, attention_mask=mask).last_hidden_state
-        got = model.bert(input_ids=ids, attention_mask=mask, task_ids=torch.tensor([0, 2])).last_hidden_state
+        got = encode(model, input_ids=ids, attention_mask=mask, task_ids=torch.tensor([0, 2])).last_hidden_state
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -106,11 +113,11 @@ def test_pal_parameter_formula_for_bert_base():
 def test_task_group_shares_one_set_of_pals():
     model = _model(pal_task_groups=[["qqp", "sts"]])
     assert model.config.task_group_ids == [0, 1, 1] and model.config.pal_groups == [["sst"], ["qqp", "sts"]]
-    pals = model.bert.pals
+    pals = model.pals
     assert pals.num_groups == 2 and len(pals.attention["0"]) == 2
     batch = random_batch(model.config, task_ids=torch.zeros(6, dtype=torch.long))
     with torch.no_grad():
-        hidden = {t: model.bert(**{**batch, "task_ids": torch.full((6,), t)}).last_hidden_state for t in range(3)}
+        hidden = {t: encode(model, **{**batch, "task_ids": torch.full((6,), t)}).last_hidden_state for t in range(3)}
     torch.testing.assert_close(hidden[1], hidden[2], atol=0, rtol=0)  # same PALs
     assert (hidden[0] - hidden[1]).abs().max() > 1e-4
     # a qqp loss and an sts loss both reach the one shared set
@@ -120,19 +127,19 @@ def test_task_group_shares_one_set_of_pals():
         out = model(**{**batch, "task_ids": torch.full((6,), task)}, labels=torch.zeros(6))
         out.loss.backward()
         assert pals.encoders[1].weight.grad.abs().sum() > 0 and pals.encoders[0].weight.grad is None
-    names = [n for n, _ in model.named_parameters() if ".pals." in n]
+    names = [n for n, _ in model.named_parameters() if n.startswith("pals.")]
     assert len(names) == 2 * (2 + TINY["num_hidden_layers"])  # per group: E, D, one fused qkv per layer
 
 
 def test_pal_layers_subset_and_padding_ignored():
     model = _model(pal_layers=[1])
-    assert list(model.bert.pals.attention) == ["1"]
+    assert list(model.pals.attention) == ["1"]
     batch = random_batch(model.config, task_ids=torch.zeros(6, dtype=torch.long), pad_last=3)
     changed = dict(batch, input_ids=batch["input_ids"].clone())
     changed["input_ids"][0, -3:] = 7  # tokens under the padding mask
     with torch.no_grad():
-        a = model.bert(**batch).last_hidden_state[0, :-3]
-        b = model.bert(**changed).last_hidden_state[0, :-3]
+        a = encode(model, **batch).last_hidden_state[0, :-3]
+        b = encode(model, **changed).last_hidden_state[0, :-3]
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
@@ -151,7 +158,7 @@ def test_save_load_and_auto_round_trip(tmp_path):
             torch.testing.assert_close(a.task_logits[name], b.task_logits[name], atol=1e-6, rtol=0)
     base = BertPALsModel.from_pretrained(tmp_path).eval()
     with torch.no_grad():
-        torch.testing.assert_close(base(**batch).last_hidden_state, model.bert(**batch).last_hidden_state)
+        torch.testing.assert_close(base(**batch).last_hidden_state, encode(model, **batch).last_hidden_state)
 
 
 def test_add_task_copies_pals_of_a_related_task(tmp_path):
@@ -160,16 +167,17 @@ def test_add_task_copies_pals_of_a_related_task(tmp_path):
     assert new_id == 3 and model.config.task_group_ids == [0, 1, 2, 3]
     batch = random_batch(model.config, task_ids=torch.full((6,), 1))
     with torch.no_grad():
-        as_qqp = model.bert(**batch).last_hidden_state
-        as_mrpc = model.bert(**{**batch, "task_ids": torch.full((6,), 3)}).last_hidden_state
+        as_qqp = encode(model, **batch).last_hidden_state
+        as_mrpc = encode(model, **{**batch, "task_ids": torch.full((6,), 3)}).last_hidden_state
     torch.testing.assert_close(as_mrpc, as_qqp, atol=0, rtol=0)
     fresh = model.add_task(TaskSpec(name="cola", num_labels=2))
-    assert torch.count_nonzero(model.bert.pals.decoders[fresh].weight) == 0 or model.config.pal_decoder_init == "normal"
+    assert torch.count_nonzero(model.pals.decoders[fresh].weight) == 0 or model.config.pal_decoder_init == "normal"
     model.save_pretrained(tmp_path)
     loaded = BertWithPALs.from_pretrained(tmp_path).eval()
     assert loaded.config.task_names == ["sst", "qqp", "sts", "mrpc", "cola"]
     with torch.no_grad():
-        torch.testing.assert_close(loaded.bert(**{**batch, "task_ids": torch.full((6,), 3)}).last_hidden_state, as_mrpc)
+        as_mrpc_loaded = encode(loaded, **{**batch, "task_ids": torch.full((6,), 3)}).last_hidden_state
+        torch.testing.assert_close(as_mrpc_loaded, as_mrpc)
 
 
 def test_train_task_specific_only_leaves_backbone_bit_identical(tmp_path):
@@ -181,7 +189,7 @@ def test_train_task_specific_only_leaves_backbone_bit_identical(tmp_path):
     after = model.state_dict()
     changed_pals = 0
     for key in before:
-        if key.startswith("bert.pals."):
+        if key.startswith("pals."):
             changed_pals += not torch.equal(before[key], after[key])
         elif not key.startswith("heads."):
             assert torch.equal(before[key], after[key]), key
@@ -282,9 +290,16 @@ def test_per_group_and_batched_dispatch_compute_the_same_step(family):
         BertPALsConfig(tasks=tasks, pal_dispatch="grouped", **TINY)
 
 
-def test_a_checkpoint_with_separate_query_key_value_loads_into_the_fused_projection(tmp_path):
+EARLIER_LAYOUT = {r"^backbone\.": "bert.", r"^pals\.": "bert.pals."}  # BertWithPALs before it was PALsForMultiTask
+
+
+@pytest.mark.parametrize("layout", ["current", "earlier"])
+def test_a_checkpoint_with_separate_query_key_value_loads_into_the_fused_projection(tmp_path, layout):
     """Releases before the fused `qkv` saved each PAL attention's `query` / `key` / `value` as three `(s, s)`
-    weights: such a checkpoint loads, the three concatenated in that order, and computes what the saved model did."""
+    weights: such a checkpoint loads, the three concatenated in that order, and computes what the saved model did --
+    also with the rest of those releases' layout (the encoder under `bert.`, the PALs under `bert.pals.`)."""
+    import re
+
     from safetensors.torch import load_file, save_file
 
     torch.manual_seed(0)
@@ -292,6 +307,9 @@ def test_a_checkpoint_with_separate_query_key_value_loads_into_the_fused_project
     model.save_pretrained(tmp_path)
     old = {}
     for name, tensor in load_file(tmp_path / "model.safetensors").items():
+        if layout == "earlier":
+            for pattern, replacement in EARLIER_LAYOUT.items():
+                name = re.sub(pattern, replacement, name, count=1)
         if name.endswith(".qkv.weight"):
             for part, chunk in zip(("query", "key", "value"), tensor.chunk(3)):
                 old[name.replace(".qkv.", f".{part}.")] = chunk.clone()

@@ -118,7 +118,7 @@ def run_text2text_pipeline(code: str, ctx: Context) -> None:
 def run_pals(code: str, ctx: Context) -> None:
     scope = ctx.run(code, label="PALs")
     assert scope["model"].config.pal_groups == [["sst"], ["qqp", "sts"]]
-    assert all(n.startswith(("heads.", "bert.pals.")) for n in scope["report"].new)
+    assert all(n.startswith(("heads.", "pals.")) for n in scope["report"].new)
 
 
 def run_camtl(code: str, ctx: Context) -> None:

@@ -15,7 +15,6 @@ from hf_taskmoe.models import multitask_bert
 from hf_taskmoe.models.multitask_bert import LayerStackOutput, run_layer_stack
 
 from .conftest import random_batch, tiny_config
-from .test_bert_pals import _model as pals_model
 from .test_camtl import _model as camtl_model
 
 
@@ -63,7 +62,8 @@ def _taskmoe():
 
 FAMILIES = {
     "bert_taskmoe": _taskmoe,
-    "bert_pals": pals_model,
+    # (BertWithPALs is PALsForMultiTask with a BERT default now: transformers' own BertModel runs its layers, and
+    # its outputs are the family contract's `test_hidden_states_and_attentions_as_arguments_and_from_the_config`)
     # LARGE bottleneck: a skip connection after the last layer changes the encoder's output
     "camtl_large": lambda: camtl_model(conditional_bottleneck="large"),
     "camtl_base": lambda: camtl_model(conditional_bottleneck="base"),

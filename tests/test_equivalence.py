@@ -9,7 +9,11 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
 - `CAMTLModel` vs `CAMTLForMultiTask` on BERT: BASE and LARGE bottlenecks, with and without conditional attention,
   alignment and layer norm, frozen or trainable bottom layers. Where they differ (the BASE bottleneck relative to the
   FFN's dropout) the test is a strict xfail that says so.
-- `BertWithPALs` vs `PALsForMultiTask`: the training step (the evaluation is in `test_backbones_pals.py`).
+- `BertWithPALs` vs `PALsForMultiTask`: every pooling, both PAL dispatches, shared PAL groups, PALs in some layers
+  only, with every task in the batch and with one absent. These passed against the BERT-specific `BertWithPALs`
+  before it was folded into `PALsForMultiTask` (commit b859d0a); the class is now `PALsForMultiTask` with a BERT
+  default, so they check that its flat BERT config builds the same model, and the old implementation's own numbers
+  are kept in its legacy checkpoint: logits and a training step's gradients (`tests/test_legacy_checkpoints.py`).
 - `BartTaskRouted` (no generic BART routed class exists yet): with hard routes, a row of task `t` computes what the
   dense BART made of task `t`'s chosen experts computes -- logits, losses and, in a training step with
   straight-through Gumbel routes, the gradient of every expert and shared weight. The reference a generic BART
@@ -179,16 +183,27 @@ def test_camtl_base_bottleneck_sits_outside_the_ffn_dropout_in_both():
 
 
 # ---------------------------------------------------------------------- PALs
-def test_pals_for_multi_task_on_bert_takes_the_training_step_of_bert_with_pals():
-    sizes = dict(pal_size=8, pal_num_heads=2)
-    torch.manual_seed(0)
-    reference = perturb(BertWithPALs(BertPALsConfig(**DENSE, tasks=[t.to_dict() for t in TASKS],
-                                                    classifier_pooling="cls", **sizes)))
-    model = PALsForMultiTask(PALsConfig(dense_config=bert_config(), tasks=TASKS, **sizes))
-    names = load_mapped(model, reference, PALS_KEYS, may_miss=r"^backbone\..*position")
-    batch = labelled_batch(model, MIXED)
-    assert_same_training_step(reference, model, batch, names)
+PALS_CASES = {
+    "cls": {},
+    "pooler-per-group": dict(pooling="pooler", pal_dispatch="per_group"),
+    "mean-batched": dict(pooling="mean", pal_dispatch="batched"),
+    "shared-group-layer-1-only": dict(pal_task_groups=[["a", "c"]], pal_layers=[1]),
+    "decoder-init-normal-pal-dropout-0": dict(pal_decoder_init="normal", pal_attention_dropout=0.0),
+}
+
+
+@pytest.mark.parametrize("kwargs", list(PALS_CASES.values()), ids=list(PALS_CASES))
+@pytest.mark.parametrize("rows", ["mixed", "task-b-absent"])
+def test_pals_for_multi_task_on_bert_computes_bert_with_pals(kwargs, rows):
+    """Evaluation and one training step; with task `b` absent its head and (but where it shares them) its PALs
+    get no gradient in either."""
+    kwargs = {"pooling": "cls", **kwargs}
+    reference, model, names = pair(BertWithPALs, BertPALsConfig, PALsForMultiTask, PALsConfig, PALS_KEYS,
+                                   may_miss=r"^backbone\..*position", pal_size=8, pal_num_heads=2, **kwargs)
+    ids = MIXED if rows == "mixed" else torch.tensor([0, 2, 2, 0])
+    batch = labelled_batch(model, ids)
     assert_same_eval(reference, model, batch)
+    assert_same_training_step(reference, model, batch, names)
 
 
 # ---------------------------------------------------------------------- BART, task-level routing

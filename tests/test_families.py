@@ -42,7 +42,10 @@ def _encoder_equivalence(model_cls, **kwargs):
             batch = random_batch(model.config, batch=4, seq=9, task_ids=torch.tensor([0, 1, 0, 1]))
             plain = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
             with torch.no_grad():
-                got = model.bert(**plain, task_ids=batch["task_ids"]).last_hidden_state
+                if hasattr(model, "bert"):  # a BERT-specific class's bare encoder
+                    got = model.bert(**plain, task_ids=batch["task_ids"]).last_hidden_state
+                else:  # a class on the backbone layer (BertWithPALs): the encoder's last states, what the heads read
+                    got = model(**plain, task_ids=batch["task_ids"], output_hidden_states=True).hidden_states[-1]
                 expected = dense(**plain).last_hidden_state
             mask = batch["attention_mask"].bool()
             return got[mask], expected[mask]
@@ -132,7 +135,8 @@ CASES = {
         encoder_batch,
         NEW_ENCODER_TASK,
         dense_equivalent=_encoder_equivalence(hf_taskmoe.BertWithPALs, pal_size=8, pal_num_heads=2),
-        extra=ENCODER_EXTRA,
+        # PALsForMultiTask with a BERT default: transformers' BertModel under `backbone.`, no bare `model.bert`
+        extra={"layers": ENCODER_EXTRA["layers"]},
     ),
     "camtl": FamilyCase(
         "camtl",

@@ -18,7 +18,7 @@ from hf_taskmoe.layers.conditional import (
 )
 from hf_taskmoe.layers.moe import TaskMoE
 from hf_taskmoe.layers.pals import PALAttention, pal_key_mask
-from hf_taskmoe.models.bert_pals import modeling_bert_pals
+from hf_taskmoe.models.pals import modeling_pals
 
 from .conftest import TINY, random_batch
 
@@ -267,7 +267,7 @@ def test_pals_training_step_is_the_one_with_the_bool_mask(monkeypatch):
     runs = []
     for additive in (True, False):
         if not additive:  # what the model did before: the bool mask, made additive by sdpa in every layer
-            monkeypatch.setattr(modeling_bert_pals, "pal_key_mask", lambda mask, encoder_mask, dtype=None:
+            monkeypatch.setattr(modeling_pals, "pal_key_mask", lambda mask, encoder_mask, dtype=None:
                                 pal_key_mask(mask, encoder_mask))
         model.zero_grad(set_to_none=True)
         torch.manual_seed(5)

@@ -143,7 +143,7 @@ def test_script_builds_bert_with_pals(tmp_path, tiny_dense):
     )
     model = AutoModel.from_pretrained(tmp_path / "out")
     assert isinstance(model, BertWithPALs) and model.config.pal_size == 16
-    assert ["rotten_tomatoes", "tweet_sentiment"] in model.config.pal_groups and model.bert.pals.num_groups == 4
+    assert ["rotten_tomatoes", "tweet_sentiment"] in model.config.pal_groups and model.pals.num_groups == 4
     assert not (tmp_path / "out" / "routing.json").exists()  # PALs do not route
     assert "Projected Attention Layers" in ModelCard.load(tmp_path / "out" / "README.md").content
     assert (tmp_path / "out" / "task_specific").is_dir()

@@ -1,5 +1,6 @@
-"""PALsForMultiTask: Projected Attention Layers on any declared encoder (RoBERTa, XLM-R, ELECTRA, DistilBERT,
-DeBERTa-v2/v3, ModernBERT, BERT), hooked onto the dense model's own layers (`hf_taskmoe.backbones`)."""
+"""PALs: Projected Attention Layers on any declared encoder (RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3,
+ModernBERT, BERT), hooked onto the dense model's own layers (`hf_taskmoe.backbones`): `PALsForMultiTask`, and under
+the names of earlier releases `BertWithPALs` (`PALsForMultiTask` with a BERT default; its checkpoints load)."""
 
 from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
@@ -7,6 +8,7 @@ from ...problem_types import ENCODER
 from ...upcycling import UpcyclingRules
 from ..registry import Family, register_family
 from .configuration_pals import PAL_SITES, PALsConfig
+from .legacy import BertPALsConfig, BertPALsModel, BertWithPALs
 from .modeling_pals import BackbonePALs, PALsForMultiTask, PALSite
 
 
@@ -16,6 +18,14 @@ def describe(c: PALsConfig) -> str:
             f"joining at the {c.pal_site}")
 
 
+def describe_bert(c: BertPALsConfig) -> str:
+    return (f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
+            f"{c.pal_layer_indices}, PAL groups {c.pal_groups}")
+
+
+#: every dense weight keeps its name (the PALs hook onto the layers); PALs and heads are new
+UPCYCLING = UpcyclingRules(rename=(), new=PALsForMultiTask.parameter_roles.new_patterns)
+
 FAMILY = register_family(
     Family(
         name="pals",
@@ -24,11 +34,27 @@ FAMILY = register_family(
         problem_types=ENCODER,
         pipeline_task=PIPELINE_TASK,
         describe=describe,
-        # every dense weight keeps its name (the PALs hook onto the layers); PALs and heads are new
-        upcycling=UpcyclingRules(rename=(), new=PALsForMultiTask.parameter_roles.new_patterns),
+        upcycling=UPCYCLING,
         backbone_kind=ENCODER_BACKBONE,  # every declared encoder, one declared later included
         method="pals",
     )
 )
 
-__all__ = ["FAMILY", "PAL_SITES", "BackbonePALs", "PALSite", "PALsConfig", "PALsForMultiTask"]
+#: the name and `model_type` of earlier releases' BERT class: `--model_family bert_pals` on a BERT, old configs
+#: (`family_of`) and checkpoints (`AutoModel`); the same method, the same implementation
+BERT_FAMILY = register_family(
+    Family(
+        name="bert_pals",
+        config_class=BertPALsConfig,
+        model_class=BertWithPALs,
+        problem_types=ENCODER,
+        pipeline_task=PIPELINE_TASK,
+        describe=describe_bert,
+        upcycling=UPCYCLING,
+        dense_model_types=("bert",),
+        method="pals",
+    )
+)
+
+__all__ = ["BERT_FAMILY", "FAMILY", "PAL_SITES", "BackbonePALs", "BertPALsConfig", "BertPALsModel", "BertWithPALs",
+           "PALSite", "PALsConfig", "PALsForMultiTask"]

@@ -17,9 +17,9 @@ layer's own modules, found through the architecture's `Backbone` declaration:
   `"attention"`: a forward hook on the attention's output projection (`Backbone.attention_output`) adds it there.
 
 The PALs themselves (`E_t`, `D_t` shared by the layers, one attention per layer and group) are one
-`ProjectedAttentionLayers` at the model level (`pals.`), as in `BertWithPALs`, with the same parameter names under
-`pals.` instead of `bert.pals.`. With `D_t = 0` (the default) every PAL adds `GELU(0) = 0`: the model `from_dense`
-builds computes exactly the dense model.
+`ProjectedAttentionLayers` at the model level (`pals.`; earlier releases' `BertWithPALs` kept them under
+`bert.pals.`, renamed on load: `hf_taskmoe.models.pals.legacy`). With `D_t = 0` (the default) every PAL adds
+`GELU(0) = 0`: the model `from_dense` builds computes exactly the dense model.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input
 from ...contract import ParameterRoles
-from ...layers.pals import PAL_WEIGHTS, PALAttention, PALDecoder, ProjectedAttentionLayers
+from ...layers.pals import PAL_WEIGHTS, PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..backbone_encoder import BackboneTaskMixin
 from .configuration_pals import PALsConfig
@@ -102,9 +102,11 @@ class PALSite(nn.Module):
                 f"{tuple(x.shape)} (an unpadded attention implementation): use attn_implementation='sdpa' or 'eager'."
             )
         pals = self._pals[0]
-        mask = context.token_mask
-        key_mask = mask[:, None, None, :] if mask is not None else None  # (batch, 1, 1, seq) bool: True = attend
-        return pals(x, self.layer_idx, pals.rows(context), key_mask)
+        if "pal_key_mask" not in context.flags:
+            # (batch, 1, 1, seq), 0 where a key is attended and -inf on padding, in the PALs' compute dtype: made once
+            # for every layer (what `scaled_dot_product_attention` would make of the bool mask in each)
+            context.flags["pal_key_mask"] = pal_key_mask(context.token_mask, context.token_mask, x.dtype)
+        return pals(x, self.layer_idx, pals.rows(context), context.flags["pal_key_mask"])
 
     def add_to_input(self, module, args):
         """Forward pre-hook on a layer norm: `LN(sum + g(PAL(x)))` (eq. 7)."""
