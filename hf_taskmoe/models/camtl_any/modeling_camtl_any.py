@@ -12,9 +12,9 @@ declaration names:
   bias alone), so padding and ModernBERT's sliding windows still apply (section 2.1.1);
 - conditional alignment (eq. 2): a forward pre-hook on the first layer aligns its input, i.e. the embeddings'
   output after whatever the architecture does between them (ELECTRA's projection to the hidden size);
-- conditional bottleneck (section 2.1.4): BASE runs in parallel with the FFN of the top layer(s) and is added to the
-  FFN's output (before the residual sum and its norm); LARGE is a skip connection alongside every layer,
-  `s_j = CFF_j(h_j + s_{j-1})`, added to the last layer's output.
+- conditional bottleneck (section 2.1.4): BASE runs in parallel with the FFN of the top layer(s), reads the FFN's
+  input and is added to the FFN's output after the FFN's dropout, before the residual sum's norm; LARGE is a skip
+  connection alongside every layer, `s_j = CFF_j(h_j + s_{j-1})`, added to the last layer's output.
 
 Every conditional module starts as its unconditioned counterpart (`hf_taskmoe.layers.conditional`), so with
 `conditional_attention_init_std=0` a model built by `from_dense` computes exactly the dense model. The hooks are
@@ -116,10 +116,12 @@ class TaskAttentionBias(_TaskConditioned, ConditionalAttentionBias):
 
 
 class TaskBottleneck(_TaskConditioned, ConditionalBottleneck):
-    """CA-MTL BASE's conditional bottleneck beside a layer's FFN: its output is added to the FFN's output. For a whole
-    FFN module (DistilBERT, ModernBERT) one forward hook does it (`beside`); for a split FFN (BERT and descendants:
-    `intermediate` then `output.dense`) a pre-hook on the FFN module keeps its input and a hook on the output
-    projection adds the bottleneck of that input (`keep_input`, `add_to_projection`)."""
+    """CA-MTL BASE's conditional bottleneck beside a layer's FFN: it reads the FFN's input and its output is added to
+    the FFN's output after the FFN's dropout. For a whole FFN module (DistilBERT, whose module ends with its dropout;
+    ModernBERT) one forward hook does it (`beside`); for a split FFN (BERT and descendants: `intermediate`, then
+    `output.dense`, dropout and the norm of the residual sum) a pre-hook on the FFN module keeps its input
+    (`keep_input`) and a pre-hook on the norm after the FFN adds the bottleneck of that input to what the norm reads
+    (`add_to_norm_input`): `norm(dropout(FFN(a)) + a + CFF(a))`."""
 
     def __init__(self, hidden_size: int, bottleneck_size: int, task_dim: int, context: TaskContext):
         super().__init__(hidden_size, bottleneck_size, task_dim)
@@ -130,11 +132,11 @@ class TaskBottleneck(_TaskConditioned, ConditionalBottleneck):
         return output + self(args[0], self.conditioning())
 
     def keep_input(self, module: nn.Module, args: tuple) -> None:
-        self._ffn_input = args[0]  # (batch, seq, hidden): the FFN's input, read by the output projection's hook
+        self._ffn_input = args[0]  # (batch, seq, hidden): the FFN's input, read by the norm's pre-hook
 
-    def add_to_projection(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    def add_to_norm_input(self, module: nn.Module, args: tuple) -> tuple:
         ffn_input, self._ffn_input = self._ffn_input, None
-        return output + self(ffn_input, self.conditioning())
+        return (args[0] + self(ffn_input, self.conditioning()), *args[1:])
 
 
 class TaskSkipBottleneck(ConditionalBottleneck):
@@ -231,9 +233,12 @@ class CAMTLForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
             if config.conditional_bottleneck == "base" and index in config.bottleneck_layer_indices:
                 bottleneck = _attach(layer, "bottleneck", TaskBottleneck(hidden, size, task_dim, context))
                 ffn = layer.get_submodule(backbone.ffn.module)
-                if backbone.ffn.split:
+                if backbone.ffn.split:  # post-norm BERT-like layer: its last declared norm follows the FFN
+                    if not (backbone.post_norm and backbone.norms):
+                        raise ValueError(f"CA-MTL's BASE bottleneck on a split FFN needs a post-norm layer with "
+                                         f"declared norms; {backbone.model_type} has none.")
                     ffn.register_forward_pre_hook(bottleneck.keep_input)
-                    layer.get_submodule(backbone.ffn.w_out).register_forward_hook(bottleneck.add_to_projection)
+                    layer.get_submodule(backbone.norms[-1]).register_forward_pre_hook(bottleneck.add_to_norm_input)
                 else:
                     ffn.register_forward_hook(bottleneck.beside)
         if config.conditional_alignment:
