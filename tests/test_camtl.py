@@ -379,3 +379,35 @@ def test_covariance_similarity():
 
 def test_readme_names_are_exported():
     assert hf_taskmoe.CAMTLModel is CAMTLModel and hf_taskmoe.models.FAMILIES["camtl"].model_class is CAMTLModel
+
+
+def _through_the_key_map(name: str) -> str:
+    import re
+
+    for pattern, replacement in CAMTLModel.legacy_key_map.items():
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+@pytest.mark.parametrize("bottleneck", ["base", "large"])
+def test_the_legacy_key_map_leaves_this_layout_as_it_is(bottleneck):
+    """`from_pretrained` always passes `legacy_key_map`: every name of a model built now goes through it unchanged,
+    and the first layout's names (`bert.` prefix) land on this model's names one to one."""
+    model = CAMTLModel(camtl_config(conditional_bottleneck=bottleneck))
+    names = list(model.state_dict())
+    assert all(_through_the_key_map(n) == n for n in names)
+    first_layout = [n.replace("backbone.", "bert.", 1) if n.startswith("backbone.")
+                    else f"bert.encoder.{n}" if n.startswith("skip.")
+                    else f"bert.{n}" if n.startswith(("task_embeddings.", "alignment.")) else n for n in names]
+    assert sorted(_through_the_key_map(n) for n in first_layout) == sorted(names)
+
+
+def test_flat_bert_fields_make_the_dense_config_and_read_back():
+    config = camtl_config()
+    assert config.dense_config.model_type == "bert" and config.dense_config.hidden_size == TINY["hidden_size"]
+    assert config.hidden_size == TINY["hidden_size"] and config.pad_token_id == config.dense_config.pad_token_id
+    assert config.classifier_pooling == "pooler"  # the first CAMTLConfig's default
+    with pytest.raises(ValueError, match="not both"):
+        CAMTLConfig(tasks=THREE, dense_config=BertConfig(**TINY4), hidden_size=32)
+    with pytest.raises(AttributeError):
+        config.not_a_field  # noqa: B018
