@@ -407,7 +407,10 @@ def test_flat_bert_fields_make_the_dense_config_and_read_back():
     assert config.dense_config.model_type == "bert" and config.dense_config.hidden_size == TINY["hidden_size"]
     assert config.hidden_size == TINY["hidden_size"] and config.pad_token_id == config.dense_config.pad_token_id
     assert config.classifier_pooling == "pooler"  # the first CAMTLConfig's default
-    with pytest.raises(ValueError, match="not both"):
-        CAMTLConfig(tasks=THREE, dense_config=BertConfig(**TINY4), hidden_size=32)
+    beside = CAMTLConfig(tasks=THREE, dense_config=BertConfig(**TINY4), use_cache=False)  # they set its fields
+    assert beside.dense_config.use_cache is False and beside.dense_config.hidden_size == TINY["hidden_size"]
+    config.use_cache = False  # written through: saved inside dense_config, not beside it
+    assert config.dense_config.use_cache is False and "use_cache" not in config.to_dict()
+    assert config.to_dict()["dense_config"]["use_cache"] is False
     with pytest.raises(AttributeError):
         config.not_a_field  # noqa: B018

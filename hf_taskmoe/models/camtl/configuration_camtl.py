@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from transformers import BertConfig
 
+from ...compat import dense_sub_config
 from ...utils import check_choice, check_float, check_int
 from ..backbone_encoder import BackboneTaskConfig
 
@@ -225,8 +226,8 @@ class CAMTLConfig(CAMTLBackboneConfig):
     as the default dense model and `classifier_pooling="pooler"` (BERT's pooler) as the default pooling.
 
     It also takes a BERT's fields flat, as it did when it was a `BertConfig` (`CAMTLConfig(hidden_size=384, ...,
-    tasks=...)`, and every `config.json` it saved then): they make `dense_config` (a `BertConfig`), and are refused
-    beside an explicit `dense_config`; they also read back flat (`config.pad_token_id` is `dense_config`'s). It
+    tasks=...)`, and every `config.json` it saved then): they make `dense_config` (a `BertConfig`), or set its fields
+    beside an explicit `dense_config`; they read and write through flat (`config.pad_token_id` is `dense_config`'s). It
     saves `dense_config` nested, as `CAMTLBackboneConfig` does; a config saved without `conditional_attention_blocks`
     keeps the `N = max(1, d // L)` it was built with (see `CAMTLBackboneConfig.from_dict`).
     """
@@ -240,13 +241,12 @@ class CAMTLConfig(CAMTLBackboneConfig):
 
     def __post_init__(self, **kwargs):
         flat = {name: kwargs.pop(name) for name in list(kwargs) if name in self.flat_dense_fields}
-        if flat:
-            if self.dense_config is not None:
-                raise ValueError(
-                    f"CAMTLConfig takes a BERT either as `dense_config` or as flat BertConfig fields, not both; got "
-                    f"`dense_config` and {sorted(flat)}."
-                )
+        if flat and self.dense_config is None:
             self.dense_config = BertConfig(**flat)
+        elif flat:  # beside a dense config (e.g. `from_pretrained(path, use_cache=False)`): they set its fields
+            self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
+            for name, value in flat.items():
+                setattr(self.dense_config, name, value)
         super().__post_init__(**kwargs)
 
     def __getattr__(self, name: str):
@@ -255,3 +255,11 @@ class CAMTLConfig(CAMTLBackboneConfig):
         if dense is not None and name in type(self).flat_dense_fields:
             return getattr(dense, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        # a flat BERT field set later (`config.use_cache = False`) is the dense config's, saved inside it
+        dense = self.__dict__.get("dense_config")
+        if name in type(self).flat_dense_fields and dense is not None and not isinstance(dense, dict):
+            setattr(dense, name, value)
+        else:
+            super().__setattr__(name, value)
