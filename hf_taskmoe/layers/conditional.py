@@ -48,8 +48,8 @@ class FiLM(nn.Linear):
     Zero-initialised (in the model's `_init_weights`), so `gamma = 1`, `beta = 0` until training moves them.
     """
 
-    def __init__(self, task_dim: int, features: int):
-        super().__init__(task_dim, 2 * features)
+    def __init__(self, task_dim: int, features: int, device=None, dtype=None):
+        super().__init__(task_dim, 2 * features, device=device, dtype=dtype)
         self.features = features
 
     def forward(self, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

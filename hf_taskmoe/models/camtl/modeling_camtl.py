@@ -90,7 +90,8 @@ class TaskLayerNorm(_TaskConditioned, nn.LayerNorm):
             self.weight.copy_(weight)
             if self.bias is not None:
                 self.bias.copy_(dense.bias)
-        self.film = FiLM(task_dim, self.normalized_shape[-1]).to(device=weight.device, dtype=weight.dtype)
+        # made where the dense norm is (not moved there: `.to` swaps parameters, which a FakeTensorMode refuses)
+        self.film = FiLM(task_dim, self.normalized_shape[-1], device=weight.device, dtype=weight.dtype)
         self.context = context
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
