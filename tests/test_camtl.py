@@ -41,6 +41,11 @@ def _randomise_conditioning(model, seed=1):
                 param.copy_(torch.randn(param.shape, generator=g) * 0.05)
 
 
+def last_hidden(model, batch):
+    """The encoder's last hidden states (after LARGE's skip connection)."""
+    return model(**batch, output_hidden_states=True).hidden_states[-1]
+
+
 def _model(config=None, seed=0, **overrides):
     torch.manual_seed(seed)
     model = CAMTLModel(config or camtl_config(**overrides))
@@ -69,13 +74,13 @@ def test_init_covers_every_parameter():
             covered = (p.abs() < 1e-8) | (p == 1.0)
             assert covered.all(), f"{name} is not covered by _init_weights"
     model = CAMTLModel(camtl_config(initializer_range=0.5))
-    layer = model.bert.encoder.layer[3]
+    layer = model.backbone.encoder.layer[3]
     assert torch.count_nonzero(layer.output.LayerNorm.weight.detach() != 1) == 0
     assert torch.count_nonzero(layer.output.LayerNorm.film.weight) == 0  # FiLM starts at gamma = 1, beta = 0
-    assert torch.equal(model.bert.alignment.weight.detach(), torch.eye(TINY["hidden_size"]))  # R = I
+    assert torch.equal(model.alignment.weight.detach(), torch.eye(TINY["hidden_size"]))  # R = I
     assert abs(layer.attention_bias.blocks.std().item() - 0.5) < 0.15  # A_n random (N(0, initializer_range))
     assert torch.count_nonzero(layer.bottleneck.up.weight) == 0
-    assert abs(model.bert.task_embeddings.weight.std().item() - 0.5) < 0.2
+    assert abs(model.task_embeddings.weight.std().item() - 0.5) < 0.2
 
 
 @pytest.mark.parametrize("bottleneck", ["base", "large", "none"])
@@ -103,7 +108,7 @@ def test_fresh_model_from_dense_computes_the_dense_bert(bottleneck):
     moved = CAMTLModel.from_dense(
         bert, tasks=THREE, conditional_attention_max_length=16, conditional_bottleneck=bottleneck
     ).eval()
-    diff = (moved.bert(**batch).last_hidden_state - ref[-1]).abs().max()
+    diff = (last_hidden(moved, batch) - ref[-1]).abs().max()
     assert 1e-6 < diff < 0.5
 
 
@@ -113,7 +118,7 @@ def test_fresh_model_from_real_minilm_computes_minilm(minilm):
     batch = random_batch(model.config, batch=4, seq=12, task_ids=torch.tensor([0, 1, 2, 0]))
     plain = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
     torch.testing.assert_close(
-        model.bert(**batch).last_hidden_state, dense(**plain).last_hidden_state, atol=1e-5, rtol=0
+        last_hidden(model, batch), dense(**plain).last_hidden_state, atol=1e-5, rtol=0
     )
     assert model.config.upcycled_from == str(minilm)
     assert model.config.frozen_layers == 3 and model.config.conditional_layer_indices == [3, 4, 5]
@@ -203,14 +208,14 @@ def test_padding_and_variable_lengths_do_not_change_real_tokens():
 def test_tasks_are_conditioned_and_mixed_batch_equals_task_by_task():
     model = _model()
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
-    mixed = model.bert(**batch).last_hidden_state
+    mixed = last_hidden(model, batch)
     for t in range(3):
-        alone = model.bert(**{**batch, "task_ids": torch.full((6,), t)}).last_hidden_state
+        alone = last_hidden(model, {**batch, "task_ids": torch.full((6,), t)})
         rows = batch["task_ids"] == t
         torch.testing.assert_close(mixed[rows], alone[rows], atol=1e-5, rtol=0)
         if t:
             assert (
-                alone - model.bert(**{**batch, "task_ids": torch.zeros(6, dtype=torch.long)}).last_hidden_state
+                alone - last_hidden(model, {**batch, "task_ids": torch.zeros(6, dtype=torch.long)})
             ).abs().max() > 1e-4
 
 
@@ -219,9 +224,9 @@ def test_frozen_layers_stay_unchanged_after_a_training_step():
     model.train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    assert any(n.startswith("bert.embeddings.") for n in frozen)
-    assert any(n.startswith("bert.encoder.layer.1.") for n in frozen) and not any(
-        n.startswith("bert.encoder.layer.2.") for n in frozen
+    assert any(n.startswith("backbone.embeddings.") for n in frozen)
+    assert any(n.startswith("backbone.encoder.layer.1.") for n in frozen) and not any(
+        n.startswith("backbone.encoder.layer.2.") for n in frozen
     )
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
@@ -242,7 +247,7 @@ def test_save_load_auto_round_trip_keeps_outputs_and_freezing(tmp_path):
     assert isinstance(loaded, CAMTLModel)
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     torch.testing.assert_close(
-        loaded.bert(**batch).last_hidden_state, model.bert(**batch).last_hidden_state, atol=0, rtol=0
+        last_hidden(loaded, batch), last_hidden(model, batch), atol=0, rtol=0
     )
     assert {n for n, p in loaded.named_parameters() if not p.requires_grad} == {
         n for n, p in model.named_parameters() if not p.requires_grad
@@ -252,14 +257,14 @@ def test_save_load_auto_round_trip_keeps_outputs_and_freezing(tmp_path):
 def test_add_task_grows_the_embedding_table():
     model = _model()
     new = model.add_task(TaskSpec(name="new", num_labels=2), init_from="qqp")
-    assert new == 3 and model.bert.task_embeddings.num_embeddings == 4
-    torch.testing.assert_close(model.bert.task_embeddings.weight[3], model.bert.task_embeddings.weight[1])
+    assert new == 3 and model.task_embeddings.num_embeddings == 4
+    torch.testing.assert_close(model.task_embeddings.weight[3], model.task_embeddings.weight[1])
     batch = random_batch(model.config, batch=2)
-    as_new = model.bert(**{**batch, "task_ids": torch.tensor([3, 3])}).last_hidden_state
-    as_source = model.bert(**{**batch, "task_ids": torch.tensor([1, 1])}).last_hidden_state
+    as_new = last_hidden(model, {**batch, "task_ids": torch.tensor([3, 3])})
+    as_source = last_hidden(model, {**batch, "task_ids": torch.tensor([1, 1])})
     torch.testing.assert_close(as_new, as_source)  # shares qqp's embedding: same modulation
     model.add_task(TaskSpec(name="fresh", problem_type="regression"))
-    assert model.bert.task_embeddings.num_embeddings == 5 and model.bert.task_embeddings.weight[4].abs().sum() > 0
+    assert model.task_embeddings.num_embeddings == 5 and model.task_embeddings.weight[4].abs().sum() > 0
     out = model(**{**batch, "task_ids": torch.tensor([4, 3])}, labels=torch.tensor([0.5, 1.0]))
     assert torch.isfinite(out.loss)
     with pytest.raises(ValueError, match="Unknown task 'zz'"):
@@ -339,7 +344,7 @@ def test_a_config_saved_before_the_bound_loads_with_its_blocks(tmp_path):
     loaded = AutoModel.from_pretrained(tmp_path).eval()
     assert loaded.config.attention_blocks == 1
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
-    torch.testing.assert_close(loaded.bert(**batch).last_hidden_state, model.bert(**batch).last_hidden_state)
+    torch.testing.assert_close(last_hidden(loaded, batch), last_hidden(model, batch))
     fresh = camtl_config(conditional_attention_max_length=16)  # N = 2 both ways: saved, and loaded the same
     fresh.save_pretrained(tmp_path / "fresh")
     assert AutoConfig.from_pretrained(tmp_path / "fresh").attention_blocks == fresh.attention_blocks == 2
@@ -374,3 +379,38 @@ def test_covariance_similarity():
 
 def test_readme_names_are_exported():
     assert hf_taskmoe.CAMTLModel is CAMTLModel and hf_taskmoe.models.FAMILIES["camtl"].model_class is CAMTLModel
+
+
+def _through_the_key_map(name: str) -> str:
+    import re
+
+    for pattern, replacement in CAMTLModel.checkpoint_key_mapping.items():
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+@pytest.mark.parametrize("bottleneck", ["base", "large"])
+def test_the_checkpoint_key_mapping_leaves_this_layout_as_it_is(bottleneck):
+    """`from_pretrained` always passes `checkpoint_key_mapping`: every name of a model built now goes through it unchanged,
+    and the first layout's names (`bert.` prefix) land on this model's names one to one."""
+    model = CAMTLModel(camtl_config(conditional_bottleneck=bottleneck))
+    names = list(model.state_dict())
+    assert all(_through_the_key_map(n) == n for n in names)
+    first_layout = [n.replace("backbone.", "bert.", 1) if n.startswith("backbone.")
+                    else f"bert.encoder.{n}" if n.startswith("skip.")
+                    else f"bert.{n}" if n.startswith(("task_embeddings.", "alignment.")) else n for n in names]
+    assert sorted(_through_the_key_map(n) for n in first_layout) == sorted(names)
+
+
+def test_flat_bert_fields_make_the_dense_config_and_read_back():
+    config = camtl_config()
+    assert config.dense_config.model_type == "bert" and config.dense_config.hidden_size == TINY["hidden_size"]
+    assert config.hidden_size == TINY["hidden_size"] and config.pad_token_id == config.dense_config.pad_token_id
+    assert config.classifier_pooling == "pooler"  # the first CAMTLConfig's default
+    beside = CAMTLConfig(tasks=THREE, dense_config=BertConfig(**TINY4), use_cache=False)  # they set its fields
+    assert beside.dense_config.use_cache is False and beside.dense_config.hidden_size == TINY["hidden_size"]
+    config.use_cache = False  # written through: saved inside dense_config, not beside it
+    assert config.dense_config.use_cache is False and "use_cache" not in config.to_dict()
+    assert config.to_dict()["dense_config"]["use_cache"] is False
+    with pytest.raises(AttributeError):
+        config.not_a_field  # noqa: B018

@@ -6,6 +6,7 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
 - `BertForTaskMoE` vs `TaskMoEForMultiTask` on BERT: MT-TaG (task gates) and MT-Switch (shared gate), both expert
   dispatches, top-1 and top-2, both expert weightings, router losses, MoE in some layers only, MT-Dense
   (`num_experts=1`, where the generic model keeps BERT's own FFN); also the routing outputs.
+<<<<<<< HEAD
 - `CAMTLModel` vs `CAMTLForMultiTask` on BERT: BASE and LARGE bottlenecks, with and without conditional attention,
   alignment and layer norm, frozen or trainable bottom layers. Where they differ (the BASE bottleneck relative to the
   FFN's dropout) the test is a strict xfail that says so.
@@ -14,6 +15,13 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
   before it was folded into `PALsForMultiTask` (commit b859d0a); the class is now `PALsForMultiTask` with a BERT
   default, so they check that its flat BERT config builds the same model, and the old implementation's own numbers
   are kept in its legacy checkpoint: logits and a training step's gradients (`tests/test_legacy_checkpoints.py`).
+=======
+- CA-MTL: `CAMTLModel` (now a thin name over `CAMTLForMultiTask`) against what the BERT-layer `CAMTLModel` computed
+  before it was deleted (`tests/fixtures/camtl_reference/`, its weights loaded through `CAMTLModel.checkpoint_key_mapping`):
+  BASE and LARGE bottlenecks, with and without conditional attention, alignment and layer norm, frozen or trainable
+  bottom layers, and BASE with the FFN's output dropout at p=1 (both add the bottleneck outside that dropout).
+- `BertWithPALs` vs `PALsForMultiTask`: the training step (the evaluation is in `test_backbones_pals.py`).
+>>>>>>> unify-camtl
 - `BartTaskRouted` (no generic BART routed class exists yet): with hard routes, a row of task `t` computes what the
   dense BART made of task `t`'s chosen experts computes -- logits, losses and, in a training step with
   straight-through Gumbel routes, the gradient of every expert and shared weight. The reference a generic BART
@@ -22,20 +30,22 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import BartForConditionalGeneration
 
 from hf_taskmoe import (
     BertPALsConfig,
     BertTaskMoEConfig,
     BertWithPALs,
-    CAMTLBackboneConfig,
     CAMTLConfig,
-    CAMTLForMultiTask,
     CAMTLModel,
     PALsConfig,
     PALsForMultiTask,
@@ -45,7 +55,15 @@ from hf_taskmoe import (
 )
 
 from .backbone_matrix import labelled_batch
-from .equivalence import PALS_KEYS, assert_same_eval, assert_same_training_step, close, load_mapped, perturb
+from .equivalence import (
+    PALS_KEYS,
+    assert_same_eval,
+    assert_same_training_step,
+    close,
+    load_mapped,
+    perturb,
+    renamed,
+)
 from .test_bart_routed import TASKS as SEQ2SEQ_TASKS
 from .test_bart_routed import batch as seq2seq_batch
 from .test_bart_routed import routed
@@ -122,64 +140,93 @@ def test_task_moe_for_multi_task_on_bert_computes_bert_for_task_moe(kwargs):
 
 
 # ---------------------------------------------------------------------- CA-MTL
-#: `CAMTLModel` -> `CAMTLForMultiTask`: the task embeddings, the alignment and LARGE's skip connection move out of
-#: the encoder to the model; BERT's layers (with their CLNs, attention bias and BASE bottleneck, attached under the
-#: same names) under `backbone.`
-CAMTL_KEYS = [
-    (r"^bert\.task_embeddings\.", "task_embeddings."),
-    (r"^bert\.alignment\.", "alignment."),
-    (r"^bert\.encoder\.skip\.", "skip."),
-    (r"^bert\.", "backbone."),
-]
-CAMTL_CASES = {
-    "base": {},
-    "large": dict(conditional_bottleneck="large"),
-    "base-no-conditional-attention": dict(conditional_attention=False),
-    "no-alignment-no-bottleneck-cls": dict(conditional_alignment=False, conditional_bottleneck="none",
-                                           pooling="cls"),
-    "plain-layer-norms-mean": dict(conditional_layer_norm=False, pooling="mean"),
-    "nothing-frozen-every-layer-conditional": dict(num_frozen_layers=0, freeze_embeddings=False,
-                                                   conditional_layers=[0, 1], bottleneck_layers=[0, 1]),
-}
+#: what the BERT-layer `CAMTLModel` computed before it became a thin name over `CAMTLForMultiTask`
+#: (`tests/fixtures/make_camtl_reference.py`, not rerun here): per case its weights (its own names), a batch, its
+#: evaluation outputs and one training step
+CAMTL_REFERENCE = Path(__file__).parent / "fixtures" / "camtl_reference"
+CAMTL_CASES = sorted(p.stem for p in CAMTL_REFERENCE.glob("*.safetensors"))
 
 
-def camtl_pair(kwargs):
-    return pair(CAMTLModel, CAMTLConfig, CAMTLForMultiTask, CAMTLBackboneConfig, CAMTL_KEYS,
-                conditional_attention_max_length=16, **kwargs)
+def camtl_reference(case: str):
+    """`CAMTLModel` built from the config the BERT-layer class had (flat BERT fields) and carrying its weights
+    through `CAMTLModel.checkpoint_key_mapping`; the reference tensors; the name map; the frozen names."""
+    path = CAMTL_REFERENCE / f"{case}.safetensors"
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    model = CAMTLModel(CAMTLConfig.from_dict(json.loads(meta["config"])))
+    keys = list(CAMTLModel.checkpoint_key_mapping.items())
+    weights = {k[len("weight."):]: v for k, v in tensors.items() if k.startswith("weight.")}
+    names = {name: renamed(name, keys) for name in weights}
+    missing, unexpected = model.load_state_dict({names[k]: v for k, v in weights.items()}, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    if float(meta["ffn_dropout"]):
+        model.backbone.encoder.layer[-1].output.dropout.p = 1.0
+    batch = {k[len("input."):]: v for k, v in tensors.items() if k.startswith("input.")}
+    return model, batch, tensors, names, set(json.loads(meta["frozen"]))
 
 
-@pytest.mark.parametrize("kwargs", list(CAMTL_CASES.values()), ids=list(CAMTL_CASES))
-def test_camtl_for_multi_task_on_bert_computes_camtl_model(kwargs):
-    reference, model, names = camtl_pair(kwargs)
-    assert_same_training_step(reference, model, labelled_batch(model, MIXED), names)
-    assert_same_eval(reference, model, labelled_batch(model, MIXED))
+def assert_computes_the_reference(model, batch, tensors, names, frozen) -> None:
+    """Evaluation (last hidden states, each task's logits and loss, the loss) and one training step (the loss, each
+    task's loss, every parameter's `requires_grad` and gradient) as the reference, to 1e-6."""
+    model.eval()
+    with torch.no_grad():
+        out = model(**batch, output_hidden_states=True)
+    close(out.hidden_states[-1], tensors["eval.last_hidden_state"], "last hidden states")
+    assert set(out.task_logits) == {k[len("eval.logits."):] for k in tensors if k.startswith("eval.logits.")}
+    for task, logits in out.task_logits.items():
+        close(logits, tensors[f"eval.logits.{task}"], f"logits of {task!r}")
+        close(out.task_losses[task], tensors[f"eval.loss.{task}"], f"loss of {task!r}")
+    close(out.loss, tensors["eval.loss"], "loss")
+    model.train()
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    close(out.loss, tensors["train.loss"], "training loss")
+    for task, loss in out.task_losses.items():
+        close(loss, tensors[f"train.loss.{task}"], f"training loss of {task!r}")
+    out.loss.backward()
+    params = dict(model.named_parameters())
+    assert len(set(names.values())) == len(names), "two reference weights land on one weight of the model"
+    assert {n for n in names.values() if n in params} == set(params), "parameters not one to one"
+    moved = 0
+    for name, new_name in names.items():
+        if new_name not in params:  # a buffer
+            continue
+        param = params[new_name]
+        assert param.requires_grad == (name not in frozen), f"{name}: requires_grad differs"
+        expected = tensors.get(f"grad.{name}")
+        if expected is None or param.grad is None:  # frozen, or a head without rows in this batch
+            assert _zero(expected) and _zero(param.grad), name
+            continue
+        close(param.grad, expected, f"gradient of {name}")
+        moved += bool(expected.abs().sum() > 0)
+    assert moved, "no gradient reached any parameter"
+
+
+def _zero(grad) -> bool:
+    return grad is None or not grad.abs().sum()
+
+
+@pytest.mark.parametrize("case", CAMTL_CASES)
+def test_camtl_computes_what_the_bert_layer_implementation_computed(case):
+    """BASE (also with the FFN's output dropout at p=1: the bottleneck is added outside that dropout,
+    `LN(dropout(FFN(a)) + a + CFF(a))`, as in the authors' code) and LARGE bottlenecks, components switched off,
+    the three poolings, nothing frozen."""
+    assert_computes_the_reference(*camtl_reference(case))
+
+
+def test_the_reference_cases_are_there():
+    assert len(CAMTL_CASES) == 6 and "base-ffn-dropout-1" in CAMTL_CASES
 
 
 def test_the_comparison_sees_a_conditional_weight_that_differs():
-    """The control: one FiLM row moved in the generic model (a conditional layer norm of the top layer), and the
-    comparison fails -- the perturbed conditional modules are live, not at their neutral start."""
-    reference, model, _ = camtl_pair({})
+    """The control: one FiLM row moved (a conditional layer norm of the top layer), and the comparison fails -- the
+    perturbed conditional modules are live, not at their neutral start."""
+    model, batch, tensors, names, frozen = camtl_reference("base")
     with torch.no_grad():
         model.backbone.encoder.layer[1].output.LayerNorm.film.bias[0] += 0.05
     with pytest.raises(AssertionError, match="hidden states"):
-        assert_same_eval(reference, model, labelled_batch(model, MIXED))
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BASE bottleneck vs the FFN's dropout: CAMTLModel adds the bottleneck to the residual, "
-    "LN(dropout(FFN(a)) + a + CFF(a)) (CAMTLLayer.forward); CAMTLForMultiTask adds it to the FFN's output projection "
-    "(TaskBottleneck.add_to_projection, a hook on output.dense), LN(dropout(FFN(a) + CFF(a)) + a): the bottleneck "
-    "goes through BertOutput's dropout. Equal with dropout 0 (the tests above); in training with "
-    "hidden_dropout_prob > 0 the two drop different things."))
-def test_camtl_base_bottleneck_sits_outside_the_ffn_dropout_in_both():
-    """Made deterministic: the top layer's FFN output dropout at p=1 drops the whole FFN output, so what is left
-    shows where each implementation adds the bottleneck."""
-    reference, model, _ = camtl_pair({})
-    reference.bert.encoder.layer[1].output.dropout.p = 1.0
-    model.backbone.encoder.layer[1].output.dropout.p = 1.0
-    reference.train(), model.train()
-    batch = labelled_batch(model, MIXED)
-    close(model(**batch).loss, reference(**batch).loss, "training loss with the FFN output dropped")
+        assert_computes_the_reference(model, batch, tensors, names, frozen)
 
 
 # ---------------------------------------------------------------------- PALs

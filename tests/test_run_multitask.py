@@ -158,7 +158,7 @@ def test_script_builds_camtl_with_uncertainty_sampling(tmp_path, tiny_dense):
     model = AutoModel.from_pretrained(tmp_path / "out")
     assert isinstance(model, CAMTLModel)
     assert model.config.conditional_attention_max_length == 32  # follows --max_seq_length
-    assert model.config.frozen_layers == 1 and not model.bert.encoder.layer[0].output.dense.weight.requires_grad
+    assert model.config.frozen_layers == 1 and not model.backbone.encoder.layer[0].output.dense.weight.requires_grad
     assert "CA-MTL" in ModelCard.load(tmp_path / "out" / "README.md").content
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert any(k.startswith("sampled/") for h in state["log_history"] for k in h)

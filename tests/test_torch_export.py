@@ -15,6 +15,7 @@ from hf_taskmoe import (
     BertPALsModel,
     BertTaskMoEConfig,
     BertWithPALs,
+    CAMTLBertModel,
     CAMTLConfig,
     CAMTLModel,
     TaskSpec,
@@ -116,8 +117,8 @@ def test_jit_trace_of_the_encoder_answers_another_task_mix(family):
     model = _model(family)
     if hasattr(model, "bert"):  # a BERT-specific class's bare encoder
         encoder = model.bert
-    else:  # BertWithPALs (PALsForMultiTask with a BERT default): its encoder's name, the same model and weights
-        encoder = BertPALsModel(model.config).eval()
+    else:  # a class with a BERT default on the backbone layer: its bare encoder's name, the same model and weights
+        encoder = {"pals": BertPALsModel, "camtl": CAMTLBertModel}[family](model.config).eval()
         encoder.load_state_dict(model.state_dict())
     names = ("input_ids", "attention_mask", "token_type_ids", "task_ids")
     traced = torch.jit.trace(encoder, example_kwarg_inputs={n: TRACED[n] for n in names}, strict=False)

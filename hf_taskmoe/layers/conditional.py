@@ -48,8 +48,8 @@ class FiLM(nn.Linear):
     Zero-initialised (in the model's `_init_weights`), so `gamma = 1`, `beta = 0` until training moves them.
     """
 
-    def __init__(self, task_dim: int, features: int):
-        super().__init__(task_dim, 2 * features)
+    def __init__(self, task_dim: int, features: int, device=None, dtype=None):
+        super().__init__(task_dim, 2 * features, device=device, dtype=dtype)
         self.features = features
 
     def forward(self, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +57,7 @@ class FiLM(nn.Linear):
         return 1.0 + gamma, beta
 
 
-def _per_row(film: FiLM, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+def film_per_row(film: FiLM, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
     """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each. With `cond.rows` the FiLM applies to
     the rows' embeddings gathered once per forward; otherwise it is computed once per task and gathered per row as
     one `(batch, 2 features)` tensor (a third fewer operations than gathering gamma and beta apart)."""
@@ -72,7 +72,7 @@ def _per_row(film: FiLM, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor
 def _transformed_product(x: torch.Tensor, xw: torch.Tensor, film: FiLM, cond: Conditioning) -> torch.Tensor:
     """`x (W diag(gamma(z)) + 1 beta(z)^T)` given `xw = x W`: `(x W) * gamma + (sum_k x_k) beta` (eq. 2's weight
     transform, without forming a matrix per task)."""
-    gamma, beta = _per_row(film, cond)
+    gamma, beta = film_per_row(film, cond)
     return xw * gamma + x.sum(-1, keepdim=True) * beta
 
 
@@ -92,7 +92,7 @@ class ConditionalLayerNorm(nn.LayerNorm):
     def forward(self, hidden: torch.Tensor, cond: Conditioning | None = None) -> torch.Tensor:
         if cond is None:
             return super().forward(hidden)
-        gamma, beta = _per_row(self.film, cond)  # (batch, 1, d)
+        gamma, beta = film_per_row(self.film, cond)  # (batch, 1, d)
         return F.layer_norm(hidden, self.normalized_shape, self.weight, None, self.eps) * gamma + (self.bias + beta)
 
 

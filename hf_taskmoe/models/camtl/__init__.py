@@ -1,15 +1,18 @@
-"""CAMTLModel: CA-MTL, a BERT modulated by a learned task embedding (Conditionally Adaptive Multi-Task Learning)."""
+"""CA-MTL (Conditionally Adaptive Multi-Task Learning, Pilault et al. 2021): an encoder modulated by a learned task
+embedding, on any declared encoder (`CAMTLForMultiTask`, family `camtl_any`), conditioning the dense model's own
+modules (`hf_taskmoe.backbones`). `CAMTLModel` / `CAMTLConfig` (family `camtl`) are the same model under its first
+names, a BERT by default, and load the checkpoints the earlier BERT-only implementation saved."""
 
+from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
 from ...problem_types import ENCODER
 from ...upcycling import UpcyclingRules
-from ..multitask_bert import BERT_BACKBONE_RULES
 from ..registry import Family, register_family
-from .configuration_camtl import CAMTLConfig
-from .modeling_camtl import CAMTLBertModel, CAMTLModel, CAMTLPreTrainedModel
+from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig
+from .modeling_camtl import CAMTLBertModel, CAMTLForMultiTask, CAMTLModel
 
 
-def describe(c: CAMTLConfig) -> str:
+def describe(c: CAMTLBackboneConfig) -> str:
     attention = (
         f"on ({c.attention_blocks} blocks, L={c.conditional_attention_max_length})"
         if c.conditional_attention
@@ -21,6 +24,15 @@ def describe(c: CAMTLConfig) -> str:
             f"{c.frozen_layers} layers{' and the embeddings' if c.freeze_embeddings else ''} frozen")
 
 
+#: the dense weights keep their names (CLNs hold the dense norms' weight/bias); the model gives its rules
+_UPCYCLING = UpcyclingRules(rename=(), new=CAMTLForMultiTask.parameter_roles.new_patterns)
+
+
+def _script_defaults(values: dict) -> dict:
+    # conditional attention is built for a fixed length: by default the length the script truncates inputs to
+    return {"conditional_attention_max_length": values["max_seq_length"]}
+
+
 FAMILY = register_family(
     Family(
         name="camtl",
@@ -29,18 +41,27 @@ FAMILY = register_family(
         problem_types=ENCODER,
         pipeline_task=PIPELINE_TASK,
         describe=describe,
-        # the dense BERT is kept whole (its LayerNorms become the CLNs' gamma', beta'); the task embeddings,
-        # conditional modules and heads are new
-        upcycling=UpcyclingRules(
-            rename=BERT_BACKBONE_RULES
-            + ((r"encoder\.layer\.(\d+)\.(intermediate|output)\.(.+)", r"encoder.layer.\1.\2.\3"),),
-            new=CAMTLModel.parameter_roles.new_patterns,
-        ),
+        upcycling=_UPCYCLING,
         dense_model_types=("bert",),
         method="ca-mtl",
-        # conditional attention is built for a fixed length: by default the length the script truncates inputs to
-        script_defaults=lambda values: {"conditional_attention_max_length": values["max_seq_length"]},
+        script_defaults=_script_defaults,
     )
 )
 
-__all__ = ["FAMILY", "CAMTLConfig", "CAMTLBertModel", "CAMTLModel", "CAMTLPreTrainedModel"]
+ANY_FAMILY = register_family(
+    Family(
+        name="camtl_any",
+        config_class=CAMTLBackboneConfig,
+        model_class=CAMTLForMultiTask,
+        problem_types=ENCODER,
+        pipeline_task=PIPELINE_TASK,
+        describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
+        upcycling=_UPCYCLING,
+        backbone_kind=ENCODER_BACKBONE,
+        method="ca-mtl",
+        script_defaults=_script_defaults,
+    )
+)
+
+__all__ = ["ANY_FAMILY", "FAMILY", "CAMTLBackboneConfig", "CAMTLBertModel", "CAMTLConfig", "CAMTLForMultiTask",
+           "CAMTLModel"]

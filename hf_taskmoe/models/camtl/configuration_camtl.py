@@ -1,13 +1,27 @@
-"""Configuration of `CAMTLModel` (CA-MTL: a BERT modulated by a learned task embedding)."""
+"""Configuration of CA-MTL (Pilault et al. 2021): `CAMTLBackboneConfig` on any declared encoder, and `CAMTLConfig`, the
+same config under its first name (`model_type` `taskmoe_camtl`), which also takes a BERT's fields flat."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import ClassVar
 
+from transformers import BertConfig
+
+from ...compat import dense_sub_config
 from ...utils import check_choice, check_float, check_int
-from ..multitask_bert import MultiTaskBertConfig
+from ..backbone_encoder import BackboneTaskConfig
+
+__all__ = [
+    "ATTENTION_IMPLEMENTATIONS_WITH_BIAS", "BOTTLENECK_PLACEMENTS", "MAX_ATTENTION_BLOCK", "CAMTLBackboneConfig",
+    "CAMTLConfig", "check_attention_implementation", "default_attention_blocks",
+]
 
 BOTTLENECK_PLACEMENTS = ("none", "base", "large")
+
+#: attention implementations that add a float attention mask to the scores (conditional attention's seam)
+ATTENTION_IMPLEMENTATIONS_WITH_BIAS = ("eager", "sdpa")
 
 #: the largest diagonal block `L / N` of conditional attention by default. The paper's N = d / L makes the block
 #: L^2 / d, and the FiLM maps R^d -> R^(block^2) grow with its square (L^4 / d^2): BERT-base at L = 512 would be one
@@ -22,76 +36,42 @@ def default_attention_blocks(hidden_size: int, max_length: int) -> int:
     return max(1, hidden_size // max_length, math.ceil(max_length / MAX_ATTENTION_BLOCK))
 
 
-class AttentionBlocksSaved:
-    """Config mixin: a saved config holds the block count `N` its model was built with, so that a later default
-    cannot change the shapes of a saved model. A config saved without it (before the default was bounded by
-    `MAX_ATTENTION_BLOCK`) loads with the rule it was built with then, `N = max(1, d // L)`."""
-
-    def to_diff_dict(self) -> dict:
-        out = super().to_diff_dict()
-        out["conditional_attention_blocks"] = self.attention_blocks
-        return out
-
-    @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs):
-        loaded = super().from_dict(config_dict, **kwargs)
-        config = loaded[0] if isinstance(loaded, tuple) else loaded  # (config, unused kwargs) when asked
-        if "conditional_attention_blocks" not in config_dict and "conditional_attention_blocks" not in kwargs:
-            config.conditional_attention_blocks = max(1, config.hidden_size // config.conditional_attention_max_length)
-        return loaded
+def check_attention_implementation(implementation: str | None, model_type: str) -> None:
+    """Refuse an attention implementation that takes no additive float mask (flash attention, flex attention's block
+    masks, kernels) while conditional attention is on, naming the alternatives."""
+    if implementation is None or implementation in ATTENTION_IMPLEMENTATIONS_WITH_BIAS:
+        return
+    raise ValueError(
+        f"CA-MTL's conditional attention adds each task's block-diagonal matrix M(z) to the attention scores as an "
+        f"additive float mask; the {implementation!r} attention implementation of this {model_type} model takes no "
+        f"such mask. Use attn_implementation='sdpa' or 'eager' (model.set_attn_implementation('sdpa')), or build "
+        "CA-MTL with `conditional_attention=False` (alignment, conditional layer norm and bottleneck still work)."
+    )
 
 
-def validate_camtl_fields(config) -> None:
-    """The checks of CA-MTL's own fields, shared by `CAMTLConfig` and the backbone-generic `CAMTLBackboneConfig`."""
-    if config.task_embedding_dim is not None:
-        check_int(config.task_embedding_dim, "task_embedding_dim", minimum=1)
-    if config.num_frozen_layers is not None:
-        check_int(config.num_frozen_layers, "num_frozen_layers", 0, config.num_hidden_layers)
-    for name in ("freeze_embeddings", "conditional_attention", "conditional_alignment", "conditional_layer_norm"):
-        if not isinstance(getattr(config, name), bool):
-            raise ValueError(f"`{name}` must be a bool, got {getattr(config, name)!r}.")
-    check_int(config.conditional_attention_max_length, "conditional_attention_max_length", minimum=1)
-    if config.conditional_attention_blocks is not None:
-        check_int(
-            config.conditional_attention_blocks,
-            "conditional_attention_blocks",
-            1,
-            config.conditional_attention_max_length,
-        )
-    if config.conditional_attention_init_std is not None:
-        check_float(config.conditional_attention_init_std, "conditional_attention_init_std", minimum=0.0)
-    check_choice(config.conditional_bottleneck, BOTTLENECK_PLACEMENTS, "conditional_bottleneck")
-    if config.bottleneck_size is not None:
-        check_int(config.bottleneck_size, "bottleneck_size", minimum=1)
-    config.conditional_layers = config._check_layer_list("conditional_layers")
-    config.bottleneck_layers = config._check_layer_list("bottleneck_layers")
-    if config.bottleneck_layers is not None and config.conditional_bottleneck != "base":
-        raise ValueError(
-            "`bottleneck_layers` places `conditional_bottleneck='base'` bottlenecks; with "
-            f"{config.conditional_bottleneck!r} leave it unset."
-        )
-
-
-class CAMTLConfig(AttentionBlocksSaved, MultiTaskBertConfig):
+class CAMTLBackboneConfig(BackboneTaskConfig):
     r"""
-    Configuration of CA-MTL (Pilault et al. 2021, section 2.1): a BERT whose upper layers are modulated by
-    a learned embedding `z_t` of each task, with one head per task. Every field of `BertConfig` and of
-    `MultiTaskBertConfig` (`tasks`, `classifier_pooling`, `scale_loss_by_num_classes`) is accepted. The
-    others (each component has a switch, for the paper's Table 1 ablation):
+    Configuration of CA-MTL (Pilault et al. 2021, section 2.1) on a dense encoder of any declared architecture (BERT,
+    RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3, ModernBERT: `hf_taskmoe.backbones.backbone_names("encoder")`):
+    the upper layers are modulated by a learned embedding `z_t` of each task, with one head per task. The fields of
+    `BackboneTaskConfig` (`dense_config`, `tasks`, `classifier_pooling`, ...) and CA-MTL's own (each component has a
+    switch, for the paper's Table 1 ablation):
 
     Args:
         task_embedding_dim (`int`, *optional*):
-            Size of the task embeddings `z_t`; defaults to `hidden_size` (the paper's `z in R^d`).
+            Size of the task embeddings `z_t`; defaults to the hidden size (the paper's `z in R^d`).
         num_frozen_layers (`int`, *optional*):
-            The bottom layers whose BERT weights are frozen; defaults to half the layers (appendix A.8). 0
-            trains every layer.
+            The bottom layers whose dense weights are frozen; defaults to half the layers (appendix A.8). 0 trains
+            every layer.
         freeze_embeddings (`bool`, *optional*, defaults to `True`):
-            Freeze the embedding layer (the paper freezes it with the bottom layers).
+            Freeze the dense model's embeddings module (the paper freezes it with the bottom layers).
         conditional_layers (`list[int]`, *optional*):
-            Layers modulated by the task embedding (conditional attention and CLN); defaults to the layers
-            above the frozen ones (Figure 1).
+            Layers modulated by the task embedding (conditional attention and CLN); defaults to the layers above the
+            frozen ones (Figure 1).
         conditional_attention (`bool`, *optional*, defaults to `True`):
-            Add the block-diagonal task matrix `M(z)` to the attention scores of the conditional layers.
+            Add the block-diagonal task matrix `M(z)` to the attention scores of the conditional layers. Needs an
+            architecture whose attention takes an additive mask (not DeBERTa-v2/v3: `Backbone.attention_bias`) and the
+            `"eager"` or `"sdpa"` attention implementation.
         conditional_attention_max_length (`int`, *optional*, defaults to 128):
             The longest sequence `L` conditional attention covers (the paper's sequence length).
         conditional_attention_blocks (`int`, *optional*):
@@ -99,26 +79,27 @@ class CAMTLConfig(AttentionBlocksSaved, MultiTaskBertConfig):
             raised to `ceil(L / 64)` where that block would be longer than 64 (`MAX_ATTENTION_BLOCK`: the FiLM maps
             grow with the block's square). Saved with the config.
         conditional_attention_init_std (`float`, *optional*):
-            Standard deviation of the random blocks `A_n`; defaults to `initializer_range`. 0 makes a fresh
-            model compute exactly the dense BERT.
+            Standard deviation of the random blocks `A_n`; defaults to `initializer_range`. 0 makes a fresh model
+            compute exactly the dense model.
         conditional_alignment (`bool`, *optional*, defaults to `True`):
-            Task-conditioned alignment matrix between the embeddings and the first layer (eq. 2), starting as
-            the identity.
+            Task-conditioned alignment matrix between the embeddings and the first layer (eq. 2), starting as the
+            identity.
         conditional_layer_norm (`bool`, *optional*, defaults to `True`):
-            Replace the two LayerNorms of each conditional layer by Conditional Layer Norms (eq. 3), which
-            start as BERT's LayerNorms.
+            The declared LayerNorms of each conditional layer become Conditional Layer Norms (eq. 3), which start as
+            the dense LayerNorms.
         conditional_bottleneck (`str`, *optional*, defaults to `"base"`):
-            `"base"`: a conditional bottleneck in parallel with the FFN of `bottleneck_layers` (default: the
-            top layer), summed into its (conditional) output LayerNorm (Figure 3a). `"large"`: a skip
-            connection alongside every layer, `s_j = CFF_j(h_j + s_{j-1})`, added to the last layer's output
-            (Figure 3b). `"none"`: no bottleneck. Its up-projection starts at zero.
+            `"base"`: a conditional bottleneck in parallel with the FFN of `bottleneck_layers` (default: the top
+            layer), its output added to the FFN's after the FFN's dropout, so both enter the layer's (conditional)
+            norm (Figure 3a). `"large"`: a skip connection alongside every layer, `s_j = CFF_j(h_j + s_{j-1})`, added
+            to the last layer's output (Figure 3b). `"none"`: no bottleneck. Its up-projection starts at zero.
         bottleneck_size (`int`, *optional*):
             Width of the bottleneck; defaults to `hidden_size // 3`.
         bottleneck_layers (`list[int]`, *optional*):
             Layers with a `"base"` bottleneck; defaults to the top layer.
     """
 
-    model_type = "taskmoe_camtl"
+    model_type = "taskmoe_camtl_any"
+    method_name = "CA-MTL (CAMTLForMultiTask)"
 
     task_embedding_dim: int | None = None
     num_frozen_layers: int | None = None
@@ -136,7 +117,58 @@ class CAMTLConfig(AttentionBlocksSaved, MultiTaskBertConfig):
 
     def _validate(self) -> None:
         super()._validate()
-        validate_camtl_fields(self)
+        if self.task_embedding_dim is not None:
+            check_int(self.task_embedding_dim, "task_embedding_dim", minimum=1)
+        if self.num_frozen_layers is not None:
+            check_int(self.num_frozen_layers, "num_frozen_layers", 0, self.num_hidden_layers)
+        for name in ("freeze_embeddings", "conditional_attention", "conditional_alignment", "conditional_layer_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
+        check_int(self.conditional_attention_max_length, "conditional_attention_max_length", minimum=1)
+        if self.conditional_attention_blocks is not None:
+            check_int(self.conditional_attention_blocks, "conditional_attention_blocks", 1,
+                      self.conditional_attention_max_length)
+        if self.conditional_attention_init_std is not None:
+            check_float(self.conditional_attention_init_std, "conditional_attention_init_std", minimum=0.0)
+        check_choice(self.conditional_bottleneck, BOTTLENECK_PLACEMENTS, "conditional_bottleneck")
+        if self.bottleneck_size is not None:
+            check_int(self.bottleneck_size, "bottleneck_size", minimum=1)
+        self.conditional_layers = self._check_layer_list("conditional_layers")
+        self.bottleneck_layers = self._check_layer_list("bottleneck_layers")
+        if self.bottleneck_layers is not None and self.conditional_bottleneck != "base":
+            raise ValueError(
+                "`bottleneck_layers` places `conditional_bottleneck='base'` bottlenecks; with "
+                f"{self.conditional_bottleneck!r} leave it unset."
+            )
+        if self.uses_conditional_attention:
+            backbone = self.backbone
+            if not backbone.attention_bias:
+                raise ValueError(
+                    f"`conditional_attention=True` cannot be built on a {backbone.model_type} model: "
+                    f"{backbone.why_no_bias}"
+                )
+            # asked for on this config (`attn_implementation=`, propagated to the dense one) or on the dense config
+            implementation = getattr(self, "_attn_implementation_internal", None) or getattr(
+                self.dense_config, "_attn_implementation_internal", None
+            )
+            check_attention_implementation(implementation, backbone.model_type)
+
+    # ------------------------------------------------------------------ saved block count
+    def to_diff_dict(self) -> dict:
+        # a saved config holds the block count N its model was built with, so a later default cannot change its shapes
+        out = super().to_diff_dict()
+        out["conditional_attention_blocks"] = self.attention_blocks
+        return out
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """A config saved without `conditional_attention_blocks` (before the default was bounded by
+        `MAX_ATTENTION_BLOCK`) loads with the rule it was built with then, `N = max(1, d // L)`."""
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded  # (config, unused kwargs) when asked
+        if "conditional_attention_blocks" not in config_dict and "conditional_attention_blocks" not in kwargs:
+            config.conditional_attention_blocks = max(1, config.hidden_size // config.conditional_attention_max_length)
+        return loaded
 
     # ------------------------------------------------------------------ views
     @property
@@ -168,9 +200,66 @@ class CAMTLConfig(AttentionBlocksSaved, MultiTaskBertConfig):
         return default_attention_blocks(self.hidden_size, self.conditional_attention_max_length)
 
     @property
+    def uses_conditional_attention(self) -> bool:
+        """Whether some layer adds `M(z)` to its attention scores."""
+        return self.conditional_attention and bool(self.conditional_layer_indices)
+
+    @property
     def uses_task_embedding(self) -> bool:
         """Whether any component reads the task embedding (the plain MTL baseline of Table 1 has none)."""
         conditional = bool(self.conditional_layer_indices) and (
             self.conditional_attention or self.conditional_layer_norm
         )
         return conditional or self.conditional_alignment or self.conditional_bottleneck != "none"
+
+
+def _flat_bert_fields() -> frozenset[str]:
+    """`BertConfig`'s own fields that `CAMTLBackboneConfig` does not have: a flat (pre-`dense_config`) `CAMTLConfig`
+    wrote them beside its own, and they now make its `dense_config`."""
+    own = {f.name for f in dataclasses.fields(CAMTLBackboneConfig)}
+    return frozenset(f.name for f in dataclasses.fields(BertConfig) if f.name not in own)
+
+
+class CAMTLConfig(CAMTLBackboneConfig):
+    r"""
+    `CAMTLBackboneConfig` under its first name (`model_type` `"taskmoe_camtl"`, the config of `CAMTLModel`), with a BERT
+    as the default dense model and `classifier_pooling="pooler"` (BERT's pooler) as the default pooling.
+
+    It also takes a BERT's fields flat, as it did when it was a `BertConfig` (`CAMTLConfig(hidden_size=384, ...,
+    tasks=...)`, and every `config.json` it saved then): they make `dense_config` (a `BertConfig`), or set its fields
+    beside an explicit `dense_config`; they read and write through flat (`config.pad_token_id` is `dense_config`'s). It
+    saves `dense_config` nested, as `CAMTLBackboneConfig` does; a config saved without `conditional_attention_blocks`
+    keeps the `N = max(1, d // L)` it was built with (see `CAMTLBackboneConfig.from_dict`).
+    """
+
+    model_type = "taskmoe_camtl"
+    method_name = "CA-MTL (CAMTLModel)"
+    #: the `BertConfig` fields that make `dense_config` when given flat
+    flat_dense_fields: ClassVar[frozenset[str]] = _flat_bert_fields()
+
+    classifier_pooling: str = "pooler"
+
+    def __post_init__(self, **kwargs):
+        flat = {name: kwargs.pop(name) for name in list(kwargs) if name in self.flat_dense_fields}
+        if flat and self.dense_config is None:
+            self.dense_config = BertConfig(**flat)
+        elif flat:  # beside a dense config (e.g. `from_pretrained(path, use_cache=False)`): they set its fields
+            self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
+            for name, value in flat.items():
+                setattr(self.dense_config, name, value)
+        super().__post_init__(**kwargs)
+
+    def __getattr__(self, name: str):
+        # called only when the normal lookup fails: a flat BERT field reads through to `dense_config`
+        dense = self.__dict__.get("dense_config")
+        if dense is not None and name in type(self).flat_dense_fields:
+            return getattr(dense, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        # a flat BERT field set later (`config.use_cache = False`) is the dense config's, saved inside it
+        dense = self.__dict__.get("dense_config")
+        if name in type(self).flat_dense_fields and dense is not None and not isinstance(dense, dict):
+            setattr(dense, name, value)
+        else:
+            super().__setattr__(name, value)

@@ -1,62 +1,55 @@
-"""CAMTLModel: CA-MTL (Pilault et al. 2021), a BERT modulated by a learned task embedding.
+"""CA-MTL (Pilault et al. 2021) on any declared encoder, by conditioning the dense model's own modules on a learned
+task embedding: `CAMTLForMultiTask`, and `CAMTLModel`, the same model under its first name (a BERT by default; it
+loads the checkpoints its earlier BERT-only implementation saved, through `CAMTLModel.checkpoint_key_mapping`).
 
-Layers compose transformers' BERT attention, intermediate and output modules (weight names equal
-`BertLayer`'s, so a dense BERT loads one to one). A conditional layer adds the task's block-diagonal
-matrix `M(z)` to the attention scores (through the additive attention mask) and normalises with
-Conditional Layer Norms; the embeddings pass through the conditional alignment; the bottleneck sits in
-the top layer (BASE) or runs alongside all layers (LARGE). Every conditional module starts as its
-unconditioned counterpart (see `hf_taskmoe.layers.conditional`), and the bottom half of the layers and
-the embeddings are frozen (appendix A.8).
+The dense model (`AutoModel.from_config(config.dense_config)`) runs its own forward -- its attention kernels, masks,
+rotary positions, local/global layers. The surgery (`_wrap_backbone`) touches only the modules its `Backbone`
+declaration names:
+
+- conditional layer norm: each declared LayerNorm of a conditional layer is replaced in place by a `TaskLayerNorm`
+  (the dense norm's `weight` / `bias` under their own names, plus a FiLM of the task embedding, eq. 3);
+- conditional attention: a forward pre-hook on the declared self-attention module adds the task's block-diagonal
+  `M(z)` to the attention mask it receives (a float additive mask, a boolean keep-mask made additive, or None: the
+  bias alone), so padding and ModernBERT's sliding windows still apply (section 2.1.1);
+- conditional alignment (eq. 2): a forward pre-hook on the first layer aligns its input, i.e. the embeddings'
+  output after whatever the architecture does between them (ELECTRA's projection to the hidden size);
+- conditional bottleneck (section 2.1.4): BASE runs in parallel with the FFN of the top layer(s), reads the FFN's
+  input and is added to the FFN's output after the FFN's dropout (the bottleneck itself has none, as in the authors'
+  code), so the layer's norm sees `dropout(FFN(a)) + a + CFF(a)`; LARGE is a skip connection alongside every layer,
+  `s_j = CFF_j(h_j + s_{j-1})`, added to the last layer's output.
+
+Every conditional module starts as its unconditioned counterpart (`hf_taskmoe.layers.conditional`), so with
+`conditional_attention_init_std=0` a model built by `from_dense` computes exactly the dense model. The hooks are
+bound methods of the conditional modules, so `copy.deepcopy` of the model keeps each hook on its own copy.
 """
 
 from __future__ import annotations
 
-import os
+from typing import ClassVar
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from torch.nn import functional as F
 from transformers import initialization as init
-from transformers.masking_utils import create_bidirectional_mask
-from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPooling
-from transformers.models.bert.modeling_bert import (
-    BertAttention,
-    BertEmbeddings,
-    BertIntermediate,
-    BertOutput,
-    BertPooler,
-)
 
+from ...backbones import Backbone, TaskContext, layer_hidden_input, replace_module
 from ...contract import ParameterRoles
 from ...layers.conditional import (
     BottleneckUp,
     ConditionalAlignment,
     ConditionalAttentionBias,
     ConditionalBottleneck,
-    ConditionalLayerNorm,
     Conditioning,
     FiLM,
-    padded_key_mask,
+    film_per_row,
 )
-from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding, resolve_task_ids
-from ...tasks import TaskSpec
-from ..multitask_bert import (
-    MultiTaskBertEncoderMixin,
-    MultiTaskBertHeadsMixin,
-    MultiTaskBertInitMixin,
-    build_from_dense,
-)
-from .configuration_camtl import CAMTLConfig
+from ...modeling_utils import MultiTaskPreTrainedModel, check_input_shapes, grow_embedding, resolve_task_ids
+from ..backbone_encoder import BackboneEncoderOutput, BackboneTaskMixin
+from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig, check_attention_implementation
 
-
-def _norm(norm: nn.LayerNorm, hidden: torch.Tensor, cond: Conditioning | None) -> torch.Tensor:
-    return norm(hidden, cond) if isinstance(norm, ConditionalLayerNorm) else norm(hidden)
-
-
-#: CA-MTL's parameter roles, on BERT (`CAMTLModel`) and on any encoder (`CAMTLForMultiTask`): the task embeddings,
-#: the conditional modules (FiLMs, attention bias, alignment, bottlenecks, the skip's) and the heads are task-specific
-#: and new on upcycling; the conditional modules run for every row's task embedding, so only heads may sit idle
+#: CA-MTL's parameter roles: the task embeddings, the conditional modules (FiLMs, attention bias, alignment,
+#: bottlenecks, the skip's) and the heads are task-specific and new on upcycling; the conditional modules run for every
+#: row's task embedding, so only heads may sit idle
 CAMTL_PARAMETER_ROLES = ParameterRoles(
     roles={
         "task_embedding": r"(^|\.)task_embeddings\.",
@@ -66,174 +59,313 @@ CAMTL_PARAMETER_ROLES = ParameterRoles(
     new=("task_embedding", "conditional"),
 )
 
-
-class CAMTLLayer(GradientCheckpointingLayer):
-    """A BERT layer; in a conditional layer its LayerNorms are CLNs, the attention mask carries `M(z)` and a
-    BASE bottleneck may run in parallel with the FFN (its output summed into the second LayerNorm)."""
-
-    def __init__(self, config: CAMTLConfig, layer_idx: int):
-        super().__init__()
-        self.attention = BertAttention(config, layer_idx=layer_idx)
-        self.intermediate = BertIntermediate(config)
-        self.output = BertOutput(config)
-        conditional = layer_idx in config.conditional_layer_indices
-        if conditional and config.conditional_layer_norm:
-            self.attention.output.LayerNorm = ConditionalLayerNorm(
-                config.hidden_size, config.task_dim, config.layer_norm_eps
-            )
-            self.output.LayerNorm = ConditionalLayerNorm(config.hidden_size, config.task_dim, config.layer_norm_eps)
-        self.attention_bias = (
-            ConditionalAttentionBias(config.conditional_attention_max_length, config.attention_blocks, config.task_dim)
-            if conditional and config.conditional_attention
-            else None
-        )
-        base = config.conditional_bottleneck == "base" and layer_idx in config.bottleneck_layer_indices
-        self.bottleneck = (
-            ConditionalBottleneck(
-                config.hidden_size, config.bottleneck_size or config.hidden_size // 3, config.task_dim
-            )
-            if base
-            else None
-        )
-
-    def forward(self, hidden_states, attention_mask, cond: Conditioning | None = None, **kwargs):
-        context, attn_weights = self.attention.self(hidden_states, attention_mask, **kwargs)
-        out = self.attention.output
-        attention_output = _norm(out.LayerNorm, out.dropout(out.dense(context)) + hidden_states, cond)  # MHN(x)
-        ffn = self.output.dropout(self.output.dense(self.intermediate(attention_output)))
-        residual = attention_output
-        if self.bottleneck is not None:
-            residual = residual + self.bottleneck(attention_output, cond)
-        return _norm(self.output.LayerNorm, ffn + residual, cond), attn_weights
+#: name parts of the conditional modules inside a layer (they stay trainable in a frozen layer)
+_CONDITIONAL_PARTS = (".film.", ".attention_bias.", ".bottleneck.")
 
 
-class CAMTLEncoder(nn.Module):
-    def __init__(self, config: CAMTLConfig):
-        super().__init__()
-        self.layer = nn.ModuleList([CAMTLLayer(config, i) for i in range(config.num_hidden_layers)])
-        size = config.bottleneck_size or config.hidden_size // 3
-        # LARGE: the skip connection alongside every layer (Figure 3b)
-        self.skip = (
-            nn.ModuleList(
-                [
-                    ConditionalBottleneck(config.hidden_size, size, config.task_dim)
-                    for _ in range(config.num_hidden_layers)
-                ]
-            )
-            if config.conditional_bottleneck == "large"
-            else None
-        )
+class _TaskConditioned:
+    """A module the task model put inside the dense model: it reads the batch's conditioning (the task-embedding table,
+    the task ids and each row's embedding, gathered once per forward before any layer runs) from the model's
+    `TaskContext` (`context.flags["conditioning"]`)."""
+
+    task_conditioned = True  # initialised by the task model, not by the dense model's `_init_weights`
+    context: TaskContext
+
+    def conditioning(self) -> Conditioning:
+        self.context.require_task_ids()  # a clear error when run outside the model's forward
+        return self.context.flags["conditioning"]
 
 
-class CAMTLPreTrainedModel(MultiTaskBertInitMixin, MultiTaskPreTrainedModel):
-    config_class = CAMTLConfig
-    base_model_prefix = "bert"
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True  # M(z) travels as a float attention mask: eager and sdpa take it, flash attention cannot
-    _supports_attention_backend = False
-    _no_split_modules = ["BertEmbeddings", "CAMTLLayer"]
-    accepts_loss_kwargs = False  # the loss is a per-batch mean
+class TaskLayerNorm(_TaskConditioned, nn.LayerNorm):
+    """Conditional Layer Norm (eq. 3) in the place of a dense LayerNorm: `norm(a) * (gamma' * gamma(z)) + beta' +
+    beta(z)`. `weight` / `bias` are the dense norm's `gamma'` / `beta'` under their own names (a norm without a bias,
+    as ModernBERT's, keeps none), so upcycling copies them one to one; the FiLM starts at zero, so the module starts
+    as the dense LayerNorm."""
+
+    def __init__(self, dense: nn.LayerNorm, task_dim: int, context: TaskContext):
+        weight = dense.weight
+        super().__init__(dense.normalized_shape, eps=dense.eps, bias=dense.bias is not None, device=weight.device,
+                         dtype=weight.dtype)
+        with torch.no_grad():
+            self.weight.copy_(weight)
+            if self.bias is not None:
+                self.bias.copy_(dense.bias)
+        # made where the dense norm is (not moved there: `.to` swaps parameters, which a FakeTensorMode refuses)
+        self.film = FiLM(task_dim, self.normalized_shape[-1], device=weight.device, dtype=weight.dtype)
+        self.context = context
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        gamma, beta = film_per_row(self.film, self.conditioning())  # (batch, 1, d) each
+        # gamma' inside the fused norm, gamma(z) after (`norm * gamma' * gamma(z)`, reassociated)
+        shift = beta if self.bias is None else self.bias + beta
+        return F.layer_norm(hidden, self.normalized_shape, self.weight, None, self.eps) * gamma + shift
+
+
+class TaskAttentionBias(_TaskConditioned, ConditionalAttentionBias):
+    """The block-diagonal `M(z)` of a layer; `add_to_mask` is a forward pre-hook (with kwargs) on the layer's
+    self-attention module that adds it to the attention mask the module receives."""
+
+    def __init__(self, max_length: int, num_blocks: int, task_dim: int, context: TaskContext, model_type: str):
+        super().__init__(max_length, num_blocks, task_dim)
+        self.context = context
+        self.model_type = model_type
+
+    def add_to_mask(self, module: nn.Module, args: tuple, kwargs: dict):
+        implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        check_attention_implementation(implementation, self.model_type)
+        hidden = layer_hidden_input(args, kwargs)  # (batch, seq, hidden)
+        positional = "attention_mask" not in kwargs and len(args) > 1
+        mask = args[1] if positional else kwargs.get("attention_mask")
+        if mask is not None and mask.is_floating_point():
+            dtype = mask.dtype
+        else:
+            dtype = hidden.dtype
+        bias = self(self.conditioning(), None, hidden.shape[1], dtype)  # (batch, 1, seq, seq)
+        lowest = torch.finfo(dtype).min
+        if mask is None:  # nothing padded (sdpa / eager leave the mask out): the bias alone
+            combined = bias
+        elif mask.dtype == torch.bool:  # sdpa's keep-mask (True = attend): masked keys at the dtype's minimum
+            combined = torch.where(mask, bias, lowest)
+        else:  # an additive float mask (eager): padding / window at the minimum stays there
+            combined = (mask + bias).clamp(min=lowest)
+        if positional:
+            return (args[0], combined, *args[2:]), kwargs
+        return args, {**kwargs, "attention_mask": combined}
+
+
+class TaskBottleneck(_TaskConditioned, ConditionalBottleneck):
+    """CA-MTL BASE's conditional bottleneck beside a layer's FFN: it reads the FFN's input and its output is added to
+    the FFN's output after the FFN's dropout. For a whole FFN module (DistilBERT, whose module ends with its dropout;
+    ModernBERT) one forward hook does it (`beside`); for a split FFN (BERT and descendants: `intermediate`, then
+    `output.dense`, dropout and the norm of the residual sum) a pre-hook on the FFN module keeps its input
+    (`keep_input`) and a pre-hook on the norm after the FFN adds the bottleneck of that input to what the norm reads
+    (`add_to_norm_input`): `norm(dropout(FFN(a)) + a + CFF(a))`."""
+
+    def __init__(self, hidden_size: int, bottleneck_size: int, task_dim: int, context: TaskContext):
+        super().__init__(hidden_size, bottleneck_size, task_dim)
+        self.context = context
+        self._ffn_input = None
+
+    def beside(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output + self(args[0], self.conditioning())
+
+    def keep_input(self, module: nn.Module, args: tuple) -> None:
+        self._ffn_input = args[0]  # (batch, seq, hidden): the FFN's input, read by the norm's pre-hook
+
+    def add_to_norm_input(self, module: nn.Module, args: tuple) -> tuple:
+        ffn_input, self._ffn_input = self._ffn_input, None
+        return (args[0] + self(ffn_input, self.conditioning()), *args[1:])
+
+
+class TaskSkipBottleneck(ConditionalBottleneck):
+    """One step of CA-MTL LARGE's skip connection, a forward hook on layer `index`: `s_j = CFF_j(h_j + s_{j-1})`;
+    the last layer's output becomes `h_L + s_L`. The running `s` lives in the forward's `context.flags` (emptied
+    with the context after the forward)."""
+
+    def __init__(self, hidden_size: int, bottleneck_size: int, task_dim: int, context: TaskContext, index: int,
+                 last: bool):
+        super().__init__(hidden_size, bottleneck_size, task_dim)
+        self.context = context
+        self.index = index
+        self.last = last
+
+    def after_layer(self, module: nn.Module, args: tuple, output):
+        hidden = output[0] if isinstance(output, tuple) else output  # (batch, seq, hidden)
+        flags = self.context.flags
+        cond = self.context.flags["conditioning"]
+        previous = flags.get("camtl_skip") if self.index > 0 else None
+        skip = self(hidden if previous is None else hidden + previous, cond)
+        # a new dict, not an update: activation checkpointing snapshots `flags` as a layer starts and restores it
+        # when the layer is recomputed, so each layer must find s_{j-1} there, not the last layer's s
+        self.context.flags = {**flags, "camtl_skip": skip}
+        if not self.last:
+            return None
+        hidden = hidden + skip
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+
+class TaskAlignment(ConditionalAlignment):
+    """Conditional alignment (eq. 2) of what the first layer reads: a forward pre-hook (with kwargs) on layer 0."""
+
+    def __init__(self, hidden_size: int, task_dim: int, context: TaskContext):
+        super().__init__(hidden_size, task_dim)
+        self.context = context
+
+    def align_input(self, module: nn.Module, args: tuple, kwargs: dict):
+        cond = self.context.flags["conditioning"]
+        if "hidden_states" in kwargs:
+            return args, {**kwargs, "hidden_states": self(kwargs["hidden_states"], cond)}
+        return (self(args[0], cond), *args[1:]), kwargs
+
+
+class CAMTLForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
+    """CA-MTL (conditional attention, alignment, layer norm and bottleneck; frozen bottom half) on a dense encoder of
+    any declared architecture, with one head per task. Build one with `CAMTLForMultiTask.from_dense(checkpoint,
+    tasks)`; it loads with `AutoModel` after `import hf_taskmoe`. Train it with `MultiTaskTrainer(...,
+    args=MultiTaskTrainingArguments(task_sampling="uncertainty"))` for MT-Uncertainty sampling.
+
+    DeBERTa-v2/v3 takes every module but conditional attention (`conditional_attention=False`); conditional attention
+    needs the `"eager"` or `"sdpa"` attention implementation (flash attention takes no additive mask).
+
+    Example:
+
+    ```python
+    >>> from hf_taskmoe import CAMTLForMultiTask, TaskSpec
+    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
+    >>> model = CAMTLForMultiTask.from_dense("path/to/a-roberta", tasks=tasks)
+    ```
+    """
+
+    config_class = CAMTLBackboneConfig
+    records_task_order = True
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     parameter_roles = CAMTL_PARAMETER_ROLES
 
-    def _after_load(self) -> None:
-        # loading creates the parameters anew: freeze again what the config says is frozen
-        (self.bert if hasattr(self, "bert") else self).apply_freezing()
+    def __init__(self, config: CAMTLBackboneConfig):
+        super().__init__(config)
+        self.task_embeddings = nn.Embedding(config.num_tasks, config.task_dim) if config.uses_task_embedding else None
+        self.alignment = None
+        self.skip = None
+        self._build_backbone(config)
+        self.post_init()
+        self.apply_freezing()
 
+    # ------------------------------------------------------------------ surgery
+    def _wrap_backbone(self, config: CAMTLBackboneConfig, backbone: Backbone, layers: nn.ModuleList) -> None:
+        context, task_dim, hidden = self.task_context, config.task_dim, config.hidden_size
+        size = config.bottleneck_size or hidden // 3
+        conditional = set(config.conditional_layer_indices)
+        if config.uses_conditional_attention:
+            check_attention_implementation(self.backbone.config._attn_implementation, backbone.model_type)
+        for index, layer in enumerate(layers):
+            if index in conditional and config.conditional_layer_norm:
+                for path in backbone.norms:
+                    norm = layer.get_submodule(path)
+                    if isinstance(norm, nn.LayerNorm):  # ModernBERT's layer 0 has an Identity: nothing to condition
+                        replace_module(layer, path, TaskLayerNorm(norm, task_dim, context))
+            if index in conditional and config.conditional_attention:
+                bias = TaskAttentionBias(config.conditional_attention_max_length, config.attention_blocks, task_dim,
+                                         context, backbone.model_type)
+                _attach(layer, "attention_bias", bias)
+                layer.get_submodule(backbone.attention).register_forward_pre_hook(bias.add_to_mask, with_kwargs=True)
+            if config.conditional_bottleneck == "base" and index in config.bottleneck_layer_indices:
+                bottleneck = _attach(layer, "bottleneck", TaskBottleneck(hidden, size, task_dim, context))
+                ffn = layer.get_submodule(backbone.ffn.module)
+                if backbone.ffn.split:  # post-norm BERT-like layer: its last declared norm follows the FFN
+                    if not (backbone.post_norm and backbone.norms):
+                        raise ValueError(f"CA-MTL's BASE bottleneck on a split FFN needs a post-norm layer with "
+                                         f"declared norms; {backbone.model_type} has none.")
+                    ffn.register_forward_pre_hook(bottleneck.keep_input)
+                    layer.get_submodule(backbone.norms[-1]).register_forward_pre_hook(bottleneck.add_to_norm_input)
+                else:
+                    ffn.register_forward_hook(bottleneck.beside)
+        if config.conditional_alignment:
+            self.alignment = TaskAlignment(hidden, task_dim, context)
+            layers[0].register_forward_pre_hook(self.alignment.align_input, with_kwargs=True)
+        if config.conditional_bottleneck == "large":
+            last = len(layers) - 1
+            self.skip = nn.ModuleList(
+                [TaskSkipBottleneck(hidden, size, task_dim, context, i, i == last) for i in range(len(layers))]
+            )
+            for step, layer in zip(self.skip, layers):
+                layer.register_forward_hook(step.after_layer)
+
+    def _run_encoder(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                     output_attentions=None, output_hidden_states=None, *family_flags, **kwargs):
+        # each row's task embedding gathered once per forward, outside any (checkpointed) layer, for every module's FiLM
+        table = self.task_embeddings.weight if self.task_embeddings is not None else None
+        cond = Conditioning.gathered(table, task_ids) if table is not None else None
+        return super()._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                                    output_attentions, output_hidden_states, cond, *family_flags, **kwargs)
+
+    def _context_flags(self, conditioning: Conditioning | None = None, *family_flags) -> dict:
+        if self.config.uses_conditional_attention:  # before any layer runs (the hooks check it again, per module)
+            check_attention_implementation(self.backbone.config._attn_implementation, self.config.backbone.model_type)
+        return {} if conditioning is None else {"conditioning": conditioning}
+
+    # ------------------------------------------------------------------ initialisation, freezing
     @torch.no_grad()
     def _init_weights(self, module):
-        # Linear/Embedding: N(0, initializer_range); LayerNorm: 1 and 0 (transformers' BERT init).
         super()._init_weights(module)
         config = self.config
         if isinstance(module, (FiLM, BottleneckUp)):
-            init.zeros_(module.weight)  # gamma = 1, beta = 0; bottleneck adds 0: every module starts neutral
+            init.zeros_(module.weight)  # gamma = 1, beta = 0; the bottleneck adds 0: every module starts neutral
             init.zeros_(module.bias)
         elif isinstance(module, ConditionalAttentionBias):
             std = config.conditional_attention_init_std
             init.normal_(module.blocks, mean=0.0, std=config.initializer_range if std is None else std)
         elif isinstance(module, ConditionalAlignment):
             init.copy_(module.weight, torch.eye(module.weight.shape[0]))
-
-
-class CAMTLBertModel(MultiTaskBertEncoderMixin, CAMTLPreTrainedModel):
-    """The encoder of `CAMTLModel`: task embeddings, BERT embeddings, conditional alignment, layers, pooler."""
-
-    def __init__(self, config: CAMTLConfig):
-        super().__init__(config)
-        self.task_embeddings = nn.Embedding(config.num_tasks, config.task_dim) if config.uses_task_embedding else None
-        self.embeddings = BertEmbeddings(config)
-        self.alignment = (
-            ConditionalAlignment(config.hidden_size, config.task_dim) if config.conditional_alignment else None
-        )
-        self.encoder = CAMTLEncoder(config)
-        self.pooler = BertPooler(config) if config.classifier_pooling == "pooler" else None
-        self.post_init()
-        self.apply_freezing()
-
-    def first_layer_inputs(self, input_ids, attention_mask=None, token_type_ids=None, task_ids=None) -> torch.Tensor:
-        """What the first transformer layer reads (embeddings after the conditional alignment): `(batch, seq, d)`.
-        The inputs of the covariance similarity (eq. 7)."""
-        hidden = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
-        if self.alignment is not None:
-            task_ids = resolve_task_ids(task_ids, hidden.shape[0], self.config.task_names, self.device)
-            # the conditioning `_encode` makes (rows gathered once): the same numbers as the forward, to the bit
-            hidden = self.alignment(hidden, Conditioning.gathered(self.task_embeddings.weight, task_ids))
-        return hidden
-
-    def _encode(
-        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-        output_attentions=None, output_hidden_states=None, task_rows=None, **kwargs,
-    ) -> BaseModelOutputWithPooling:
-        """Forward on inputs already checked by the caller (`task_rows`: for PALs' grouping; unused here)."""
-        hidden = self._embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (batch, seq, hidden)
-        length = hidden.shape[1]
-        table = self.task_embeddings.weight if self.task_embeddings is not None else None
-        cond = Conditioning.gathered(table, task_ids) if table is not None else None  # rows gathered once
-        if self.alignment is not None:
-            hidden = self.alignment(hidden, cond)  # E(x) R^(z)
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
-        skip = None  # LARGE bottleneck: s_j = CFF_j(h_j + s_{j-1}), alongside the layers
-        # the padded keys of every conditional layer's mask, made once
-        padded_keys = padded_key_mask(attention_mask) if attention_mask is not None else None
-
-        def step(index, layer, hidden):
-            nonlocal skip
-            if layer.attention_bias is not None:  # softmax(M(z) + QK^T/sqrt(d) + padding mask)
-                layer_mask = layer.attention_bias(cond, attention_mask, length, hidden.dtype, padded_keys)
-            else:
-                layer_mask = mask
-            hidden, attention = layer(hidden, layer_mask, cond, **kwargs)
-            if self.encoder.skip is not None:
-                skip = self.encoder.skip[index](hidden if skip is None else hidden + skip, cond)
-            return hidden, attention
-
-        stack = self._run_layers(hidden, step, output_attentions, output_hidden_states)
-        if skip is not None:  # the encoder's output is h_L + s_L
-            stack = stack.with_last_hidden_state(stack.last_hidden_state + skip)
-        return self._encoder_output(stack, attention_mask)
+        elif isinstance(module, ConditionalBottleneck):
+            init.normal_(module.down.weight, mean=0.0, std=config.initializer_range)
+            init.zeros_(module.down.bias)
+        elif module is getattr(self, "task_embeddings", None):
+            init.normal_(module.weight, mean=0.0, std=config.initializer_range)
 
     def apply_freezing(self) -> None:
-        """Freeze the embeddings (`freeze_embeddings`) and the BERT weights of the bottom `num_frozen_layers`
-        layers (their conditional modules, if any, stay trainable)."""
-        config = self.config
+        """Freeze the dense embeddings (`freeze_embeddings`) and the dense weights of the bottom `num_frozen_layers`
+        layers (appendix A.8); their conditional modules, if any, stay trainable."""
+        config, backbone = self.config, self.config.backbone
         if config.freeze_embeddings:
-            self.embeddings.requires_grad_(False)
-        for i in range(config.frozen_layers):
-            layer = self.encoder.layer[i]
-            for name, param in layer.named_parameters():
-                if not any(part in name for part in (".film.", "attention_bias.", "bottleneck.")):
+            self.backbone.get_submodule(backbone.embeddings).requires_grad_(False)
+        layers = backbone.layer_list(self.backbone)
+        for index in range(config.frozen_layers):
+            for name, param in layers[index].named_parameters():
+                if not any(part in f".{name}" for part in _CONDITIONAL_PARTS):
                     param.requires_grad_(False)
 
+    def _after_load(self) -> None:
+        self.apply_freezing()  # loading creates the parameters anew
 
-class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
-    """CA-MTL (Pilault et al. 2021): a BERT modulated by a learned task embedding, with one head per task.
+    # ------------------------------------------------------------------ tasks
+    def max_input_length(self) -> int | None:
+        """Conditional attention covers `conditional_attention_max_length` tokens: longer inputs are refused."""
+        limit = self.config.max_position_embeddings
+        if self.config.uses_conditional_attention:
+            length = self.config.conditional_attention_max_length
+            limit = length if limit is None else min(limit, length)
+        return limit
 
-    Build one from a dense BERT with `CAMTLModel.from_dense(...)`. Every conditional module starts as its
-    unconditioned counterpart, so the fresh model computes the dense BERT up to the random conditional
-    attention blocks (`conditional_attention_init_std=0` makes it exact). The embeddings and the bottom half
-    of the layers are frozen at construction (`num_frozen_layers`, `freeze_embeddings`). Train it with
-    `MultiTaskTrainer(..., args=MultiTaskTrainingArguments(task_sampling="uncertainty"))` for the paper's
-    MT-Uncertainty sampling.
+    def _input_limit_name(self) -> str:
+        c = self.config
+        limit = c.max_position_embeddings
+        short = c.uses_conditional_attention and (limit is None or c.conditional_attention_max_length < limit)
+        return "conditional_attention_max_length" if short else "max_position_embeddings"
+
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """One more row in the task-embedding table (appendix A.4); the conditional modules are shared."""
+        if self.task_embeddings is not None:
+            self.task_embeddings = grow_embedding(self.task_embeddings, new_id, source, self.config.initializer_range)
+
+    @classmethod
+    def from_dense(cls, dense, tasks, output_loading_info: bool = False, strict: bool = True,
+                   hub_kwargs: dict | None = None, **config_kwargs):
+        """Keep a dense encoder's weights (its LayerNorms become the CLNs' `gamma'`, `beta'` under their own names);
+        add task embeddings, conditional modules and heads; freeze the bottom half. `**config_kwargs` are fields of
+        `CAMTLBackboneConfig`; `conditional_attention_init_std=0` makes the new model compute the dense one."""
+        # the constructor froze the bottom layers; upcycling copies weights in place and keeps that
+        return super().from_dense(dense, tasks, output_loading_info=output_loading_info, strict=strict,
+                                  hub_kwargs=hub_kwargs, **config_kwargs)
+
+
+def _attach(layer: nn.Module, name: str, module: nn.Module) -> nn.Module:
+    """Add a conditional module to a dense layer under `name` (a new attribute: the dense weights keep their names)."""
+    if hasattr(layer, name):
+        raise ValueError(f"{type(layer).__name__} already has an attribute {name!r}; cannot attach CA-MTL's {name}.")
+    layer.add_module(name, module)
+    return module
+
+
+class CAMTLModel(CAMTLForMultiTask):
+    """CA-MTL under its first name: `CAMTLForMultiTask` with `CAMTLConfig` (`model_type` `taskmoe_camtl`: a BERT by
+    default, BERT's pooler for the heads, a BERT's fields also taken flat), so `CAMTLModel.from_dense(bert, tasks)`
+    and every checkpoint its earlier BERT-only implementation saved keep working. Build one from a dense BERT with
+    `CAMTLModel.from_dense(...)`; train it with `MultiTaskTrainer(...,
+    args=MultiTaskTrainingArguments(task_sampling="uncertainty"))` for the paper's MT-Uncertainty sampling.
+
+    Checkpoints of the earlier implementation held the encoder under `bert.` (task embeddings, alignment and LARGE's
+    skip connection inside it); `from_pretrained` (also through `AutoModel`) renames them with `checkpoint_key_mapping`,
+    which leaves the names of this layout as they are.
 
     Example:
 
@@ -244,46 +376,46 @@ class CAMTLModel(MultiTaskBertHeadsMixin, CAMTLPreTrainedModel):
     ```
     """
 
-    def __init__(self, config: CAMTLConfig):
-        super().__init__(config)
-        self.bert = CAMTLBertModel(config)
-        self._init_heads(config)
-        self.post_init()
+    config_class = CAMTLConfig
+    #: regex -> replacement, applied in order to each saved name (transformers' `from_pretrained(key_mapping=...)`):
+    #: the earlier layout to this one. No name of this layout starts with `bert.`, so it is left as it is.
+    checkpoint_key_mapping: ClassVar[dict[str, str]] = {
+        r"^bert\.task_embeddings\.": "task_embeddings.",
+        r"^bert\.alignment\.": "alignment.",
+        r"^bert\.encoder\.skip\.": "skip.",
+        r"^bert\.": "backbone.",
+    }
 
-    # ------------------------------------------------------------------ tasks
-    def max_input_length(self) -> int:
-        """Conditional attention is built for `conditional_attention_max_length` tokens: longer inputs are refused."""
-        limit = self.config.max_position_embeddings
-        if self.config.conditional_attention:
-            limit = min(limit, self.config.conditional_attention_max_length)
-        return limit
-
-    def _input_limit_name(self) -> str:
-        c = self.config
-        short = c.conditional_attention and c.conditional_attention_max_length < c.max_position_embeddings
-        return "conditional_attention_max_length" if short else "max_position_embeddings"
-
-    def _grow_for_task(self, new_id: int, source: int | None) -> None:
-        """One more row in the task-embedding table (appendix A.4): task `source`'s, or drawn like at construction
-        (`N(0, initializer_range)`). The conditional modules are shared, so nothing else grows."""
-        if self.bert.task_embeddings is not None:
-            self.bert.task_embeddings = grow_embedding(
-                self.bert.task_embeddings, new_id, source, self.config.initializer_range
-            )
-
-    # ------------------------------------------------------------------ from a dense BERT
     @classmethod
-    def from_dense(
-        cls,
-        dense: str | os.PathLike | PreTrainedModel,
-        tasks: list[TaskSpec | dict],
-        output_loading_info: bool = False,
-        strict: bool = True,
-        hub_kwargs: dict | None = None,
-        **config_kwargs,
-    ):
-        """Keep a dense BERT's embeddings, layers (LayerNorms become the CLNs' `gamma'`, `beta'`) and pooler; add
-        task embeddings, conditional modules and heads; freeze the bottom half. Args as in
-        `BertForTaskMoE.from_dense`; `**config_kwargs` are fields of `CAMTLConfig`."""
-        # the constructor froze the bottom layers; upcycling copies weights in place and keeps that
-        return build_from_dense(cls, dense, tasks, output_loading_info, strict, hub_kwargs, **config_kwargs)
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, key_mapping: dict[str, str] | None = None,
+                        **kwargs):
+        """`PreTrainedModel.from_pretrained`, with `checkpoint_key_mapping` (then the caller's `key_mapping`) renaming the
+        saved weights: a checkpoint of either layout loads."""
+        mapping = {**cls.checkpoint_key_mapping, **(key_mapping or {})}
+        return super().from_pretrained(pretrained_model_name_or_path, *args, key_mapping=mapping, **kwargs)
+
+
+class CAMTLBertModel(CAMTLModel):
+    """The encoder of `CAMTLModel` under its earlier name: `forward` returns the encoder's output (`last_hidden_state`,
+    `pooler_output`: what the heads read, `hidden_states`, `attentions`) instead of the task outputs. It is a
+    `CAMTLModel` (its heads are built, and unused here); its earlier checkpoints (names without the `bert.` prefix)
+    load through `checkpoint_key_mapping`."""
+
+    checkpoint_key_mapping: ClassVar[dict[str, str]] = {
+        **CAMTLModel.checkpoint_key_mapping,
+        r"^encoder\.skip\.": "skip.",
+        r"^(embeddings|encoder|pooler)\.": r"backbone.\1.",
+    }
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                task_ids=None, output_attentions=None, output_hidden_states=None, return_dict=None,
+                **kwargs) -> BackboneEncoderOutput | tuple:
+        """Encode a batch whose rows may belong to different tasks (`task_ids`, shape `(batch,)`)."""
+        batch, _ = check_input_shapes(input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(),
+                                      attention_mask=attention_mask, token_type_ids=token_type_ids,
+                                      position_ids=position_ids)
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                                   output_attentions, output_hidden_states, **kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
