@@ -17,30 +17,16 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
-from ..compat import is_exporting
 from ..layers.heads import MultiTaskHeads
 from ..modeling_utils import (
-    MultiTaskModelOutput,
-    check_batch_dim,
     check_input_shapes,
     check_kwargs,
-    check_token_ids,
-    heads_to_output_fields,
     resolve_task_ids,
-    token_table_sizes,
 )
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin
 from ..utils import check_choice, check_int, check_layer_list
-
-CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
-
-#: why `torch.jit.trace` of a task model is refused: it would record the example batch's per-task row counts
-TRACING_REFUSED = (
-    "torch.jit.trace would record the example batch's task mix (its per-task row counts) and answer other mixes "
-    "wrongly; export with torch.export instead: hf_taskmoe.onnx_export.export_program(model), or "
-    "hf_taskmoe.export_onnx(model, path) for ONNX (docs/deployment.md, 'Export to ONNX')."
-)
+from .encoder import CLASSIFIER_POOLINGS, TRACING_REFUSED, TaskHeadsMixin, pool_sequence  # noqa: F401
 
 # upcycling rules every BERT family shares: embeddings, attention and pooler come from the same names
 BERT_BACKBONE_RULES = (
@@ -107,19 +93,6 @@ class MultiTaskBertConfig(TaskConfigMixin, BertConfig):
         return cls._from_dense_fields(
             dense_config, tasks, "bert", DENSE_ARCHITECTURE_FIELDS, ", MiniLM included", **kwargs
         )
-
-
-def pool_sequence(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str, pooler=None) -> torch.Tensor:
-    """The sequence representation the heads read (`classifier_pooling`): `(batch, seq, hidden)` ->
-    `(batch, hidden)`."""
-    if mode == "pooler":
-        return pooler(hidden)
-    if mode == "cls":
-        return hidden[:, 0]
-    if attention_mask is None:
-        return hidden.mean(1)
-    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (batch, seq, 1)
-    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,68 +256,9 @@ class MultiTaskBertEncoderMixin:
         )
 
 
-class MultiTaskBertHeadsMixin:
+class MultiTaskBertHeadsMixin(TaskHeadsMixin):
     """The task-level models of the BERT families: an encoder `self.bert` and `self.heads` (put before the family's
-    `MultiTaskPreTrainedModel` base)."""
-
-    records_task_order = True
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        task_ids: torch.LongTensor | None = None,
-        labels: torch.Tensor | None = None,
-        span_positions: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        values_checked: bool = False,
-        task_counts: tuple[int, ...] | None = None,
-        **kwargs,
-    ) -> MultiTaskModelOutput | tuple:
-        r"""
-        task_ids (`torch.LongTensor` of shape `(batch,)`):
-            Index into `config.tasks` of each row; selects the row's task-specific modules and head. A batch
-            may mix tasks.
-        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
-            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
-        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
-            Token start/end (exclusive) of each word span, for span-classification tasks.
-        values_checked (`bool`, *optional*, defaults to `False`):
-            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
-            `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
-            then skips the value checks (each a read back from the device) and gives the same loss, per-task
-            losses, logits and gradients. An eager forward splits the batch among the heads by `task_counts` (an
-            absent task's head gets no gradient); without them it reads the per-task row counts back once. Under
-            capture (torch.export, ONNX, torch.compile) every head runs on every row
-            (`MultiTaskHeads.forward_every_row`) and nothing is read back; there `task_logits` / `task_losses`
-            read back which tasks are present when first looked at, and `logits` is None when the tasks' logit
-            shapes differ. Models with a multiple-choice or extractive-QA task
-            split the batch. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
-        task_counts (`tuple[int, ...]`, *optional*):
-            The rows of each task in the batch, in `config.tasks` order, counted on the host where the batch was made
-            (`BatchChecker.check`; `HostCheckedCollator` adds them beside `values_checked`). With `values_checked`
-            the eager forward splits the batch by them and reads nothing back from the device; otherwise they must
-            agree with `task_ids`. A captured forward that runs every head on every row splits nothing and does
-            not read them (they may change from batch to batch without a recompile).
-        """
-        task_ids, encoded, heads_out = self._encode_and_score(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, values_checked=values_checked, task_counts=task_counts, **kwargs,
-        )
-        output = MultiTaskModelOutput(
-            loss=heads_out.loss,
-            task_ids=task_ids,
-            hidden_states=encoded.hidden_states,
-            attentions=encoded.attentions,
-            **heads_to_output_fields(heads_out),
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        return output if return_dict else output.to_tuple()
+    `MultiTaskPreTrainedModel` base); the forward is `TaskHeadsMixin`'s."""
 
     def _init_heads(self, config) -> None:
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
@@ -357,68 +271,5 @@ class MultiTaskBertHeadsMixin:
         self.bert.set_input_embeddings(value)
 
     def _run_encoder(self, *args, **kwargs):
-        """The encoder on checked inputs (`input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-        task_ids, *flags, task_rows=`): the BERT families' `self.bert._encode`; a backbone-generic family runs the
-        dense model's own forward (`hf_taskmoe.models.backbone_encoder`)."""
+        """The BERT families' encoder on checked inputs: `self.bert._encode`."""
         return self.bert._encode(*args, **kwargs)
-
-    def _encode_and_score(
-        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-        *flags, values_checked: bool = False, task_counts=None, **kwargs,
-    ):
-        """Check the batch (labels before the encoder runs), encode, run each row's head.
-        Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`.
-
-        A batch checked on the host (`values_checked`) that is being captured (torch.export, ONNX, torch.compile)
-        runs every head on every row when the heads allow it (`MultiTaskHeads.forward_every_row`): nothing is read
-        back from the device and no shape depends on the task mix. An eager forward splits the batch by task (by the
-        host's `task_counts`, else one read of the per-task row counts): there the heads of tasks absent from the
-        batch get no gradient at all,
-        where the every-row path gives them zeros, which AdamW's momentum and weight decay would still act on --
-        training would then depend on whether the batch was checked on the host."""
-        check_kwargs(kwargs, self.forward)
-        if torch.jit.is_tracing():
-            raise ValueError(TRACING_REFUSED)
-        batch, seq = check_input_shapes(
-            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
-            token_type_ids=token_type_ids, position_ids=position_ids,
-        )
-        exporting = is_exporting()
-        if exporting:
-            if not values_checked:
-                raise ValueError(
-                    "An exported program cannot check values: export the forward with `values_checked=True` and check "
-                    "each batch on the host before it runs (hf_taskmoe.modeling_utils.BatchChecker)."
-                )
-            if labels is not None:
-                raise ValueError("Export the forward for inference: leave `labels` out (a loss needs labels).")
-            self.heads.check_exportable()
-        if values_checked and self.heads.every_row_ready() and torch.compiler.is_compiling():
-            check_batch_dim(batch, labels=labels, span_positions=span_positions)
-            task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values=False)
-            encoded = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-                                        task_ids, *flags, task_rows=None)
-            heads_out = self.heads.forward_every_row(encoded.last_hidden_state, encoded.pooler_output, task_ids,
-                                                     labels, span_positions, padded=exporting)
-            if exporting:  # a program returns tensors: `logits`, each row's own task's, zero-padded (`logit_widths`)
-                heads_out.task_logits = None
-            return task_ids, encoded, heads_out
-        if not values_checked:  # else `BatchChecker` checked them on the host
-            check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids)
-        task_ids, task_rows, prepared = self._prepare_task_batch(
-            task_ids, batch, seq, labels, span_positions, check_values=not values_checked, task_counts=task_counts
-        )
-        encoded = self._run_encoder(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            task_ids,
-            *flags,
-            task_rows=task_rows,
-        )
-        heads_out = self.heads(
-            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, span_positions
-        )
-        return task_ids, encoded, heads_out
