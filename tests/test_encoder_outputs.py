@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from hf_taskmoe import BertForTaskMoE
+from hf_taskmoe import BertTaskMoEModel
 from hf_taskmoe.models import multitask_bert
 from hf_taskmoe.models.multitask_bert import LayerStackOutput, run_layer_stack
 
@@ -57,12 +57,13 @@ def test_with_last_hidden_state_keeps_hidden_states_ending_in_the_output():
 
 
 def _taskmoe():
+    """MT-TaG runs the dense model's own forward (`TaskMoEForMultiTask`), not this loop; its former bare encoder's
+    name returns the encoder's output."""
     torch.manual_seed(0)
-    return BertForTaskMoE(tiny_config(num_experts=3)).eval()
+    return BertTaskMoEModel(tiny_config(num_experts=3)).eval()
 
 
 FAMILIES = {
-    "bert_taskmoe": _taskmoe,
     "bert_pals": pals_model,
     # LARGE bottleneck: a skip connection after the last layer changes the encoder's output
     "camtl_large": lambda: camtl_model(conditional_bottleneck="large"),
@@ -112,14 +113,15 @@ def test_every_family_reports_through_the_one_loop(family, monkeypatch):
 
 @pytest.mark.parametrize("family", ["bert_taskmoe", "camtl_large"])
 def test_flags_off_by_argument_win_over_the_config(family):
-    model = FAMILIES[family]()
+    model = {**FAMILIES, "bert_taskmoe": _taskmoe}[family]()
+    encoder = getattr(model, "bert", model)
     model.set_attn_implementation("eager")  # transformers allows `config.output_attentions` only on the eager path
     model.config.output_hidden_states = model.config.output_attentions = True
     batch = random_batch(model.config, task_ids=torch.arange(6) % model.config.num_tasks)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
-        off = model.bert(**inputs, output_hidden_states=False, output_attentions=False)
-        on = model.bert(**inputs)
+        off = encoder(**inputs, output_hidden_states=False, output_attentions=False)
+        on = encoder(**inputs)
     assert off.hidden_states is None and off.attentions is None
     assert len(on.hidden_states) == model.config.num_hidden_layers + 1
     torch.testing.assert_close(off.last_hidden_state, on.hidden_states[-1], atol=0, rtol=0)

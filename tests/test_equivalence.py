@@ -5,7 +5,10 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
 
 - `BertForTaskMoE` vs `TaskMoEForMultiTask` on BERT: MT-TaG (task gates) and MT-Switch (shared gate), both expert
   dispatches, top-1 and top-2, both expert weightings, router losses, MoE in some layers only, MT-Dense
-  (`num_experts=1`, where the generic model keeps BERT's own FFN); also the routing outputs.
+  (`num_experts=1`, where the generic model keeps BERT's own FFN); also the routing outputs. `BertForTaskMoE` is now
+  the generic class under its old name, configured by flat BERT fields: these cases check that translation (sizes,
+  pooling, every MoE option); what the BERT-only implementation computed is kept by its saved checkpoint
+  (`test_legacy_checkpoints.py`).
 - `CAMTLModel` vs `CAMTLForMultiTask` on BERT: BASE and LARGE bottlenecks, with and without conditional attention,
   alignment and layer norm, frozen or trainable bottom layers. Where they differ (the BASE bottleneck relative to the
   FFN's dropout) the test is a strict xfail that says so.
@@ -26,6 +29,7 @@ import transformers
 from transformers import BartForConditionalGeneration
 
 from hf_taskmoe import (
+    BertForTaskMoE,
     BertPALsConfig,
     BertTaskMoEConfig,
     BertWithPALs,
@@ -70,16 +74,10 @@ def pair(reference_cls, reference_config_cls, model_cls, config_cls, keys, pooli
 
 
 # ---------------------------------------------------------------------- MT-TaG
-#: `BertForTaskMoE` -> `TaskMoEForMultiTask`: BERT's modules under `backbone.`; the MoE (`mlp`) in the place of
-#: `intermediate`, whose output projection is an identity, so `ffn_norm` is `output.LayerNorm`; a dense layer (one
-#: expert) keeps BERT's own `intermediate.dense` / `output.dense` in the generic model
-MOE_KEYS = [
-    (r"\.mlp\.experts\.0\.w_in\.", ".intermediate.dense."),
-    (r"\.mlp\.experts\.0\.w_out\.", ".output.dense."),
-    (r"^bert\.", "backbone."),
-    (r"\.mlp\.", ".intermediate."),
-    (r"\.ffn_norm\.", ".output.LayerNorm."),
-]
+#: `BertForTaskMoE`'s declared renaming of the BERT-only layout (BERT's modules under `backbone.`; the MoE in the place
+#: of `intermediate`, `ffn_norm` as `output.LayerNorm`; a dense layer BERT's own FFN): on today's names it renames
+#: nothing, so the two classes must have the same names
+MOE_KEYS = list(BertForTaskMoE.legacy_key_mapping.items())
 MOE_CASES = {
     "mt-tag-top1-sorted": dict(num_experts=4),
     "mt-tag-top1-grouped": dict(num_experts=4, expert_dispatch="grouped_mm"),
@@ -96,8 +94,6 @@ ROUTING_FIELDS = ("router_logits", "expert_indices", "routing_counts")
 
 
 def moe_pair(kwargs):
-    from hf_taskmoe import BertForTaskMoE
-
     return pair(BertForTaskMoE, BertTaskMoEConfig, TaskMoEForMultiTask, TaskMoEConfig, MOE_KEYS, **kwargs)
 
 
