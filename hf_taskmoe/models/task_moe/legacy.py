@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 from transformers import BertConfig, PreTrainedConfig
 
 from ...modeling_utils import check_input_shapes, check_kwargs, resolve_task_ids
@@ -85,17 +84,9 @@ for _name in BERT_FIELDS:
 
 
 class BertForTaskMoE(TaskMoEForMultiTask):
-    """MT-TaG on BERT under the name of earlier releases: `TaskMoEForMultiTask` with a `BertTaskMoEConfig`. It loads
-    the checkpoints of the BERT-only class (`LEGACY_KEY_MAPPING`) and saves the current layout.
-
-    Example:
-
-    ```python
-    >>> from hf_taskmoe import BertForTaskMoE, TaskSpec
-    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
-    >>> model = BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)
-    ```
-    """
+    """MT-TaG on BERT under the name of earlier releases: `TaskMoEForMultiTask` with a `BertTaskMoEConfig`
+    (`BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)`). It loads the checkpoints of
+    the BERT-only class (`LEGACY_KEY_MAPPING`) and saves the current layout."""
 
     config_class = BertTaskMoEConfig
     #: old weight name pattern -> the current name's part, applied in turn (`from_pretrained`)
@@ -121,20 +112,10 @@ class BertTaskMoEModel(BertForTaskMoE):
     whole) whose forward returns the encoder's output, a `TaskMoEEncoderOutput` (`last_hidden_state`,
     `pooler_output`, the routing fields), not the heads'."""
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        task_ids: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_router_logits: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> TaskMoEEncoderOutput | tuple:
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                task_ids=None, output_attentions=None, output_hidden_states=None, output_router_logits=None,
+                return_dict=None, **kwargs) -> TaskMoEEncoderOutput | tuple:
+        """The encoder's output for these rows (the inputs and flags of `BertForTaskMoE.forward`)."""
         check_kwargs(kwargs, self.forward)
         batch, _ = check_input_shapes(
             input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
