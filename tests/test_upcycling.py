@@ -77,7 +77,7 @@ def test_checkpoint_without_pooler_is_an_error_unless_not_strict(tmp_path):
     with pytest.raises(ValueError, match=r"lacks 2 weights.*pooler"):
         BertForTaskMoE.from_dense(str(tmp_path), tasks=TASKS)
     model, report = BertForTaskMoE.from_dense(str(tmp_path), tasks=TASKS, strict=False, output_loading_info=True)
-    assert "bert.pooler.dense.weight" in report.new and "bert.pooler.dense.weight" not in report.copied
+    assert "backbone.pooler.dense.weight" in report.new and "backbone.pooler.dense.weight" not in report.copied
 
 
 def test_non_bert_checkpoint_is_refused():
