@@ -40,7 +40,7 @@ from ..modeling_utils import (
 )
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin, TaskSpec
-from ..utils import check_choice, check_layer_list
+from ..utils import check_choice, check_int, check_layer_list
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
 
@@ -248,6 +248,13 @@ class TaskEncoderConfig(TaskConfigMixin, PreTrainedConfig):
 
     def _validate(self) -> None:
         backbone = self.backbone  # refuses an undeclared model_type, listing the declared ones
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
+            check_int(getattr(self, name), name, minimum=1)
+        if self.hidden_size % self.num_attention_heads:  # the dense model's attention would refuse it when built
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be a multiple of `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
         self._validate_tasks(
             ENCODER, "has no encoder head (it needs a decoder or another model); an encoder model supports"
         )
