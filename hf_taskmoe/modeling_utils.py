@@ -10,6 +10,7 @@ import logging
 import re
 import zlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel
@@ -447,6 +448,20 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         if module is self and getattr(self, "task_fingerprint", None) is not None:
             init.copy_(self.task_fingerprint, task_fingerprint(self.config.task_names))
 
+    #: weight names of an earlier layout of this class -> today's (regex -> replacement, applied in turn): a class
+    #: whose layout changed (the BERT-only classes folded into the backbone-generic ones) declares it, and
+    #: `from_pretrained` passes it to transformers' `key_mapping` (before the caller's). No name of today's layout may
+    #: match a pattern (tested for each class), so a checkpoint of either layout loads.
+    checkpoint_key_mapping: ClassVar[dict[str, str]] = {}
+
+    def save_pretrained(self, *args, **kwargs):
+        """transformers' `save_pretrained`, always writing today's layout: a model loaded through a `key_mapping`
+        would by default be saved with the renaming reversed (`save_original_format=True`), which for a many-to-one
+        mapping gives neither layout."""
+        if self.checkpoint_key_mapping:
+            kwargs.setdefault("save_original_format", False)
+        return super().save_pretrained(*args, **kwargs)
+
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """`PreTrainedModel.from_pretrained`, exact: the model loads only if its config.json describes the weights on
@@ -458,6 +473,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         on file is checked: what the state dict lacks is initialised, as in transformers. Weights a bare encoder
         leaves out of a task model's file (its heads) are no mismatch,
         nor is the task order (`task_fingerprint`) missing from a checkpoint saved before it was recorded."""
+        if cls.checkpoint_key_mapping:
+            kwargs["key_mapping"] = {**cls.checkpoint_key_mapping, **(kwargs.get("key_mapping") or {})}
         wants_info = kwargs.get("output_loading_info", False)
         opted_in = bool(kwargs.get("ignore_mismatched_sizes", False))
         # transformers raises a bare RuntimeError ("look at the above report") on a shape mismatch: let it load, and

@@ -95,7 +95,7 @@ CASES = {
 @pytest.mark.parametrize("changes, message", CASES.values(), ids=CASES.keys())
 def test_bad_input_raises_before_compute(model, changes, message):
     calls = []
-    hook = model.bert.embeddings.register_forward_pre_hook(lambda *a: calls.append(1))
+    hook = model.backbone.embeddings.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         with pytest.raises(ValueError, match=message):
             model(**_batch(model, **changes))
@@ -237,7 +237,7 @@ def test_pipeline_truncates_at_what_the_model_takes(minilm_tokenizer):
 
     model = BertForTaskMoE(tiny_config(tasks=ALL_KINDS[:3], vocab_size=minilm_tokenizer.vocab_size)).eval()
     lengths = []
-    model.bert.embeddings.register_forward_pre_hook(
+    model.backbone.embeddings.register_forward_pre_hook(
         lambda m, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
     )
     long_text = " ".join(["word"] * 300)
@@ -300,7 +300,7 @@ def test_a_checkpoint_missing_one_experts_tensor_is_refused_by_name(tmp_path, ti
             per_expert[f"{match.group(1)}.{i}.{match.group(2)}.{kind}"] = tensor[i].contiguous()
         if not match:
             per_expert[name] = tensor.contiguous()
-    gone = "bert.encoder.layer.0.mlp.experts.1.w_in.weight"
+    gone = "backbone.encoder.layer.0.intermediate.experts.1.w_in.weight"
     del per_expert[gone]
     single, sharded = tmp_path / "single", tmp_path / "sharded"
     for folder in (single, sharded):

@@ -1,7 +1,9 @@
 import copy
+from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from transformers import AutoConfig, AutoModel, BertConfig, BertModel
 
 import hf_taskmoe
@@ -78,7 +80,7 @@ def test_init_covers_every_parameter():
 
 def test_router_init_std_follows_paper():
     model = BertForTaskMoE(tiny_config(hidden_size=64, num_attention_heads=4, num_experts=8))
-    weight = model.bert.encoder.layer[0].mlp.router.weight
+    weight = model.backbone.encoder.layer[0].intermediate.router.weight
     assert abs(weight.std().item() - 0.001) < 0.0002
 
 
@@ -104,25 +106,30 @@ def test_base_model_loads_from_full_checkpoint(tmp_path):
     base = BertTaskMoEModel.from_pretrained(tmp_path).eval()
     batch = random_batch(model.config)
     with torch.no_grad():
-        torch.testing.assert_close(base(**batch).last_hidden_state, model.bert(**batch).last_hidden_state)
+        encoded = base(**batch)
+        full = model(**batch, output_hidden_states=True)
+    torch.testing.assert_close(encoded.last_hidden_state, full.hidden_states[-1])
+    assert encoded.pooler_output.shape == (6, 32)
 
 
 def test_mt_dense_equals_transformers_bert():
     torch.manual_seed(0)
     bert_config = BertConfig(**TINY)
     bert = BertModel(bert_config).eval()
-    model = BertForTaskMoE.from_dense(bert, tasks=[TaskSpec(name="a", num_labels=2)], num_experts=1).eval()
+    # the bare encoder's name: the encoder's output (pooled sequence included)
+    model = BertTaskMoEModel.from_dense(bert, tasks=[TaskSpec(name="a", num_labels=2)], num_experts=1).eval()
     batch = random_batch(model.config, task_ids=torch.zeros(6, dtype=torch.long))
     with torch.no_grad():
         expected = bert(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
             token_type_ids=batch["token_type_ids"], output_hidden_states=True,
         )
-        got = model.bert(**batch, output_hidden_states=True)
+        got = model(**batch, output_hidden_states=True)
     for e, g in zip(expected.hidden_states, got.hidden_states, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
     torch.testing.assert_close(got.pooler_output, expected.pooler_output, atol=1e-5, rtol=0)
-    assert all(layer.mlp.router is None for layer in model.bert.encoder.layer)
+    # MT-Dense keeps BERT's own FFN: no router anywhere
+    assert not any("router" in name for name, _ in model.named_parameters())
 
 
 def test_eval_mode_is_deterministic():
@@ -181,8 +188,8 @@ def test_add_task_copies_the_related_gate_and_round_trips(tmp_path):
     new_id = model.add_task(TaskSpec(name="c", num_labels=4), init_from="b")
     assert new_id == 2 and model.config.task_names == ["a", "b", "c"]
     assert not model.heads["c"].training  # follows the model's eval mode
-    for layer in model.bert.encoder.layer:
-        assert torch.equal(layer.mlp.router.weight[2], layer.mlp.router.weight[1])
+    for layer in model.backbone.encoder.layer:
+        assert torch.equal(layer.intermediate.router.weight[2], layer.intermediate.router.weight[1])
     batch = random_batch(model.config, task_ids=torch.tensor([2, 2, 0, 1, 2, 0]))
     with torch.no_grad():
         out = model(**batch)
@@ -200,7 +207,8 @@ def test_add_task_copies_the_related_gate_and_round_trips(tmp_path):
 def test_moe_layers_subset_and_single_task_default():
     config = tiny_config(tasks=[TaskSpec(name="only", num_labels=2)], moe_layers=[0])
     model = _model(config)
-    assert model.bert.encoder.layer[0].mlp.router is not None and model.bert.encoder.layer[1].mlp.router is None
+    layers = model.backbone.encoder.layer
+    assert layers[0].intermediate.router is not None and not hasattr(layers[1].intermediate, "router")
     batch = random_batch(config)
     batch.pop("task_ids")  # one task: task_ids may be omitted
     with torch.no_grad():
@@ -277,7 +285,8 @@ def test_a_checkpoint_of_the_per_expert_layout_loads_into_the_stacked_experts(tm
     load, each expert's weights stacked into its slice, and the model computes what the saved one did."""
     model = _model(tiny_config(moe_layers=[1], num_experts=3))
     with torch.no_grad():
-        model.bert.encoder.layer[1].mlp.experts.w_in.normal_()  # experts that differ: a wrong order would show
+        # experts that differ: a wrong order would show
+        model.backbone.encoder.layer[1].intermediate.experts.w_in.normal_()
     model.save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
     assert (tmp_path / "model.safetensors.index.json").exists() == bool(shard)
     _as_per_expert_layout(tmp_path)
@@ -287,11 +296,60 @@ def test_a_checkpoint_of_the_per_expert_layout_loads_into_the_stacked_experts(tm
     for path in tmp_path.glob("*.safetensors"):
         with safe_open(path, framework="pt") as f:
             on_file |= set(f.keys())
-    assert "bert.encoder.layer.1.mlp.experts.2.w_in.weight" in on_file
-    assert "bert.encoder.layer.1.mlp.experts.w_in" not in on_file
-    assert "bert.encoder.layer.0.mlp.experts.0.w_in.weight" in on_file  # a dense layer keeps its one expert
+    assert "backbone.encoder.layer.1.intermediate.experts.2.w_in.weight" in on_file
+    assert "backbone.encoder.layer.1.intermediate.experts.w_in" not in on_file
+    assert "backbone.encoder.layer.0.intermediate.dense.weight" in on_file  # a dense layer keeps BERT's FFN
 
     loaded = load_exactly(model, tmp_path)
     batch = random_batch(model.config)
     with torch.no_grad():
         torch.testing.assert_close(loaded.eval()(**batch).loss, model.eval()(**batch).loss, atol=0, rtol=0)
+
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy" / "bert_taskmoe"
+
+
+def test_the_checkpoint_key_mapping_renames_no_current_name():
+    """`BertForTaskMoE.checkpoint_key_mapping` is applied to every checkpoint it loads: on a model saved now it
+    must be a
+    no-op, else a reload would misplace weights."""
+    import re
+
+    for config in (tiny_config(), tiny_config(num_experts=1), tiny_config(moe_layers=[1], classifier_pooling="cls")):
+        for name in BertForTaskMoE(config).state_dict():
+            assert not any(re.search(p, name) for p in BertForTaskMoE.checkpoint_key_mapping), name
+
+
+def test_a_legacy_checkpoint_saved_again_is_in_the_current_layout_and_reloads(tmp_path):
+    """Loaded through the key mapping, saved again: the file holds today's names (not the mapping reversed, which
+    transformers' `save_original_format` would write) and a flat-field-free config, and loads back bit for bit."""
+    import json
+
+    from safetensors.torch import load_file
+
+    model = BertForTaskMoE.from_pretrained(LEGACY)
+    model.save_pretrained(tmp_path)
+    on_file = load_file(tmp_path / "model.safetensors")
+    assert set(on_file) == set(model.state_dict())
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "taskmoe_bert" and saved["dense_config"]["hidden_size"] == 16
+    assert "hidden_size" not in saved and "num_hidden_layers" not in saved
+    for loaded in (BertForTaskMoE.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
+        assert type(loaded) is BertForTaskMoE
+        state = loaded.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in on_file.items())
+
+
+def test_flat_bert_fields_live_in_the_dense_config(tmp_path):
+    config = BertTaskMoEConfig(tasks=[{"name": "a", "num_labels": 2}], hidden_size=32, num_attention_heads=4,
+                               intermediate_size=48, type_vocab_size=3, hidden_dropout_prob=0.25)
+    assert type(config.dense_config) is BertConfig and config.classifier_pooling == "pooler"
+    assert (config.dense_config.hidden_size, config.dense_config.type_vocab_size) == (32, 3)
+    assert config.hidden_size == 32 and config.hidden_dropout_prob == 0.25
+    config.hidden_dropout_prob = 0.1  # set through the flat name, as before
+    assert config.dense_config.hidden_dropout_prob == 0.1
+    config.save_pretrained(tmp_path)
+    again = BertTaskMoEConfig.from_pretrained(tmp_path, attention_probs_dropout_prob=0.3)
+    assert again.dense_config.to_dict() == {**config.dense_config.to_dict(), "attention_probs_dropout_prob": 0.3}
+    with pytest.raises(ValueError, match="starts from BERT checkpoints"):
+        BertTaskMoEConfig.from_dense_config(transformers.RobertaConfig(), tasks=[{"name": "a", "num_labels": 2}])

@@ -391,7 +391,8 @@ def _through_the_key_map(name: str) -> str:
 
 @pytest.mark.parametrize("bottleneck", ["base", "large"])
 def test_the_checkpoint_key_mapping_leaves_this_layout_as_it_is(bottleneck):
-    """`from_pretrained` always passes `checkpoint_key_mapping`: every name of a model built now goes through it unchanged,
+    """`from_pretrained` always passes `checkpoint_key_mapping`: every name of a model built now goes through it
+    unchanged,
     and the first layout's names (`bert.` prefix) land on this model's names one to one."""
     model = CAMTLModel(camtl_config(conditional_bottleneck=bottleneck))
     names = list(model.state_dict())

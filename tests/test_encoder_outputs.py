@@ -1,140 +1,50 @@
-"""Issue 32: one loop collects every encoder family's hidden states and attentions (`run_layer_stack`).
+"""An encoder's hidden states and attentions, asked by argument or by the config (issue 32).
 
-The loop on toy layers that are not BERT's, then each BERT family through it: `hidden_states[0]` is what the first
-layer reads (the embeddings; after CA-MTL's conditional alignment), the last is `last_hidden_state` (also after
-CA-MTL's LARGE skip), one attention map per layer, the same tuples from the task-level model."""
+Every encoder method now runs the dense model's own forward (`hf_taskmoe.models.encoder`), so what transformers'
+layers report is what the task model reports: the family contract checks the tuples for every family
+(`tests/family_tester.py`), and transformers' own `ModelTesterMixin` checks them again
+(`tests/test_transformers_suite.py`).
+What is left here: the former bare encoders' names (`BertTaskMoEModel`, `CAMTLBertModel`, which return the encoder's
+output) honour a flag passed as an argument over the config's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
-from hf_taskmoe import BertForTaskMoE, CAMTLBertModel
-from hf_taskmoe.models import multitask_bert
-from hf_taskmoe.models.multitask_bert import LayerStackOutput, run_layer_stack
+from hf_taskmoe import BertTaskMoEModel
 
 from .conftest import random_batch, tiny_config
 from .test_camtl import _model as camtl_model
 
 
-def _toy_stack(hidden, **flags):
-    layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
-    calls = []
-
-    def step(index, layer, hidden):
-        calls.append(index)
-        return layer(hidden), torch.full((1,), float(index))  # a stand-in "attention" naming its layer
-
-    return layers, calls, run_layer_stack(layers, hidden, step, **flags)
-
-
-def test_the_loop_calls_each_layer_once_in_order_and_collects_only_what_is_asked():
-    torch.manual_seed(0)
-    hidden = torch.randn(2, 5, 4)
-    layers, calls, plain = _toy_stack(hidden)
-    assert calls == [0, 1, 2] and plain.hidden_states is None and plain.attentions is None
-    expected = hidden
-    for layer in layers:
-        expected = layer(expected)
-    torch.testing.assert_close(plain.last_hidden_state, expected, atol=0, rtol=0)
-
-    _, _, asked = _toy_stack(hidden, output_hidden_states=True, output_attentions=True)
-    assert len(asked.hidden_states) == len(layers) + 1 and asked.hidden_states[0] is hidden
-    assert asked.hidden_states[-1] is asked.last_hidden_state
-    assert [a.item() for a in asked.attentions] == [0.0, 1.0, 2.0]
-
-
-def test_with_last_hidden_state_keeps_hidden_states_ending_in_the_output():
-    hidden = torch.zeros(1, 2, 4)
-    _, _, stack = _toy_stack(hidden, output_hidden_states=True)
-    final = stack.last_hidden_state + 1
-    tied = stack.with_last_hidden_state(final)
-    assert tied.last_hidden_state is final and tied.hidden_states[-1] is final
-    assert tied.hidden_states[:-1] == stack.hidden_states[:-1] and len(tied.hidden_states) == len(stack.hidden_states)
-    assert LayerStackOutput(hidden).with_last_hidden_state(final).hidden_states is None
-
-
 def _taskmoe():
     torch.manual_seed(0)
-    return BertForTaskMoE(tiny_config(num_experts=3)).eval()
+    return BertTaskMoEModel(tiny_config(num_experts=3)).eval()
 
 
-# (CA-MTL left this loop when `CAMTLModel` became a thin name over `CAMTLForMultiTask`, which runs the dense model's
-# own layers: its outputs are checked in tests/test_backbones_camtl.py and by the flags test below)
-FAMILIES = {
-    "bert_taskmoe": _taskmoe,
-<<<<<<< HEAD
-    # (BertWithPALs is PALsForMultiTask with a BERT default now: transformers' own BertModel runs its layers, and
-    # its outputs are the family contract's `test_hidden_states_and_attentions_as_arguments_and_from_the_config`)
-    # LARGE bottleneck: a skip connection after the last layer changes the encoder's output
-    "camtl_large": lambda: camtl_model(conditional_bottleneck="large"),
-    "camtl_base": lambda: camtl_model(conditional_bottleneck="base"),
-=======
-    "bert_pals": pals_model,
->>>>>>> unify-camtl
-}
+def _camtl_large():
+    """CAMTLModel's weights behind its bare encoder's name; the LARGE bottleneck's skip connection after the last layer
+    changes the encoder's output."""
+    from hf_taskmoe import CAMTLBertModel
 
-
-def encoder_of(model):
-    """The bare encoder: a BERT family's `model.bert`, or `CAMTLBertModel` carrying a `CAMTLModel`'s weights."""
-    if hasattr(model, "bert"):
-        return model.bert
+    model = camtl_model(conditional_bottleneck="large")
     encoder = CAMTLBertModel(model.config)
     encoder.load_state_dict(model.state_dict())
     return encoder.eval()
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_every_family_reports_through_the_one_loop(family, monkeypatch):
-    model = FAMILIES[family]()
-    model.set_attn_implementation("eager")  # attention probabilities exist only on the eager path
-    config = model.config
-    batch = random_batch(config, task_ids=torch.arange(6) % config.num_tasks)
-    inputs = {k: v for k, v in batch.items() if k != "labels"}
-    stacks = []
-
-    def spy(*args, **kwargs):
-        stacks.append(run_layer_stack(*args, **kwargs))
-        return stacks[-1]
-
-    monkeypatch.setattr(multitask_bert, "run_layer_stack", spy)
-    with torch.no_grad():
-        encoded = model.bert(**inputs, output_hidden_states=True, output_attentions=True)
-        full = model(**batch, output_hidden_states=True, output_attentions=True)
-        if hasattr(model.bert, "first_layer_inputs"):  # CA-MTL: the embeddings after the conditional alignment
-            first = model.bert.first_layer_inputs(inputs["input_ids"], token_type_ids=inputs["token_type_ids"],
-                                                  task_ids=inputs["task_ids"])
-        else:
-            first = model.bert.embeddings(input_ids=inputs["input_ids"], token_type_ids=inputs["token_type_ids"])
-    assert len(stacks) == 2, "the encoder and the task-level model each run the layers through run_layer_stack"
-
-    hidden_states, attentions = encoded.hidden_states, encoded.attentions
-    assert len(hidden_states) == config.num_hidden_layers + 1 and len(attentions) == config.num_hidden_layers
-    torch.testing.assert_close(hidden_states[0], first, atol=0, rtol=0)
-    assert hidden_states[-1] is encoded.last_hidden_state
-    for attention in attentions:
-        assert attention.shape == (6, config.num_attention_heads, 9, 9)
-        torch.testing.assert_close(attention.sum(-1), torch.ones(6, config.num_attention_heads, 9))
-    # the task-level model hands on the encoder's tuples
-    for ours, theirs in ((full.hidden_states, hidden_states), (full.attentions, attentions)):
-        assert len(ours) == len(theirs)
-        for a, b in zip(ours, theirs):
-            torch.testing.assert_close(a, b, atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("family", ["bert_taskmoe", "camtl_large"])
-def test_flags_off_by_argument_win_over_the_config(family):
-    # LARGE bottleneck: a skip connection after the last layer changes the encoder's output
-    model = FAMILIES[family]() if family in FAMILIES else camtl_model(conditional_bottleneck="large")
-    model.set_attn_implementation("eager")  # transformers allows `config.output_attentions` only on the eager path
-    model.config.output_hidden_states = model.config.output_attentions = True
-    batch = random_batch(model.config, task_ids=torch.arange(6) % model.config.num_tasks)
+@pytest.mark.parametrize("build", [_taskmoe, _camtl_large], ids=["bert_taskmoe", "camtl_large"])
+def test_flags_off_by_argument_win_over_the_config(build):
+    encoder = build()
+    encoder.set_attn_implementation("eager")  # transformers allows `config.output_attentions` only on the eager path
+    encoder.config.output_hidden_states = encoder.config.output_attentions = True
+    batch = random_batch(encoder.config, task_ids=torch.arange(6) % encoder.config.num_tasks)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
-        encoder = encoder_of(model)
         off = encoder(**inputs, output_hidden_states=False, output_attentions=False)
         on = encoder(**inputs)
     assert off.hidden_states is None and off.attentions is None
-    assert len(on.hidden_states) == model.config.num_hidden_layers + 1
+    assert len(on.hidden_states) == encoder.config.num_hidden_layers + 1
+    assert len(on.attentions) == encoder.config.num_hidden_layers
     torch.testing.assert_close(off.last_hidden_state, on.hidden_states[-1], atol=0, rtol=0)

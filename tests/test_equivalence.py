@@ -5,23 +5,20 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
 
 - `BertForTaskMoE` vs `TaskMoEForMultiTask` on BERT: MT-TaG (task gates) and MT-Switch (shared gate), both expert
   dispatches, top-1 and top-2, both expert weightings, router losses, MoE in some layers only, MT-Dense
-  (`num_experts=1`, where the generic model keeps BERT's own FFN); also the routing outputs.
-<<<<<<< HEAD
-- `CAMTLModel` vs `CAMTLForMultiTask` on BERT: BASE and LARGE bottlenecks, with and without conditional attention,
-  alignment and layer norm, frozen or trainable bottom layers. Where they differ (the BASE bottleneck relative to the
-  FFN's dropout) the test is a strict xfail that says so.
+  (`num_experts=1`, where the generic model keeps BERT's own FFN); also the routing outputs. `BertForTaskMoE` is now
+  the generic class under its old name, configured by flat BERT fields: these cases check that translation (sizes,
+  pooling, every MoE option); what the BERT-only implementation computed is kept by its saved checkpoint
+  (`test_legacy_checkpoints.py`).
+- CA-MTL: `CAMTLModel` (now a thin name over `CAMTLForMultiTask`) against what the BERT-layer `CAMTLModel` computed
+  before it was deleted (`tests/fixtures/camtl_reference/`, its weights loaded through
+  `CAMTLModel.checkpoint_key_mapping`):
+  BASE and LARGE bottlenecks, with and without conditional attention, alignment and layer norm, frozen or trainable
+  bottom layers, and BASE with the FFN's output dropout at p=1 (both add the bottleneck outside that dropout).
 - `BertWithPALs` vs `PALsForMultiTask`: every pooling, both PAL dispatches, shared PAL groups, PALs in some layers
   only, with every task in the batch and with one absent. These passed against the BERT-specific `BertWithPALs`
   before it was folded into `PALsForMultiTask` (commit b859d0a); the class is now `PALsForMultiTask` with a BERT
   default, so they check that its flat BERT config builds the same model, and the old implementation's own numbers
   are kept in its legacy checkpoint: logits and a training step's gradients (`tests/test_legacy_checkpoints.py`).
-=======
-- CA-MTL: `CAMTLModel` (now a thin name over `CAMTLForMultiTask`) against what the BERT-layer `CAMTLModel` computed
-  before it was deleted (`tests/fixtures/camtl_reference/`, its weights loaded through `CAMTLModel.checkpoint_key_mapping`):
-  BASE and LARGE bottlenecks, with and without conditional attention, alignment and layer norm, frozen or trainable
-  bottom layers, and BASE with the FFN's output dropout at p=1 (both add the bottleneck outside that dropout).
-- `BertWithPALs` vs `PALsForMultiTask`: the training step (the evaluation is in `test_backbones_pals.py`).
->>>>>>> unify-camtl
 - `BartTaskRouted` (no generic BART routed class exists yet): with hard routes, a row of task `t` computes what the
   dense BART made of task `t`'s chosen experts computes -- logits, losses and, in a training step with
   straight-through Gumbel routes, the gradient of every expert and shared weight. The reference a generic BART
@@ -42,6 +39,7 @@ from safetensors.torch import load_file
 from transformers import BartForConditionalGeneration
 
 from hf_taskmoe import (
+    BertForTaskMoE,
     BertPALsConfig,
     BertTaskMoEConfig,
     BertWithPALs,
@@ -92,16 +90,10 @@ def pair(reference_cls, reference_config_cls, model_cls, config_cls, keys, pooli
 
 
 # ---------------------------------------------------------------------- MT-TaG
-#: `BertForTaskMoE` -> `TaskMoEForMultiTask`: BERT's modules under `backbone.`; the MoE (`mlp`) in the place of
-#: `intermediate`, whose output projection is an identity, so `ffn_norm` is `output.LayerNorm`; a dense layer (one
-#: expert) keeps BERT's own `intermediate.dense` / `output.dense` in the generic model
-MOE_KEYS = [
-    (r"\.mlp\.experts\.0\.w_in\.", ".intermediate.dense."),
-    (r"\.mlp\.experts\.0\.w_out\.", ".output.dense."),
-    (r"^bert\.", "backbone."),
-    (r"\.mlp\.", ".intermediate."),
-    (r"\.ffn_norm\.", ".output.LayerNorm."),
-]
+#: `BertForTaskMoE`'s declared renaming of the BERT-only layout (BERT's modules under `backbone.`; the MoE in the place
+#: of `intermediate`, `ffn_norm` as `output.LayerNorm`; a dense layer BERT's own FFN): on today's names it renames
+#: nothing, so the two classes must have the same names
+MOE_KEYS = list(BertForTaskMoE.checkpoint_key_mapping.items())
 MOE_CASES = {
     "mt-tag-top1-sorted": dict(num_experts=4),
     "mt-tag-top1-grouped": dict(num_experts=4, expert_dispatch="grouped_mm"),
@@ -118,8 +110,6 @@ ROUTING_FIELDS = ("router_logits", "expert_indices", "routing_counts")
 
 
 def moe_pair(kwargs):
-    from hf_taskmoe import BertForTaskMoE
-
     return pair(BertForTaskMoE, BertTaskMoEConfig, TaskMoEForMultiTask, TaskMoEConfig, MOE_KEYS, **kwargs)
 
 

@@ -5,7 +5,9 @@ and the logits they gave (`tests/fixtures/make_legacy_checkpoints.py` wrote them
 tensor bit for bit, nothing missing or left over, and the saved logits on the saved batch.
 
 When a refactor changes a layout (issue 45 folds these classes into the backbone-generic ones), these files are the
-old layout: the loader must convert them, and this test must keep passing against the unchanged files."""
+old layout: the loader must convert them, and this test must keep passing against the unchanged files. A class whose
+layout changed declares the renaming as `checkpoint_key_mapping` (`{old-name regex: replacement}`, applied in turn, as
+transformers' `from_pretrained(key_mapping=...)` applies it); each saved tensor is looked up under its renamed name."""
 
 from __future__ import annotations
 

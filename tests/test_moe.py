@@ -252,7 +252,7 @@ def test_auto_dispatch_is_the_loop_on_a_cpu_and_the_grouped_gemm_compiled_in_bf1
 
 
 def test_grouped_mm_is_refused_by_name_where_torch_lacks_it(monkeypatch):
-    import hf_taskmoe.models.bert_taskmoe.configuration_bert_taskmoe as configuration
+    import hf_taskmoe.models.task_moe.configuration_task_moe as configuration
 
     monkeypatch.setattr(configuration, "HAS_GROUPED_MM", False)
     with pytest.raises(ValueError, match=r"`expert_dispatch='grouped_mm'` needs `torch.nn.functional.grouped_mm`"):

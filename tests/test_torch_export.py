@@ -14,6 +14,7 @@ from hf_taskmoe import (
     BertPALsConfig,
     BertPALsModel,
     BertTaskMoEConfig,
+    BertTaskMoEModel,
     BertWithPALs,
     CAMTLBertModel,
     CAMTLConfig,
@@ -115,11 +116,9 @@ def test_jit_trace_of_the_encoder_answers_another_task_mix(family):
     """The encoders have no data-dependent shape while traced (masked dense experts, PALs batched across groups), so a
     traced encoder gives the eager hidden states on a batch of another size, length and task mix."""
     model = _model(family)
-    if hasattr(model, "bert"):  # a BERT-specific class's bare encoder
-        encoder = model.bert
-    else:  # a class with a BERT default on the backbone layer: its bare encoder's name, the same model and weights
-        encoder = {"pals": BertPALsModel, "camtl": CAMTLBertModel}[family](model.config).eval()
-        encoder.load_state_dict(model.state_dict())
+    # the bare encoder's name of the class with a BERT default: the same model and weights, returning its output
+    encoder = {"pals": BertPALsModel, "camtl": CAMTLBertModel}.get(family, BertTaskMoEModel)(model.config).eval()
+    encoder.load_state_dict(model.state_dict())
     names = ("input_ids", "attention_mask", "token_type_ids", "task_ids")
     traced = torch.jit.trace(encoder, example_kwarg_inputs={n: TRACED[n] for n in names}, strict=False)
     with torch.no_grad():

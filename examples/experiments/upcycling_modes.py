@@ -50,7 +50,8 @@ def initial_deviation() -> dict:
         ).eval()
         with torch.no_grad():
             a = dense(**enc).last_hidden_state
-            b = model.bert(**enc, task_ids=torch.zeros(2, dtype=torch.long)).last_hidden_state
+            ids = torch.zeros(2, dtype=torch.long)
+            b = model(**enc, task_ids=ids, output_hidden_states=True).hidden_states[-1]
         out[weighting] = round((a - b)[real].abs().max().item(), 6)
     return out
 

@@ -311,7 +311,7 @@ class SharedGate(nn.Module):
         """The shared gate serves new tasks as it is."""
 
 
-#: the gating kinds (`BertTaskMoEConfig.gating`): one gate per task (MT-TaG) or one for all (MT-Switch)
+#: the gating kinds (`TaskMoEConfig.gating`): one gate per task (MT-TaG) or one for all (MT-Switch)
 GATING_TYPES: dict[str, type[nn.Module]] = {"task": TaskGate, "shared": SharedGate}
 
 
@@ -352,7 +352,7 @@ class TaskMoE(nn.Module):
     """
 
     def __init__(self, config, layer_idx: int | None = None, experts: ExpertBank | Sequence[nn.Module] | None = None):
-        """`config`: a `BertTaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
+        """`config`: a `TaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
         `top_k`, `expert_weighting`, `expert_dispatch`, the auxiliary-loss coefficients, the tasks). A layer outside
         `config.moe_layer_indices` (`layer_idx`) is dense: one expert, no gate. `experts`: the experts themselves,
         e.g. copies of a dense model's FFN (`hf_taskmoe.models.task_moe`), instead of fresh ones: an `ExpertBank`

@@ -11,7 +11,7 @@ from transformers import BertConfig
 
 from ...compat import dense_sub_config
 from ...utils import check_choice, check_float, check_int
-from ..backbone_encoder import BackboneTaskConfig
+from ..encoder import TaskEncoderConfig
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS_WITH_BIAS", "BOTTLENECK_PLACEMENTS", "MAX_ATTENTION_BLOCK", "CAMTLBackboneConfig",
@@ -49,12 +49,12 @@ def check_attention_implementation(implementation: str | None, model_type: str) 
     )
 
 
-class CAMTLBackboneConfig(BackboneTaskConfig):
+class CAMTLBackboneConfig(TaskEncoderConfig):
     r"""
     Configuration of CA-MTL (Pilault et al. 2021, section 2.1) on a dense encoder of any declared architecture (BERT,
     RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3, ModernBERT: `hf_taskmoe.backbones.backbone_names("encoder")`):
     the upper layers are modulated by a learned embedding `z_t` of each task, with one head per task. The fields of
-    `BackboneTaskConfig` (`dense_config`, `tasks`, `classifier_pooling`, ...) and CA-MTL's own (each component has a
+    `TaskEncoderConfig` (`dense_config`, `tasks`, `classifier_pooling`, ...) and CA-MTL's own (each component has a
     switch, for the paper's Table 1 ablation):
 
     Args:

@@ -44,7 +44,7 @@ from ...layers.conditional import (
     film_per_row,
 )
 from ...modeling_utils import MultiTaskPreTrainedModel, check_input_shapes, grow_embedding, resolve_task_ids
-from ..backbone_encoder import BackboneEncoderOutput, BackboneTaskMixin
+from ..encoder import TaskEncoderMixin, TaskEncoderOutput
 from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig, check_attention_implementation
 
 #: CA-MTL's parameter roles: the task embeddings, the conditional modules (FiLMs, attention bias, alignment,
@@ -198,7 +198,7 @@ class TaskAlignment(ConditionalAlignment):
         return (self(args[0], cond), *args[1:]), kwargs
 
 
-class CAMTLForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
+class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """CA-MTL (conditional attention, alignment, layer norm and bottleneck; frozen bottom half) on a dense encoder of
     any declared architecture, with one head per task. Build one with `CAMTLForMultiTask.from_dense(checkpoint,
     tasks)`; it loads with `AutoModel` after `import hf_taskmoe`. Train it with `MultiTaskTrainer(...,
@@ -386,14 +386,6 @@ class CAMTLModel(CAMTLForMultiTask):
         r"^bert\.": "backbone.",
     }
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, key_mapping: dict[str, str] | None = None,
-                        **kwargs):
-        """`PreTrainedModel.from_pretrained`, with `checkpoint_key_mapping` (then the caller's `key_mapping`) renaming the
-        saved weights: a checkpoint of either layout loads."""
-        mapping = {**cls.checkpoint_key_mapping, **(key_mapping or {})}
-        return super().from_pretrained(pretrained_model_name_or_path, *args, key_mapping=mapping, **kwargs)
-
 
 class CAMTLBertModel(CAMTLModel):
     """The encoder of `CAMTLModel` under its earlier name: `forward` returns the encoder's output (`last_hidden_state`,
@@ -409,7 +401,7 @@ class CAMTLBertModel(CAMTLModel):
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 task_ids=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs) -> BackboneEncoderOutput | tuple:
+                **kwargs) -> TaskEncoderOutput | tuple:
         """Encode a batch whose rows may belong to different tasks (`task_ids`, shape `(batch,)`)."""
         batch, _ = check_input_shapes(input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(),
                                       attention_mask=attention_mask, token_type_ids=token_type_ids,

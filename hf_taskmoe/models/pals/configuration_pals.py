@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...utils import check_choice, check_float, check_int
-from ..backbone_encoder import BackboneTaskConfig
+from ..encoder import TaskEncoderConfig
 
 __all__ = ["PAL_DECODER_INITS", "PAL_DISPATCHES", "PAL_SITES", "PALsConfig"]
 
@@ -15,11 +15,11 @@ PAL_DECODER_INITS = ("zeros", "normal")
 PAL_DISPATCHES = ("auto", "per_group", "batched")
 
 
-class PALsConfig(BackboneTaskConfig):
+class PALsConfig(TaskEncoderConfig):
     r"""
     Configuration of a dense encoder of any declared architecture (RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3,
     ModernBERT, BERT: `hf_taskmoe.backbones.backbone_names("encoder")`) with task-specific Projected Attention Layers
-    (PALs paper, section 3.2) beside its layers, plus one head per task. The fields of `BackboneTaskConfig`
+    (PALs paper, section 3.2) beside its layers, plus one head per task. The fields of `TaskEncoderConfig`
     (`dense_config`, `tasks`, `classifier_pooling`, ...) and the PAL fields:
 
     Args:

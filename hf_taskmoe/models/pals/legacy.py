@@ -103,13 +103,6 @@ class BertWithPALs(PALsForMultiTask):
     #: weight names of the earlier layout -> this class's (applied on load; names of this layout match none)
     checkpoint_key_mapping: ClassVar[dict[str, str]] = BERT_PALS_KEY_MAPPING
 
-    @classmethod
-    def from_pretrained(cls, *args, key_mapping: dict[str, str] | None = None, **kwargs):
-        """`PALsForMultiTask.from_pretrained`, a checkpoint of the earlier layout renamed on load
-        (`checkpoint_key_mapping`, then the caller's `key_mapping`)."""
-        return super().from_pretrained(*args, key_mapping={**cls.checkpoint_key_mapping, **(key_mapping or {})},
-                                       **kwargs)
-
 
 class BertPALsModel(BertWithPALs):
     """The encoder of `BertWithPALs` (its old bare encoder's name): the same model, whose forward returns what the

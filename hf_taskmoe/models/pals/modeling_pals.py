@@ -32,7 +32,7 @@ from ...backbones import Backbone, TaskContext, layer_hidden_input
 from ...contract import ParameterRoles
 from ...layers.pals import PAL_WEIGHTS, PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask
 from ...modeling_utils import MultiTaskPreTrainedModel
-from ..backbone_encoder import BackboneTaskMixin
+from ..encoder import TaskEncoderMixin
 from .configuration_pals import PALsConfig
 
 
@@ -141,7 +141,7 @@ def attach_pal(layer: nn.Module, site: PALSite, backbone: Backbone, pal_site: st
     layer.task_pal = site
 
 
-class PALsForMultiTask(BackboneTaskMixin, MultiTaskPreTrainedModel):
+class PALsForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """BERT and PALs (Stickland & Murray 2019) on a dense encoder of any declared architecture, with one head per
     task. Build one with `PALsForMultiTask.from_dense(checkpoint, tasks, pal_size=204)`: with the default
     `pal_decoder_init="zeros"` it computes exactly what the dense model computes, and training grows the PALs from

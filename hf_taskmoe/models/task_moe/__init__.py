@@ -1,14 +1,43 @@
-"""TaskMoEForMultiTask: MT-TaG, MT-Switch and MT-Dense on any declared encoder (RoBERTa, XLM-R, ELECTRA, DistilBERT,
-DeBERTa-v2/v3, ModernBERT, BERT), wrapping the dense model's own FFNs (`hf_taskmoe.backbones`)."""
+"""MT-TaG, MT-Switch and MT-Dense (Sparsely Activated Mixture-of-Experts are Robust Multi-Task Learners) on any declared
+encoder (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3, ModernBERT): `TaskMoEForMultiTask`, wrapping the
+dense model's own FFNs (`hf_taskmoe.backbones`). `BertForTaskMoE` (family `bert_taskmoe`) is its name on BERT of
+earlier releases (`legacy.py`)."""
 
 from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
 from ...problem_types import ENCODER
 from ...upcycling import UpcyclingRules
-from ..bert_taskmoe import describe
 from ..registry import Family, register_family
 from .configuration_task_moe import TaskMoEConfig
-from .modeling_task_moe import BackboneTaskMoE, TaskMoEForMultiTask
+from .legacy import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
+from .modeling_task_moe import BackboneTaskMoE, TaskMoEEncoderOutput, TaskMoEForMultiTask, TaskMoEOutput
+
+
+def describe(c: TaskMoEConfig) -> str:
+    if c.num_experts == 1:
+        return "MT-Dense (one FFN per layer)"
+    kind = "MT-TaG (task-aware gates)" if c.gating == "task" else "MT-Switch (one shared gate)"
+    return (f"{kind}: {c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting "
+            f"`{c.expert_weighting}`, MoE layers {c.moe_layer_indices}")
+
+
+# the rules depend on the backbone: each model gives its own (`TaskMoEForMultiTask.upcycling_rules`)
+_UPCYCLING = UpcyclingRules(rename=(), new=TaskMoEForMultiTask.parameter_roles.new_patterns)
+
+# the name of earlier releases first: `family_for("mt-tag", "bert")` builds a BertForTaskMoE, as it did
+LEGACY_FAMILY = register_family(
+    Family(
+        name="bert_taskmoe",
+        config_class=BertTaskMoEConfig,
+        model_class=BertForTaskMoE,
+        problem_types=ENCODER,
+        pipeline_task=PIPELINE_TASK,
+        describe=describe,
+        upcycling=_UPCYCLING,
+        dense_model_types=("bert",),
+        method="mt-tag",
+    )
+)
 
 FAMILY = register_family(
     Family(
@@ -18,11 +47,21 @@ FAMILY = register_family(
         problem_types=ENCODER,
         pipeline_task=PIPELINE_TASK,
         describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
-        # the rules depend on the backbone: each model gives its own (`TaskMoEForMultiTask.upcycling_rules`)
-        upcycling=UpcyclingRules(rename=(), new=TaskMoEForMultiTask.parameter_roles.new_patterns),
+        upcycling=_UPCYCLING,
         backbone_kind=ENCODER_BACKBONE,
         method="mt-tag",
     )
 )
 
-__all__ = ["FAMILY", "BackboneTaskMoE", "TaskMoEConfig", "TaskMoEForMultiTask"]
+__all__ = [
+    "FAMILY",
+    "LEGACY_FAMILY",
+    "BackboneTaskMoE",
+    "BertForTaskMoE",
+    "BertTaskMoEConfig",
+    "BertTaskMoEModel",
+    "TaskMoEConfig",
+    "TaskMoEEncoderOutput",
+    "TaskMoEForMultiTask",
+    "TaskMoEOutput",
+]

@@ -2,33 +2,50 @@
 
 from __future__ import annotations
 
-from ..backbone_encoder import BackboneTaskConfig
-from ..bert_taskmoe.configuration_bert_taskmoe import moe_layer_indices, validate_moe_fields
+from ...layers.moe import EXPERT_DISPATCHES, EXPERT_WEIGHTINGS, GATING_TYPES, HAS_GROUPED_MM
+from ...utils import check_choice, check_float, check_int
+from ..encoder import TaskEncoderConfig
 
 __all__ = ["TaskMoEConfig"]
 
 
-class TaskMoEConfig(BackboneTaskConfig):
+class TaskMoEConfig(TaskEncoderConfig):
     r"""
-    Configuration of a dense encoder of any declared architecture (RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3,
-    ModernBERT, BERT: `hf_taskmoe.backbones.backbone_names("encoder")`) whose feed-forward blocks become mixtures of
-    experts with task-aware (MT-TaG) or shared (MT-Switch) top-k gates, plus one head per task. The fields of
-    `BackboneTaskConfig` (`dense_config`, `tasks`, `classifier_pooling`, ...) and MT-TaG's own, which mean what they
-    mean in `BertTaskMoEConfig`:
+    Configuration of a dense encoder of any declared architecture (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT,
+    DeBERTa-v2/v3, ModernBERT: `hf_taskmoe.backbones.backbone_names("encoder")`) whose feed-forward blocks become
+    mixtures of experts with task-aware (MT-TaG) or shared (MT-Switch) top-k gates, plus one head per task.
+    `num_experts=1` is MT-Dense: the model then computes exactly what the dense model computes with the same weights.
+    The fields of `TaskEncoderConfig` (`dense_config`, `tasks`, `classifier_pooling`, ...) and MT-TaG's own:
 
     Args:
-        num_experts (`int`, *optional*, defaults to 4): experts per MoE layer; 1 = MT-Dense (the dense model).
-        gating (`str`, *optional*, defaults to `"task"`): `"task"` (MT-TaG) or `"shared"` (MT-Switch).
-        top_k (`int`, *optional*, defaults to 1): experts per token.
-        moe_layers (`list[int]`, *optional*): the layers whose FFN is a mixture (default: every layer).
-        expert_weighting (`str`, *optional*, defaults to `"straight_through"`): `"straight_through"` (an upcycled
-            model computes exactly the dense model) or `"gate"` (the paper's `g* E*(x)`).
-        expert_dispatch (`str`, *optional*, defaults to `"auto"`): `"sorted_loop"`, `"grouped_mm"` (plain
-            two-projection FFNs only: not DistilBERT's or ModernBERT's, whose experts are whole FFN modules) or
-            `"auto"` (the grouped GEMM on an accelerator and under torch.compile where the FFN allows, else the loop).
-        router_init_std (`float`, *optional*, defaults to 0.001): std of the gates' normal initialisation.
-        router_aux_loss_coef / router_z_loss_coef (`float`, *optional*, defaults to 0.0): weights of the
-            load-balancing and router z-losses.
+        num_experts (`int`, *optional*, defaults to 4):
+            Experts per MoE layer (the paper uses 4). 1 = MT-Dense.
+        gating (`str`, *optional*, defaults to `"task"`):
+            `"task"`: one gate `W_{g,t}` per task (MT-TaG); `"shared"`: one gate for all tasks (MT-Switch).
+        top_k (`int`, *optional*, defaults to 1):
+            Experts per token (the paper routes top-1, which keeps the dense model's FLOPs).
+        moe_layers (`list[int]`, *optional*):
+            Indices of the layers whose FFN is a mixture of experts; the others keep the dense FFN. Defaults to every
+            layer (as in the paper).
+        expert_weighting (`str`, *optional*, defaults to `"straight_through"`):
+            `"straight_through"`: the value of `E*(x)` with the gradient of eq. 6 reaching the gate, so that an
+            upcycled model starts exactly at the dense one; `"gate"`: `h = g* E*(x)` (paper eq. 6), which scales every
+            FFN output by about 1/N at an upcycled start. The default everywhere (config, `from_dense`, the example
+            script) since straight-through scored higher on every demo task but BoolQ (docs/mt-tag.md, "Upcycling").
+            See `hf_taskmoe.layers.moe.TaskMoE`.
+        expert_dispatch (`str`, *optional*, defaults to `"auto"`):
+            How tokens reach their experts: `"sorted_loop"` (one `F.linear` per expert on its slice of the sorted
+            tokens; one host sync per layer for the slice sizes), `"grouped_mm"` (`torch.nn.functional.grouped_mm`
+            over all slices at once, no host sync; the fast path of recent GPUs in bf16; plain two-projection FFNs
+            only: not DistilBERT's or ModernBERT's, whose experts are whole FFN modules) or `"auto"`: the grouped
+            GEMM on an accelerator and under torch.compile where the FFN allows, the loop on a CPU (the faster there).
+            Same values either way; `benchmarks/gpu.py` and `benchmarks/moe_vs_dense.py` measure both.
+        router_init_std (`float`, *optional*, defaults to 0.001):
+            Standard deviation of the normal initialisation of the gates (paper section 4.4).
+        router_aux_loss_coef (`float`, *optional*, defaults to 0.0):
+            Weight of the Switch load-balancing loss added to the training loss (off in the paper).
+        router_z_loss_coef (`float`, *optional*, defaults to 0.0):
+            Weight of the ST-MoE router z-loss added to the training loss (off in the paper).
     """
 
     model_type = "taskmoe_moe"
@@ -46,14 +63,39 @@ class TaskMoEConfig(BackboneTaskConfig):
 
     def _validate(self) -> None:
         super()._validate()
-        validate_moe_fields(self)
-        if self.expert_dispatch == "grouped_mm" and not self.backbone.ffn.split:
-            raise ValueError(
-                f"`expert_dispatch='grouped_mm'` stacks two plain projections per expert; a "
-                f"{self.backbone.model_type} FFN is a whole module{' (gated)' if self.backbone.ffn.gated else ''}, "
-                "whose experts are copies of it: use 'sorted_loop'."
-            )
+        check_int(self.num_experts, "num_experts", minimum=1)
+        check_choice(self.gating, GATING_TYPES, "gating")
+        check_int(self.top_k, "top_k", minimum=1, maximum=self.num_experts)
+        check_choice(self.expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
+        check_choice(self.expert_dispatch, EXPERT_DISPATCHES, "expert_dispatch")
+        if self.expert_dispatch == "grouped_mm":
+            if not HAS_GROUPED_MM:
+                import torch
+
+                raise ValueError(
+                    f"`expert_dispatch='grouped_mm'` needs `torch.nn.functional.grouped_mm`, which torch "
+                    f"{torch.__version__} lacks; use 'auto' or 'sorted_loop', or a newer torch."
+                )
+            if self.hidden_size % 8 or self.intermediate_size % 8:
+                raise ValueError(
+                    "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 "
+                    f"(grouped GEMM strides are 16-byte aligned), got {self.hidden_size} and "
+                    f"{self.intermediate_size}; use 'sorted_loop'."
+                )
+            if not self.backbone.ffn.split:
+                raise ValueError(
+                    f"`expert_dispatch='grouped_mm'` stacks two plain projections per expert; a "
+                    f"{self.backbone.model_type} FFN is a whole module{' (gated)' if self.backbone.ffn.gated else ''},"
+                    " whose experts are copies of it: use 'sorted_loop'."
+                )
+        check_float(self.router_init_std, "router_init_std", minimum=0.0)
+        check_float(self.router_aux_loss_coef, "router_aux_loss_coef", minimum=0.0)
+        check_float(self.router_z_loss_coef, "router_z_loss_coef", minimum=0.0)
+        self.moe_layers = self._check_layer_list("moe_layers")
 
     @property
     def moe_layer_indices(self) -> list[int]:
-        return moe_layer_indices(self)
+        """Layers whose FFN is a mixture (all layers when `moe_layers` is None; none when `num_experts=1`)."""
+        if self.num_experts == 1:
+            return []
+        return list(range(self.num_hidden_layers)) if self.moe_layers is None else list(self.moe_layers)

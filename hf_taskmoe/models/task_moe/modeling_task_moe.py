@@ -10,16 +10,75 @@ ModernBERT's gated `mlp`) is copied whole into each expert.
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+
 import torch
 from transformers import initialization as init
+from transformers.utils import ModelOutput
 
 from ...backbones import Backbone, TaskContext, replace_module
 from ...contract import ParameterRoles
-from ...layers.moe import EXPERT_BANK_WEIGHTS, ExpertBank, ExpertFFN, SharedGate, TaskGate, TaskMoE
-from ...modeling_utils import MultiTaskPreTrainedModel
-from ..backbone_encoder import BackboneTaskMixin, layer_rule
-from ..bert_taskmoe.modeling_bert_taskmoe import TaskMoEEncoderOutput, TaskMoEHeadsMixin, moe_encoder_fields
+from ...layers.moe import EXPERT_BANK_WEIGHTS, ExpertBank, ExpertFFN, MoEOutput, SharedGate, TaskGate, TaskMoE
+from ...modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, heads_to_output_fields
+from ..encoder import TaskEncoderMixin, layer_rule
 from .configuration_task_moe import TaskMoEConfig
+
+
+@dataclass
+class TaskMoEEncoderOutput(ModelOutput):
+    """What the encoder of `TaskMoEForMultiTask` gives its heads (`_run_encoder`).
+
+    Args:
+        last_hidden_state (`torch.FloatTensor` of shape `(batch, seq, hidden)`): last layer's output.
+        pooler_output (`torch.FloatTensor` of shape `(batch, hidden)`): the sequence representation the heads
+            read (`config.classifier_pooling`).
+        hidden_states, attentions: the dense model's, when asked.
+        router_logits (`tuple(torch.FloatTensor)`, when `output_router_logits=True`): per MoE layer,
+            `(batch, seq, num_experts)` fp32 gate logits.
+        expert_indices (`tuple(torch.LongTensor)`, when `output_router_logits=True`): per MoE layer,
+            `(batch, seq, top_k)` chosen experts.
+        routing_counts (`torch.LongTensor` of shape `(num_moe_layers, num_tasks, num_experts)`, when
+            `output_router_logits=True`): real (non-padding) tokens each expert received, per task and layer.
+        aux_loss / z_loss (`torch.FloatTensor` of shape `()`): mean over MoE layers of the load-balancing /
+            router z-loss, when the config's coefficient is set.
+    """
+
+    last_hidden_state: torch.FloatTensor | None = None
+    pooler_output: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    attentions: tuple[torch.FloatTensor, ...] | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+    expert_indices: tuple[torch.LongTensor, ...] | None = None
+    routing_counts: torch.LongTensor | None = None
+    aux_loss: torch.FloatTensor | None = None
+    z_loss: torch.FloatTensor | None = None
+
+
+@dataclass
+class TaskMoEOutput(MultiTaskModelOutput):
+    """Output of `TaskMoEForMultiTask`: `MultiTaskModelOutput` plus the routing fields of `TaskMoEEncoderOutput`."""
+
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+    expert_indices: tuple[torch.LongTensor, ...] | None = None
+    routing_counts: torch.LongTensor | None = None
+    aux_loss: torch.FloatTensor | None = None
+    z_loss: torch.FloatTensor | None = None
+
+
+def moe_encoder_fields(moe_outputs: list[MoEOutput], routed: bool) -> dict:
+    """The routing fields of `TaskMoEEncoderOutput` from each layer's `MoEOutput` (dense layers route nothing):
+    router logits, chosen experts and per-task counts when `routed`; the mean aux and z losses when computed."""
+    moe_layers = [moe for moe in moe_outputs if moe.router_logits is not None]
+    aux = [moe.aux_loss for moe in moe_layers if moe.aux_loss is not None]
+    z = [moe.z_loss for moe in moe_layers if moe.z_loss is not None]
+    return dict(
+        router_logits=tuple(moe.router_logits for moe in moe_layers) if routed else None,
+        expert_indices=tuple(moe.expert_index for moe in moe_layers) if routed else None,
+        routing_counts=torch.stack([moe.routing_counts for moe in moe_layers]) if routed and moe_layers else None,
+        aux_loss=torch.stack(aux).mean() if aux else None,
+        z_loss=torch.stack(z).mean() if z else None,
+    )
 
 
 class BackboneTaskMoE(TaskMoE):
@@ -51,13 +110,11 @@ def ffn_experts(layer: torch.nn.Module, backbone: Backbone, num_experts: int) ->
         if num_experts == 1:
             return [ExpertFFN.copy_of(w_in, act, w_out)]
         return ExpertBank.copy_of(w_in, act, w_out, num_experts)
-    import copy
-
     ffn = layer.get_submodule(site.module)
     return [copy.deepcopy(ffn) for _ in range(num_experts)]
 
 
-class TaskMoEForMultiTask(TaskMoEHeadsMixin, BackboneTaskMixin, MultiTaskPreTrainedModel):
+class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """MT-TaG (task-aware gates), MT-Switch (`gating="shared"`) or MT-Dense (`num_experts=1`) on a dense encoder of
     any declared architecture, with one head per task. Build one with `TaskMoEForMultiTask.from_dense(checkpoint,
     tasks, num_experts=4)`; it loads with `AutoModel` after `import hf_taskmoe`.
@@ -87,6 +144,79 @@ class TaskMoEForMultiTask(TaskMoEHeadsMixin, BackboneTaskMixin, MultiTaskPreTrai
         super().__init__(config)
         self._build_backbone(config)
         self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        span_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        output_router_logits: bool | None = None,
+        return_dict: bool | None = None,
+        values_checked: bool = False,
+        task_counts: tuple[int, ...] | None = None,
+        **kwargs,
+    ) -> TaskMoEOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Index into `config.tasks` of each row; a batch may mix tasks. Optional for a one-task model.
+        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
+            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
+        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
+            Token start/end (exclusive) of each word span, for span-classification tasks.
+        output_router_logits (`bool`):
+            Also return router logits, chosen experts and per-task routing counts.
+        values_checked (`bool`, *optional*, defaults to `False`):
+            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`):
+            the forward skips those checks and gives the same results; as in `TaskHeadsMixin.forward`
+            (`hf_taskmoe.models.encoder`), which says what an eager and a captured forward then read back.
+        task_counts (`tuple[int, ...]`, *optional*):
+            The rows of each task in the batch, counted on the host where it was made (`BatchChecker.check`): with
+            `values_checked` the heads split the batch by them and nothing is read back from the device; as in
+            `TaskHeadsMixin.forward`.
+        """
+        task_ids, encoded, heads_out = self._encode_and_score(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
+            output_attentions, output_hidden_states, output_router_logits, values_checked=values_checked,
+            task_counts=task_counts, **kwargs,
+        )
+        loss = heads_out.loss
+        if loss is not None:
+            if encoded.aux_loss is not None:
+                loss = loss + self.config.router_aux_loss_coef * encoded.aux_loss
+            if encoded.z_loss is not None:
+                loss = loss + self.config.router_z_loss_coef * encoded.z_loss
+        output = TaskMoEOutput(
+            loss=loss,
+            task_ids=task_ids,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+            router_logits=encoded.router_logits,
+            expert_indices=encoded.expert_indices,
+            routing_counts=encoded.routing_counts,
+            aux_loss=encoded.aux_loss,
+            z_loss=encoded.z_loss,
+            **heads_to_output_fields(heads_out),
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
+
+    # ------------------------------------------------------------------ tasks
+    def _grow_for_task(self, new_id: int, source: int | None) -> None:
+        """MT-TaG section 5.2: with task-aware gating, a gate per MoE layer copied from the related task `source`
+        (or drawn from N(0, router_init_std)); the shared gate of MT-Switch serves the new task as it is."""
+        for moe in self.moe_layers():
+            moe.add_task(source, self.config.router_init_std)
+
+    def moe_layers(self) -> list[TaskMoE]:
+        """Every layer's `TaskMoE` (a dense layer's too: one expert, no gate), in layer order."""
+        return [module for module in self.modules() if isinstance(module, TaskMoE)]
 
     def _wrap_backbone(self, config: TaskMoEConfig, backbone: Backbone, layers) -> None:
         for index in config.moe_layer_indices:

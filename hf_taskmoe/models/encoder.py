@@ -1,7 +1,13 @@
-"""What the backbone-generic encoder families share: a config that holds the dense model's own config
-(`dense_config`, any declared encoder architecture), and a task model that builds that dense model
-(`AutoModel.from_config`), lets the family wrap a few of its modules in place (`hf_taskmoe.backbones`), and runs
-the dense model's own forward with the batch's task ids in a `TaskContext`.
+"""The shared base of the encoder families (MT-TaG, PALs, CA-MTL on any declared encoder architecture).
+
+- `TaskEncoderConfig`: a config holding the dense model's own config (`dense_config`, any architecture declared in
+  `hf_taskmoe.backbones` with kind `"encoder"`), the tasks and the pooling; the dense config's sizes read through it
+  under one set of names.
+- `TaskHeadsMixin`: the task-level forward -- check the batch, run the encoder, run each row's head (`self.heads`),
+  read nothing back from the device once the batch was checked on the host; the capture (export, compile) path.
+- `TaskEncoderMixin(TaskHeadsMixin)`: the encoder of a family -- the dense model built by `AutoModel.from_config`,
+  in which the family wraps a few modules in place, run through its own forward with the batch's task ids in a
+  `TaskContext`; `from_dense` (upcycling) and the pooled sequence the heads read.
 
 A family on this base (`TaskMoEForMultiTask`, `PALsForMultiTask`, `CAMTLForMultiTask`) implements `_wrap_backbone`
 (the surgery), `_dense_rules` (where each new weight comes from in the dense checkpoint) and, when its wrapped
@@ -21,11 +27,175 @@ from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedMode
 from transformers.utils import ModelOutput
 
 from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone, layer_hidden_input
-from ..compat import checkpointing_enable_with, dense_sub_config
+from ..compat import checkpointing_enable_with, dense_sub_config, is_exporting
+from ..modeling_utils import (
+    MultiTaskModelOutput,
+    check_batch_dim,
+    check_input_shapes,
+    check_kwargs,
+    check_token_ids,
+    heads_to_output_fields,
+    resolve_task_ids,
+    token_table_sizes,
+)
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin, TaskSpec
-from ..utils import check_choice, check_layer_list
-from .multitask_bert import CLASSIFIER_POOLINGS, MultiTaskBertHeadsMixin, pool_sequence
+from ..utils import check_choice, check_int, check_layer_list
+
+CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
+
+#: why `torch.jit.trace` of a task model is refused: it would record the example batch's per-task row counts
+TRACING_REFUSED = (
+    "torch.jit.trace would record the example batch's task mix (its per-task row counts) and answer other mixes "
+    "wrongly; export with torch.export instead: hf_taskmoe.onnx_export.export_program(model), or "
+    "hf_taskmoe.export_onnx(model, path) for ONNX (docs/deployment.md, 'Export to ONNX')."
+)
+
+
+def pool_sequence(hidden: torch.Tensor, attention_mask: torch.Tensor | None, mode: str, pooler=None) -> torch.Tensor:
+    """The sequence representation the heads read (`classifier_pooling`): `(batch, seq, hidden)` ->
+    `(batch, hidden)`."""
+    if mode == "pooler":
+        return pooler(hidden)
+    if mode == "cls":
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden.mean(1)
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (batch, seq, 1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
+
+
+class TaskHeadsMixin:
+    """The task-level forward of every encoder family: check the batch, run the encoder (`_run_encoder`, the family's),
+    then each row's head in `self.heads` (a `MultiTaskHeads`). Put before the family's `MultiTaskPreTrainedModel`
+    base; `TaskEncoderMixin` is the one the backbone-generic families use."""
+
+    records_task_order = True
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        task_ids: torch.LongTensor | None = None,
+        labels: torch.Tensor | None = None,
+        span_positions: torch.LongTensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        values_checked: bool = False,
+        task_counts: tuple[int, ...] | None = None,
+        **kwargs,
+    ) -> MultiTaskModelOutput | tuple:
+        r"""
+        task_ids (`torch.LongTensor` of shape `(batch,)`):
+            Index into `config.tasks` of each row; selects the row's task-specific modules and head. A batch
+            may mix tasks.
+        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
+            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
+        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
+            Token start/end (exclusive) of each word span, for span-classification tasks.
+        values_checked (`bool`, *optional*, defaults to `False`):
+            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`;
+            `MultiTaskCollator` batches checked by `HostCheckedCollator` carry `values_checked=True`): the forward
+            then skips the value checks (each a read back from the device) and gives the same loss, per-task
+            losses, logits and gradients. An eager forward splits the batch among the heads by `task_counts` (an
+            absent task's head gets no gradient); without them it reads the per-task row counts back once. Under
+            capture (torch.export, ONNX, torch.compile) every head runs on every row
+            (`MultiTaskHeads.forward_every_row`) and nothing is read back; there `task_logits` / `task_losses`
+            read back which tasks are present when first looked at, and `logits` is None when the tasks' logit
+            shapes differ. Models with a multiple-choice or extractive-QA task
+            split the batch. Export the forward with `values_checked=True` (`hf_taskmoe.export_onnx`).
+        task_counts (`tuple[int, ...]`, *optional*):
+            The rows of each task in the batch, in `config.tasks` order, counted on the host where the batch was made
+            (`BatchChecker.check`; `HostCheckedCollator` adds them beside `values_checked`). With `values_checked`
+            the eager forward splits the batch by them and reads nothing back from the device; otherwise they must
+            agree with `task_ids`. A captured forward that runs every head on every row splits nothing and does
+            not read them (they may change from batch to batch without a recompile).
+        """
+        task_ids, encoded, heads_out = self._encode_and_score(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
+            output_attentions, output_hidden_states, values_checked=values_checked, task_counts=task_counts, **kwargs,
+        )
+        output = MultiTaskModelOutput(
+            loss=heads_out.loss,
+            task_ids=task_ids,
+            hidden_states=encoded.hidden_states,
+            attentions=encoded.attentions,
+            **heads_to_output_fields(heads_out),
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
+
+    def _run_encoder(self, *args, **kwargs):
+        """The encoder on checked inputs (`input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+        task_ids, *flags, task_rows=`) -> an output with `last_hidden_state`, `pooler_output`, `hidden_states` and
+        `attentions`: the family's."""
+        raise NotImplementedError
+
+    def _encode_and_score(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
+        *flags, values_checked: bool = False, task_counts=None, **kwargs,
+    ):
+        """Check the batch (labels before the encoder runs), encode, run each row's head.
+        Returns `(task_ids, encoder output, HeadsOutput)`; `flags` go to the encoder's `_encode`.
+
+        A batch checked on the host (`values_checked`) that is being captured (torch.export, ONNX, torch.compile)
+        runs every head on every row when the heads allow it (`MultiTaskHeads.forward_every_row`): nothing is read
+        back from the device and no shape depends on the task mix. An eager forward splits the batch by task (by the
+        host's `task_counts`, else one read of the per-task row counts): there the heads of tasks absent from the
+        batch get no gradient at all,
+        where the every-row path gives them zeros, which AdamW's momentum and weight decay would still act on --
+        training would then depend on whether the batch was checked on the host."""
+        check_kwargs(kwargs, self.forward)
+        if torch.jit.is_tracing():
+            raise ValueError(TRACING_REFUSED)
+        batch, seq = check_input_shapes(
+            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
+            token_type_ids=token_type_ids, position_ids=position_ids,
+        )
+        exporting = is_exporting()
+        if exporting:
+            if not values_checked:
+                raise ValueError(
+                    "An exported program cannot check values: export the forward with `values_checked=True` and check "
+                    "each batch on the host before it runs (hf_taskmoe.modeling_utils.BatchChecker)."
+                )
+            if labels is not None:
+                raise ValueError("Export the forward for inference: leave `labels` out (a loss needs labels).")
+            self.heads.check_exportable()
+        if values_checked and self.heads.every_row_ready() and torch.compiler.is_compiling():
+            check_batch_dim(batch, labels=labels, span_positions=span_positions)
+            task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values=False)
+            encoded = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+                                        task_ids, *flags, task_rows=None)
+            heads_out = self.heads.forward_every_row(encoded.last_hidden_state, encoded.pooler_output, task_ids,
+                                                     labels, span_positions, padded=exporting)
+            if exporting:  # a program returns tensors: `logits`, each row's own task's, zero-padded (`logit_widths`)
+                heads_out.task_logits = None
+            return task_ids, encoded, heads_out
+        if not values_checked:  # else `BatchChecker` checked them on the host
+            check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids)
+        task_ids, task_rows, prepared = self._prepare_task_batch(
+            task_ids, batch, seq, labels, span_positions, check_values=not values_checked, task_counts=task_counts
+        )
+        encoded = self._run_encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            task_ids,
+            *flags,
+            task_rows=task_rows,
+        )
+        heads_out = self.heads(
+            encoded.last_hidden_state, encoded.pooler_output, task_rows, prepared, span_positions
+        )
+        return task_ids, encoded, heads_out
+
 
 # names a family reads from the dense config, whatever the architecture calls them (`Backbone.config_fields`)
 _DENSE_VIEWS = (
@@ -34,7 +204,7 @@ _DENSE_VIEWS = (
 )
 
 
-class BackboneTaskConfig(TaskConfigMixin, PreTrainedConfig):
+class TaskEncoderConfig(TaskConfigMixin, PreTrainedConfig):
     r"""
     Base of the backbone-generic families' configs: the dense model's config, the tasks and the pooling.
 
@@ -78,6 +248,13 @@ class BackboneTaskConfig(TaskConfigMixin, PreTrainedConfig):
 
     def _validate(self) -> None:
         backbone = self.backbone  # refuses an undeclared model_type, listing the declared ones
+        for name in ("hidden_size", "num_hidden_layers", "num_attention_heads"):
+            check_int(getattr(self, name), name, minimum=1)
+        if self.hidden_size % self.num_attention_heads:  # the dense model's attention would refuse it when built
+            raise ValueError(
+                f"`hidden_size` ({self.hidden_size}) must be a multiple of `num_attention_heads` "
+                f"({self.num_attention_heads})."
+            )
         self._validate_tasks(
             ENCODER, "has no encoder head (it needs a decoder or another model); an encoder model supports"
         )
@@ -114,7 +291,7 @@ def _dense_view(name: str):
 
 
 for _name in _DENSE_VIEWS:
-    setattr(BackboneTaskConfig, _name, _dense_view(_name))
+    setattr(TaskEncoderConfig, _name, _dense_view(_name))
 
 
 @property
@@ -125,11 +302,11 @@ def _type_vocab_size(self) -> int | None:
     return size or None
 
 
-BackboneTaskConfig.type_vocab_size = _type_vocab_size
+TaskEncoderConfig.type_vocab_size = _type_vocab_size
 
 
 @dataclass
-class BackboneEncoderOutput(ModelOutput):
+class TaskEncoderOutput(ModelOutput):
     """The dense model's states after the family's modules ran: `last_hidden_state` `(batch, seq, hidden)`,
     `pooler_output` `(batch, hidden)` (what the heads read), and `hidden_states` / `attentions` when asked."""
 
@@ -140,10 +317,10 @@ class BackboneEncoderOutput(ModelOutput):
 
 
 class _FirstLayerReached(Exception):
-    """Stops a forward at the first layer (`BackboneTaskMixin.first_layer_inputs`)."""
+    """Stops a forward at the first layer (`TaskEncoderMixin.first_layer_inputs`)."""
 
 
-class BackboneTaskMixin(MultiTaskBertHeadsMixin):
+class TaskEncoderMixin(TaskHeadsMixin):
     """Put before `MultiTaskPreTrainedModel` in a backbone-generic family's task model: `self.backbone` (the dense
     architecture's own base model, with the family's modules in place), `self.heads` and `self.task_context`. The
     family's `__init__` calls `_build_backbone(config)` then `post_init()`."""
@@ -156,9 +333,9 @@ class BackboneTaskMixin(MultiTaskBertHeadsMixin):
     _supports_attention_backend = True
     accepts_loss_kwargs = False
     #: output class of `_run_encoder` (a family's with its own fields)
-    encoder_output_class = BackboneEncoderOutput
+    encoder_output_class = TaskEncoderOutput
 
-    def _build_backbone(self, config: BackboneTaskConfig) -> None:
+    def _build_backbone(self, config: TaskEncoderConfig) -> None:
         """The dense model (its own modules, initialisation and forward), then the family's surgery."""
         backbone = config.backbone
         extra = {}
@@ -302,7 +479,7 @@ class BackboneTaskMixin(MultiTaskBertHeadsMixin):
         return (model, report) if output_loading_info else model
 
 
-checkpointing_enable_with(BackboneTaskMixin, lambda model, kwargs: model.task_context.checkpoint_kwargs(kwargs))
+checkpointing_enable_with(TaskEncoderMixin, lambda model, kwargs: model.task_context.checkpoint_kwargs(kwargs))
 
 
 def layer_rule(backbone: Backbone, inner: str, source: str) -> tuple[str, str]:

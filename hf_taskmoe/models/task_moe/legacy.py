@@ -1,0 +1,114 @@
+"""The MT-TaG names of earlier releases, now thin names on the one implementation (`TaskMoEForMultiTask`):
+
+- `BertTaskMoEConfig` (model type `taskmoe_bert`): a `TaskMoEConfig` that also takes `BertConfig`'s fields flat, as
+  the BERT-only class did (`hidden_size=...`, a config.json of an earlier release), and keeps them in `dense_config`,
+  a `BertConfig`; read and set through it under the same names. `classifier_pooling` defaults to `"pooler"`.
+- `BertForTaskMoE`: `TaskMoEForMultiTask` with that config. Checkpoints saved by the BERT-only class (BERT's modules
+  under `bert.`, the MoE under `mlp.`, its layer norm `ffn_norm`) load through `from_pretrained` and
+  `AutoModel.from_pretrained`, renamed by `LEGACY_KEY_MAPPING` (transformers' `key_mapping`); the model saves the
+  current layout, which that mapping leaves as it is.
+- `BertTaskMoEModel`: the same model whose forward returns the encoder's output (`TaskMoEEncoderOutput`), as the
+  bare encoder of the BERT-only class did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from transformers import BertConfig, PreTrainedConfig
+
+from ...modeling_utils import check_input_shapes, check_kwargs, resolve_task_ids
+from .configuration_task_moe import TaskMoEConfig
+from .modeling_task_moe import TaskMoEEncoderOutput, TaskMoEForMultiTask
+
+__all__ = ["LEGACY_KEY_MAPPING", "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]
+
+#: `BertConfig`'s own fields, which `BertTaskMoEConfig` takes flat and keeps in `dense_config` (`classifier_dropout`
+#: is the task config's own: the heads' dropout)
+BERT_FIELDS = tuple(
+    f.name for f in dataclasses.fields(BertConfig)
+    if f.name not in {g.name for g in dataclasses.fields(PreTrainedConfig)} | {"classifier_dropout"}
+)
+
+#: weight names of the BERT-only class -> `TaskMoEForMultiTask`'s on BERT, applied in turn (transformers'
+#: `key_mapping`: `re.search`, the match replaced). BERT's modules move from `bert.` to `backbone.`; the MoE (`mlp`)
+#: sits in the place of `intermediate`, whose output projection is an identity, so `ffn_norm` is `output.LayerNorm`;
+#: a dense layer (one expert, `experts.0`) is BERT's own `intermediate.dense` / `output.dense`. No pattern matches a
+#: current name (none has `bert.`, `.mlp.` or `.ffn_norm.`), so a model saved now loads unchanged.
+LEGACY_KEY_MAPPING = {
+    r"\.mlp\.experts\.0\.w_in\.": ".intermediate.dense.",
+    r"\.mlp\.experts\.0\.w_out\.": ".output.dense.",
+    r"^bert\.": "backbone.",
+    r"\.mlp\.": ".intermediate.",
+    r"\.ffn_norm\.": ".output.LayerNorm.",
+}
+
+
+class BertTaskMoEConfig(TaskMoEConfig):
+    r"""
+    `TaskMoEConfig` on BERT under the name of earlier releases (model type `taskmoe_bert`). Every field of `BertConfig`
+    is accepted flat (`hidden_size`, `num_hidden_layers`, `hidden_dropout_prob`, ...) and kept in `dense_config` (a
+    `BertConfig`); `config.hidden_size` and the others read and set it there. `classifier_pooling` defaults to
+    `"pooler"` (BERT's tanh pooler on [CLS]); the other fields are `TaskMoEConfig`'s.
+    """
+
+    model_type = "taskmoe_bert"
+    method_name = "MT-TaG (BertForTaskMoE)"
+
+    classifier_pooling: str = "pooler"
+
+    @classmethod
+    def from_dense_config(cls, dense_config, tasks, **kwargs):
+        """Like `TaskMoEConfig.from_dense_config`, for a BERT config only (other encoders: `TaskMoEConfig`)."""
+        found = getattr(dense_config, "model_type", None)
+        if found != "bert":
+            raise ValueError(
+                f"{cls.__name__} starts from BERT checkpoints (model_type 'bert', MiniLM included), got model_type "
+                f"{found!r}; TaskMoEForMultiTask takes every declared encoder."
+            )
+        return super().from_dense_config(dense_config, tasks, **kwargs)
+
+
+def _bert_field(name: str) -> property:
+    def read(self):
+        return getattr(self.dense_config, name)
+
+    def write(self, value):
+        setattr(self.dense_config, name, value)
+
+    return property(read, write, doc=f"`dense_config.{name}` (a `BertConfig` field, taken flat).")
+
+
+for _name in BERT_FIELDS:
+    setattr(BertTaskMoEConfig, _name, _bert_field(_name))
+
+
+class BertForTaskMoE(TaskMoEForMultiTask):
+    """MT-TaG on BERT under the name of earlier releases: `TaskMoEForMultiTask` with a `BertTaskMoEConfig`
+    (`BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)`). It loads the checkpoints of
+    the BERT-only class (`LEGACY_KEY_MAPPING`) and saves the current layout."""
+
+    config_class = BertTaskMoEConfig
+    #: old weight name pattern -> the current name's part, applied in turn (`from_pretrained`)
+    checkpoint_key_mapping = LEGACY_KEY_MAPPING
+
+
+class BertTaskMoEModel(BertForTaskMoE):
+    """The bare encoder's name of earlier releases: `BertForTaskMoE` (heads included, so it loads a saved model
+    whole) whose forward returns the encoder's output, a `TaskMoEEncoderOutput` (`last_hidden_state`,
+    `pooler_output`, the routing fields), not the heads'."""
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+                task_ids=None, output_attentions=None, output_hidden_states=None, output_router_logits=None,
+                return_dict=None, **kwargs) -> TaskMoEEncoderOutput | tuple:
+        """The encoder's output for these rows (the inputs and flags of `BertForTaskMoE.forward`)."""
+        check_kwargs(kwargs, self.forward)
+        batch, _ = check_input_shapes(
+            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
+            token_type_ids=token_type_ids, position_ids=position_ids,
+        )
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                                   output_attentions, output_hidden_states, output_router_logits)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
