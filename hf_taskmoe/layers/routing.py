@@ -314,7 +314,7 @@ class RouteRecorder:
 
     def __init__(self, hidden_states: bool, attentions: bool, attention_kinds: dict[str, str]):
         self.hidden_states: list[torch.Tensor] | None = [] if hidden_states else None
-        #: output field -> the attention submodule of an expert it reads (`{"attentions": "self_attn"}`)
+        #: output field -> the path of the attention submodule of an expert it reads (`{"attentions": "self_attn"}`)
         self.kinds = attention_kinds if attentions else {}
         self.attentions: dict[str, list[torch.Tensor | None]] = {kind: [] for kind in self.kinds}
 
@@ -330,16 +330,18 @@ class RouteRecorder:
         """Hooks on `expert`'s attention modules that keep their probabilities; remove the handles afterwards."""
         seen: dict[str, list] = {kind: [] for kind in self.kinds}
         handles = []
-        for kind, name in self.kinds.items():
-            module = getattr(expert, name, None)
-            if module is not None:
-                handles.append(
-                    module.register_forward_hook(
-                        lambda _m, _a, out, kept=seen[kind]: kept.append(
-                            out[1] if isinstance(out, tuple) and len(out) > 1 else None
-                        )
+        for kind, path in self.kinds.items():
+            try:
+                module = expert.get_submodule(path)
+            except AttributeError:  # an encoder layer has no cross-attention
+                continue
+            handles.append(
+                module.register_forward_hook(  # (output, [position bias,] probabilities): the last is the probabilities
+                    lambda _m, _a, out, kept=seen[kind]: kept.append(
+                        out[-1] if isinstance(out, tuple) and len(out) > 1 else None
                     )
                 )
+            )
         return seen, handles
 
     def outputs(self) -> dict[str, tuple | None]:

@@ -66,7 +66,7 @@ class TaskRoutedSeq2SeqConfig(TaskRoutedLMConfig):
     # ------------------------------------------------------------------ views
     @property
     def num_decoder_layers(self) -> int:
-        decoder = getattr(self.dense_config, "num_decoder_layers", None)
+        decoder = self.dense_value("num_decoder_layers")
         return decoder if decoder is not None else self.num_layers
 
     @property

@@ -46,6 +46,7 @@ from transformers.utils import ModelOutput
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
+from ...layers.routing import RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
@@ -63,9 +64,6 @@ from .configuration_task_routed_t5 import TaskRoutedSeq2SeqConfig
 
 __all__ = ["T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "TaskRoutedSeq2SeqOutput"]
 
-#: tokens `generate()` produces by default after the decoder start token (transformers' default stops at 20 positions)
-#: a T5 block's attention modules, by the output field that reports their probabilities
-SELF_ATTENTION, CROSS_ATTENTION = "layer.0.SelfAttention", "layer.1.EncDecAttention"
 
 
 @dataclass
@@ -85,25 +83,6 @@ class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
     routing_counts: torch.FloatTensor | None = None
 
 
-class _StackRecorder:
-    """What `output_hidden_states` / `output_attentions` ask of one pass through a T5 stack: transformers records them
-    with hooks on the block and attention classes, which would record each expert on its own; the routed blocks record
-    their mixed outputs here instead."""
-
-    def __init__(self, hidden_states: bool, attentions: dict[str, str]):
-        self.hidden_states: list[torch.Tensor] | None = [] if hidden_states else None
-        self.kinds = attentions  # output field -> the attention module's path in a block
-        self.attentions: dict[str, list] = {kind: [] for kind in attentions}
-
-    def outputs(self) -> dict:
-        fields = {
-            kind: tuple(v) if v and all(p is not None for p in v) else None for kind, v in self.attentions.items()
-        }
-        if self.hidden_states is not None:
-            fields["hidden_states"] = tuple(self.hidden_states)
-        return fields
-
-
 class T5RoutedBlock(ContextRoutedLayer):
     """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it runs every expert on every row
     and returns `(sum_j D_ij h_j, position bias, cross-attention bias)`. The self-attention bias is mixed by `D` when
@@ -114,9 +93,9 @@ class T5RoutedBlock(ContextRoutedLayer):
                 encoder_attention_mask=None, encoder_decoder_position_bias=None, **kwargs):
         args = (attention_mask, position_bias, encoder_hidden_states, encoder_attention_mask,
                 encoder_decoder_position_bias)
-        recorder: _StackRecorder | None = self.context.flags.get("stack_recorder")
-        if recorder is not None and recorder.hidden_states == []:
-            recorder.hidden_states.append(hidden_states)  # the embedding output, as transformers records it
+        recorder: RouteRecorder | None = self.context.flags.get("routing_recorder")
+        if recorder is not None:
+            recorder.record_input(hidden_states)
         weights = self.context.flags.get("routing_weights")
         if self.route_index is not None and weights is None:
             self.context.require_task_ids()  # raises: called outside the model's forward
@@ -126,14 +105,7 @@ class T5RoutedBlock(ContextRoutedLayer):
         mixed = bias = cross = None
         attentions: dict[str, torch.Tensor | None] = {}
         for j, expert in enumerate(self.experts):
-            seen: dict[str, list] = {kind: [] for kind in (recorder.kinds if recorder is not None else ())}
-            handles = [
-                expert.get_submodule(path).register_forward_hook(
-                    lambda _m, _a, out, kept=seen[kind]: kept.append(out[2])  # (output, bias, probabilities)
-                )
-                for kind, path in (recorder.kinds.items() if recorder is not None else ())
-                if kind != "cross_attentions" or encoder_hidden_states is not None
-            ]
+            seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
             try:
                 h, b, c = expert(hidden_states, *args, **kwargs)
             finally:
@@ -160,12 +132,16 @@ class T5RoutedBlock(ContextRoutedLayer):
         if position_bias is not None:
             bias = position_bias
         if recorder is not None:
-            if recorder.hidden_states is not None:
-                recorder.hidden_states.append(mixed)
+            recorder.record_output(mixed)
             for kind in recorder.kinds:
                 if kind in attentions:
                     recorder.attentions[kind].append(attentions[kind])
         return mixed, bias, cross
+
+
+#: the routed layer class of an architecture whose blocks need more than `ContextRoutedLayer` (a block returning a
+#: tensor): T5's return their position biases beside their hidden states
+ROUTED_BLOCKS: dict[str, type[ContextRoutedLayer]] = {"t5": T5RoutedBlock, "mt5": T5RoutedBlock}
 
 
 class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
@@ -216,14 +192,15 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         # the copies share the configs T5's attention modules hold (each stack's own), so that
         # `set_attn_implementation` reaches every expert
         shared = (self.backbone.config, encoder.config, decoder.config)
+        layer_class = ROUTED_BLOCKS.get(declared.model_type, ContextRoutedLayer)
         fork_layers(
             base.get_submodule(declared.layers), config.encoder_route_layers, config.num_experts, None,
-            self.task_context, shared=shared, layer_class=T5RoutedBlock,
+            self.task_context, shared=shared, layer_class=layer_class,
         )
         self._slot_layers = fork_layers(
             base.get_submodule(declared.decoder_layers), config.decoder_route_layers, config.num_experts,
-            (SELF_ATTENTION, CROSS_ATTENTION), self.task_context, shared=shared,
-            first_route=len(config.encoder_route_layers), layer_class=T5RoutedBlock,
+            (declared.attention, declared.cross_attention), self.task_context, shared=shared,
+            first_route=len(config.encoder_route_layers), layer_class=layer_class,
         )
         # `generate` runs the encoder by itself: its pre-hook routes it; both stacks record hidden states and
         # attentions per routed block (transformers' hooks would record every expert separately)
@@ -247,7 +224,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         return self.backbone.get_decoder()
 
     def max_input_length(self) -> int | None:
-        return None  # relative positions: no position table bounds the input
+        return self.config.max_position_embeddings  # T5: None (relative positions); BART: its position table
 
     # ------------------------------------------------------------------ cache
     @property
@@ -283,6 +260,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         """Before T5's encoder or decoder runs: routes for the encoder when `generate` calls it by itself (with the
         model's `task_ids`), and a recorder in place of transformers' recording of hidden states and attentions."""
         task_ids = kwargs.pop("task_ids", None)
+        kwargs.pop("values_checked", None)
         flags = self.task_context.flags
         wanted = [kwargs.pop(flag, None) for flag in ("output_hidden_states", "output_attentions")]
         if stack is self.get_encoder() and (task_ids is not None or flags.get("routing_weights") is None):
@@ -300,17 +278,19 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             attentions = self.config.output_attentions if wanted[1] is None else wanted[1]
         else:
             hidden, attentions = record
-        kwargs["output_hidden_states"] = kwargs["output_attentions"] = False  # T5's recording off: ours instead
+        kwargs["output_hidden_states"] = kwargs["output_attentions"] = False  # the dense recording off: ours instead
+        kwargs["return_dict"] = True  # the dense model reads its stacks' outputs by name
         if hidden or attentions:
-            kinds = {"attentions": SELF_ATTENTION}
+            declared = self.config.backbone
+            kinds = {"attentions": declared.attention}
             if stack is self.get_decoder():
-                kinds["cross_attentions"] = CROSS_ATTENTION
-            flags["stack_recorder"] = _StackRecorder(bool(hidden), kinds if attentions else {})
+                kinds["cross_attentions"] = declared.cross_attention
+            flags["routing_recorder"] = RouteRecorder(bool(hidden), bool(attentions), kinds)
         return args, kwargs
 
     def _stack_post_hook(self, stack, args, kwargs, output):
         flags = self.task_context.flags
-        recorder = flags.pop("stack_recorder", None)
+        recorder = flags.pop("routing_recorder", None)
         if recorder is not None and isinstance(output, ModelOutput):
             for name, value in recorder.outputs().items():
                 setattr(output, name, value)
@@ -373,7 +353,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         for name, tensor in (("input", input_ids if input_ids is not None else inputs_embeds), ("target", labels),
                              ("decoder input", decoder_input_ids if cache is None else None)):
             if tensor is not None:
-                check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, None, name)
+                check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, self.max_input_length(),
+                              name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
         if not values_checked:  # else `BatchChecker` checked them on the host
