@@ -13,7 +13,7 @@ import torch
 from transformers import BartConfig, BartForConditionalGeneration
 
 from hf_taskmoe import BartTaskRouted, TaskSpec
-from hf_taskmoe.models.task_routed_t5 import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
+from hf_taskmoe.models.task_routing import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
 
 from .equivalence import KeyMap, assert_same_training_step, close, load_mapped
 

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, MT5Config, T5Config
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
 from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
-from hf_taskmoe.models.task_routed_t5 import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
+from hf_taskmoe.models.task_routing import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
 from hf_taskmoe.problem_types.seq2seq import ENCODER_DECODER_LAYOUT, text_to_text_layout
 
 from .family_tester import FamilyCase, FamilyContract, fit

@@ -1,6 +1,8 @@
-"""What every task-routed model beside BART shares: the router's bookkeeping (temperature annealing, evaluation
-routes, disabling experts, task representations), the layer wrapper the dense model's own loop calls, and the
-key/value cache slot numbering that lets forked decoder layers generate with a cache."""
+"""What every task-routed model shares, causal LM or encoder-decoder: the router and its bookkeeping (temperature
+annealing, evaluation routes, disabling experts, task representations), the routed forward's checks, decisions and
+routing outputs (`_route`, `_routing_outputs`), the output classes, the layer wrapper the dense model's own loop
+calls, the key/value cache slot numbering that lets forked decoder layers generate with a cache, `from_dense` and
+`export_task`."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import contextlib
 import copy
 import inspect
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
@@ -23,9 +27,44 @@ from ...layers.routing import (
     hard_route_plan,
     plan_routes,
 )
-from ...modeling_utils import grow_embedding
+from ...modeling_utils import grow_embedding, resolve_task_ids
 from ...tasks import TaskSpec
 from ...utils import is_capturing
+
+
+@dataclass
+class TaskRoutedCausalLMOutput(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` plus, as in every family's output: `task_losses` (each task's mean token loss over its
+    target tokens), `task_ids`, and with `output_router_logits=True` the routing: `routing_decisions` and
+    `router_logits`, both `(batch, routed layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)`
+    (the sum of each task's rows' decisions), as `RoutingStatistics` reads them.
+
+    `hidden_states` (when asked): the embedding output and each layer's (mixed) output, `(batch, seq, hidden)` each,
+    before the final norm; `attentions`: each layer's attention probabilities, mixed over its experts by `D`
+    (eager attention only)."""
+
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_ids: torch.LongTensor | None = None
+    routing_decisions: torch.FloatTensor | None = None
+    router_logits: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
+
+
+@dataclass
+class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus, as in every family's output: `task_losses` (each task's mean token loss), `task_ids`,
+    and with `output_router_logits=True` the routing: `routing_decisions` and `router_logits`, both `(batch, routed
+    layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)` (the sum of each task's rows' decisions).
+
+    `encoder_hidden_states` / `decoder_hidden_states` (when asked): the embedding output and each block's (mixed)
+    output, `(batch, seq, hidden)` each, before the final norm; `encoder_attentions`, `decoder_attentions`,
+    `cross_attentions`: each block's attention probabilities mixed over its experts by `D` (eager attention only)."""
+
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_ids: torch.LongTensor | None = None
+    routing_decisions: torch.FloatTensor | None = None
+    router_logits: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
 
 
 class ContextRoutedLayer(RoutedLayer):
@@ -235,6 +274,32 @@ class TaskRoutingMixin:
                     for p in layer.experts.parameters():
                         p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
         return (model, report) if output_loading_info else model
+
+    def _route(self, task_ids, routing_weights, batch: int, values_checked: bool):
+        """The checks and decisions every routed forward starts with: each row's task id (its values read back only
+        when `values_checked` is False), then the router's decisions `(batch, routed layers, experts)` and logits, or
+        the `routing_weights` given (checked; logits None)."""
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        if routing_weights is None:
+            return (task_ids, *self.router(task_ids))
+        expected = (batch, self.config.num_routed_layers, self.config.num_experts)
+        if tuple(routing_weights.shape) != expected:
+            raise ValueError(
+                f"`routing_weights` must have shape (batch, routed layers, experts) = {expected}, got "
+                f"{tuple(routing_weights.shape)}."
+            )
+        return task_ids, routing_weights, None
+
+    def _routing_outputs(self, task_ids, routing_weights, router_logits, output_router_logits: bool) -> dict:
+        """The routing fields of the output: `routing_decisions`, `router_logits` and `routing_counts` `(routed layers,
+        tasks, experts)` (the sum of each task's rows' decisions), when asked for."""
+        if not output_router_logits:
+            return {}
+        decisions = routing_weights.detach().float()
+        counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
+        return dict(
+            routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
+        )
 
     def _build_router(self, config) -> None:
         self.router = TaskRouter(

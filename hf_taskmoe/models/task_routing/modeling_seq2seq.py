@@ -35,12 +35,9 @@ block is `experts.0`), the router under `router.*`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import ModelOutput
 
 from ...backbones import TaskContext
@@ -59,28 +56,11 @@ from ...modeling_utils import (
     token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
-from ..task_routed_lm.routing_mixin import ContextRoutedLayer, TaskRoutingMixin, dense_forward_kwargs, fork_layers
-from .configuration_task_routed_t5 import TaskRoutedSeq2SeqConfig
+from .configuration import TaskRoutedSeq2SeqConfig
+from .core import ContextRoutedLayer, TaskRoutedSeq2SeqOutput, TaskRoutingMixin, dense_forward_kwargs, fork_layers
 
 __all__ = ["T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "TaskRoutedSeq2SeqOutput"]
 
-
-
-@dataclass
-class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus, as in every family's output: `task_losses` (each task's mean token loss), `task_ids`,
-    and with `output_router_logits=True` the routing: `routing_decisions` and `router_logits`, both `(batch, routed
-    layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)` (the sum of each task's rows' decisions).
-
-    `encoder_hidden_states` / `decoder_hidden_states` (when asked): the embedding output and each block's (mixed)
-    output, `(batch, seq, hidden)` each, before the final norm; `encoder_attentions`, `decoder_attentions`,
-    `cross_attentions`: each block's attention probabilities mixed over its experts by `D` (eager attention only)."""
-
-    task_losses: dict[str, torch.FloatTensor] | None = None
-    task_ids: torch.LongTensor | None = None
-    routing_decisions: torch.FloatTensor | None = None
-    router_logits: torch.FloatTensor | None = None
-    routing_counts: torch.FloatTensor | None = None
 
 
 class T5RoutedBlock(ContextRoutedLayer):
@@ -356,18 +336,9 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
                 check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, self.max_input_length(),
                               name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked)
         if not values_checked:  # else `BatchChecker` checked them on the host
             check_token_ids(token_table_sizes(self), input_ids=input_ids, decoder_input_ids=decoder_input_ids)
-        router_logits = None
-        if routing_weights is None:
-            routing_weights, router_logits = self.router(task_ids)
-        elif tuple(routing_weights.shape) != (batch, self.config.num_routed_layers, self.config.num_experts):
-            raise ValueError(
-                f"`routing_weights` must have shape (batch, routed layers, experts) = "
-                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got "
-                f"{tuple(routing_weights.shape)}."
-            )
         if labels is not None:
             if labels.dim() != 2:
                 raise ValueError(f"`labels` must have shape (batch, target_length), got {tuple(labels.shape)}.")
@@ -403,13 +374,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         loss, task_losses = None, None
         if labels is not None:
             loss, task_losses = self._seq2seq_loss(out.logits, labels, task_ids)
-        routing = {}
-        if output_router_logits:
-            decisions = routing_weights.detach().float()
-            counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
-            routing = dict(
-                routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
-            )
+        routing = self._routing_outputs(task_ids, routing_weights, router_logits, output_router_logits)
         output = TaskRoutedSeq2SeqOutput(
             loss=loss,
             logits=out.logits,
