@@ -45,8 +45,8 @@ import hf_taskmoe
 from hf_taskmoe.analysis import RoutingStatistics, parameter_report, routed_layers
 from hf_taskmoe.modeling_utils import token_table_sizes
 from hf_taskmoe.models import FAMILIES, family_for
-from hf_taskmoe.models.bart_task_routed.bart_from_bert import name_special_tokens
 from hf_taskmoe.models.registry import check_dense_family, dense_choices
+from hf_taskmoe.models.task_routing.bart_from_bert import name_special_tokens
 from hf_taskmoe.problem_types import TEXT_TO_TEXT, get_problem_type
 from hf_taskmoe.problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from hf_taskmoe.training import (

@@ -104,7 +104,7 @@ def test_last_decoder_hidden_state_gives_the_logits():
     b = batch()
     with torch.no_grad():
         out = model(**b, output_hidden_states=True)
-    expected = model.lm_head(out.decoder_hidden_states[-1]) + model.final_logits_bias
+    expected = model.backbone.lm_head(out.decoder_hidden_states[-1]) + model.backbone.final_logits_bias
     torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-5)
 
 

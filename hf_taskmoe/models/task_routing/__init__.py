@@ -2,17 +2,19 @@
 model shares (the router, its checks and decisions, the forked layers, the routing outputs, `export_task`);
 `modeling_causal_lm.py` the decoder-only models (GPT-2, Llama, Qwen2, Mistral), `modeling_seq2seq.py` the
 encoder-decoders (T5, mT5, BART), each adding only what its layers need. Families: `task_routed_lm`,
-`task_routed_t5` (any encoder-decoder backbone)."""
+`task_routed_t5` (any encoder-decoder backbone) and `bart_routed` (`BartTaskRouted`: the encoder-decoder class with
+a BART default, and a BERT warm-started into a BART, `bart_from_bert`)."""
 
 from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, backbone_names
 from ...pipelines import TEXT2TEXT_PIPELINE_TASK
 from ...problem_types import TEXT_TO_TEXT
 from ...upcycling import UpcyclingRules
 from ..registry import Family, register_family
-from .configuration import TaskRoutedLMConfig, TaskRoutedSeq2SeqConfig
+from .bart_from_bert import bart_from_bert
+from .configuration import BartTaskRoutedConfig, TaskRoutedLMConfig, TaskRoutedSeq2SeqConfig
 from .core import TaskRoutedCausalLMOutput, TaskRoutedSeq2SeqOutput
 from .modeling_causal_lm import TaskRoutedForCausalLM
-from .modeling_seq2seq import T5RoutedBlock, TaskRoutedForSeq2SeqLM
+from .modeling_seq2seq import BartTaskRouted, T5RoutedBlock, TaskRoutedForSeq2SeqLM
 
 
 def describe(c: TaskRoutedLMConfig) -> str:
@@ -24,7 +26,7 @@ def describe(c: TaskRoutedLMConfig) -> str:
     )
 
 
-FAMILY = register_family(Family(
+LM_FAMILY = register_family(Family(
     name="task_routed_lm",
     config_class=TaskRoutedLMConfig,
     model_class=TaskRoutedForCausalLM,
@@ -53,7 +55,7 @@ def describe_seq2seq(c: TaskRoutedSeq2SeqConfig) -> str:
     )
 
 
-FAMILY = register_family(Family(
+SEQ2SEQ_FAMILY = register_family(Family(
     name="task_routed_t5",
     config_class=TaskRoutedSeq2SeqConfig,
     model_class=TaskRoutedForSeq2SeqLM,
@@ -72,7 +74,35 @@ FAMILY = register_family(Family(
     method="task-routing",
 ))
 
+def describe_bart(c: BartTaskRoutedConfig) -> str:
+    frozen = " (frozen)" if c.freeze_task_embeddings else ""
+    return (
+        f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
+        f"layers), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    )
+
+
+def prepare_dense(dense, dense_config):
+    """No BART weights offline: a BERT checkpoint is warm-started into a BART (BERT2BERT, `bart_from_bert`)."""
+    return bart_from_bert(dense) if getattr(dense_config, "model_type", None) == "bert" else dense
+
+
+BART_FAMILY = register_family(Family(
+    name="bart_routed",
+    config_class=BartTaskRoutedConfig,
+    model_class=BartTaskRouted,
+    auto_classes=BartTaskRouted.auto_classes,
+    problem_types=TEXT_TO_TEXT,
+    pipeline_task=TEXT2TEXT_PIPELINE_TASK,
+    describe=describe_bart,
+    upcycling=SEQ2SEQ_FAMILY.upcycling,  # BART's weights under `backbone.`, as T5's
+    dense_model_types=("bart", "bert"),
+    method="task-routing",
+    prepare_dense=prepare_dense,
+))
+
 __all__ = [
-    "T5RoutedBlock", "TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM", "TaskRoutedForSeq2SeqLM",
-    "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig", "TaskRoutedSeq2SeqOutput",
+    "BartTaskRouted", "BartTaskRoutedConfig", "T5RoutedBlock", "TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM",
+    "TaskRoutedForSeq2SeqLM", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig", "TaskRoutedSeq2SeqOutput",
+    "bart_from_bert",
 ]

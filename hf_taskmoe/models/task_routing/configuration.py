@@ -4,9 +4,10 @@ the encoder and decoder layers of an encoder-decoder (T5, mT5, BART: `backbone_n
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import AutoConfig, BartConfig, PreTrainedConfig
 
 from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, Backbone, get_backbone
 from ...compat import dense_sub_config
@@ -16,7 +17,7 @@ from ...problem_types.seq2seq import ENCODER_DECODER_LAYOUT
 from ...tasks import TaskConfigMixin, TaskSpec
 from ...utils import check_choice, check_float, check_int, check_layer_list
 
-__all__ = ["TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig"]
+__all__ = ["BartTaskRoutedConfig", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig"]
 
 
 class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
@@ -61,6 +62,12 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
             `BartTaskRoutedConfig`, which says why).
         task_embedding_init_std (`float`, *optional*, defaults to 1.0):
             Standard deviation of the randomly initialised task representations.
+        task_representation_source (`dict`, *optional*):
+            How the task representations were made when not learned from a random draw, e.g.
+            `{"kind": "text", "base": <dense checkpoint>, "pooling": "avg", "examples": 64}` (TextEmb, section 5.1
+            (i)); `run_multitask.py --task_representation text` writes it and reads it again to give a task added
+            later its representation from the same base. Data only: nothing is loaded from it unless that option is
+            given.
         upcycled_from (`str`, *optional*):
             Set by `from_dense`: the dense checkpoint the experts were forked from (model cards).
     """
@@ -92,6 +99,7 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     gumbel_anneal_rate: float = 1e-4
     router_init_std: float | None = None
     task_embedding_init_std: float = 1.0
+    task_representation_source: dict | None = None
     upcycled_from: str | None = None
 
     def __post_init__(self, **kwargs):
@@ -115,6 +123,8 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
                 f"`router_attention_heads` ({self.router_attention_heads}) must divide `task_embedding_dim` "
                 f"({self.task_dim}) for router_type='transformer'."
             )
+        if self.task_representation_source is not None and not isinstance(self.task_representation_source, dict):
+            raise ValueError(f"`task_representation_source` must be a dict, got {self.task_representation_source!r}.")
         if not isinstance(self.freeze_task_embeddings, bool):
             raise ValueError(f"`freeze_task_embeddings` must be a bool, got {self.freeze_task_embeddings!r}.")
         self.routed_layers = check_layer_list(self.routed_layers, "routed_layers", self.num_layers)
@@ -258,3 +268,49 @@ class TaskRoutedSeq2SeqConfig(TaskRoutedLMConfig):
         """Names of the routed blocks, in the order of the router's layer axis (`E3` = encoder block 3)."""
         return [f"E{i}" for i in self.encoder_route_layers] + [f"D{i}" for i in self.decoder_route_layers]
 
+
+#: the fields of a `BartConfig` (not of every config): a `BartTaskRoutedConfig` saved before BART was a backbone of
+#: `TaskRoutedForSeq2SeqLM` carried them at its top level (it was a `BartConfig`)
+BART_FIELDS = frozenset(f.name for f in dataclasses.fields(BartConfig)) - frozenset(
+    f.name for f in dataclasses.fields(PreTrainedConfig)
+)
+#: read through to the dense config (`config.d_model`), but for a generation setting: transformers refuses a model
+#: config that sets one (the generation config holds them)
+_READ_THROUGH = BART_FIELDS - {"forced_eos_token_id"}
+
+
+class BartTaskRoutedConfig(TaskRoutedSeq2SeqConfig):
+    r"""
+    Configuration of `BartTaskRouted`: `TaskRoutedSeq2SeqConfig` over a BART (the paper's setting), every field
+    meaning the same. The dense BART's fields may also be given at the top level, as this config took them when it
+    was a `BartConfig` (`BartTaskRoutedConfig(d_model=768, encoder_layers=6, ..., tasks=...)`, and the `config.json`
+    of a checkpoint saved then): they make the `dense_config`, and reading one (`config.d_model`) reads the dense
+    config's.
+    """
+
+    model_type = "taskmoe_bart_routed"
+    method_name: ClassVar[str] = "Task-level routing (BartTaskRouted)"
+    dense_config_default: ClassVar[str] = "bart"
+
+    def __post_init__(self, **kwargs):
+        flat = {name: kwargs.pop(name) for name in list(kwargs) if name in BART_FIELDS}
+        if self.dense_config is None and flat:
+            self.dense_config = BartConfig(**flat, is_encoder_decoder=True)
+        elif flat:
+            raise ValueError(f"Give the dense BART's fields in `dense_config` or at the top level, not both: {flat}.")
+        super().__post_init__(**kwargs)
+
+    def __getattr__(self, name: str):
+        # only reached when no attribute has the name: a field of the dense BART (`d_model`, `pad_token_id`, ...)
+        dense = self.__dict__.get("dense_config")
+        if name in _READ_THROUGH and isinstance(dense, PreTrainedConfig):
+            return getattr(dense, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _validate(self) -> None:
+        super()._validate()
+        if self.dense_config.model_type != "bart":
+            raise ValueError(
+                f"BartTaskRoutedConfig wraps a BART (model_type 'bart'; see `bart_from_bert` for a BERT warm start), "
+                f"got model_type {self.dense_config.model_type!r}: use TaskRoutedSeq2SeqConfig."
+            )

@@ -20,8 +20,8 @@ from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
 from ...layers.routing import (
-    ExpertRowsCache,
     RoutedLayer,
+    SlotRows,
     TaskRouter,
     annealed_temperature,
     hard_route_plan,
@@ -327,13 +327,19 @@ class TaskRoutingMixin:
             return True
         return False
 
-    def _routing_flags(self, routing_weights: torch.Tensor, cache=None) -> dict:
-        """What the routed layers read from the context: the decisions and the plan. The every-expert plan (no host
-        read), but in generation (`cache` an `ExpertRowsCache` that `generate` made): the plan of the routes, made
-        from the decisions at the first step (one host read per `generate` call) and kept on the cache for the
-        later steps, which read nothing."""
+    #: whether a forward (not a generation step, which reuses its cache's plan) plans its routes on the host:
+    #: each routed layer then runs only the experts its rows use, each on its rows (one host read of the decisions
+    #: per forward; none under capture or compile, nor in straight-through training, where every expert runs); False:
+    #: every expert runs on every row, mixed by the decisions, and the forward reads nothing back
+    plans_forward_routes: bool = False
+
+    def _routing_flags(self, routing_weights: torch.Tensor, cache=None, router_logits=None) -> dict:
+        """What the routed layers read from the context: the decisions and the plan. In generation (`cache` a
+        `SlotRows` cache that `generate` made: `ExpertRowsCache`, `RoutedCache`) the plan of the routes, made from
+        the decisions at the first step (one host read per `generate` call) and kept on the cache for the later
+        steps, which read nothing; else the forward's plan (`plans_forward_routes`)."""
         plan = None
-        if isinstance(cache, ExpertRowsCache) and not self.training and not is_capturing():
+        if isinstance(cache, SlotRows) and not self.training and not is_capturing():
             batch = routing_weights.shape[0]
             if cache.routing_plan is None and cache.plans_routes and cache.get_seq_length() == 0:
                 cache.routing_plan, cache.plan_batch = hard_route_plan(routing_weights), batch
@@ -345,7 +351,8 @@ class TaskRoutingMixin:
                     )
                 plan = cache.routing_plan
         if plan is None:
-            plan = plan_routes(routing_weights, every_expert=True)
+            every = not self.plans_forward_routes or (router_logits is not None and self.router.needs_every_expert)
+            plan = plan_routes(routing_weights, every_expert=every)
         return {"routing_weights": routing_weights, "routing_plan": plan}
 
     def apply_freezing(self) -> None:
@@ -424,6 +431,16 @@ class TaskRoutingMixin:
             )
         with torch.no_grad():
             weight.copy_(embeddings.to(weight.dtype))
+
+    def set_task_embedding(self, task: str | int, embedding: torch.Tensor) -> None:
+        """Set one task's representation (`(task_embedding_dim,)`), e.g. the TextEmb of a task added with
+        `add_task`: its routes are then what the router makes of its data (Ye et al. section 7)."""
+        weight = self.router.task_embeddings.weight
+        row = self.task_id(task) if isinstance(task, str) else task
+        if tuple(embedding.shape) != (weight.shape[1],):
+            raise ValueError(f"A task embedding must have shape ({weight.shape[1]},), got {tuple(embedding.shape)}.")
+        with torch.no_grad():
+            weight[row].copy_(embedding.to(weight.dtype))
 
     def hard_route(self, task: str, force_argmax: bool = False) -> list[int]:
         """The expert each routed layer uses for `task` (its evaluation route); a soft route is refused unless

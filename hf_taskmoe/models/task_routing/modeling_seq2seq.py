@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from ...backbones import TaskContext
-from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, output_cache, pop_cache
+from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, is_exporting, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
-from ...layers.routing import RouteRecorder
+from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
@@ -56,11 +56,25 @@ from ...modeling_utils import (
     token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
-from .configuration import TaskRoutedSeq2SeqConfig
-from .core import ContextRoutedLayer, TaskRoutedSeq2SeqOutput, TaskRoutingMixin, dense_forward_kwargs, fork_layers
+from .configuration import BartTaskRoutedConfig, TaskRoutedSeq2SeqConfig
+from .core import (
+    DEFAULT_MAX_NEW_TOKENS,
+    ContextRoutedLayer,
+    TaskRoutedSeq2SeqOutput,
+    TaskRoutingMixin,
+    dense_forward_kwargs,
+    fork_layers,
+)
 
-__all__ = ["T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "TaskRoutedSeq2SeqOutput"]
+__all__ = ["BartTaskRouted", "T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "apply_generation_convention"]
 
+
+
+#: what an export of the model or of its encoder without `values_checked=True` is told
+EXPORT_NEEDS_CHECKED = (
+    "An exported program cannot check values: export the model (or its encoder, `model.get_encoder()`, which takes "
+    "`task_ids`) with `values_checked=True`, and check each batch's task ids on the host before it runs."
+)
 
 
 class T5RoutedBlock(ContextRoutedLayer):
@@ -144,7 +158,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
-    _no_split_modules = ["T5RoutedBlock"]
+    _no_split_modules = ["T5RoutedBlock", "ContextRoutedLayer"]
+    plans_forward_routes = True  # BART's layers run only the experts a batch uses (T5's blocks run every expert)
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -211,42 +226,44 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     def num_cache_slots(self) -> int:
         return len(self._slot_layers)
 
-    def new_cache(self) -> EncoderDecoderCache:
+    def new_cache(self) -> RoutedCache:
         """An empty key/value cache with one self-attention and one cross-attention slot per decoder expert: the
         dense layout, then a slot for each expert copy."""
         slots = [(None, None)] * self.num_cache_slots
-        return EncoderDecoderCache(DynamicCache(ddp_cache_data=slots), DynamicCache(ddp_cache_data=slots))
+        return RoutedCache(ExpertRowsCache(ddp_cache_data=slots), ExpertRowsCache(ddp_cache_data=slots))
 
-    def _routed_cache(self, cache: Cache | None) -> EncoderDecoderCache:
+    def _routed_cache(self, cache: Cache | None) -> RoutedCache:
         """The cache to decode with: ours, or a new one in place of none or of an empty cache of another layout."""
-        if cache is None:
-            return self.new_cache()
+        if cache is None or isinstance(cache, RoutedCache):
+            return cache if cache is not None else self.new_cache()
         if getattr(cache, "is_compileable", False):
             raise ValueError(
-                f"{type(self).__name__} cannot decode with a static cache ({type(cache).__name__}): its decoder blocks "
-                "keep one cache slot per expert. Leave `cache_implementation` unset (the default dynamic cache)."
+                f"{type(self).__name__} cannot decode with a static cache ({type(cache).__name__}, "
+                "`cache_implementation='static'`): its decoder layers keep one cache slot per expert, holding only the "
+                "rows routed to it. Leave `cache_implementation` unset (the default dynamic cache)."
             )
-        if cache.get_seq_length() == 0:
-            return self.new_cache()
-        if not isinstance(cache, EncoderDecoderCache) or len(cache.self_attention_cache.layers) < self.num_cache_slots:
+        if cache.get_seq_length() > 0:
             raise ValueError(
-                f"{type(self).__name__} continues decoding only from a cache with a slot per expert "
-                f"({self.num_cache_slots}; `model.new_cache()`), got a filled {type(cache).__name__}."
+                f"{type(self).__name__} continues decoding only from the cache it returned (a RoutedCache with a slot "
+                f"per decoder expert, `model.new_cache()`), got a filled {type(cache).__name__}."
             )
-        return cache
+        return self.new_cache()
 
     # ------------------------------------------------------------------ the stacks' hooks
     def _stack_pre_hook(self, stack, args, kwargs):
         """Before T5's encoder or decoder runs: routes for the encoder when `generate` calls it by itself (with the
         model's `task_ids`), and a recorder in place of transformers' recording of hidden states and attentions."""
         task_ids = kwargs.pop("task_ids", None)
-        kwargs.pop("values_checked", None)
+        values_checked = kwargs.pop("values_checked", False)
         flags = self.task_context.flags
         wanted = [kwargs.pop(flag, None) for flag in ("output_hidden_states", "output_attentions")]
         if stack is self.get_encoder() and (task_ids is not None or flags.get("routing_weights") is None):
             inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
             if inputs is not None:
-                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device)
+                if is_exporting() and not values_checked:
+                    raise ValueError(EXPORT_NEEDS_CHECKED)
+                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device,
+                                            check_values=not values_checked)
                 self.task_context.begin(
                     task_ids, kwargs.get("attention_mask"), **self._routing_flags(self.router(task_ids)[0]),
                     began_by=stack,
@@ -320,6 +337,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: T5 has no segment embeddings
         cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
         check_kwargs({k: v for k, v in kwargs.items() if k not in self._forward_kwargs}, self.forward)
+        if is_exporting() and not values_checked:
+            raise ValueError(EXPORT_NEEDS_CHECKED)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         reference = next(
             (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
@@ -352,7 +371,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         cache = self._routed_cache(cache) if use_cache else None
         hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        flags = self._routing_flags(routing_weights)
+        flags = self._routing_flags(routing_weights, cache, router_logits)
         flags["record"] = (bool(hidden), bool(attentions))
         self.task_context.begin(task_ids, attention_mask, **flags)
         try:
@@ -402,15 +421,24 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         shifted[:, 0] = dense.decoder_start_token_id
         return shifted.masked_fill(shifted == IGNORE_INDEX, dense.pad_token_id or 0)
 
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's inputs for `labels` (what the Trainer's seq2seq collator asks of the model)."""
+        return self._shift_right(labels)
+
     def _seq2seq_loss(self, logits, labels, task_ids):
         """Token cross-entropy, mean over the batch's target tokens (as T5), weighted per task; each task's mean."""
         return Seq2Seq.task_token_loss(logits, labels, task_ids, self.config.task_specs)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, input_ids=None, attention_mask=None, task_ids=None, **kwargs):
+    def generate(self, input_ids=None, attention_mask=None, task_ids=None, every_expert: bool = False, **kwargs):
         """`GenerationMixin.generate` with `task_ids` (one per row; optional for a one-task model). The encoder runs
         once with the rows' routes (the encoder's pre-hook), each decoding step with the cache (a slot per decoder
-        expert). The segment ids a BERT tokenizer returns are dropped."""
+        expert). The segment ids a BERT tokenizer returns are dropped.
+
+        Under hard routes each routed decoder layer runs only the experts the rows use, each on its own rows, with its
+        own rows in its cache slots (`RoutedCache`): the plan is made at the first step (one host read per call) and
+        kept for the others. A soft route, a cache passed by hand, or `every_expert=True` run every expert on every
+        row, mixed by the decisions (T5's blocks always do)."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
@@ -420,6 +448,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         kwargs.pop("cache_implementation", None)
         if pop_cache(dict(kwargs)) is None:
             kwargs[CACHE_ARG] = self.new_cache()
+            kwargs[CACHE_ARG].plans_routes = not every_expert
         try:
             return super().generate(input_ids=input_ids, attention_mask=attention_mask, task_ids=task_ids, **kwargs)
         finally:
@@ -431,6 +460,55 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         """`{prefix of the stack's blocks in the dense model's names: the blocks}`, encoder first."""
         declared = self.config.backbone
         base = self.backbone.base_model
-        return {f"{path}.": base.get_submodule(path) for path in (declared.layers, declared.decoder_layers)}
+        # T5ForConditionalGeneration is its own base model; BART's is its `model`
+        prefix = "" if base is self.backbone else f"{self.backbone.base_model_prefix}."
+        return {f"{prefix}{path}.": base.get_submodule(path) for path in (declared.layers, declared.decoder_layers)}
 
 
+def apply_generation_convention(generation_config, config, max_new_tokens: int | None = None):
+    """BART's target / generation convention, written into a `GenerationConfig` (`config`: the dense BART's).
+
+    Targets are the text's tokens and the end token, with no leading BOS or [CLS] (`target_token_ids`); the decoder
+    starts from `decoder_start_token_id` (BART: `</s>`; `bart_from_bert`: [CLS]) in training (labels shifted right)
+    and in `generate()`, which stops at `eos_token_id` (BART: `</s>`; BERT vocabularies: [SEP]). So no BOS is forced
+    after the start token (pretrained BART forces `<s>`; its targets began with `<s>`)."""
+    for name in ("decoder_start_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+        setattr(generation_config, name, getattr(config, name))
+    generation_config.forced_bos_token_id = None
+    # as max_new_tokens, not max_length: a user's `generate(max_new_tokens=...)` then replaces it without a warning
+    if max_new_tokens is not None or generation_config.max_new_tokens is None:
+        generation_config.max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
+        generation_config.max_length = None
+    return generation_config
+
+
+#: the weight names of a `BartTaskRouted` saved before BART was a backbone of `TaskRoutedForSeq2SeqLM` (a
+#: `BartForConditionalGeneration` subclass: `model.*`, `lm_head.*`, `final_logits_bias`) -> today's (the same under
+#: `backbone.`); transformers' `from_pretrained(key_mapping=...)` applies it while loading
+LEGACY_BART_KEYS = {r"^(model\.|lm_head\.|final_logits_bias$)": r"backbone.\1"}
+
+
+class BartTaskRouted(TaskRoutedForSeq2SeqLM):
+    r"""
+    `TaskRoutedForSeq2SeqLM` over a BART (Ye et al. 2022's setting), with BART's generation convention
+    (`apply_generation_convention`). `forward(..., task_ids=...)` and `generate(input_ids, task_ids=..., num_beams=...)`
+    take one task id per row (index into `config.tasks`); a batch may mix tasks.
+
+    Build one from a dense BART with `BartTaskRouted.from_dense("facebook/bart-base", tasks)` (experts start as the
+    dense layer plus N(0, 1e-8) noise, section 5.2), or from a BERT checkpoint through `bart_from_bert`. Checkpoints
+    saved before BART was served by the encoder-decoder class load unchanged (`LEGACY_BART_KEYS`).
+    """
+
+    config_class = BartTaskRoutedConfig
+    dense_kind = "a BartForConditionalGeneration (AutoModelForSeq2SeqLM)"
+
+    @classmethod
+    def from_pretrained(cls, *args, key_mapping: dict[str, str] | None = None, **kwargs):
+        """`PreTrainedModel.from_pretrained`, converting the names of an earlier `BartTaskRouted`'s checkpoint
+        (`LEGACY_BART_KEYS`, transformers' `key_mapping`) unless another `key_mapping` is given."""
+        return super().from_pretrained(*args, key_mapping=LEGACY_BART_KEYS if key_mapping is None else key_mapping,
+                                       **kwargs)
+
+    def _apply_generation_convention(self, generation_config):
+        return apply_generation_convention(generation_config, self.config.dense_config)
