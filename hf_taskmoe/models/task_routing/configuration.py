@@ -293,12 +293,11 @@ class BartTaskRoutedConfig(TaskRoutedSeq2SeqConfig):
     dense_config_default: ClassVar[str] = "bart"
 
     def __post_init__(self, **kwargs):
-        flat = {name: kwargs.pop(name) for name in list(kwargs) if name in BART_FIELDS}
-        if self.dense_config is None and flat:
-            self.dense_config = BartConfig(**flat, is_encoder_decoder=True)
-        elif flat:
-            raise ValueError(f"Give the dense BART's fields in `dense_config` or at the top level, not both: {flat}.")
-        super().__post_init__(**kwargs)
+        if self.dense_config is None:
+            flat = {name: kwargs.pop(name) for name in list(kwargs) if name in BART_FIELDS}
+            if flat:
+                self.dense_config = BartConfig(**flat, is_encoder_decoder=True)
+        super().__post_init__(**kwargs)  # with a dense config, such fields are this config's own (`use_cache`)
 
     def __getattr__(self, name: str):
         # only reached when no attribute has the name: a field of the dense BART (`d_model`, `pad_token_id`, ...)
