@@ -72,13 +72,15 @@ class ContextRoutedLayer(RoutedLayer):
     layer's own arguments. The routing weights (and the plan, and a `RouteRecorder` when hidden states or attentions
     are asked for) come from the model's `TaskContext`, filled by the family before it calls the dense model.
 
-    Which experts run on which rows is the plan in the context (`plan_routes`). A forward (training, evaluation, a
-    forward with a cache passed by hand) takes the every-expert plan: every expert runs on every row and the outputs
-    are mixed by the decisions (`sum_j D_ij E^(i,j)(h)`), no decision is read back to the host, so the forward traces
-    (torch.export, compile) and every expert's cache slot holds every row; the cost is `m` times the layer's (`m` =
-    experts). `generate` under hard routes takes the plan of the routes instead (`hard_route_plan`, made once per
-    generation): only the experts some row uses run, each on its rows (the whole batch, with no gather, when every
-    row takes it), and each keeps only its rows in its cache slot (`ExpertRowsCache`): the dense model's cost."""
+    Which experts run on which rows is the plan in the context (`TaskRoutingMixin._routing_flags`). A forward of a
+    model whose `plans_forward_routes` is False (the causal LMs; training, evaluation, a forward with a cache passed
+    by hand) takes the every-expert plan: every expert runs on every row and the outputs are mixed by the decisions
+    (`sum_j D_ij E^(i,j)(h)`), no decision is read back to the host, and the cost is `m` times the layer's (`m` =
+    experts); the encoder-decoders plan their forward's routes on the host (`plan_routes`, one read; every expert
+    under capture, compile and straight-through training). `generate` under hard routes takes the plan of the routes
+    (`hard_route_plan`, made once per generation): only the experts some row uses run, each on its rows (the whole
+    batch, with no gather, when every row takes it), and each keeps only its rows in its cache slot
+    (`ExpertRowsCache`, `RoutedCache`): the dense model's cost."""
 
     def __init__(self, experts: list[nn.Module], route_index: int | None, context: TaskContext):
         super().__init__(experts, route_index)
