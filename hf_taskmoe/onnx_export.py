@@ -269,7 +269,8 @@ def _tabular_program(model) -> _Program:
 
 def _seq2seq_program(model, part: str, max_length: int | None) -> _Program:
     config = model.config
-    limit = max_length or config.max_position_embeddings
+    # T5 has no position table: its programs take any length up to `max_length` (default 512)
+    limit = max_length or config.max_position_embeddings or 512
     g = torch.Generator().manual_seed(0)
     batch, seq, steps = 3, min(8, limit), min(3, limit)
     input_ids = torch.randint(4, config.vocab_size, (batch, seq), generator=g)
@@ -286,10 +287,10 @@ def _seq2seq_program(model, part: str, max_length: int | None) -> _Program:
             "encoder_hidden_states"]
     else:
         decoder_input_ids = torch.randint(4, config.vocab_size, (batch, steps), generator=g)
-        decoder_input_ids[:, 0] = config.decoder_start_token_id
-        hidden = torch.randn(batch, seq, config.d_model, generator=g).to(model.dtype)
+        decoder_input_ids[:, 0] = config.dense_config.decoder_start_token_id
+        hidden = torch.randn(batch, seq, config.hidden_size, generator=g).to(model.dtype)
         inputs = (decoder_input_ids, hidden, attention_mask, task_ids)
-        target = torch.export.Dim("decoder_seq", min=1, max=config.max_position_embeddings)
+        target = torch.export.Dim("decoder_seq", min=1, max=config.max_position_embeddings or limit)
         shapes = ({0: rows, 1: target}, per_token, per_token, {0: rows})
         module, outputs = _DecoderStep(model), ["logits"]
         names = ["decoder_input_ids", "encoder_hidden_states", "attention_mask", "task_ids"]

@@ -104,7 +104,7 @@ def test_dense_equivalence_after_upcycling():
     with torch.no_grad():
         difference = (noisy(**b).logits - reference).abs().max().item()
     assert 0 < difference < 1e-2
-    experts = noisy.model.encoder.layers[0].experts
+    experts = noisy.backbone.model.encoder.layers[0].experts
     assert not torch.equal(experts[0].fc1.weight, experts[1].fc1.weight)
     assert (experts[0].fc1.weight - dense.model.encoder.layers[0].fc1.weight).std().item() == pytest.approx(
         1e-4, rel=0.1
@@ -153,7 +153,7 @@ def test_generate_with_task_ids_beam_search_and_cache():
 def test_only_the_chosen_experts_run():
     model = routed("gumbel_softmax_st")
     calls = []
-    for stack in (model.model.encoder, model.model.decoder):
+    for stack in (model.backbone.model.encoder, model.backbone.model.decoder):
         for i, layer in enumerate(stack.layers):
             for j, expert in enumerate(layer.experts):
                 # the default binds this expert's key (noqa: B008, id() is meant to run here)
@@ -233,8 +233,9 @@ def test_expert_disabling_changes_the_chosen_expert():
 def test_partial_routing_and_plain_layers():
     model = routed("softmax", routed_encoder_layers=[1], routed_decoder_layers=[])
     assert model.config.route_names == ["E1"]
-    assert len(model.model.encoder.layers[0].experts) == 1 and len(model.model.encoder.layers[1].experts) == 3
-    assert all(len(layer.experts) == 1 for layer in model.model.decoder.layers)
+    encoder, decoder = model.backbone.model.encoder, model.backbone.model.decoder
+    assert len(encoder.layers[0].experts) == 1 and len(encoder.layers[1].experts) == 3
+    assert all(len(layer.experts) == 1 for layer in decoder.layers)
     out = model.generate(batch()["input_ids"], task_ids=batch()["task_ids"], max_new_tokens=3, num_beams=2)
     assert out.shape[0] == 6
 
@@ -369,3 +370,25 @@ def test_task_representations(minilm_tokenizer):
     )
     model.set_task_embeddings(fisher)
     assert torch.equal(model.router.task_embeddings.weight.detach(), fisher)
+
+
+def test_a_checkpoint_of_the_earlier_layout_loads_and_saves_again(tmp_path):
+    """`BartTaskRouted.from_pretrained` converts an earlier checkpoint's names (`model.*` -> `backbone.model.*`,
+    `LEGACY_BART_KEYS`); saved again, transformers writes the names it loaded (its `save_original_format`), and
+    that file loads back to the same tensors, as does one saved without the original format."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    legacy = Path(__file__).parent / "fixtures" / "legacy" / "bart_task_routed"
+    model = BartTaskRouted.from_pretrained(legacy)
+    assert "backbone.model.encoder.layers.0.experts.0.fc1.weight" in model.state_dict()
+    for original in (True, False):
+        folder = tmp_path / str(original)
+        model.save_pretrained(folder, save_original_format=original)
+        saved = load_file(folder / "model.safetensors")
+        assert ("model.encoder.layers.0.experts.0.fc1.weight" in saved) is original
+        again = AutoModel.from_pretrained(folder)
+        assert type(again) is BartTaskRouted
+        state = again.state_dict()
+        assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())

@@ -104,7 +104,7 @@ def test_last_decoder_hidden_state_gives_the_logits():
     b = batch()
     with torch.no_grad():
         out = model(**b, output_hidden_states=True)
-    expected = model.lm_head(out.decoder_hidden_states[-1]) + model.final_logits_bias
+    expected = model.backbone.lm_head(out.decoder_hidden_states[-1]) + model.backbone.final_logits_bias
     torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -136,7 +136,7 @@ def test_task_routed_t5_is_refused_by_name_where_the_t5_block_differs():
 
     from hf_taskmoe import TaskSpec
     from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
-    from hf_taskmoe.models.task_routed_t5 import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
+    from hf_taskmoe.models.task_routing import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
 
     config = TaskRoutedSeq2SeqConfig(
         dense_config=T5Config(vocab_size=40, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1,

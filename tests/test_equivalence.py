@@ -244,14 +244,14 @@ def test_pals_for_multi_task_on_bert_computes_bert_with_pals(kwargs, rows):
 
 
 # ---------------------------------------------------------------------- BART, task-level routing
-_EXPERT = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.experts\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^backbone\.model\.(encoder|decoder)\.layers\.(\d+)\.experts\.(\d+)\.(.+)$")
 
 
 def chosen_experts(model, route: torch.Tensor) -> dict[tuple[str, int], int]:
     """`(stack, layer) -> expert` of one task's hard route `(routed layers, experts)` (a plain layer: expert 0)."""
     out = {}
     for stack in ("encoder", "decoder"):
-        for i, layer in enumerate(getattr(model.model, stack).layers):
+        for i, layer in enumerate(getattr(model.backbone.model, stack).layers):
             out[stack, i] = 0 if layer.route_index is None else int(route[layer.route_index].argmax())
     return out
 
@@ -265,16 +265,15 @@ def dense_of_route(model, route: torch.Tensor) -> tuple[BartForConditionalGenera
         match = _EXPERT.match(name)
         if match is None:
             if not name.startswith("router."):
-                names[name] = name
+                names[name] = name.removeprefix("backbone.")
         elif choice[match[1], int(match[2])] == int(match[3]):
             names[name] = f"model.{match[1]}.layers.{match[2]}.{match[4]}"
     state = model.state_dict()
-    config = transformers.BartConfig(**{k: v for k, v in model.config.to_dict().items()
-                                        if k in transformers.BartConfig().to_dict() and k != "model_type"})
+    config = transformers.BartConfig.from_dict(model.config.dense_config.to_dict())
     torch.manual_seed(0)
     dense = BartForConditionalGeneration(config)
     wanted = {**{target: state[source] for source, target in names.items()},
-              "final_logits_bias": state["final_logits_bias"]}
+              "final_logits_bias": state["backbone.final_logits_bias"]}
     missing, unexpected = dense.load_state_dict(wanted, strict=False)
     tied = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"}
     assert not unexpected and set(missing) <= tied, (missing, unexpected)

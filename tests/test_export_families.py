@@ -208,6 +208,24 @@ def test_bart_encoder_and_decoding_step_export_and_match_eager(selection):
         torch.testing.assert_close(logits, eager[:, steps - 1], atol=1e-4, rtol=1e-4)
 
 
+def test_t5_encoder_and_decoding_step_export_and_match_eager():
+    """The encoder-decoder class exports the same two programs for T5 as for BART (one class serves both)."""
+    from .test_task_routed_t5 import routed, s2s_batch
+
+    model = routed("t5", selection="gumbel_softmax_st", expert_noise_variance=1e-2)
+    encoder = export_program(model, part="encoder").module()
+    step = export_program(model, part="decoder_step").module()
+    batch = s2s_batch(model, torch.tensor([2, 2, 0, 1, 1]), seed=1)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+    states = encoder(batch["input_ids"], batch["attention_mask"], batch["task_ids"])
+    with torch.no_grad():
+        eager = model(**batch, use_cache=False)
+    torch.testing.assert_close(states, eager.encoder_last_hidden_state, atol=1e-4, rtol=1e-4)
+    for steps in (1, 4):
+        logits = step(decoder_input_ids[:, :steps], states, batch["attention_mask"], batch["task_ids"])
+        torch.testing.assert_close(logits, eager.logits[:, steps - 1], atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.slow
 def test_bart_programs_run_in_onnxruntime(tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
@@ -242,7 +260,7 @@ def test_bart_export_needs_checked_values_and_a_part():
 
 
 def test_a_task_routed_causal_lm_is_pointed_to_export_task(tmp_path):
-    """Task routing on a causal LM or T5 serves a task as a plain dense model (`export_task`): `export_onnx` says so."""
+    """Task routing on a causal LM serves a task as a plain dense model (`export_task`): `export_onnx` says so."""
     from .test_task_routed_lm import routed
 
     with pytest.raises(ValueError, match=r"TaskRoutedForCausalLM\. Export one task's route .*export_task"):

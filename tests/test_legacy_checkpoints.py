@@ -33,8 +33,6 @@ CLASSES = {"bert_taskmoe": BertForTaskMoE, "bert_pals": BertWithPALs, "camtl": C
 # other memory alignments than freshly built ones, and CPU kernels round differently on them (CAMTLModel's task `b`:
 # 1.5e-8 on the machine that wrote the files, same weights bit for bit), and another CPU's kernels may differ again
 ATOL = 1e-6
-
-
 def current_name(cls, name: str) -> str:
     """A name of the checkpoint's layout in the class's current layout: through the key map the class declares
     (`checkpoint_key_mapping`, applied by its `from_pretrained` as transformers' `key_mapping`: each pattern in turn,

@@ -249,7 +249,7 @@ def test_group_learning_rates_reach_the_optimizer(tmp_path, tiny_dense):
             rates[id(p)] = group["lr"]
     assert rates[id(model.router.task_embeddings.weight)] == 1e-2
     assert rates[id(model.router.net.dense_in.weight)] == 1e-3
-    assert rates[id(model.model.encoder.layers[0].experts[1].fc1.weight)] == 1e-5
+    assert rates[id(model.backbone.model.encoder.layers[0].experts[1].fc1.weight)] == 1e-5
     assert len(rates) == sum(1 for p in model.parameters() if p.requires_grad)
     bad = MultiTaskTrainingArguments(
         output_dir=str(tmp_path), group_learning_rates={"gate": 1e-3}, report_to=[], use_cpu=True

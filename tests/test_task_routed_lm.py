@@ -20,7 +20,7 @@ from transformers import (
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
 from hf_taskmoe.backbones import backbone_names, get_backbone
-from hf_taskmoe.models.task_routed_lm import TaskRoutedForCausalLM, TaskRoutedLMConfig
+from hf_taskmoe.models.task_routing import TaskRoutedForCausalLM, TaskRoutedLMConfig
 from hf_taskmoe.problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 
 from .family_tester import FamilyCase, FamilyContract, fit

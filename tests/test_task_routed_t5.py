@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, MT5Config, T5Config
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
 from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
-from hf_taskmoe.models.task_routed_t5 import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
+from hf_taskmoe.models.task_routing import TaskRoutedForSeq2SeqLM, TaskRoutedSeq2SeqConfig
 from hf_taskmoe.problem_types.seq2seq import ENCODER_DECODER_LAYOUT, text_to_text_layout
 
 from .family_tester import FamilyCase, FamilyContract, fit
@@ -93,7 +93,7 @@ def greedy_without_cache(model, ids, mask, task_ids, steps: int) -> tuple[torch.
 def test_config_refuses_what_it_cannot_build():
     from transformers import GPT2Config
 
-    with pytest.raises(ValueError, match=r"not support model_type 'gpt2'.*\['mt5', 't5'\]"):
+    with pytest.raises(ValueError, match=r"not support model_type 'gpt2'.*\['bart', 'mt5', 't5'\]"):
         TaskRoutedSeq2SeqConfig(dense_config=GPT2Config(), tasks=TASKS)
     with pytest.raises(ValueError, match="is not text-to-text"):
         TaskRoutedSeq2SeqConfig(dense_config=dense_config("t5"), tasks=[TaskSpec(name="c", num_labels=2)])

@@ -80,6 +80,8 @@ class Backbone:
             the maximum input length (`hidden_size`, `num_hidden_layers`, ...: DistilBERT calls them `dim`,
             `n_layers`).
         decoder_layers: path of an encoder-decoder's decoder layers.
+        cross_attention: path, in a decoder layer of an encoder-decoder, of its cross-attention module (whose
+            `layer_idx` names its cross-attention cache slot, as `attention`'s names the self-attention one).
     """
 
     model_type: str
@@ -97,6 +99,7 @@ class Backbone:
     why_no_bias: str = ""
     config_fields: dict = field(default_factory=dict)
     decoder_layers: str | None = None
+    cross_attention: str | None = None
 
     def config_value(self, config, name: str):
         """The dense config's value for one of the canonical names (`hidden_size`, `num_hidden_layers`,

@@ -1,9 +1,10 @@
 """The decoder-only and encoder-decoder architectures task-level routing runs on, each declared once.
 
 Paths are relative to the dense model's *base* model (`GPT2Model` of a `GPT2LMHeadModel`, `LlamaModel` of a
-`LlamaForCausalLM`, `T5Model` of a `T5ForConditionalGeneration`). Task-level routing forks whole layers; what it needs
-of a layer besides its place is `attention`: the self-attention module whose `layer_idx` names the layer's key/value
-cache slot (each expert copy gets its own slot, see `hf_taskmoe.models.task_routed_lm`).
+`LlamaForCausalLM`, `T5Model` of a `T5ForConditionalGeneration`, `BartModel` of a `BartForConditionalGeneration`).
+Task-level routing forks whole layers; what it needs of a layer besides its place is `attention`: the self-attention
+module whose `layer_idx` names the layer's key/value cache slot (each expert copy gets its own slot, see
+`hf_taskmoe.models.task_routing`), and in an encoder-decoder's decoder `cross_attention`, likewise.
 
 `tests/test_task_routed_lm.py` builds a tiny random model of each and checks every path resolves.
 """
@@ -63,6 +64,7 @@ def _t5_like(model_type: str) -> Backbone:
         decoder_layers="decoder.block",
         ffn=FFNSite(module="layer.1.DenseReluDense"),  # the encoder's; a decoder block's is `layer.2`
         attention="layer.0.SelfAttention",
+        cross_attention="layer.1.EncDecAttention",
         attention_output="layer.0.SelfAttention.o",
         norms=("layer.0.layer_norm", "layer.1.layer_norm"),
         embeddings="shared",
@@ -79,3 +81,25 @@ def _t5_like(model_type: str) -> Backbone:
 
 T5 = register_backbone(_t5_like("t5"))
 MT5 = register_backbone(_t5_like("mt5"))
+#: BART: post-norm `layers` of `self_attn` (decoder: `encoder_attn`) and `fc1` / `fc2`, learned positions
+BART = register_backbone(
+    Backbone(
+        model_type="bart",
+        kind=ENCODER_DECODER_BACKBONE,
+        layers="encoder.layers",
+        decoder_layers="decoder.layers",
+        ffn=FFNSite(module="fc1", w_in="fc1", act="activation_fn", w_out="fc2"),
+        attention="self_attn",
+        cross_attention="encoder_attn",
+        attention_output="self_attn.out_proj",
+        norms=("self_attn_layer_norm", "final_layer_norm"),
+        embeddings="shared",
+        post_norm=True,
+        segment_ids=False,
+        config_fields={
+            "hidden_size": "d_model", "num_hidden_layers": "encoder_layers", "num_decoder_layers": "decoder_layers",
+            "num_attention_heads": "encoder_attention_heads", "intermediate_size": "encoder_ffn_dim",
+            "hidden_dropout_prob": "dropout",
+        },
+    )
+)

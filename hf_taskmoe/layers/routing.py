@@ -314,7 +314,7 @@ class RouteRecorder:
 
     def __init__(self, hidden_states: bool, attentions: bool, attention_kinds: dict[str, str]):
         self.hidden_states: list[torch.Tensor] | None = [] if hidden_states else None
-        #: output field -> the attention submodule of an expert it reads (`{"attentions": "self_attn"}`)
+        #: output field -> the path of the attention submodule of an expert it reads (`{"attentions": "self_attn"}`)
         self.kinds = attention_kinds if attentions else {}
         self.attentions: dict[str, list[torch.Tensor | None]] = {kind: [] for kind in self.kinds}
 
@@ -330,16 +330,18 @@ class RouteRecorder:
         """Hooks on `expert`'s attention modules that keep their probabilities; remove the handles afterwards."""
         seen: dict[str, list] = {kind: [] for kind in self.kinds}
         handles = []
-        for kind, name in self.kinds.items():
-            module = getattr(expert, name, None)
-            if module is not None:
-                handles.append(
-                    module.register_forward_hook(
-                        lambda _m, _a, out, kept=seen[kind]: kept.append(
-                            out[1] if isinstance(out, tuple) and len(out) > 1 else None
-                        )
+        for kind, path in self.kinds.items():
+            try:
+                module = expert.get_submodule(path)
+            except AttributeError:  # an encoder layer has no cross-attention
+                continue
+            handles.append(
+                module.register_forward_hook(  # (output, [position bias,] probabilities): the last is the probabilities
+                    lambda _m, _a, out, kept=seen[kind]: kept.append(
+                        out[-1] if isinstance(out, tuple) and len(out) > 1 else None
                     )
                 )
+            )
         return seen, handles
 
     def outputs(self) -> dict[str, tuple | None]:
@@ -450,10 +452,21 @@ def _slot_index(rows: torch.Tensor | None, beam_idx: torch.Tensor) -> torch.Tens
 
 class SlotRows:
     """What a task-routed cache keeps beside its key/value slots: `slot_rows[slot]`, the rows of the batch an expert's
-    slot holds when the expert serves only some rows (absent: every row); put before the transformers cache class.
-    Such a cache cannot drop or repeat rows (its slots hold different rows): it refuses."""
+    slot holds when the expert serves only some rows (absent: every row), the same rows at every step (a row's task
+    does not change during generation), so that beam search's reordering, which moves rows only inside one example
+    (one task), is translated into each slot's own row positions; and the generation's plan: `routing_plan` (made by
+    `hard_route_plan` at the first step from the decisions, the generation's one host read, and reused by every later
+    step), `plan_batch` (its rows) and `plans_routes` (set by `generate` on its fresh cache: make the plan; without it
+    -- a cache passed by hand -- every expert runs on every row). Put before the transformers cache class. Such a
+    cache cannot drop or repeat rows (its slots hold different rows): it refuses."""
 
     slot_rows: dict[int, torch.Tensor]
+
+    def _init_slot_rows(self) -> None:
+        self.slot_rows = {}
+        self.routing_plan: list[list[PlanEntry]] | None = None
+        self.plan_batch: int | None = None
+        self.plans_routes = False
 
     def set_slot_rows(self, slot: int, rows: torch.Tensor | None) -> None:
         if rows is None:
@@ -473,44 +486,31 @@ class SlotRows:
 
 
 class RoutedCache(SlotRows, EncoderDecoderCache):
-    """The key/value cache of a task-routed decoder: one slot per decoder expert (`layer_idx` of its
-    attention), slot 0 recording the decoded length. An expert that serves only some rows of the batch keeps
-    only those rows; `slot_rows[slot]` holds them (the same rows at every step: a row's task does not change
-    during generation), so that beam search's reordering, which moves rows only inside one example (one task),
-    is translated into each slot's own row positions."""
+    """The key/value cache of a task-routed encoder-decoder (`TaskRoutedForSeq2SeqLM`): an `ExpertRowsCache` for the
+    decoder's self-attention and one for its cross-attention, one slot per decoder expert in each (the expert's
+    attentions' `layer_idx`). The slot rows (`SlotRows`) are kept here and shared by both halves."""
 
-    def __init__(self):
-        super().__init__(DynamicCache(), DynamicCache())
-        self.slot_rows: dict[int, torch.Tensor] = {}
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        for slot in range(max(len(self.self_attention_cache), len(self.cross_attention_cache))):
-            index = _slot_index(self.slot_rows.get(slot), beam_idx)
-            for cache in (self.self_attention_cache, self.cross_attention_cache):
-                if slot < len(cache.layers):
-                    cache.layers[slot].reorder_cache(index)
+    def __init__(self, self_attention_cache: ExpertRowsCache | None = None,
+                 cross_attention_cache: ExpertRowsCache | None = None):
+        super().__init__(self_attention_cache if self_attention_cache is not None else ExpertRowsCache(),
+                         cross_attention_cache if cross_attention_cache is not None else ExpertRowsCache())
+        self._init_slot_rows()
+        for half in (self.self_attention_cache, self.cross_attention_cache):
+            half.slot_rows = self.slot_rows  # one record of each slot's rows, for both attentions (and beam search)
 
 
 class ExpertRowsCache(SlotRows, DynamicCache):
-    """The key/value cache of a decoder-only task-routed model (`TaskRoutedForCausalLM`): the dense layout, then a
-    slot per expert copy (`fork_layers`), each slot the dense layer kind of its layer (full or sliding window).
-
-    Generation under hard routes runs, in each routed layer, only the experts some row uses, each on its own rows, and
-    each expert's slot keeps only those rows: `slot_rows[slot]` (absent: every row), translated for beam search's
-    reordering as `RoutedCache` does. `routing_plan` is the plan (`hard_route_plan`) the first step of a generation
-    made from the decisions (the generation's one host read) and every later step reuses: a row's task, so its route,
-    does not change while it is decoded. `plans_routes` (set by `generate` on its fresh cache) asks the first step to
-    make it; without it (a cache passed by hand) every expert runs on every row, as in a forward without cache.
+    """The key/value cache of a task-routed decoder (`TaskRoutedForCausalLM`; both halves of a `RoutedCache`): the dense
+    layout, then a slot per expert copy (`fork_layers`), each slot the dense layer kind of its layer (full or sliding
+    window). Generation under hard routes runs, in each routed layer, only the experts some row uses, each on its own
+    rows, and each expert's slot keeps only those rows (`SlotRows`).
 
     A slot an expert no row uses stays empty, so the lengths the dense model reads before its layers run (past
     length, mask sizes) come from a filled slot of the same kind: every filled slot saw every step."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.slot_rows: dict[int, torch.Tensor] = {}
-        self.routing_plan: list[list[PlanEntry]] | None = None
-        self.plan_batch: int | None = None
-        self.plans_routes = False
+        self._init_slot_rows()
 
     def _filled(self, layer_idx: int) -> int:
         """`layer_idx`, or a filled slot of its kind when it is empty (an expert no row uses)."""

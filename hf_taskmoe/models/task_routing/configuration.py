@@ -1,21 +1,23 @@
-"""Configuration of `TaskRoutedForCausalLM`: task-level routing (Ye et al. 2022) over the layers of a decoder-only
-causal LM of any declared architecture (GPT-2, Llama, Qwen2, Mistral: `hf_taskmoe.backbones.backbone_names("decoder")`).
-"""
+"""Configurations of task-level routing (Ye et al. 2022): `TaskRoutedLMConfig` over the layers of a decoder-only causal
+LM (GPT-2, Llama, Qwen2, Mistral: `hf_taskmoe.backbones.backbone_names("decoder")`), `TaskRoutedSeq2SeqConfig` over
+the encoder and decoder layers of an encoder-decoder (T5, mT5, BART: `backbone_names("encoder-decoder")`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import AutoConfig, BartConfig, PreTrainedConfig
 
-from ...backbones import DECODER_BACKBONE, Backbone, get_backbone
+from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, Backbone, get_backbone
 from ...compat import dense_sub_config
 from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
 from ...problem_types import TEXT_TO_TEXT
+from ...problem_types.seq2seq import ENCODER_DECODER_LAYOUT
 from ...tasks import TaskConfigMixin, TaskSpec
 from ...utils import check_choice, check_float, check_int, check_layer_list
 
-__all__ = ["TaskRoutedLMConfig"]
+__all__ = ["BartTaskRoutedConfig", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig"]
 
 
 class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
@@ -60,6 +62,12 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
             `BartTaskRoutedConfig`, which says why).
         task_embedding_init_std (`float`, *optional*, defaults to 1.0):
             Standard deviation of the randomly initialised task representations.
+        task_representation_source (`dict`, *optional*):
+            How the task representations were made when not learned from a random draw, e.g.
+            `{"kind": "text", "base": <dense checkpoint>, "pooling": "avg", "examples": 64}` (TextEmb, section 5.1
+            (i)); `run_multitask.py --task_representation text` writes it and reads it again to give a task added
+            later its representation from the same base. Data only: nothing is loaded from it unless that option is
+            given.
         upcycled_from (`str`, *optional*):
             Set by `from_dense`: the dense checkpoint the experts were forked from (model cards).
     """
@@ -91,6 +99,7 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     gumbel_anneal_rate: float = 1e-4
     router_init_std: float | None = None
     task_embedding_init_std: float = 1.0
+    task_representation_source: dict | None = None
     upcycled_from: str | None = None
 
     def __post_init__(self, **kwargs):
@@ -114,6 +123,8 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
                 f"`router_attention_heads` ({self.router_attention_heads}) must divide `task_embedding_dim` "
                 f"({self.task_dim}) for router_type='transformer'."
             )
+        if self.task_representation_source is not None and not isinstance(self.task_representation_source, dict):
+            raise ValueError(f"`task_representation_source` must be a dict, got {self.task_representation_source!r}.")
         if not isinstance(self.freeze_task_embeddings, bool):
             raise ValueError(f"`freeze_task_embeddings` must be a bool, got {self.freeze_task_embeddings!r}.")
         self.routed_layers = check_layer_list(self.routed_layers, "routed_layers", self.num_layers)
@@ -181,3 +192,124 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
         get_backbone(getattr(dense_config, "model_type", None), cls.backbone_kind, cls.method_name)
         dense = dense_config.__class__.from_dict(dense_config.to_dict())
         return cls(dense_config=dense, tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **kwargs)
+
+
+class TaskRoutedSeq2SeqConfig(TaskRoutedLMConfig):
+    r"""
+    Configuration of `TaskRoutedForSeq2SeqLM` (Ye et al. 2022, sections 4 and 5.1, on T5 / mT5): a dense
+    encoder-decoder whose routed encoder and decoder blocks are each forked into `num_experts` experts, mixed per task
+    by a router that reads a task embedding. Every field of `TaskRoutedLMConfig` means the same here, except that the
+    routed layers are named per stack (`routed_layers` is not used):
+
+    Args:
+        dense_config (`dict` or `PreTrainedConfig`):
+            The config of the dense T5 / mT5 the model wraps (`T5Config`, `MT5Config`: a declared encoder-decoder
+            backbone). `from_dense` fills it from the checkpoint.
+        routed_encoder_layers (`list[int]`, *optional*):
+            Indices of the encoder blocks forked into experts; default: all of them (the paper routes every layer).
+        routed_decoder_layers (`list[int]`, *optional*):
+            Indices of the decoder blocks forked into experts; default: all of them.
+        is_encoder_decoder (`bool`, *optional*, defaults to `True`):
+            Always `True` (what `generate` and the text-to-text pipeline read).
+
+    The router's layer axis lists the routed encoder blocks, then the routed decoder blocks (`route_names`:
+    `E0, E1, ..., D0, D1, ...`).
+    """
+
+    model_type = "taskmoe_routed_t5"
+    #: a text-to-text example: the input text to the encoder, the target's tokens as labels
+    text_to_text_layout: ClassVar[str] = ENCODER_DECODER_LAYOUT
+    method_name: ClassVar[str] = "Task-level routing (TaskRoutedForSeq2SeqLM)"
+    backbone_kind: ClassVar[str] = ENCODER_DECODER_BACKBONE
+    sub_configs: ClassVar = {"dense_config": AutoConfig}
+    #: the dense model type of a config built without `dense_config` (transformers builds default configs)
+    dense_config_default: ClassVar[str] = "t5"
+
+    routed_encoder_layers: list | None = None
+    routed_decoder_layers: list | None = None
+    is_encoder_decoder: bool = True
+
+    def _validate(self) -> None:
+        if self.routed_layers is not None:
+            raise ValueError(
+                "`routed_layers` is not used by TaskRoutedSeq2SeqConfig: name the routed blocks per stack with "
+                f"`routed_encoder_layers` / `routed_decoder_layers`, got routed_layers={self.routed_layers!r}."
+            )
+        super()._validate()
+        self.routed_encoder_layers = check_layer_list(self.routed_encoder_layers, "routed_encoder_layers",
+                                                      self.num_layers)
+        self.routed_decoder_layers = check_layer_list(self.routed_decoder_layers, "routed_decoder_layers",
+                                                      self.num_decoder_layers)
+        self.is_encoder_decoder = True
+
+    # ------------------------------------------------------------------ views
+    @property
+    def num_decoder_layers(self) -> int:
+        decoder = self.dense_value("num_decoder_layers")
+        return decoder if decoder is not None else self.num_layers
+
+    @property
+    def encoder_route_layers(self) -> list[int]:
+        routed = self.routed_encoder_layers
+        return list(range(self.num_layers)) if routed is None else list(routed)
+
+    @property
+    def decoder_route_layers(self) -> list[int]:
+        routed = self.routed_decoder_layers
+        return list(range(self.num_decoder_layers)) if routed is None else list(routed)
+
+    @property
+    def route_layers(self) -> list[int]:
+        """The routed blocks' indices in the router's layer order (encoder blocks, then decoder blocks)."""
+        return self.encoder_route_layers + self.decoder_route_layers
+
+    @property
+    def route_names(self) -> list[str]:
+        """Names of the routed blocks, in the order of the router's layer axis (`E3` = encoder block 3)."""
+        return [f"E{i}" for i in self.encoder_route_layers] + [f"D{i}" for i in self.decoder_route_layers]
+
+
+#: the fields of a `BartConfig` (not of every config): a `BartTaskRoutedConfig` saved before BART was a backbone of
+#: `TaskRoutedForSeq2SeqLM` carried them at its top level (it was a `BartConfig`)
+BART_FIELDS = frozenset(f.name for f in dataclasses.fields(BartConfig)) - frozenset(
+    f.name for f in dataclasses.fields(PreTrainedConfig)
+)
+#: read through to the dense config (`config.d_model`), but for a generation setting: transformers refuses a model
+#: config that sets one (the generation config holds them)
+_READ_THROUGH = BART_FIELDS - {"forced_eos_token_id"}
+
+
+class BartTaskRoutedConfig(TaskRoutedSeq2SeqConfig):
+    r"""
+    Configuration of `BartTaskRouted`: `TaskRoutedSeq2SeqConfig` over a BART (the paper's setting), every field
+    meaning the same. The dense BART's fields may also be given at the top level, as this config took them when it
+    was a `BartConfig` (`BartTaskRoutedConfig(d_model=768, encoder_layers=6, ..., tasks=...)`, and the `config.json`
+    of a checkpoint saved then): they make the `dense_config`, and reading one (`config.d_model`) reads the dense
+    config's.
+    """
+
+    model_type = "taskmoe_bart_routed"
+    method_name: ClassVar[str] = "Task-level routing (BartTaskRouted)"
+    dense_config_default: ClassVar[str] = "bart"
+
+    def __post_init__(self, **kwargs):
+        if self.dense_config is None:
+            flat = {name: kwargs.pop(name) for name in list(kwargs) if name in BART_FIELDS}
+            if flat:
+                self.dense_config = BartConfig(**flat, is_encoder_decoder=True)
+        super().__post_init__(**kwargs)  # with a dense config, such fields are this config's own (`use_cache`)
+
+    def __getattr__(self, name: str):
+        # only reached when no attribute has the name: a field of the dense BART (`d_model`, `pad_token_id`, ...)
+        dense = self.__dict__.get("dense_config")
+        if name in _READ_THROUGH and isinstance(dense, PreTrainedConfig):
+            return getattr(dense, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _validate(self) -> None:
+        super()._validate()
+        if self.dense_config.model_type != "bart":
+            raise ValueError(
+                f"BartTaskRoutedConfig wraps a BART (model_type 'bart'; see `bart_from_bert` for a BERT warm start), "
+                f"got model_type {self.dense_config.model_type!r}: use TaskRoutedSeq2SeqConfig."
+            )

@@ -33,12 +33,10 @@ Weights: `backbone.<the dense model's own names>`, a routed layer's `<layers>.<i
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, output_cache, pop_cache
@@ -56,30 +54,12 @@ from ...modeling_utils import (
     token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
-from .configuration_task_routed_lm import TaskRoutedLMConfig
-from .routing_mixin import TaskRoutingMixin, dense_forward_kwargs, fork_layers
+from .configuration import TaskRoutedLMConfig
+from .core import TaskRoutedCausalLMOutput, TaskRoutingMixin, dense_forward_kwargs, fork_layers
 
 __all__ = ["TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM", "left_align"]
 
 #: tokens `generate()` produces by default after the prompt (transformers' own default stops at 20 positions)
-
-
-@dataclass
-class TaskRoutedCausalLMOutput(CausalLMOutputWithPast):
-    """`CausalLMOutputWithPast` plus, as in every family's output: `task_losses` (each task's mean token loss over its
-    target tokens), `task_ids`, and with `output_router_logits=True` the routing: `routing_decisions` and
-    `router_logits`, both `(batch, routed layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)`
-    (the sum of each task's rows' decisions), as `RoutingStatistics` reads them.
-
-    `hidden_states` (when asked): the embedding output and each layer's (mixed) output, `(batch, seq, hidden)` each,
-    before the final norm; `attentions`: each layer's attention probabilities, mixed over its experts by `D`
-    (eager attention only)."""
-
-    task_losses: dict[str, torch.FloatTensor] | None = None
-    task_ids: torch.LongTensor | None = None
-    routing_decisions: torch.FloatTensor | None = None
-    router_logits: torch.FloatTensor | None = None
-    routing_counts: torch.FloatTensor | None = None
 
 
 def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,18 +194,9 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             attention_mask=attention_mask if cache is None else None, position_ids=position_ids,
         )
         check_batch_dim(batch, labels=labels)
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked)
         if not values_checked:  # else `BatchChecker` checked them on the host
             check_token_ids(token_table_sizes(self), input_ids=input_ids)
-        router_logits = None
-        if routing_weights is None:
-            routing_weights, router_logits = self.router(task_ids)
-        elif tuple(routing_weights.shape) != (batch, self.config.num_routed_layers, self.config.num_experts):
-            raise ValueError(
-                f"`routing_weights` must have shape (batch, routed layers, experts) = "
-                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got "
-                f"{tuple(routing_weights.shape)}."
-            )
         if labels is not None:
             labels = self._check_labels(labels, seq, values_checked)
             use_cache = False
@@ -264,13 +235,7 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         loss, task_losses = None, None
         if labels is not None:
             loss, task_losses = self._causal_loss(out.logits, labels, task_ids)
-        routing = {}
-        if output_router_logits:
-            decisions = routing_weights.detach().float()
-            counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
-            routing = dict(
-                routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
-            )
+        routing = self._routing_outputs(task_ids, routing_weights, router_logits, output_router_logits)
         output = TaskRoutedCausalLMOutput(
             loss=loss,
             logits=out.logits,

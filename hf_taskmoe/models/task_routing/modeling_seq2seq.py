@@ -35,17 +35,15 @@ block is `experts.0`), the router under `router.*`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from ...backbones import TaskContext
-from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, output_cache, pop_cache
+from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, is_exporting, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
+from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
@@ -58,50 +56,25 @@ from ...modeling_utils import (
     token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
-from ..task_routed_lm.routing_mixin import ContextRoutedLayer, TaskRoutingMixin, dense_forward_kwargs, fork_layers
-from .configuration_task_routed_t5 import TaskRoutedSeq2SeqConfig
+from .configuration import BartTaskRoutedConfig, TaskRoutedSeq2SeqConfig
+from .core import (
+    DEFAULT_MAX_NEW_TOKENS,
+    ContextRoutedLayer,
+    TaskRoutedSeq2SeqOutput,
+    TaskRoutingMixin,
+    dense_forward_kwargs,
+    fork_layers,
+)
 
-__all__ = ["T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "TaskRoutedSeq2SeqOutput"]
-
-#: tokens `generate()` produces by default after the decoder start token (transformers' default stops at 20 positions)
-#: a T5 block's attention modules, by the output field that reports their probabilities
-SELF_ATTENTION, CROSS_ATTENTION = "layer.0.SelfAttention", "layer.1.EncDecAttention"
-
-
-@dataclass
-class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus, as in every family's output: `task_losses` (each task's mean token loss), `task_ids`,
-    and with `output_router_logits=True` the routing: `routing_decisions` and `router_logits`, both `(batch, routed
-    layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)` (the sum of each task's rows' decisions).
-
-    `encoder_hidden_states` / `decoder_hidden_states` (when asked): the embedding output and each block's (mixed)
-    output, `(batch, seq, hidden)` each, before the final norm; `encoder_attentions`, `decoder_attentions`,
-    `cross_attentions`: each block's attention probabilities mixed over its experts by `D` (eager attention only)."""
-
-    task_losses: dict[str, torch.FloatTensor] | None = None
-    task_ids: torch.LongTensor | None = None
-    routing_decisions: torch.FloatTensor | None = None
-    router_logits: torch.FloatTensor | None = None
-    routing_counts: torch.FloatTensor | None = None
+__all__ = ["BartTaskRouted", "T5RoutedBlock", "TaskRoutedForSeq2SeqLM", "apply_generation_convention"]
 
 
-class _StackRecorder:
-    """What `output_hidden_states` / `output_attentions` ask of one pass through a T5 stack: transformers records them
-    with hooks on the block and attention classes, which would record each expert on its own; the routed blocks record
-    their mixed outputs here instead."""
 
-    def __init__(self, hidden_states: bool, attentions: dict[str, str]):
-        self.hidden_states: list[torch.Tensor] | None = [] if hidden_states else None
-        self.kinds = attentions  # output field -> the attention module's path in a block
-        self.attentions: dict[str, list] = {kind: [] for kind in attentions}
-
-    def outputs(self) -> dict:
-        fields = {
-            kind: tuple(v) if v and all(p is not None for p in v) else None for kind, v in self.attentions.items()
-        }
-        if self.hidden_states is not None:
-            fields["hidden_states"] = tuple(self.hidden_states)
-        return fields
+#: what an export of the model or of its encoder without `values_checked=True` is told
+EXPORT_NEEDS_CHECKED = (
+    "An exported program cannot check values: export the model (or its encoder, `model.get_encoder()`, which takes "
+    "`task_ids`) with `values_checked=True`, and check each batch's task ids on the host before it runs."
+)
 
 
 class T5RoutedBlock(ContextRoutedLayer):
@@ -114,9 +87,9 @@ class T5RoutedBlock(ContextRoutedLayer):
                 encoder_attention_mask=None, encoder_decoder_position_bias=None, **kwargs):
         args = (attention_mask, position_bias, encoder_hidden_states, encoder_attention_mask,
                 encoder_decoder_position_bias)
-        recorder: _StackRecorder | None = self.context.flags.get("stack_recorder")
-        if recorder is not None and recorder.hidden_states == []:
-            recorder.hidden_states.append(hidden_states)  # the embedding output, as transformers records it
+        recorder: RouteRecorder | None = self.context.flags.get("routing_recorder")
+        if recorder is not None:
+            recorder.record_input(hidden_states)
         weights = self.context.flags.get("routing_weights")
         if self.route_index is not None and weights is None:
             self.context.require_task_ids()  # raises: called outside the model's forward
@@ -126,14 +99,7 @@ class T5RoutedBlock(ContextRoutedLayer):
         mixed = bias = cross = None
         attentions: dict[str, torch.Tensor | None] = {}
         for j, expert in enumerate(self.experts):
-            seen: dict[str, list] = {kind: [] for kind in (recorder.kinds if recorder is not None else ())}
-            handles = [
-                expert.get_submodule(path).register_forward_hook(
-                    lambda _m, _a, out, kept=seen[kind]: kept.append(out[2])  # (output, bias, probabilities)
-                )
-                for kind, path in (recorder.kinds.items() if recorder is not None else ())
-                if kind != "cross_attentions" or encoder_hidden_states is not None
-            ]
+            seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
             try:
                 h, b, c = expert(hidden_states, *args, **kwargs)
             finally:
@@ -160,12 +126,16 @@ class T5RoutedBlock(ContextRoutedLayer):
         if position_bias is not None:
             bias = position_bias
         if recorder is not None:
-            if recorder.hidden_states is not None:
-                recorder.hidden_states.append(mixed)
+            recorder.record_output(mixed)
             for kind in recorder.kinds:
                 if kind in attentions:
                     recorder.attentions[kind].append(attentions[kind])
         return mixed, bias, cross
+
+
+#: the routed layer class of an architecture whose blocks need more than `ContextRoutedLayer` (a block returning a
+#: tensor): T5's return their position biases beside their hidden states
+ROUTED_BLOCKS: dict[str, type[ContextRoutedLayer]] = {"t5": T5RoutedBlock, "mt5": T5RoutedBlock}
 
 
 class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
@@ -188,7 +158,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
-    _no_split_modules = ["T5RoutedBlock"]
+    _no_split_modules = ["T5RoutedBlock", "ContextRoutedLayer"]
+    plans_forward_routes = True  # BART's layers run only the experts a batch uses (T5's blocks run every expert)
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -216,14 +187,15 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         # the copies share the configs T5's attention modules hold (each stack's own), so that
         # `set_attn_implementation` reaches every expert
         shared = (self.backbone.config, encoder.config, decoder.config)
+        layer_class = ROUTED_BLOCKS.get(declared.model_type, ContextRoutedLayer)
         fork_layers(
             base.get_submodule(declared.layers), config.encoder_route_layers, config.num_experts, None,
-            self.task_context, shared=shared, layer_class=T5RoutedBlock,
+            self.task_context, shared=shared, layer_class=layer_class,
         )
         self._slot_layers = fork_layers(
             base.get_submodule(declared.decoder_layers), config.decoder_route_layers, config.num_experts,
-            (SELF_ATTENTION, CROSS_ATTENTION), self.task_context, shared=shared,
-            first_route=len(config.encoder_route_layers), layer_class=T5RoutedBlock,
+            (declared.attention, declared.cross_attention), self.task_context, shared=shared,
+            first_route=len(config.encoder_route_layers), layer_class=layer_class,
         )
         # `generate` runs the encoder by itself: its pre-hook routes it; both stacks record hidden states and
         # attentions per routed block (transformers' hooks would record every expert separately)
@@ -247,48 +219,51 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         return self.backbone.get_decoder()
 
     def max_input_length(self) -> int | None:
-        return None  # relative positions: no position table bounds the input
+        return self.config.max_position_embeddings  # T5: None (relative positions); BART: its position table
 
     # ------------------------------------------------------------------ cache
     @property
     def num_cache_slots(self) -> int:
         return len(self._slot_layers)
 
-    def new_cache(self) -> EncoderDecoderCache:
+    def new_cache(self) -> RoutedCache:
         """An empty key/value cache with one self-attention and one cross-attention slot per decoder expert: the
         dense layout, then a slot for each expert copy."""
         slots = [(None, None)] * self.num_cache_slots
-        return EncoderDecoderCache(DynamicCache(ddp_cache_data=slots), DynamicCache(ddp_cache_data=slots))
+        return RoutedCache(ExpertRowsCache(ddp_cache_data=slots), ExpertRowsCache(ddp_cache_data=slots))
 
-    def _routed_cache(self, cache: Cache | None) -> EncoderDecoderCache:
+    def _routed_cache(self, cache: Cache | None) -> RoutedCache:
         """The cache to decode with: ours, or a new one in place of none or of an empty cache of another layout."""
-        if cache is None:
-            return self.new_cache()
+        if cache is None or isinstance(cache, RoutedCache):
+            return cache if cache is not None else self.new_cache()
         if getattr(cache, "is_compileable", False):
             raise ValueError(
-                f"{type(self).__name__} cannot decode with a static cache ({type(cache).__name__}): its decoder blocks "
-                "keep one cache slot per expert. Leave `cache_implementation` unset (the default dynamic cache)."
+                f"{type(self).__name__} cannot decode with a static cache ({type(cache).__name__}, "
+                "`cache_implementation='static'`): its decoder layers keep one cache slot per expert, holding only the "
+                "rows routed to it. Leave `cache_implementation` unset (the default dynamic cache)."
             )
-        if cache.get_seq_length() == 0:
-            return self.new_cache()
-        if not isinstance(cache, EncoderDecoderCache) or len(cache.self_attention_cache.layers) < self.num_cache_slots:
+        if cache.get_seq_length() > 0:
             raise ValueError(
-                f"{type(self).__name__} continues decoding only from a cache with a slot per expert "
-                f"({self.num_cache_slots}; `model.new_cache()`), got a filled {type(cache).__name__}."
+                f"{type(self).__name__} continues decoding only from the cache it returned (a RoutedCache with a slot "
+                f"per decoder expert, `model.new_cache()`), got a filled {type(cache).__name__}."
             )
-        return cache
+        return self.new_cache()
 
     # ------------------------------------------------------------------ the stacks' hooks
     def _stack_pre_hook(self, stack, args, kwargs):
         """Before T5's encoder or decoder runs: routes for the encoder when `generate` calls it by itself (with the
         model's `task_ids`), and a recorder in place of transformers' recording of hidden states and attentions."""
         task_ids = kwargs.pop("task_ids", None)
+        values_checked = kwargs.pop("values_checked", False)
         flags = self.task_context.flags
         wanted = [kwargs.pop(flag, None) for flag in ("output_hidden_states", "output_attentions")]
         if stack is self.get_encoder() and (task_ids is not None or flags.get("routing_weights") is None):
             inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
             if inputs is not None:
-                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device)
+                if is_exporting() and not values_checked:
+                    raise ValueError(EXPORT_NEEDS_CHECKED)
+                task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device,
+                                            check_values=not values_checked)
                 self.task_context.begin(
                     task_ids, kwargs.get("attention_mask"), **self._routing_flags(self.router(task_ids)[0]),
                     began_by=stack,
@@ -300,17 +275,19 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             attentions = self.config.output_attentions if wanted[1] is None else wanted[1]
         else:
             hidden, attentions = record
-        kwargs["output_hidden_states"] = kwargs["output_attentions"] = False  # T5's recording off: ours instead
+        kwargs["output_hidden_states"] = kwargs["output_attentions"] = False  # the dense recording off: ours instead
+        kwargs["return_dict"] = True  # the dense model reads its stacks' outputs by name
         if hidden or attentions:
-            kinds = {"attentions": SELF_ATTENTION}
+            declared = self.config.backbone
+            kinds = {"attentions": declared.attention}
             if stack is self.get_decoder():
-                kinds["cross_attentions"] = CROSS_ATTENTION
-            flags["stack_recorder"] = _StackRecorder(bool(hidden), kinds if attentions else {})
+                kinds["cross_attentions"] = declared.cross_attention
+            flags["routing_recorder"] = RouteRecorder(bool(hidden), bool(attentions), kinds)
         return args, kwargs
 
     def _stack_post_hook(self, stack, args, kwargs, output):
         flags = self.task_context.flags
-        recorder = flags.pop("stack_recorder", None)
+        recorder = flags.pop("routing_recorder", None)
         if recorder is not None and isinstance(output, ModelOutput):
             for name, value in recorder.outputs().items():
                 setattr(output, name, value)
@@ -360,6 +337,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: T5 has no segment embeddings
         cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
         check_kwargs({k: v for k, v in kwargs.items() if k not in self._forward_kwargs}, self.forward)
+        if is_exporting() and not values_checked:
+            raise ValueError(EXPORT_NEEDS_CHECKED)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         reference = next(
             (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
@@ -373,20 +352,12 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         for name, tensor in (("input", input_ids if input_ids is not None else inputs_embeds), ("target", labels),
                              ("decoder input", decoder_input_ids if cache is None else None)):
             if tensor is not None:
-                check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, None, name)
+                check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, self.max_input_length(),
+                              name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked)
         if not values_checked:  # else `BatchChecker` checked them on the host
             check_token_ids(token_table_sizes(self), input_ids=input_ids, decoder_input_ids=decoder_input_ids)
-        router_logits = None
-        if routing_weights is None:
-            routing_weights, router_logits = self.router(task_ids)
-        elif tuple(routing_weights.shape) != (batch, self.config.num_routed_layers, self.config.num_experts):
-            raise ValueError(
-                f"`routing_weights` must have shape (batch, routed layers, experts) = "
-                f"{(batch, self.config.num_routed_layers, self.config.num_experts)}, got "
-                f"{tuple(routing_weights.shape)}."
-            )
         if labels is not None:
             if labels.dim() != 2:
                 raise ValueError(f"`labels` must have shape (batch, target_length), got {tuple(labels.shape)}.")
@@ -400,7 +371,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         cache = self._routed_cache(cache) if use_cache else None
         hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        flags = self._routing_flags(routing_weights)
+        flags = self._routing_flags(routing_weights, cache, router_logits)
         flags["record"] = (bool(hidden), bool(attentions))
         self.task_context.begin(task_ids, attention_mask, **flags)
         try:
@@ -422,13 +393,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         loss, task_losses = None, None
         if labels is not None:
             loss, task_losses = self._seq2seq_loss(out.logits, labels, task_ids)
-        routing = {}
-        if output_router_logits:
-            decisions = routing_weights.detach().float()
-            counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
-            routing = dict(
-                routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
-            )
+        routing = self._routing_outputs(task_ids, routing_weights, router_logits, output_router_logits)
         output = TaskRoutedSeq2SeqOutput(
             loss=loss,
             logits=out.logits,
@@ -456,15 +421,24 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         shifted[:, 0] = dense.decoder_start_token_id
         return shifted.masked_fill(shifted == IGNORE_INDEX, dense.pad_token_id or 0)
 
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """The decoder's inputs for `labels` (what the Trainer's seq2seq collator asks of the model)."""
+        return self._shift_right(labels)
+
     def _seq2seq_loss(self, logits, labels, task_ids):
         """Token cross-entropy, mean over the batch's target tokens (as T5), weighted per task; each task's mean."""
         return Seq2Seq.task_token_loss(logits, labels, task_ids, self.config.task_specs)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, input_ids=None, attention_mask=None, task_ids=None, **kwargs):
+    def generate(self, input_ids=None, attention_mask=None, task_ids=None, every_expert: bool = False, **kwargs):
         """`GenerationMixin.generate` with `task_ids` (one per row; optional for a one-task model). The encoder runs
         once with the rows' routes (the encoder's pre-hook), each decoding step with the cache (a slot per decoder
-        expert). The segment ids a BERT tokenizer returns are dropped."""
+        expert). The segment ids a BERT tokenizer returns are dropped.
+
+        Under hard routes each routed decoder layer runs only the experts the rows use, each on its own rows, with its
+        own rows in its cache slots (`RoutedCache`): the plan is made at the first step (one host read per call) and
+        kept for the others. A soft route, a cache passed by hand, or `every_expert=True` run every expert on every
+        row, mixed by the decisions (T5's blocks always do)."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
@@ -474,6 +448,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         kwargs.pop("cache_implementation", None)
         if pop_cache(dict(kwargs)) is None:
             kwargs[CACHE_ARG] = self.new_cache()
+            kwargs[CACHE_ARG].plans_routes = not every_expert
         try:
             return super().generate(input_ids=input_ids, attention_mask=attention_mask, task_ids=task_ids, **kwargs)
         finally:
@@ -485,6 +460,50 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         """`{prefix of the stack's blocks in the dense model's names: the blocks}`, encoder first."""
         declared = self.config.backbone
         base = self.backbone.base_model
-        return {f"{path}.": base.get_submodule(path) for path in (declared.layers, declared.decoder_layers)}
+        # T5ForConditionalGeneration is its own base model; BART's is its `model`
+        prefix = "" if base is self.backbone else f"{self.backbone.base_model_prefix}."
+        return {f"{prefix}{path}.": base.get_submodule(path) for path in (declared.layers, declared.decoder_layers)}
 
 
+def apply_generation_convention(generation_config, config, max_new_tokens: int | None = None):
+    """BART's target / generation convention, written into a `GenerationConfig` (`config`: the dense BART's).
+
+    Targets are the text's tokens and the end token, with no leading BOS or [CLS] (`target_token_ids`); the decoder
+    starts from `decoder_start_token_id` (BART: `</s>`; `bart_from_bert`: [CLS]) in training (labels shifted right)
+    and in `generate()`, which stops at `eos_token_id` (BART: `</s>`; BERT vocabularies: [SEP]). So no BOS is forced
+    after the start token (pretrained BART forces `<s>`; its targets began with `<s>`)."""
+    for name in ("decoder_start_token_id", "eos_token_id", "pad_token_id", "bos_token_id"):
+        setattr(generation_config, name, getattr(config, name))
+    generation_config.forced_bos_token_id = None
+    # as max_new_tokens, not max_length: a user's `generate(max_new_tokens=...)` then replaces it without a warning
+    if max_new_tokens is not None or generation_config.max_new_tokens is None:
+        generation_config.max_new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    if generation_config.max_length == 20:  # transformers' old default, which would clash with max_new_tokens
+        generation_config.max_length = None
+    return generation_config
+
+
+#: the weight names of a `BartTaskRouted` saved before BART was a backbone of `TaskRoutedForSeq2SeqLM` (a
+#: `BartForConditionalGeneration` subclass: `model.*`, `lm_head.*`, `final_logits_bias`) -> today's (the same under
+#: `backbone.`); transformers' `from_pretrained(key_mapping=...)` applies it while loading
+LEGACY_BART_KEYS = {r"^(model\.|lm_head\.|final_logits_bias$)": r"backbone.\1"}
+
+
+class BartTaskRouted(TaskRoutedForSeq2SeqLM):
+    r"""
+    `TaskRoutedForSeq2SeqLM` over a BART (Ye et al. 2022's setting), with BART's generation convention
+    (`apply_generation_convention`). `forward(..., task_ids=...)` and `generate(input_ids, task_ids=..., num_beams=...)`
+    take one task id per row (index into `config.tasks`); a batch may mix tasks.
+
+    Build one from a dense BART with `BartTaskRouted.from_dense("facebook/bart-base", tasks)` (experts start as the
+    dense layer plus N(0, 1e-8) noise, section 5.2), or from a BERT checkpoint through `bart_from_bert`. Checkpoints
+    saved before BART was served by the encoder-decoder class load unchanged (`LEGACY_BART_KEYS`).
+    """
+
+    config_class = BartTaskRoutedConfig
+    dense_kind = "a BartForConditionalGeneration (AutoModelForSeq2SeqLM)"
+
+    checkpoint_key_mapping = LEGACY_BART_KEYS
+
+    def _apply_generation_convention(self, generation_config):
+        return apply_generation_convention(generation_config, self.config.dense_config)

@@ -1,6 +1,8 @@
-"""What every task-routed model beside BART shares: the router's bookkeeping (temperature annealing, evaluation
-routes, disabling experts, task representations), the layer wrapper the dense model's own loop calls, and the
-key/value cache slot numbering that lets forked decoder layers generate with a cache."""
+"""What every task-routed model shares, causal LM or encoder-decoder: the router and its bookkeeping (temperature
+annealing, evaluation routes, disabling experts, task representations), the routed forward's checks, decisions and
+routing outputs (`_route`, `_routing_outputs`), the output classes, the layer wrapper the dense model's own loop
+calls, the key/value cache slot numbering that lets forked decoder layers generate with a cache, `from_dense` and
+`export_task`."""
 
 from __future__ import annotations
 
@@ -8,24 +10,61 @@ import contextlib
 import copy
 import inspect
 import os
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
 from ...layers.routing import (
-    ExpertRowsCache,
     RoutedLayer,
+    SlotRows,
     TaskRouter,
     annealed_temperature,
     hard_route_plan,
     plan_routes,
 )
-from ...modeling_utils import grow_embedding
+from ...modeling_utils import grow_embedding, resolve_task_ids
 from ...tasks import TaskSpec
 from ...utils import is_capturing
+
+
+@dataclass
+class TaskRoutedCausalLMOutput(CausalLMOutputWithPast):
+    """`CausalLMOutputWithPast` plus, as in every family's output: `task_losses` (each task's mean token loss over its
+    target tokens), `task_ids`, and with `output_router_logits=True` the routing: `routing_decisions` and
+    `router_logits`, both `(batch, routed layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)`
+    (the sum of each task's rows' decisions), as `RoutingStatistics` reads them.
+
+    `hidden_states` (when asked): the embedding output and each layer's (mixed) output, `(batch, seq, hidden)` each,
+    before the final norm; `attentions`: each layer's attention probabilities, mixed over its experts by `D`
+    (eager attention only)."""
+
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_ids: torch.LongTensor | None = None
+    routing_decisions: torch.FloatTensor | None = None
+    router_logits: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
+
+
+@dataclass
+class TaskRoutedSeq2SeqOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus, as in every family's output: `task_losses` (each task's mean token loss), `task_ids`,
+    and with `output_router_logits=True` the routing: `routing_decisions` and `router_logits`, both `(batch, routed
+    layers, experts)`, and `routing_counts` `(routed layers, tasks, experts)` (the sum of each task's rows' decisions).
+
+    `encoder_hidden_states` / `decoder_hidden_states` (when asked): the embedding output and each block's (mixed)
+    output, `(batch, seq, hidden)` each, before the final norm; `encoder_attentions`, `decoder_attentions`,
+    `cross_attentions`: each block's attention probabilities mixed over its experts by `D` (eager attention only)."""
+
+    task_losses: dict[str, torch.FloatTensor] | None = None
+    task_ids: torch.LongTensor | None = None
+    routing_decisions: torch.FloatTensor | None = None
+    router_logits: torch.FloatTensor | None = None
+    routing_counts: torch.FloatTensor | None = None
 
 
 class ContextRoutedLayer(RoutedLayer):
@@ -33,13 +72,15 @@ class ContextRoutedLayer(RoutedLayer):
     layer's own arguments. The routing weights (and the plan, and a `RouteRecorder` when hidden states or attentions
     are asked for) come from the model's `TaskContext`, filled by the family before it calls the dense model.
 
-    Which experts run on which rows is the plan in the context (`plan_routes`). A forward (training, evaluation, a
-    forward with a cache passed by hand) takes the every-expert plan: every expert runs on every row and the outputs
-    are mixed by the decisions (`sum_j D_ij E^(i,j)(h)`), no decision is read back to the host, so the forward traces
-    (torch.export, compile) and every expert's cache slot holds every row; the cost is `m` times the layer's (`m` =
-    experts). `generate` under hard routes takes the plan of the routes instead (`hard_route_plan`, made once per
-    generation): only the experts some row uses run, each on its rows (the whole batch, with no gather, when every
-    row takes it), and each keeps only its rows in its cache slot (`ExpertRowsCache`): the dense model's cost."""
+    Which experts run on which rows is the plan in the context (`TaskRoutingMixin._routing_flags`). A forward of a
+    model whose `plans_forward_routes` is False (the causal LMs; training, evaluation, a forward with a cache passed
+    by hand) takes the every-expert plan: every expert runs on every row and the outputs are mixed by the decisions
+    (`sum_j D_ij E^(i,j)(h)`), no decision is read back to the host, and the cost is `m` times the layer's (`m` =
+    experts); the encoder-decoders plan their forward's routes on the host (`plan_routes`, one read; every expert
+    under capture, compile and straight-through training). `generate` under hard routes takes the plan of the routes
+    (`hard_route_plan`, made once per generation): only the experts some row uses run, each on its rows (the whole
+    batch, with no gather, when every row takes it), and each keeps only its rows in its cache slot
+    (`ExpertRowsCache`, `RoutedCache`): the dense model's cost."""
 
     def __init__(self, experts: list[nn.Module], route_index: int | None, context: TaskContext):
         super().__init__(experts, route_index)
@@ -236,6 +277,32 @@ class TaskRoutingMixin:
                         p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
         return (model, report) if output_loading_info else model
 
+    def _route(self, task_ids, routing_weights, batch: int, values_checked: bool):
+        """The checks and decisions every routed forward starts with: each row's task id (its values read back only
+        when `values_checked` is False), then the router's decisions `(batch, routed layers, experts)` and logits, or
+        the `routing_weights` given (checked; logits None)."""
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
+        if routing_weights is None:
+            return (task_ids, *self.router(task_ids))
+        expected = (batch, self.config.num_routed_layers, self.config.num_experts)
+        if tuple(routing_weights.shape) != expected:
+            raise ValueError(
+                f"`routing_weights` must have shape (batch, routed layers, experts) = {expected}, got "
+                f"{tuple(routing_weights.shape)}."
+            )
+        return task_ids, routing_weights, None
+
+    def _routing_outputs(self, task_ids, routing_weights, router_logits, output_router_logits: bool) -> dict:
+        """The routing fields of the output: `routing_decisions`, `router_logits` and `routing_counts` `(routed layers,
+        tasks, experts)` (the sum of each task's rows' decisions), when asked for."""
+        if not output_router_logits:
+            return {}
+        decisions = routing_weights.detach().float()
+        counts = decisions.new_zeros(self.config.num_tasks, *decisions.shape[1:]).index_add_(0, task_ids, decisions)
+        return dict(
+            routing_decisions=routing_weights, router_logits=router_logits, routing_counts=counts.transpose(0, 1)
+        )
+
     def _build_router(self, config) -> None:
         self.router = TaskRouter(
             config.num_tasks, config.task_dim, config.router_hidden, config.num_routed_layers, config.num_experts,
@@ -262,13 +329,19 @@ class TaskRoutingMixin:
             return True
         return False
 
-    def _routing_flags(self, routing_weights: torch.Tensor, cache=None) -> dict:
-        """What the routed layers read from the context: the decisions and the plan. The every-expert plan (no host
-        read), but in generation (`cache` an `ExpertRowsCache` that `generate` made): the plan of the routes, made
-        from the decisions at the first step (one host read per `generate` call) and kept on the cache for the
-        later steps, which read nothing."""
+    #: whether a forward (not a generation step, which reuses its cache's plan) plans its routes on the host:
+    #: each routed layer then runs only the experts its rows use, each on its rows (one host read of the decisions
+    #: per forward; none under capture or compile, nor in straight-through training, where every expert runs); False:
+    #: every expert runs on every row, mixed by the decisions, and the forward reads nothing back
+    plans_forward_routes: bool = False
+
+    def _routing_flags(self, routing_weights: torch.Tensor, cache=None, router_logits=None) -> dict:
+        """What the routed layers read from the context: the decisions and the plan. In generation (`cache` a
+        `SlotRows` cache that `generate` made: `ExpertRowsCache`, `RoutedCache`) the plan of the routes, made from
+        the decisions at the first step (one host read per `generate` call) and kept on the cache for the later
+        steps, which read nothing; else the forward's plan (`plans_forward_routes`)."""
         plan = None
-        if isinstance(cache, ExpertRowsCache) and not self.training and not is_capturing():
+        if isinstance(cache, SlotRows) and not self.training and not is_capturing():
             batch = routing_weights.shape[0]
             if cache.routing_plan is None and cache.plans_routes and cache.get_seq_length() == 0:
                 cache.routing_plan, cache.plan_batch = hard_route_plan(routing_weights), batch
@@ -280,7 +353,8 @@ class TaskRoutingMixin:
                     )
                 plan = cache.routing_plan
         if plan is None:
-            plan = plan_routes(routing_weights, every_expert=True)
+            every = not self.plans_forward_routes or (router_logits is not None and self.router.needs_every_expert)
+            plan = plan_routes(routing_weights, every_expert=every)
         return {"routing_weights": routing_weights, "routing_plan": plan}
 
     def apply_freezing(self) -> None:
@@ -359,6 +433,16 @@ class TaskRoutingMixin:
             )
         with torch.no_grad():
             weight.copy_(embeddings.to(weight.dtype))
+
+    def set_task_embedding(self, task: str | int, embedding: torch.Tensor) -> None:
+        """Set one task's representation (`(task_embedding_dim,)`), e.g. the TextEmb of a task added with
+        `add_task`: its routes are then what the router makes of its data (Ye et al. section 7)."""
+        weight = self.router.task_embeddings.weight
+        row = self.task_id(task) if isinstance(task, str) else task
+        if tuple(embedding.shape) != (weight.shape[1],):
+            raise ValueError(f"A task embedding must have shape ({weight.shape[1]},), got {tuple(embedding.shape)}.")
+        with torch.no_grad():
+            weight[row].copy_(embedding.to(weight.dtype))
 
     def hard_route(self, task: str, force_argmax: bool = False) -> list[int]:
         """The expert each routed layer uses for `task` (its evaluation route); a soft route is refused unless

@@ -1,0 +1,110 @@
+"""Task-level routing (Ye et al. 2022): one implementation for every architecture. `core.py` holds what every routed
+model shares (the router, its checks and decisions, the forked layers, the routing outputs, `export_task`);
+`modeling_causal_lm.py` the decoder-only models (GPT-2, Llama, Qwen2, Mistral), `modeling_seq2seq.py` the
+encoder-decoders (T5, mT5, BART), each adding only what its layers need. Families: `task_routed_lm`,
+`task_routed_t5` (any encoder-decoder backbone) and `bart_routed` (`BartTaskRouted`: the encoder-decoder class with
+a BART default, and a BERT warm-started into a BART, `bart_from_bert`)."""
+
+from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, backbone_names
+from ...pipelines import TEXT2TEXT_PIPELINE_TASK
+from ...problem_types import TEXT_TO_TEXT
+from ...upcycling import UpcyclingRules
+from ..registry import Family, register_family
+from .bart_from_bert import bart_from_bert
+from .configuration import BartTaskRoutedConfig, TaskRoutedLMConfig, TaskRoutedSeq2SeqConfig
+from .core import TaskRoutedCausalLMOutput, TaskRoutedSeq2SeqOutput
+from .modeling_causal_lm import TaskRoutedForCausalLM
+from .modeling_seq2seq import BartTaskRouted, T5RoutedBlock, TaskRoutedForSeq2SeqLM
+
+
+def describe(c: TaskRoutedLMConfig) -> str:
+    frozen = " (frozen)" if c.freeze_task_embeddings else ""
+    return (
+        f"Task-level MoE over the layers of a {c.dense_config.model_type} causal LM: {c.num_experts} experts per "
+        f"routed layer ({c.num_routed_layers} routed layers), {c.router_type} router, selection `{c.selection}`, task "
+        f"representations of size {c.task_dim}{frozen}"
+    )
+
+
+LM_FAMILY = register_family(Family(
+    name="task_routed_lm",
+    config_class=TaskRoutedLMConfig,
+    model_class=TaskRoutedForCausalLM,
+    auto_classes=TaskRoutedForCausalLM.auto_classes,
+    problem_types=TEXT_TO_TEXT,
+    pipeline_task=TEXT2TEXT_PIPELINE_TASK,
+    describe=describe,
+    # Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
+    # weight of the dense causal LM (embeddings, positions, final norm, LM head) under its own name; the router is new.
+    # Names are relative to `backbone.` (the dense causal LM), whatever the architecture calls its layers.
+    upcycling=UpcyclingRules(
+        rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
+        new=TaskRoutedForCausalLM.parameter_roles.new_patterns,
+    ),
+    dense_model_types=tuple(backbone_names(DECODER_BACKBONE)),
+    method="task-routing",
+))
+
+
+def describe_seq2seq(c: TaskRoutedSeq2SeqConfig) -> str:
+    frozen = " (frozen)" if c.freeze_task_embeddings else ""
+    return (
+        f"Task-level MoE over the encoder and decoder blocks of a {c.dense_config.model_type}: {c.num_experts} experts "
+        f"per routed block ({len(c.encoder_route_layers)} encoder, {len(c.decoder_route_layers)} decoder blocks "
+        f"routed), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    )
+
+
+SEQ2SEQ_FAMILY = register_family(Family(
+    name="task_routed_t5",
+    config_class=TaskRoutedSeq2SeqConfig,
+    model_class=TaskRoutedForSeq2SeqLM,
+    auto_classes=TaskRoutedForSeq2SeqLM.auto_classes,
+    problem_types=TEXT_TO_TEXT,
+    pipeline_task=TEXT2TEXT_PIPELINE_TASK,
+    describe=describe_seq2seq,
+    # Ye et al. section 5.2: every expert of block i starts as block i (a plain block is `experts.0`); every other
+    # weight of the dense model (shared embeddings, final norms, LM head) under its own name; the router is new.
+    # Names are relative to `backbone.` (the dense T5ForConditionalGeneration).
+    upcycling=UpcyclingRules(
+        rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
+        new=TaskRoutedForSeq2SeqLM.parameter_roles.new_patterns,
+    ),
+    dense_model_types=tuple(backbone_names(ENCODER_DECODER_BACKBONE)),
+    method="task-routing",
+    export_kind="encoder_decoder",
+))
+
+def describe_bart(c: BartTaskRoutedConfig) -> str:
+    frozen = " (frozen)" if c.freeze_task_embeddings else ""
+    return (
+        f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
+        f"layers), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    )
+
+
+def prepare_dense(dense, dense_config):
+    """No BART weights offline: a BERT checkpoint is warm-started into a BART (BERT2BERT, `bart_from_bert`)."""
+    return bart_from_bert(dense) if getattr(dense_config, "model_type", None) == "bert" else dense
+
+
+BART_FAMILY = register_family(Family(
+    name="bart_routed",
+    config_class=BartTaskRoutedConfig,
+    model_class=BartTaskRouted,
+    auto_classes=BartTaskRouted.auto_classes,
+    problem_types=TEXT_TO_TEXT,
+    pipeline_task=TEXT2TEXT_PIPELINE_TASK,
+    describe=describe_bart,
+    upcycling=SEQ2SEQ_FAMILY.upcycling,  # BART's weights under `backbone.`, as T5's
+    dense_model_types=("bart", "bert"),
+    method="task-routing",
+    prepare_dense=prepare_dense,
+    export_kind="encoder_decoder",
+))
+
+__all__ = [
+    "BartTaskRouted", "BartTaskRoutedConfig", "T5RoutedBlock", "TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM",
+    "TaskRoutedForSeq2SeqLM", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig", "TaskRoutedSeq2SeqOutput",
+    "bart_from_bert",
+]
