@@ -384,10 +384,9 @@ def short_help(argv: list[str] | None = None) -> str:
         if title == "model":  # the families' settings, by method: their names only (--help_all describes each)
             text += ["", "method settings (config fields of those names; unset: the family's default; --x/--no_x "
                      "switch a bool):"]
-            by_method: dict[str, list[str]] = {}
+            by_method: dict[str, list[str]] = {}  # a setting several methods share is listed once, under all of them
             for option in family_settings().values():
-                for method in option.methods:
-                    by_method.setdefault(method, []).append(f"--{option.name}")
+                by_method.setdefault(", ".join(sorted(option.methods)), []).append(f"--{option.name}")
             for methods, names in sorted(by_method.items()):
                 text += textwrap.wrap(" ".join(names), 118, initial_indent=f"  {methods}: ", subsequent_indent="    ")
     text += [

@@ -120,6 +120,14 @@ def test_a_new_familys_setting_is_an_option_without_editing_the_script():
 
 def test_short_help_lists_each_methods_settings():
     text = run_multitask.short_help([])
-    lines = {line.split(":")[0].strip(): line for line in text.splitlines() if line.startswith("  ") and ": --" in line}
-    assert "--num_experts" in lines["mt-tag"] and "--pal_size" in lines["pals"]
-    assert "--selection" in lines["task-routing"] and "--num_frozen_layers" in lines["ca-mtl"]
+    settings = text.split("method settings")[1].split("\n\n")[0].splitlines()[1:]
+    by_method: dict[str, str] = {}  # a method -> every option listed under it (alone or shared with others)
+    for line in settings:
+        if not line.startswith("    "):  # "  mt-tag, task-routing: --num_experts ..."; wrapped lines are indented 4
+            methods, line = line.split(": ", 1)
+            methods = [m.strip() for m in methods.split(",")]
+        for method in methods:
+            by_method[method] = by_method.get(method, "") + " " + line
+    assert "--num_experts" in by_method["mt-tag"] and "--pal_size" in by_method["pals"]
+    assert "--selection" in by_method["task-routing"] and "--num_frozen_layers" in by_method["ca-mtl"]
+    assert "--num_experts" in by_method["task-routing"] and "--pal_size" not in by_method["mt-tag"]

@@ -19,7 +19,8 @@ from collections.abc import Iterable
 BUILD_FIELDS = frozenset({"tasks", "dense_config", "upcycled_from", "task_representation_source"})
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
-_ARG = re.compile(r"^ {4}(\w+) \((.*?)\):\n((?:(?: {8}.*)?\n)+)", re.M)
+# an `Args:` entry: `name (`type`, ...):` then its description, on the same line or indented on the next ones
+_ARG = re.compile(r"^ {4}(\w+) \((.*?)\):(.*)\n((?:(?: {8}.*)?\n)*)", re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _documented(config_class: type) -> dict[str, tuple[str, str]]:
     for klass in config_class.__mro__:
         text = inspect.cleandoc(klass.__dict__.get("__doc__") or "") + "\n"
         for match in _ARG.finditer(text):
-            found.setdefault(match.group(1), (match.group(2), " ".join(match.group(3).split())))
+            found.setdefault(match.group(1), (match.group(2), " ".join((match.group(3) + " " + match.group(4)).split())))
     return found
 
 

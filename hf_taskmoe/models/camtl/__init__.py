@@ -3,6 +3,8 @@ embedding, on any declared encoder (`CAMTLForMultiTask`, family `camtl_any`), co
 modules (`hf_taskmoe.backbones`). `CAMTLModel` / `CAMTLConfig` (family `camtl`) are the same model under its first
 names, a BERT by default, and load the checkpoints the earlier BERT-only implementation saved."""
 
+from dataclasses import replace
+
 from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
 from ...problem_types import ENCODER
@@ -48,20 +50,11 @@ FAMILY = register_family(
     )
 )
 
-ANY_FAMILY = register_family(
-    Family(
-        name="camtl_any",
-        config_class=CAMTLBackboneConfig,
-        model_class=CAMTLForMultiTask,
-        problem_types=ENCODER,
-        pipeline_task=PIPELINE_TASK,
-        describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
-        upcycling=_UPCYCLING,
-        backbone_kind=ENCODER_BACKBONE,
-        method="ca-mtl",
-        script_defaults=_script_defaults,
-    )
-)
+ANY_FAMILY = register_family(replace(
+    FAMILY, name="camtl_any", config_class=CAMTLBackboneConfig, model_class=CAMTLForMultiTask,
+    describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder", dense_model_types=(),
+    backbone_kind=ENCODER_BACKBONE,
+))
 
 __all__ = ["ANY_FAMILY", "FAMILY", "CAMTLBackboneConfig", "CAMTLBertModel", "CAMTLConfig", "CAMTLForMultiTask",
            "CAMTLModel"]

@@ -2,6 +2,8 @@
 ModernBERT, BERT), hooked onto the dense model's own layers (`hf_taskmoe.backbones`): `PALsForMultiTask`, and under
 the names of earlier releases `BertWithPALs` (`PALsForMultiTask` with a BERT default; its checkpoints load)."""
 
+from dataclasses import replace
+
 from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
 from ...problem_types import ENCODER
@@ -42,19 +44,10 @@ FAMILY = register_family(
 
 #: the name and `model_type` of earlier releases' BERT class: `--model_family bert_pals` on a BERT, old configs
 #: (`family_of`) and checkpoints (`AutoModel`); the same method, the same implementation
-BERT_FAMILY = register_family(
-    Family(
-        name="bert_pals",
-        config_class=BertPALsConfig,
-        model_class=BertWithPALs,
-        problem_types=ENCODER,
-        pipeline_task=PIPELINE_TASK,
-        describe=describe_bert,
-        upcycling=UPCYCLING,
-        dense_model_types=("bert",),
-        method="pals",
-    )
-)
+BERT_FAMILY = register_family(replace(
+    FAMILY, name="bert_pals", config_class=BertPALsConfig, model_class=BertWithPALs, describe=describe_bert,
+    backbone_kind=None, dense_model_types=("bert",),
+))
 
 __all__ = ["BERT_FAMILY", "FAMILY", "PAL_SITES", "BackbonePALs", "BertPALsConfig", "BertPALsModel", "BertWithPALs",
            "PALSite", "PALsConfig", "PALsForMultiTask"]

@@ -3,6 +3,8 @@ encoder (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3, ModernBERT): 
 dense model's own FFNs (`hf_taskmoe.backbones`). `BertForTaskMoE` (family `bert_taskmoe`) is its name on BERT of
 earlier releases (`legacy.py`)."""
 
+from dataclasses import replace
+
 from ...backbones import ENCODER_BACKBONE
 from ...pipelines import PIPELINE_TASK
 from ...problem_types import ENCODER
@@ -24,34 +26,23 @@ def describe(c: TaskMoEConfig) -> str:
 # the rules depend on the backbone: each model gives its own (`TaskMoEForMultiTask.upcycling_rules`)
 _UPCYCLING = UpcyclingRules(rename=(), new=TaskMoEForMultiTask.parameter_roles.new_patterns)
 
+GENERIC = Family(
+    name="taskmoe",
+    config_class=TaskMoEConfig,
+    model_class=TaskMoEForMultiTask,
+    problem_types=ENCODER,
+    pipeline_task=PIPELINE_TASK,
+    describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
+    upcycling=_UPCYCLING,
+    backbone_kind=ENCODER_BACKBONE,
+    method="mt-tag",
+)
 # the name of earlier releases first: `family_for("mt-tag", "bert")` builds a BertForTaskMoE, as it did
-LEGACY_FAMILY = register_family(
-    Family(
-        name="bert_taskmoe",
-        config_class=BertTaskMoEConfig,
-        model_class=BertForTaskMoE,
-        problem_types=ENCODER,
-        pipeline_task=PIPELINE_TASK,
-        describe=describe,
-        upcycling=_UPCYCLING,
-        dense_model_types=("bert",),
-        method="mt-tag",
-    )
-)
-
-FAMILY = register_family(
-    Family(
-        name="taskmoe",
-        config_class=TaskMoEConfig,
-        model_class=TaskMoEForMultiTask,
-        problem_types=ENCODER,
-        pipeline_task=PIPELINE_TASK,
-        describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
-        upcycling=_UPCYCLING,
-        backbone_kind=ENCODER_BACKBONE,
-        method="mt-tag",
-    )
-)
+LEGACY_FAMILY = register_family(replace(
+    GENERIC, name="bert_taskmoe", config_class=BertTaskMoEConfig, model_class=BertForTaskMoE, describe=describe,
+    backbone_kind=None, dense_model_types=("bert",),
+))
+FAMILY = register_family(GENERIC)
 
 __all__ = [
     "FAMILY",

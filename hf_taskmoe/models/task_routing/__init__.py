@@ -5,6 +5,8 @@ encoder-decoders (T5, mT5, BART), each adding only what its layers need. Familie
 `task_routed_t5` (any encoder-decoder backbone) and `bart_routed` (`BartTaskRouted`: the encoder-decoder class with
 a BART default, and a BERT warm-started into a BART, `bart_from_bert`)."""
 
+from dataclasses import replace
+
 from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, backbone_names
 from ...pipelines import TEXT2TEXT_PIPELINE_TASK
 from ...problem_types import TEXT_TO_TEXT
@@ -26,6 +28,11 @@ def describe(c: TaskRoutedLMConfig) -> str:
     )
 
 
+#: Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
+#: weight of the dense model (embeddings, positions, final norms, LM head) under its own name; the router is new.
+#: Names are relative to `backbone.` (the dense model), whatever the architecture calls its layers.
+_EXPERTS_FROM_THE_LAYER = ((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1"))
+
 LM_FAMILY = register_family(Family(
     name="task_routed_lm",
     config_class=TaskRoutedLMConfig,
@@ -34,13 +41,7 @@ LM_FAMILY = register_family(Family(
     problem_types=TEXT_TO_TEXT,
     pipeline_task=TEXT2TEXT_PIPELINE_TASK,
     describe=describe,
-    # Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
-    # weight of the dense causal LM (embeddings, positions, final norm, LM head) under its own name; the router is new.
-    # Names are relative to `backbone.` (the dense causal LM), whatever the architecture calls its layers.
-    upcycling=UpcyclingRules(
-        rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
-        new=TaskRoutedForCausalLM.parameter_roles.new_patterns,
-    ),
+    upcycling=UpcyclingRules(rename=_EXPERTS_FROM_THE_LAYER, new=TaskRoutedForCausalLM.parameter_roles.new_patterns),
     dense_model_types=tuple(backbone_names(DECODER_BACKBONE)),
     method="task-routing",
 ))
@@ -55,25 +56,13 @@ def describe_seq2seq(c: TaskRoutedSeq2SeqConfig) -> str:
     )
 
 
-SEQ2SEQ_FAMILY = register_family(Family(
-    name="task_routed_t5",
-    config_class=TaskRoutedSeq2SeqConfig,
-    model_class=TaskRoutedForSeq2SeqLM,
-    auto_classes=TaskRoutedForSeq2SeqLM.auto_classes,
-    problem_types=TEXT_TO_TEXT,
-    pipeline_task=TEXT2TEXT_PIPELINE_TASK,
-    describe=describe_seq2seq,
-    # Ye et al. section 5.2: every expert of block i starts as block i (a plain block is `experts.0`); every other
-    # weight of the dense model (shared embeddings, final norms, LM head) under its own name; the router is new.
-    # Names are relative to `backbone.` (the dense T5ForConditionalGeneration).
-    upcycling=UpcyclingRules(
-        rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
-        new=TaskRoutedForSeq2SeqLM.parameter_roles.new_patterns,
-    ),
-    dense_model_types=tuple(backbone_names(ENCODER_DECODER_BACKBONE)),
-    method="task-routing",
-    export_kind="encoder_decoder",
+SEQ2SEQ_FAMILY = register_family(replace(
+    LM_FAMILY, name="task_routed_t5", config_class=TaskRoutedSeq2SeqConfig, model_class=TaskRoutedForSeq2SeqLM,
+    auto_classes=TaskRoutedForSeq2SeqLM.auto_classes, describe=describe_seq2seq,
+    upcycling=UpcyclingRules(rename=_EXPERTS_FROM_THE_LAYER, new=TaskRoutedForSeq2SeqLM.parameter_roles.new_patterns),
+    dense_model_types=tuple(backbone_names(ENCODER_DECODER_BACKBONE)), export_kind="encoder_decoder",
 ))
+
 
 def describe_bart(c: BartTaskRoutedConfig) -> str:
     frozen = " (frozen)" if c.freeze_task_embeddings else ""
@@ -88,19 +77,10 @@ def prepare_dense(dense, dense_config):
     return bart_from_bert(dense) if getattr(dense_config, "model_type", None) == "bert" else dense
 
 
-BART_FAMILY = register_family(Family(
-    name="bart_routed",
-    config_class=BartTaskRoutedConfig,
-    model_class=BartTaskRouted,
-    auto_classes=BartTaskRouted.auto_classes,
-    problem_types=TEXT_TO_TEXT,
-    pipeline_task=TEXT2TEXT_PIPELINE_TASK,
-    describe=describe_bart,
-    upcycling=SEQ2SEQ_FAMILY.upcycling,  # BART's weights under `backbone.`, as T5's
-    dense_model_types=("bart", "bert"),
-    method="task-routing",
+BART_FAMILY = register_family(replace(
+    SEQ2SEQ_FAMILY, name="bart_routed", config_class=BartTaskRoutedConfig, model_class=BartTaskRouted,
+    auto_classes=BartTaskRouted.auto_classes, describe=describe_bart, dense_model_types=("bart", "bert"),
     prepare_dense=prepare_dense,
-    export_kind="encoder_decoder",
 ))
 
 __all__ = [
