@@ -16,6 +16,7 @@ modules report something back (MoE routing), `_encoder_fields`.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import re
@@ -303,6 +304,52 @@ def _type_vocab_size(self) -> int | None:
 
 
 TaskEncoderConfig.type_vocab_size = _type_vocab_size
+
+
+class FlatDenseFields:
+    """For the configs of earlier releases' names (`BertTaskMoEConfig`, `BertPALsConfig`, `CAMTLConfig`), which were
+    `BertConfig`s: the dense config's own fields taken flat, as they were then (`BertPALsConfig(hidden_size=384, ...,
+    tasks=...)`, and every config.json saved then). Given alone they make `dense_config` (a `flat_dense_class`);
+    beside an explicit `dense_config` (`from_pretrained(path, use_cache=False)`) they set its fields; read and set
+    later, flat, they are the dense config's (saved inside it). Put it before the config class in the bases."""
+
+    #: the dense config class whose fields are taken flat
+    flat_dense_class: ClassVar[type] = None
+
+    @classmethod
+    def flat_dense_fields(cls) -> frozenset[str]:
+        """The dense config class's fields the config does not have itself (its own, `classifier_dropout` included,
+        stay its own)."""
+        cached = cls.__dict__.get("_flat_dense_fields")
+        if cached is None:
+            own = {f.name for f in dataclasses.fields(cls)}
+            cached = frozenset(f.name for f in dataclasses.fields(cls.flat_dense_class) if f.name not in own)
+            cls._flat_dense_fields = cached
+        return cached
+
+    def __post_init__(self, **kwargs):
+        flat = {name: kwargs.pop(name) for name in list(kwargs) if name in self.flat_dense_fields()}
+        if flat and self.dense_config is None:
+            self.dense_config = self.flat_dense_class(**flat)
+        elif flat:
+            self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
+            for name, value in flat.items():
+                setattr(self.dense_config, name, value)
+        super().__post_init__(**kwargs)
+
+    def __getattr__(self, name: str):
+        # called only when the usual lookup fails: a flat field reads through to `dense_config`
+        dense = self.__dict__.get("dense_config")
+        if dense is not None and not isinstance(dense, dict) and name in type(self).flat_dense_fields():
+            return getattr(dense, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        dense = self.__dict__.get("dense_config")
+        if dense is not None and not isinstance(dense, dict) and name in type(self).flat_dense_fields():
+            setattr(dense, name, value)
+        else:
+            super().__setattr__(name, value)
 
 
 @dataclass

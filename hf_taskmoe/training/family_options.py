@@ -61,7 +61,8 @@ def _documented(config_class: type) -> dict[str, tuple[str, str]]:
     for klass in config_class.__mro__:
         text = inspect.cleandoc(klass.__dict__.get("__doc__") or "") + "\n"
         for match in _ARG.finditer(text):
-            found.setdefault(match.group(1), (match.group(2), " ".join((match.group(3) + " " + match.group(4)).split())))
+            description = " ".join(f"{match.group(3)} {match.group(4)}".split())
+            found.setdefault(match.group(1), (match.group(2), description))
     return found
 
 

@@ -3,15 +3,12 @@ same config under its first name (`model_type` `taskmoe_camtl`), which also take
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import ClassVar
 
 from transformers import BertConfig
 
-from ...compat import dense_sub_config
 from ...utils import check_choice, check_float, check_int
-from ..encoder import TaskEncoderConfig
+from ..encoder import FlatDenseFields, TaskEncoderConfig
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS_WITH_BIAS", "BOTTLENECK_PLACEMENTS", "MAX_ATTENTION_BLOCK", "CAMTLBackboneConfig",
@@ -213,14 +210,7 @@ class CAMTLBackboneConfig(TaskEncoderConfig):
         return conditional or self.conditional_alignment or self.conditional_bottleneck != "none"
 
 
-def _flat_bert_fields() -> frozenset[str]:
-    """`BertConfig`'s own fields that `CAMTLBackboneConfig` does not have: a flat (pre-`dense_config`) `CAMTLConfig`
-    wrote them beside its own, and they now make its `dense_config`."""
-    own = {f.name for f in dataclasses.fields(CAMTLBackboneConfig)}
-    return frozenset(f.name for f in dataclasses.fields(BertConfig) if f.name not in own)
-
-
-class CAMTLConfig(CAMTLBackboneConfig):
+class CAMTLConfig(FlatDenseFields, CAMTLBackboneConfig):
     r"""
     `CAMTLBackboneConfig` under its first name (`model_type` `"taskmoe_camtl"`, the config of `CAMTLModel`), with a BERT
     as the default dense model and `classifier_pooling="pooler"` (BERT's pooler) as the default pooling.
@@ -234,32 +224,6 @@ class CAMTLConfig(CAMTLBackboneConfig):
 
     model_type = "taskmoe_camtl"
     method_name = "CA-MTL (CAMTLModel)"
-    #: the `BertConfig` fields that make `dense_config` when given flat
-    flat_dense_fields: ClassVar[frozenset[str]] = _flat_bert_fields()
+    flat_dense_class = BertConfig
 
     classifier_pooling: str = "pooler"
-
-    def __post_init__(self, **kwargs):
-        flat = {name: kwargs.pop(name) for name in list(kwargs) if name in self.flat_dense_fields}
-        if flat and self.dense_config is None:
-            self.dense_config = BertConfig(**flat)
-        elif flat:  # beside a dense config (e.g. `from_pretrained(path, use_cache=False)`): they set its fields
-            self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
-            for name, value in flat.items():
-                setattr(self.dense_config, name, value)
-        super().__post_init__(**kwargs)
-
-    def __getattr__(self, name: str):
-        # called only when the normal lookup fails: a flat BERT field reads through to `dense_config`
-        dense = self.__dict__.get("dense_config")
-        if dense is not None and name in type(self).flat_dense_fields:
-            return getattr(dense, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value) -> None:
-        # a flat BERT field set later (`config.use_cache = False`) is the dense config's, saved inside it
-        dense = self.__dict__.get("dense_config")
-        if name in type(self).flat_dense_fields and dense is not None and not isinstance(dense, dict):
-            setattr(dense, name, value)
-        else:
-            super().__setattr__(name, value)

@@ -15,19 +15,14 @@ kept for their users and their saved checkpoints. Each is `PALsForMultiTask` / `
 
 from __future__ import annotations
 
-import dataclasses
 from typing import ClassVar
 
-from transformers import BertConfig, PreTrainedConfig
+from transformers import BertConfig
 
 from ...modeling_utils import check_input_shapes, check_kwargs, resolve_task_ids
+from ..encoder import FlatDenseFields
 from .configuration_pals import PALsConfig
 from .modeling_pals import PALsForMultiTask
-
-#: `BertConfig`'s own fields (not `PALsConfig`'s): a `BertPALsConfig` keeps them in its `dense_config`
-BERT_FIELDS = frozenset(f.name for f in dataclasses.fields(BertConfig)) - frozenset(
-    f.name for f in dataclasses.fields(PALsConfig)
-)
 
 #: the old layout's weight names -> the new layout's (transformers' `key_mapping`: regexes, applied in turn)
 BERT_PALS_KEY_MAPPING = {
@@ -36,7 +31,7 @@ BERT_PALS_KEY_MAPPING = {
 }
 
 
-class BertPALsConfig(PALsConfig):
+class BertPALsConfig(FlatDenseFields, PALsConfig):
     r"""
     The config of `BertWithPALs`: `PALsConfig` on a BERT (`dense_config`, a `BertConfig`), with the `model_type`
     and defaults of the earlier BERT-specific config. Every field of `BertConfig` is accepted flat, as before
@@ -51,36 +46,9 @@ class BertPALsConfig(PALsConfig):
 
     model_type = "taskmoe_bert_pals"
     dense_config_default: ClassVar[str] = "bert"
+    flat_dense_class = BertConfig
 
     classifier_pooling: str = "pooler"
-
-    def __post_init__(self, **kwargs):
-        flat = {name: kwargs.pop(name) for name in list(kwargs) if name in BERT_FIELDS}
-        if self.dense_config is None:
-            self.dense_config = BertConfig(**flat)
-        elif flat:  # a nested `dense_config` and flat fields beside it (`from_pretrained(path, hidden_size=...)`)
-            self.dense_config = BertConfig(**{**_as_dict(self.dense_config), **flat})
-        super().__post_init__(**kwargs)
-
-    def __getattr__(self, name: str):
-        # only called when the usual lookup fails: BERT's flat fields read through to the dense config
-        dense = self.__dict__.get("dense_config")
-        if name in BERT_FIELDS and isinstance(dense, PreTrainedConfig):
-            return getattr(dense, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value) -> None:
-        dense = self.__dict__.get("dense_config")
-        if name in BERT_FIELDS and isinstance(dense, PreTrainedConfig):
-            setattr(dense, name, value)
-        else:
-            super().__setattr__(name, value)
-
-
-def _as_dict(config) -> dict:
-    fields = config.to_dict() if isinstance(config, PreTrainedConfig) else dict(config)
-    fields.pop("model_type", None)
-    return fields
 
 
 class BertWithPALs(PALsForMultiTask):

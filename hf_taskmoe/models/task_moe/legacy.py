@@ -13,22 +13,14 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from transformers import BertConfig, PreTrainedConfig
+from transformers import BertConfig
 
 from ...modeling_utils import check_input_shapes, check_kwargs, resolve_task_ids
+from ..encoder import FlatDenseFields
 from .configuration_task_moe import TaskMoEConfig
 from .modeling_task_moe import TaskMoEEncoderOutput, TaskMoEForMultiTask
 
 __all__ = ["LEGACY_KEY_MAPPING", "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]
-
-#: `BertConfig`'s own fields, which `BertTaskMoEConfig` takes flat and keeps in `dense_config` (`classifier_dropout`
-#: is the task config's own: the heads' dropout)
-BERT_FIELDS = tuple(
-    f.name for f in dataclasses.fields(BertConfig)
-    if f.name not in {g.name for g in dataclasses.fields(PreTrainedConfig)} | {"classifier_dropout"}
-)
 
 #: weight names of the BERT-only class -> `TaskMoEForMultiTask`'s on BERT, applied in turn (transformers'
 #: `key_mapping`: `re.search`, the match replaced). BERT's modules move from `bert.` to `backbone.`; the MoE (`mlp`)
@@ -44,7 +36,7 @@ LEGACY_KEY_MAPPING = {
 }
 
 
-class BertTaskMoEConfig(TaskMoEConfig):
+class BertTaskMoEConfig(FlatDenseFields, TaskMoEConfig):
     r"""
     `TaskMoEConfig` on BERT under the name of earlier releases (model type `taskmoe_bert`). Every field of `BertConfig`
     is accepted flat (`hidden_size`, `num_hidden_layers`, `hidden_dropout_prob`, ...) and kept in `dense_config` (a
@@ -53,6 +45,7 @@ class BertTaskMoEConfig(TaskMoEConfig):
     """
 
     model_type = "taskmoe_bert"
+    flat_dense_class = BertConfig
     method_name = "MT-TaG (BertForTaskMoE)"
 
     classifier_pooling: str = "pooler"
@@ -67,20 +60,6 @@ class BertTaskMoEConfig(TaskMoEConfig):
                 f"{found!r}; TaskMoEForMultiTask takes every declared encoder."
             )
         return super().from_dense_config(dense_config, tasks, **kwargs)
-
-
-def _bert_field(name: str) -> property:
-    def read(self):
-        return getattr(self.dense_config, name)
-
-    def write(self, value):
-        setattr(self.dense_config, name, value)
-
-    return property(read, write, doc=f"`dense_config.{name}` (a `BertConfig` field, taken flat).")
-
-
-for _name in BERT_FIELDS:
-    setattr(BertTaskMoEConfig, _name, _bert_field(_name))
 
 
 class BertForTaskMoE(TaskMoEForMultiTask):
