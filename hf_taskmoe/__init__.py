@@ -53,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".layers.moe": ("TaskMoE",),
     ".upcycling": ("UpcyclingReport", "upcycle"),
     ".onnx_export": ("export_onnx",),
+    ".lora_export": ("export_task_adapters",),
     ".analysis": ("ParameterReport", "parameter_report", "RoutingStatistics"),
     ".pipelines": ("PIPELINE_TASK", "MultiTaskTextClassificationPipeline", "MultiTaskText2TextGenerationPipeline",
                    "TEXT2TEXT_PIPELINE_TASK"),

@@ -1,8 +1,9 @@
 """Export a task-routed model as one dense base model plus one peft LoRA adapter per task.
 
-A task-routed model (`TaskRoutedForCausalLM`, `TaskRoutedForSeq2SeqLM`) under hard routes computes, for each task, a
-plain dense model: `export_task(task)` builds it. Serving engines (vLLM, SGLang, LoRAX, TGI) and peft itself batch
-requests for *different LoRA adapters on one base model*; `export_task_adapters` writes the routed model in that form:
+A task-routed model (`TaskRoutedForCausalLM`, `TaskRoutedForSeq2SeqLM`, `BartTaskRouted`) under hard routes computes,
+for each task, a plain dense model: `export_task(task)` builds it. Serving engines (vLLM, SGLang, LoRAX, TGI) and peft
+itself batch requests for *different LoRA adapters on one base model*; `export_task_adapters` (or the models' method
+`model.export_task_adapters(path)`) writes the routed model in that form:
 
     path/base/          the dense model (`save_pretrained`), one choice of shared weights at each routed layer
     path/<task>/        peft LoRA adapter of the task (`PeftModel.save_pretrained`): adapter_config.json + safetensors
@@ -20,14 +21,17 @@ carry is handled as follows:
 * a linear's bias that differs (or a bias folded in from a norm) goes in peft's `lora_bias` (a bias on LoRA's B,
   loaded by peft and applied per row in mixed batches; check that a serving engine loads it) -- or is dropped with
   `carry_biases=False`;
-* anything else that differs (a post-norm layer's norms, T5's relative-position table of a routed first block, a norm
-  that cannot be folded) has no place in what peft runs in mixed batches (peft's `modules_to_save` wrapper mixes
-  batches only for linear, embedding and convolution modules; T5's table is looked up by position bucket, not by
-  row): it is *dropped*, the base's value serves the task, and its relative size `||delta|| / ||W_task||` is recorded
-  in the manifest and returned. `lossless=True` refuses such an export before writing anything, saying what and why.
+* anything else that differs (a post-norm layer's norms -- BART's, which normalise after the residual, so their
+  output feeds the residual stream as well as the next linears --, T5's relative-position table of a routed first
+  block, a norm that cannot be folded) has no place in what peft runs in mixed batches (peft's `modules_to_save`
+  wrapper mixes batches only for linear, embedding and convolution modules; T5's table is looked up by position
+  bucket, not by row): it is *dropped*, the base's value serves the task, and its relative size
+  `||delta|| / ||W_task||` is recorded in the manifest and returned. `lossless=True` refuses such an export before
+  writing anything, saying what and why.
 
 Folding and the bias carried make the export exact at full rank for Llama, Qwen2, Mistral and GPT-2 (and T5 but for a
-routed relative-position table): the only error left is the rank's truncation.
+routed relative-position table, BART but for norms that differ per expert): the only error left is the rank's
+truncation.
 
 The base (`base=`): `"mean"` (default) takes at each routed layer the mean of the exported tasks' routed weights
 (each task once; an expert no exported task takes does not count): the point nearest all of them in the Frobenius
@@ -78,8 +82,7 @@ def routed_layer_experts(model) -> list[tuple[str, int, list[nn.Module]]]:
     ):
         raise TypeError(
             f"export_task_adapters takes a task-routed model with hard routes (TaskRoutedForCausalLM, "
-            f"TaskRoutedForSeq2SeqLM), got {type(model).__name__}. BartTaskRouted is not supported yet: its export "
-            "does not expose its routed layers' experts (and its post-norm layers' norms could not be folded)."
+            f"TaskRoutedForSeq2SeqLM, BartTaskRouted), got {type(model).__name__}."
         )
     found = []
     for prefix, layers in stacks().items():
@@ -413,15 +416,16 @@ def export_task_adapters(
     see the module's docstring for the layout and for what is folded, carried and dropped.
 
     Args:
-        model: a task-routed model (`TaskRoutedForCausalLM`, `TaskRoutedForSeq2SeqLM`) whose exported tasks have hard
-            routes (`selection="gumbel_softmax_st"` or `"hard"`).
+        model: a task-routed model (`TaskRoutedForCausalLM`, `TaskRoutedForSeq2SeqLM`, `BartTaskRouted`) whose
+            exported tasks have hard routes (`selection="gumbel_softmax_st"` or `"hard"`).
         path: an empty (or missing) folder; `overwrite=True` replaces a non-empty one.
         rank: the LoRA rank, or `"full"`: the largest `min(out, in)` of the routed linears (exact). A rank above it
             is capped there; every linear's factors are padded with zeros to the one rank (one `r` per adapter, as
             serving engines take).
         tasks: the tasks to export (default: all).
-        lossless: refuse (before writing anything) an export that would drop something (a norm of a post-norm layer,
-            a relative-position table, a bias with `carry_biases=False`): the result is then exact up to the rank.
+        lossless: refuse (before writing anything) an export that would drop something (a norm of a post-norm layer
+            such as BART's, a relative-position table, a bias with `carry_biases=False`): the result is then exact up
+            to the rank.
         base: `"mean"` (default), `"majority"`, `"expert0"` or a dense model of the routed model's class (the module
             says which when).
         force_argmax: export the arg-max experts of a soft route (refused otherwise).

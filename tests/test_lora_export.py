@@ -126,7 +126,7 @@ def max_error(model, folder, tasks=None) -> float:
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2", "mistral"])
 def test_full_rank_export_matches_the_routed_model_on_a_mixed_batch(arch, tmp_path):
     model = routed(arch)
-    result = export_task_adapters(model, tmp_path / "out", rank="full", lossless=True)
+    result = model.export_task_adapters(tmp_path / "out", rank="full", lossless=True)  # the models' method
     assert result.exact and result.rank == 32 and set(result.weight_error.values()) == {0.0}
     # every task off the base somewhere had its norms folded; GPT-2's LayerNorm biases and Qwen2's q/k/v
     # biases travel in lora_bias
@@ -352,15 +352,70 @@ def test_bad_inputs_are_refused(tmp_path):
         export_task_adapters(AutoModelForCausalLM.from_config(dense_config("llama")), tmp_path / "d")
 
 
-def test_bart_is_refused_naming_what_is_missing(tmp_path):
+def seq2seq_logits(model, peft_model, seed: int = 0):
+    """Both encoder-decoders' logits on one batch mixing the tasks (`MIXED`), and the adapter names of its rows."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, VOCAB, (len(MIXED), 7), generator=generator)
+    decoder = torch.randint(4, VOCAB, (len(MIXED), 5), generator=generator)
+    names = [model.config.task_names[i] for i in MIXED]
+    with torch.no_grad():
+        return (model(input_ids=ids, decoder_input_ids=decoder, task_ids=MIXED).logits,
+                peft_model(input_ids=ids, decoder_input_ids=decoder, adapter_names=names).logits, ids, names)
+
+
+def test_bart_exports_and_its_post_norm_layer_norms_are_the_cost(tmp_path):
     from transformers import BartConfig, BartForConditionalGeneration
 
     from hf_taskmoe import BartTaskRouted
 
+    torch.manual_seed(0)
     dense = BartForConditionalGeneration(BartConfig(
-        vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
-        encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=40,
-    ))
-    model = BartTaskRouted.from_dense(dense, TASKS[:2], expert_noise_variance=0.0)
-    with pytest.raises(TypeError, match="BartTaskRouted is not supported yet"):
-        export_task_adapters(model, tmp_path)
+        vocab_size=60, d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=40, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0,
+    )).eval()
+    model = BartTaskRouted.from_dense(dense, TASKS, expert_noise_variance=0.0, selection="gumbel_softmax_st")
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    model.eval()
+    distinct_routes(model)
+    # BART normalises after the residual: a norm that differs per expert feeds the residual stream, not only the next
+    # linears, so it cannot be folded; lossless refuses by name, before writing anything
+    with pytest.raises(ValueError, match=r"layer_norm.*post-norm layer's norm feeds the residual stream"):
+        model.export_task_adapters(tmp_path / "refused", lossless=True)
+    assert not (tmp_path / "refused").exists()
+    result = model.export_task_adapters(tmp_path / "lossy")
+    dropped = {k.rsplit(".", 2)[-2] for d in result.dropped.values() for k in d}
+    assert dropped == {"self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"}
+    assert not any(result.folded.values()) and all(v > 0 for d in result.dropped.values() for v in d.values())
+    lossy = load_peft(tmp_path / "lossy", model.config.task_names, AutoModelForSeq2SeqLM)
+    ref, out, _, _ = seq2seq_logits(model, lossy)
+    assert float((ref - out).abs().max()) > 1e-3  # the cost is real and measured
+    # the norms shared across experts (trained so): the export is exact, BART's linear biases in lora_bias
+    with torch.no_grad():
+        for _, _, experts in routed_layer_experts(model):
+            for expert in experts[1:]:
+                for name, module in expert.named_modules():
+                    if isinstance(module, torch.nn.LayerNorm):
+                        module.load_state_dict(experts[0].get_submodule(name).state_dict())
+    result = model.export_task_adapters(tmp_path / "exact", lossless=True)
+    assert result.exact and result.lora_bias == list(model.config.task_names)
+    assert sorted(result.target_modules) == ["fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"]
+    peft_model = load_peft(tmp_path / "exact", model.config.task_names, AutoModelForSeq2SeqLM)
+    ref, out, ids, names = seq2seq_logits(model, peft_model)
+    assert float((ref - out).abs().max()) < FULL_RANK_ATOL
+    kwargs = dict(max_new_tokens=6, do_sample=False)
+    with torch.no_grad():
+        ours = model.generate(ids, task_ids=MIXED, **kwargs)
+        theirs = peft_model.generate(input_ids=ids, adapter_names=names, **kwargs)
+    assert torch.equal(ours, theirs)
+
+
+def test_the_method_and_the_package_name_are_the_function():
+    import hf_taskmoe
+
+    assert hf_taskmoe.export_task_adapters is export_task_adapters
+    for cls in (TaskRoutedForCausalLM, TaskRoutedForSeq2SeqLM, hf_taskmoe.BartTaskRouted):
+        assert callable(cls.export_task_adapters) and "LoRA adapter" in cls.export_task_adapters.__doc__

@@ -204,6 +204,28 @@ def test_save_load_through_the_auto_classes_and_export_task(tmp_path, arch="t5")
     assert type(soft.export_task("x", force_argmax=True)) is dense_class
 
 
+def test_a_forward_with_the_cache_equals_one_without_where_block_0_takes_another_expert():
+    # a fresh cache's first forward (what `model(...)` in eval does, and peft's comparison with an export): the later
+    # experts of decoder block 0 read their own slot's past length (0) for their position bias, not expert 0's slot,
+    # filled a moment before (a regression: the routed cache's fallback to a filled slot gave them an offset)
+    model = routed("t5", num_experts=3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    decoder_block_0 = len(model.config.encoder_route_layers)
+    weights = torch.zeros(3, model.config.num_routed_layers, 3)
+    weights[torch.arange(3), :, torch.arange(3)] = 1  # task t takes expert t at every block
+    batch = s2s_batch(model, MIXED)
+    inputs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                  decoder_input_ids=batch["labels"].clamp(min=0))
+    rows = weights[MIXED]
+    with torch.no_grad():
+        cached = model(**inputs, task_ids=MIXED, routing_weights=rows, use_cache=True).logits
+        plain = model(**inputs, task_ids=MIXED, routing_weights=rows, use_cache=False).logits
+    assert rows[:, decoder_block_0].argmax(-1).tolist() == [0, 1, 2, 1]
+    torch.testing.assert_close(cached, plain, atol=1e-5, rtol=1e-5)
+
+
 def test_bf16_autocast_and_every_selection_and_router():
     model = routed("t5", selection="hard").train()
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -464,11 +464,16 @@ class SlotRows:
 
     def _init_slot_rows(self) -> None:
         self.slot_rows = {}
+        #: the slots an expert has run with (`set_slot_rows`): their own lengths are real, even while still empty in
+        #: the step that fills them (a T5 block's later experts read their own past length mid-step)
+        self.used_slots: set[int] = set()
         self.routing_plan: list[list[PlanEntry]] | None = None
         self.plan_batch: int | None = None
         self.plans_routes = False
 
     def set_slot_rows(self, slot: int, rows: torch.Tensor | None) -> None:
+        """Record that the expert of `slot` runs, on `rows` (None: every row), before it runs."""
+        self.used_slots.add(slot)
         if rows is None:
             self.slot_rows.pop(slot, None)
         else:
@@ -497,6 +502,7 @@ class RoutedCache(SlotRows, EncoderDecoderCache):
         self._init_slot_rows()
         for half in (self.self_attention_cache, self.cross_attention_cache):
             half.slot_rows = self.slot_rows  # one record of each slot's rows, for both attentions (and beam search)
+            half.used_slots = self.used_slots
 
 
 class ExpertRowsCache(SlotRows, DynamicCache):
@@ -513,9 +519,11 @@ class ExpertRowsCache(SlotRows, DynamicCache):
         self._init_slot_rows()
 
     def _filled(self, layer_idx: int) -> int:
-        """`layer_idx`, or a filled slot of its kind when it is empty (an expert no row uses)."""
+        """`layer_idx`, or a filled slot of its kind when it is empty and no expert ran with it (an expert no row
+        uses). A slot an expert runs with is its own length, also in the step that fills it: T5's later experts of
+        block 0 read their own (empty) slot's past length after expert 0 filled its own."""
         layers = self.layers
-        if layer_idx >= len(layers) or layers[layer_idx].get_seq_length() > 0:
+        if layer_idx >= len(layers) or layer_idx in self.used_slots or layers[layer_idx].get_seq_length() > 0:
             return layer_idx
         sliding = getattr(layers[layer_idx], "is_sliding", False)
         return next((i for i, layer in enumerate(layers)

@@ -230,6 +230,15 @@ class TaskRoutingMixin:
         dense.generation_config = copy.deepcopy(self.generation_config)
         return dense.eval()
 
+    def export_task_adapters(self, path, **kwargs):
+        """Write this model as one dense base (`path/base`) plus one peft LoRA adapter per task (`path/<task>`), for
+        serving engines and peft that batch requests for different adapters on one base: the routes must be hard.
+        `**kwargs` are `hf_taskmoe.lora_export.export_task_adapters`'s (`rank`, `tasks`, `lossless`, `base`, ...);
+        returns its `AdapterExport` (docs/serving-adapters.md)."""
+        from ...lora_export import export_task_adapters
+
+        return export_task_adapters(self, path, **kwargs)
+
     @classmethod
     def from_dense(
         cls,

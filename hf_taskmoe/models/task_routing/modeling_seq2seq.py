@@ -41,7 +41,7 @@ from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from ...backbones import TaskContext
-from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, is_exporting, output_cache, pop_cache
+from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
 from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
 from ...modeling_utils import (
@@ -98,7 +98,13 @@ class T5RoutedBlock(ContextRoutedLayer):
         )  # (batch, experts)
         mixed = bias = cross = None
         attentions: dict[str, torch.Tensor | None] = {}
+        cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
         for j, expert in enumerate(self.experts):
+            slot = self.cache_slot(j)
+            if slot is not None and hasattr(cache, "set_slot_rows"):
+                # every expert runs on every row; its slot's length is its own (the position bias of block 0's
+                # experts reads it), not a filled slot's
+                cache.set_slot_rows(slot, None)
             seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
             try:
                 h, b, c = expert(hidden_states, *args, **kwargs)
