@@ -274,8 +274,9 @@ REFUSALS: dict[str, dict[str, str]] = {
         name: "a backbone-generic encoder's layers read the batch's task ids from a context that the recomputation "
               "restores through torch.utils.checkpoint's `context_fn`, which only the non-reentrant checkpoint has: "
               "use_reentrant=True is refused with a ValueError saying so (hf_taskmoe.backbones.base.TaskContext."
-              "checkpoint_kwargs); the default and use_reentrant=False run"
-        for name in ("TaskMoEForMultiTask", "PALsForMultiTask", "CAMTLForMultiTask")
+              "checkpoint_kwargs); the default and use_reentrant=False run (the BERT-named classes are these "
+              "classes under their earlier names)"
+        for name in ENCODERS
     },
     "test_attention_outputs": {
         name: "the output carries `task_ids` (the family contract: every family's output echoes the rows' task "

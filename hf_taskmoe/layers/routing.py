@@ -310,9 +310,19 @@ class RouteRecorder:
     each expert on its own. The stack's hooks switch transformers' recording off for the stack and hand a recorder
     to its layers instead; each layer records its mixed output and the mixture of its experts' attention
     probabilities `sum_j D_ij A^(i,j)` (for a hard route: the chosen expert's), each `(batch, heads, q, k)`.
+
+    `hidden_states` may also be a list of indices into the hidden states (transformers'
+    `output_hidden_states=[0, 2, -1]`; negative ones count from the end): the output then has one entry per hidden
+    state as before, None where the index was not asked for.
     """
 
-    def __init__(self, hidden_states: bool, attentions: bool, attention_kinds: dict[str, str]):
+    def __init__(self, hidden_states: bool | list[int] | tuple[int, ...], attentions: bool,
+                 attention_kinds: dict[str, str]):
+        self.keep: tuple[int, ...] | None = None
+        if isinstance(hidden_states, (list, tuple)):
+            if not all(isinstance(i, int) and not isinstance(i, bool) for i in hidden_states):
+                raise ValueError(f"`output_hidden_states` must be a bool or a list of indices, got {hidden_states!r}.")
+            self.keep = tuple(hidden_states)
         self.hidden_states: list[torch.Tensor] | None = [] if hidden_states else None
         #: output field -> the path of the attention submodule of an expert it reads (`{"attentions": "self_attn"}`)
         self.kinds = attention_kinds if attentions else {}
@@ -348,7 +358,15 @@ class RouteRecorder:
         fields = {kind: tuple(values) if values and all(v is not None for v in values) else None
                   for kind, values in self.attentions.items()}
         if self.hidden_states is not None:
-            fields["hidden_states"] = tuple(self.hidden_states)
+            states = self.hidden_states
+            if self.keep is not None:
+                n = len(states)
+                wrong = [i for i in self.keep if not -n <= i < n]
+                if wrong:
+                    raise ValueError(f"`output_hidden_states` indices {wrong} are out of range for {n} hidden states.")
+                kept = {i % n for i in self.keep}
+                states = [h if i in kept else None for i, h in enumerate(states)]
+            fields["hidden_states"] = tuple(states)
         return fields
 
 

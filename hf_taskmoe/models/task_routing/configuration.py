@@ -104,6 +104,8 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
+        if "_pending_tie_word_embeddings" in self.__dict__:
+            self.tie_word_embeddings = self.__dict__.pop("_pending_tie_word_embeddings")
         super().__post_init__(**kwargs)
         self._validate()
 
@@ -160,6 +162,22 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     @property
     def max_position_embeddings(self) -> int | None:
         return self.dense_value("max_position_embeddings")
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        """Whether the LM head shares the input embeddings: the dense model's setting (it owns both), read and set
+        through to `dense_config` (transformers' tying code and tests read it at the top level)."""
+        return bool(getattr(self.dense_config, "tie_word_embeddings", False))
+
+    @tie_word_embeddings.setter
+    def tie_word_embeddings(self, value: bool) -> None:
+        dense = self.__dict__.get("dense_config")
+        if isinstance(dense, dict):
+            dense["tie_word_embeddings"] = value
+        elif dense is not None:
+            dense.tie_word_embeddings = value
+        else:  # a config being built: `__post_init__` makes the dense config, then applies it
+            self.__dict__["_pending_tie_word_embeddings"] = value
 
     @property
     def task_dim(self) -> int:

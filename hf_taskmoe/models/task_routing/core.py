@@ -171,11 +171,39 @@ class TaskRoutingMixin:
         """The layers forked into experts, in the router's layer order (a seq2seq model's encoder first)."""
         return [layer for layers in self._layer_stacks().values() for layer in layers if layer.route_index is not None]
 
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """False: initialise like the dense model in transformers. transformers treats a class defined outside it as
+        custom code and then, in `initialize_weights` (a model built on the meta device: `from_pretrained` with
+        missing weights), skips every module without weights of its own, assuming a custom `_init_weights` writes
+        weights in place. The dense models initialise some weights from such a parent module (T5's feed-forward and
+        attention, GPT-2's scaled projections), which would keep their child layer's generic init instead; every
+        `_init_weights` of this package uses transformers' guarded `initialization` functions, so the library's own
+        path is the right one."""
+        return False
+
     @torch.no_grad()
     def _init_weights(self, module):
         if not self._init_router_weights(module):
             super()._init_weights(module)
         self._init_task_order(module)
+
+    def init_parallel_plans(self) -> None:
+        """transformers' parallel plans, gathered from the dense model's, with each per-layer entry
+        (`backbone.model.layers.*.self_attn.q_proj`) moved under the layer's experts
+        (`backbone.model.layers.*.experts.*.self_attn.q_proj`): every layer of a stack is a `ContextRoutedLayer`
+        holding its experts (a layer that is not routed: itself, as expert 0)."""
+        super().init_parallel_plans()
+        stacks = [f"{self.base_model_prefix}.{prefix}*." for prefix in self._layer_stacks()]
+        for name in ("_tp_plan", "_ep_plan", "_fsdp_plan"):
+            plan = getattr(self, name, None)
+            if not plan:
+                continue
+            moved = {}
+            for key, value in plan.items():
+                stack = next((s for s in stacks if key.startswith(s) and not key.startswith(f"{s}experts.")), None)
+                moved[key if stack is None else f"{stack}experts.*.{key[len(stack):]}"] = value
+            setattr(self, name, moved)
 
     def get_input_embeddings(self):
         return self.backbone.get_input_embeddings()
@@ -185,6 +213,23 @@ class TaskRoutingMixin:
 
     def get_output_embeddings(self):
         return self.backbone.get_output_embeddings()
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """The dense model's `resize_token_embeddings`: its own override runs (BART resizes its
+        `final_logits_bias` with the vocabulary), on the config this model shares with it (`config.dense_config`,
+        whose `vocab_size` this config reads)."""
+        return self.backbone.resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+
+    @property
+    def vocab_size(self) -> int:
+        """The vocabulary size (transformers' models keep it as `model.vocab_size` after a resize)."""
+        return self.config.vocab_size
+
+    def set_output_embeddings(self, new_embeddings):
+        # transformers' default sets `self.lm_head`, which this wrapper does not have: the LM head is the dense
+        # model's (`resize_token_embeddings` of an untied model replaces it through here)
+        self.backbone.set_output_embeddings(new_embeddings)
 
     def _apply_generation_convention(self, generation_config):
         """The dense model's special tokens (where the generation config names none); `max_new_tokens` rather than

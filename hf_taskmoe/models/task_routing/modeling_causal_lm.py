@@ -212,7 +212,8 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             # transformers records hidden states and attentions with hooks on the layer classes, which would record
             # each expert on its own: the routed layers record their mixed outputs instead
             flags["routing_recorder"] = RouteRecorder(
-                bool(hidden), bool(attentions), {"attentions": self.config.backbone.attention}
+                hidden if isinstance(hidden, (list, tuple)) else bool(hidden), bool(attentions),
+                {"attentions": self.config.backbone.attention},
             )
         self.task_context.begin(task_ids, attention_mask, **flags)
         try:

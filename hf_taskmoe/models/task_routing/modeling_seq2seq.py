@@ -288,7 +288,9 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             kinds = {"attentions": declared.attention}
             if stack is self.get_decoder():
                 kinds["cross_attentions"] = declared.cross_attention
-            flags["routing_recorder"] = RouteRecorder(bool(hidden), bool(attentions), kinds)
+            flags["routing_recorder"] = RouteRecorder(
+                hidden if isinstance(hidden, (list, tuple)) else bool(hidden), bool(attentions), kinds
+            )
         return args, kwargs
 
     def _stack_post_hook(self, stack, args, kwargs, output):
