@@ -380,7 +380,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
         flags = self._routing_flags(routing_weights, cache, router_logits)
-        flags["record"] = (bool(hidden), bool(attentions))
+        # a list of indices (transformers' `output_hidden_states=[0, -1]`) selects in each stack's hidden states
+        flags["record"] = (hidden if isinstance(hidden, (list, tuple)) else bool(hidden), bool(attentions))
         self.task_context.begin(task_ids, attention_mask, **flags)
         try:
             out = self.backbone(
