@@ -69,14 +69,16 @@ def test_a_routed_layer_is_one_unit_with_its_experts():
     assert not any(type(m).__name__ == "LlamaDecoderLayer" for m in blocks)
 
 
-def test_fallback_is_the_family_no_split_modules_outermost():
-    bert = BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES))  # no backbone declaration
-    assert sorted(transformer_block_classes(bert)) == ["BertEmbeddings", "TaskMoEBertLayer"]
+def test_the_earlier_names_take_their_units_from_the_backbone_declaration():
+    """BertForTaskMoE and BartTaskRouted are the generic classes with a BERT / BART default now (issue 45): their
+    units come from the BERT and BART backbone declarations, as every family's do -- BERT's layers, and each routed
+    BART layer whole (its experts, BART's own layer class, are inside it, not units of their own)."""
+    bert = BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, **SIZES))
+    assert transformer_block_classes(bert) == ["BertLayer"]
     bart = BartTaskRouted.from_dense(transformers.BartForConditionalGeneration(transformers.BartConfig(
         vocab_size=50, d_model=16, encoder_layers=2, decoder_layers=2, encoder_ffn_dim=24, decoder_ffn_dim=24,
         encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=32)), TEXT, selection="hard")
-    # BART's own layer classes are named too, but they are the experts inside each RoutedLayer
-    assert transformer_block_classes(_unpack(bart)) == ["RoutedLayer"]
+    assert transformer_block_classes(_unpack(bart)) == ["ContextRoutedLayer"]
 
 
 def test_zero3_refuses_idle_heads_and_takes_the_routed_lm():

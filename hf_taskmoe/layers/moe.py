@@ -182,7 +182,8 @@ class ExpertBank(nn.Module):
             for mine, dense in ((bank.w_in, w_in.weight), (bank.w_in_bias, w_in.bias), (bank.w_out, w_out.weight),
                                 (bank.w_out_bias, w_out.bias)):
                 mine.copy_(dense.expand_as(mine) if dense is not None else torch.zeros_like(mine))
-        return bank.to(w_in.weight.dtype)
+        # (no `.to` when the dtype is already the dense model's: a module moved under FakeTensorMode cannot swap)
+        return bank if bank.w_in.dtype == w_in.weight.dtype else bank.to(w_in.weight.dtype)
 
     @torch.no_grad()
     def init_weights(self, std: float) -> None:

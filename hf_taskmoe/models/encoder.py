@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
 from transformers.utils import ModelOutput
 
@@ -329,12 +330,17 @@ class FlatDenseFields:
 
     def __post_init__(self, **kwargs):
         flat = {name: kwargs.pop(name) for name in list(kwargs) if name in self.flat_dense_fields()}
-        if flat and self.dense_config is None:
-            self.dense_config = self.flat_dense_class(**flat)
-        elif flat:
-            self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
-            for name, value in flat.items():
-                setattr(self.dense_config, name, value)
+        try:
+            if flat and self.dense_config is None:
+                self.dense_config = self.flat_dense_class(**flat)
+            elif flat:
+                self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
+                for name, value in flat.items():
+                    setattr(self.dense_config, name, value)
+        except (TypeError, ValueError, StrictDataclassFieldValidationError) as err:  # transformers' strict fields
+            raise ValueError(
+                f"{type(self).__name__}: invalid dense-config field among {sorted(flat)}: {err}"
+            ) from err
         super().__post_init__(**kwargs)
 
     def __getattr__(self, name: str):
@@ -347,7 +353,10 @@ class FlatDenseFields:
     def __setattr__(self, name: str, value) -> None:
         dense = self.__dict__.get("dense_config")
         if dense is not None and not isinstance(dense, dict) and name in type(self).flat_dense_fields():
-            setattr(dense, name, value)
+            try:
+                setattr(dense, name, value)
+            except (TypeError, ValueError, StrictDataclassFieldValidationError) as err:
+                raise ValueError(f"{type(self).__name__}: invalid `{name}`: {err}") from err
         else:
             super().__setattr__(name, value)
 
