@@ -174,7 +174,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     parameter_roles = TASK_ROUTING_ROLES
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
-        if not T5_BLOCK_RETURNS_BIASES:
+        # only T5's blocks need the 3-tuple (`T5RoutedBlock`); BART's layers run on every admitted transformers
+        if not T5_BLOCK_RETURNS_BIASES and ROUTED_BLOCKS.get(config.dense_config.model_type) is T5RoutedBlock:
             import transformers
 
             raise NotImplementedError(
