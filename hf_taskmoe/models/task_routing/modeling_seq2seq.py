@@ -236,6 +236,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     def new_cache(self) -> RoutedCache:
         """An empty key/value cache with one self-attention and one cross-attention slot per decoder expert: the
         dense layout, then a slot for each expert copy."""
+        if not T5_BLOCK_RETURNS_BIASES:  # an older transformers, whose cache layers take no empty (None) entries:
+            return RoutedCache()  # lazy layers, as BartTaskRouted made them (only BART is built there)
         slots = [(None, None)] * self.num_cache_slots
         return RoutedCache(ExpertRowsCache(ddp_cache_data=slots), ExpertRowsCache(ddp_cache_data=slots))
 
