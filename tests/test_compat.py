@@ -173,7 +173,7 @@ def test_canary_accelerate_fsdp_state_attributes():
     from accelerate.utils import DistributedType
 
     if not hasattr(AcceleratorState, "is_fsdp2"):  # accelerate 1.5.2, the floor: no FSDP2 at all, nothing to switch on
-        pytest.skip("this accelerate has no FSDP2 (AcceleratorState.is_fsdp2); sharded FSDP2 training needs a newer one")
+        pytest.skip("this accelerate has no FSDP2 (AcceleratorState.is_fsdp2); FSDP2 training needs a newer one")
     source = inspect.getsource(AcceleratorState.is_fsdp2.fget)
     assert "distributed_type" in source and "DistributedType.FSDP" in source and "fsdp_plugin" in source
     init = inspect.getsource(AcceleratorState.__init__)
