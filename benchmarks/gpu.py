@@ -258,6 +258,13 @@ def section_profile(bench: Bench, models: dict, batches: dict) -> dict:
                 bench.sync()
             kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
             out["kernels"][name] = len(kernels)
+            by_kernel: dict[str, list[float]] = {}
+            for e in kernels:
+                entry = by_kernel.setdefault(e.name[:100], [0.0, 0])
+                entry[0] += e.time_range.elapsed_us()
+                entry[1] += 1
+            top = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[: bench.args.top_kernels]
+            out.setdefault("top_kernels_us_calls", {})[name] = [[k, round(us, 1), n] for k, (us, n) in top]
             out["kernel_ms"][name] = round(sum(e.time_range.elapsed_us() for e in kernels) / 1000, 3)
             m.zero_grad(set_to_none=True)
             torch.cuda.reset_peak_memory_stats()
@@ -277,9 +284,9 @@ def section_profile(bench: Bench, models: dict, batches: dict) -> dict:
                 train_step(m, batches[name], "bf16")
             out["kernels"][name] = sum(counter.ops.values())
     for field in ("kernels", "kernel_ms", "step_MiB", "activations_MiB"):
-        if out[field]:
+        if out.get(field):
             out[f"{field}_ratio"] = ratios(out[field])
-    log(f"profile: {out}")
+    log(f"profile: { {k: v for k, v in out.items() if k != 'top_kernels_us_calls'} }")
     return out
 
 
@@ -510,6 +517,8 @@ def main():
     parser.add_argument("--compile-families", default="",
                         help="Families to compile (default: all of the run's, the dense model included).")
     parser.add_argument("--generate-models", default="", help="Of llama,t5,bart (default: all).")
+    parser.add_argument("--top-kernels", type=int, default=25,
+                        help="profile: the kernels of most GPU time per model (name, microseconds, calls).")
     parser.add_argument("--out", default="", help="Write the results here (JSON) after every section.")
     parser.add_argument("--max-seconds", type=float, default=0, help="Start no section after this much wall time.")
     parser.add_argument("--report", nargs="+", metavar="JSON",
