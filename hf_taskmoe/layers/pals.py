@@ -42,7 +42,11 @@ class PALAttention(nn.Module):
         """The attention of the projected queries, keys and values side by side in one `(B, T, 3s)` tensor; heads
         concatenated, no W^O. The three split into `(B, h, T, s/h)` heads by one view and one permute."""
         batch, seq, size = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        query, key, value = qkv.view(batch, seq, 3, self.num_heads, size // self.num_heads).permute(2, 0, 3, 1, 4)
+        # split, then each viewed as heads: the backward joins the three gradients with one `cat` (a view and permute
+        # of the packed tensor would stack them and copy the permuted stack back: two copies)
+        query, key, value = (
+            part.view(batch, seq, self.num_heads, size // self.num_heads).transpose(1, 2) for part in qkv.split(size, -1)
+        )
         return self._attention(query, key, value, key_mask)
 
     def _attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None):
