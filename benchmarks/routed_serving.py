@@ -77,7 +77,9 @@ def main():
     names = routed.config.task_names
     from peft import PeftModel
 
+    routed.to(device)  # the export's truncated SVDs run where the model will (fp32 until it is cast below)
     with tempfile.TemporaryDirectory() as tmp:
+        print(f"exporting adapters (rank {rank}) on {device.type}", file=sys.stderr, flush=True)
         began = time.perf_counter()
         export = export_task_adapters(routed, Path(tmp) / "export", rank=rank)
         export_seconds = time.perf_counter() - began
@@ -121,6 +123,7 @@ def main():
             torch.cuda.synchronize()
         return (time.perf_counter() - start) / args.repeats, (time.process_time() - cpu) / args.repeats
 
+    print(f"export {time.perf_counter() - began:.1f} s; timing", file=sys.stderr, flush=True)
     with torch.no_grad():
         for fn in variants.values():  # warm-up
             fn()
