@@ -14,7 +14,8 @@ weights) on a batch of 32 x 128 tokens mixing 8 binary tasks, checked on the hos
 - `backbones`: the backbone-generic families on RoBERTa- and ModernBERT-base shapes against their own dense model
   (`...ForSequenceClassification`), bf16 training and inference;
 - `generate`: task-routed generation under hard routes (a Llama of 16 layers x 1024, bf16, batch 16, 64-token
-  prompts, 64 new tokens greedy; a T5 and a BART of base-like shapes) against the dense model and `export_task`;
+  prompts, 64 new tokens greedy; a T5 and a BART of base-like shapes) against the dense model and `export_task`; a
+  mixed batch both with grouped layers (the default on a GPU) and with each expert on its own rows;
 - `peft`: peft's mixed-adapter batch (8 LoRA adapters, `adapter_names` per row) on the dense model, the anchor.
 
 Without CUDA it runs every section at tiny shapes on the CPU (a smoke run: `tests/test_gpu_benchmark.py`); those
@@ -419,6 +420,7 @@ def section_generate(bench: Bench) -> dict:
                 "dense": lambda d=dense, c=common: d.generate(**c),
                 "routed_one_task": lambda r=routed, c=common, t=one: r.generate(**c, task_ids=t),
                 "routed_mixed": lambda r=routed, c=common, t=mixed: r.generate(**c, task_ids=t),
+                "routed_mixed_per_expert": lambda r=routed, c=common, t=mixed: _per_expert(r, c, t),
                 "export_task": lambda e=exported, c=common: e.generate(**c),
             }
             with torch.no_grad():
@@ -431,6 +433,16 @@ def section_generate(bench: Bench) -> dict:
             log(f"generate {name} failed: {traceback.format_exc()}")
     out["shape"] = {"batch": batch, "prompt": prompt, "new_tokens": new, "llama": llama.to_diff_dict()}
     return out
+
+
+def _per_expert(routed, common: dict, task_ids):
+    """Hard-route generation with each expert on its own rows (`group_hard_routes=False`), beside the grouped layers
+    (`"auto"`: grouped off the CPU)."""
+    saved, routed.group_hard_routes = routed.group_hard_routes, False
+    try:
+        return routed.generate(**common, task_ids=task_ids)
+    finally:
+        routed.group_hard_routes = saved
 
 
 def _few(bench: Bench, steps: dict) -> dict:

@@ -30,7 +30,7 @@ def test_gpu_benchmark_smoke_run_on_the_cpu(tmp_path):
     # and a second task mix does not recompile
     assert sections["compile"]["mt_tag"]["ok"], sections["compile"]
     generate = sections["generate"]["llama_generate_ratio"]
-    assert set(generate) == {"dense", "routed_one_task", "routed_mixed", "export_task"}
+    assert set(generate) == {"dense", "routed_one_task", "routed_mixed", "routed_mixed_per_expert", "export_task"}
     assert "peft_lora_8_adapters_mixed" in sections["peft"]["infer_4x16_ratio"]
 
     table = subprocess.run([sys.executable, "gpu.py", "--report", str(out)], cwd=BENCHMARKS, capture_output=True,

@@ -1,8 +1,11 @@
 """Task-routed generation at the dense model's cost under hard routes (issue 46 item 5): `generate` of a
-`TaskRoutedForCausalLM` runs, in each routed layer, only the experts the rows use, each on its own rows, each keeping
-its own rows in its cache slot (`ExpertRowsCache`). Tested token for token against the every-expert path
-(`every_expert=True`, what a forward runs) and against `export_task`, for one task, mixed tasks with left padding and
-beam search, on GPT-2, Llama and Qwen2 (a sliding-window layer); soft routes keep the every-expert path."""
+`TaskRoutedForCausalLM` runs, in each routed layer, only the experts the rows use. With `group_hard_routes=True` (the
+default off the CPU) a layer whose rows use several experts runs them as one layer (`layers.grouped_routes`: one
+grouped GEMM per linear over the experts' row segments, one cache slot holding every row sorted by expert); with
+`False` (the CPU's default) each expert runs on its own rows, each keeping its own rows in its cache slot
+(`ExpertRowsCache`). Both tested token for token against the every-expert path (`every_expert=True`, what a forward
+runs) and against `export_task`, for one task, mixed tasks with left padding and beam search, on GPT-2, Llama and
+Qwen2 (a sliding-window layer); soft routes keep the every-expert path."""
 
 from __future__ import annotations
 
@@ -55,8 +58,16 @@ def generate(model, task_ids, **kwargs):
     return out, seen
 
 
+@pytest.fixture
+def per_expert(hard_model, monkeypatch):
+    """`hard_model` running each expert on its own rows (no grouped layers)."""
+    monkeypatch.setattr(hard_model, "group_hard_routes", False)
+    return hard_model
+
+
 @pytest.mark.parametrize("task_ids", [ONE_TASK, MIXED], ids=["one_task", "mixed"])
-def test_greedy_generation_equals_the_every_expert_path(hard_model, task_ids):
+def test_greedy_generation_equals_the_every_expert_path(per_expert, task_ids):
+    hard_model = per_expert
     got, seen = generate(hard_model, task_ids)
     expected, every = generate(hard_model, task_ids, every_expert=True)
     assert torch.equal(got, expected)
@@ -79,7 +90,8 @@ def test_one_task_generation_equals_the_exported_model(hard_model):
         assert torch.equal(got, expected), task
 
 
-def test_beam_search_reorders_each_experts_rows(hard_model):
+def test_beam_search_reorders_each_experts_rows(per_expert):
+    hard_model = per_expert
     cache = hard_model.new_cache()
     got, _ = generate(hard_model, MIXED, num_beams=2, max_new_tokens=5, **{CACHE_ARG: cache})
     expected, _ = generate(hard_model, MIXED, num_beams=2, max_new_tokens=5, every_expert=True)
@@ -138,3 +150,93 @@ def test_a_routed_cache_continues_only_with_its_rows(hard_model):
     assert isinstance(cache, ExpertRowsCache) and cache.routing_plan is not None
     with pytest.raises(ValueError, match="filled for 4 rows"), torch.no_grad():
         hard_model(ids[:2, -1:], task_ids=MIXED[:2], **{CACHE_ARG: cache})
+
+
+def grouped_rows(monkeypatch):
+    """Counts, per routed layer's grouped copy built, of the rows it computed (pre-hooks on what `grouped_layer`
+    returns), in build order."""
+    from hf_taskmoe.layers import grouped_routes
+
+    built = grouped_routes.grouped_layer
+    counts = []
+
+    def counting(experts, sizes, device):
+        layer = built(experts, sizes, device)
+        if layer is not None:
+            counts.append(0)
+            index = len(counts) - 1
+            layer.register_forward_pre_hook(lambda _m, args, kwargs: counts.__setitem__(
+                index, counts[index] + (args[0] if args else kwargs["hidden_states"]).shape[0]), with_kwargs=True)
+        return layer
+
+    monkeypatch.setattr(grouped_routes, "grouped_layer", counting)
+    return counts
+
+
+@pytest.mark.parametrize("beams", [1, 2])
+def test_grouped_generation_equals_the_every_expert_path(hard_model, monkeypatch, beams):
+    """A mixed batch under hard routes: each layer whose rows use several experts runs one grouped copy on every row
+    (no expert is called there), the tokens those of the every-expert path and of the per-expert path."""
+    counts = grouped_rows(monkeypatch)
+    monkeypatch.setattr(hard_model, "group_hard_routes", True)
+    got, seen = generate(hard_model, MIXED, num_beams=beams)
+    expected, _ = generate(hard_model, MIXED, num_beams=beams, every_expert=True)
+    monkeypatch.setattr(hard_model, "group_hard_routes", False)
+    per_expert, _ = generate(hard_model, MIXED, num_beams=beams)
+    assert torch.equal(got, expected) and torch.equal(got, per_expert)
+    routes = hard_model.task_routing().argmax(-1)[MIXED]  # (batch, layers)
+    mixed_layers = [i for i in range(routes.shape[1]) if len(routes[:, i].unique()) > 1]
+    assert mixed_layers and len(counts) == len(mixed_layers)
+    rows, steps = beams * len(MIXED), 6
+    assert counts == [steps * rows] * len(mixed_layers)  # every row, every step, once
+    assert not any(layer in mixed_layers for layer, _ in seen)  # no expert of a grouped layer ran on its own
+    assert sum(seen.values()) == steps * rows * (routes.shape[1] - len(mixed_layers))
+
+
+def test_grouped_layers_keep_every_row_in_one_slot_sorted_by_expert(hard_model, monkeypatch):
+    monkeypatch.setattr(hard_model, "group_hard_routes", True)
+    cache = hard_model.new_cache()
+    generate(hard_model, MIXED, num_beams=2, max_new_tokens=4, **{CACHE_ARG: cache})
+    routes = hard_model.task_routing().argmax(-1)[MIXED[torch.arange(2 * len(MIXED)) // 2]]  # (beam rows, layers)
+    for layer in hard_model.routed_layers():
+        column = routes[:, layer.route_index]
+        if len(column.unique()) < 2:
+            continue
+        rows = cache.slot_rows[layer.cache_slots[0]]
+        assert sorted(rows.tolist()) == list(range(len(column)))  # every row once
+        assert torch.equal(column[rows], column.sort().values)  # sorted by expert
+        assert cache.layers[layer.cache_slots[0]].keys.shape[0] == len(column)
+        assert all(cache.layers[slot].get_seq_length() == 0 for slot in layer.cache_slots[1:])
+
+
+def test_a_norm_not_scaled_by_its_weight_keeps_the_per_expert_path():
+    """A `(1 + weight)` norm (Gemma's form) cannot be run with a unit weight and scaled per row: the layer is not
+    grouped."""
+    from torch import nn
+
+    from hf_taskmoe.layers.grouped_routes import grouped_layer
+
+    class OnePlusNorm(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(torch.zeros(width))
+
+        def forward(self, x):
+            return x * (1.0 + self.weight)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.proj = OnePlusNorm(8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.proj(self.norm(x))
+
+    experts = [Layer(), Layer()]
+    assert grouped_layer(experts, [1, 1], torch.device("cpu")) is None
+    experts[0].norm, experts[1].norm = nn.LayerNorm(8), nn.LayerNorm(8)
+    with torch.no_grad():
+        experts[1].norm.weight.mul_(2.0)
+    layer = grouped_layer(experts, [1, 1], torch.device("cpu"))
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(layer(x), torch.cat([experts[0](x[:1]), experts[1](x[1:])]))

@@ -44,9 +44,8 @@ class PALAttention(nn.Module):
         batch, seq, size = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         # split, then each viewed as heads: the backward joins the three gradients with one `cat` (a view and permute
         # of the packed tensor would stack them and copy the permuted stack back: two copies)
-        query, key, value = (
-            part.view(batch, seq, self.num_heads, size // self.num_heads).transpose(1, 2) for part in qkv.split(size, -1)
-        )
+        heads = (batch, seq, self.num_heads, size // self.num_heads)
+        query, key, value = (part.view(heads).transpose(1, 2) for part in qkv.split(size, -1))
         return self._attention(query, key, value, key_mask)
 
     def _attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None):

@@ -257,14 +257,21 @@ def every_expert_plan(layers: int, experts: int) -> list[list[PlanEntry]]:
     return [[PlanEntry(j, None, scale=True) for j in range(experts)] for _ in range(layers)]
 
 
-def hard_route_plan(routing_weights: torch.Tensor) -> list[list[PlanEntry]]:
+def hard_route_plan(routing_weights: torch.Tensor, grouped: bool = True) -> list[list[PlanEntry]]:
     """`plan_routes` for generation: the plan of one-hot decisions (each row's one expert per layer, unscaled), or
     the every-expert plan when some row's route is soft (a soft route's cost is the method's). One host read of the
-    decisions: a generation step reuses the plan its first step made (`ExpertRowsCache.routing_plan`)."""
+    decisions: a generation step reuses the plan its first step made (`ExpertRowsCache.routing_plan`). `grouped`: a
+    layer whose rows use several experts runs them as one layer (`grouped_routes.GroupedRoute`), else one layer call
+    per expert on its rows."""
     host = routing_weights.detach().float().cpu()  # (batch, layers, experts); one read per `generate` call
     if not (((host == 0) | (host == 1)).all() and (host.sum(-1) == 1).all()):
         return every_expert_plan(*host.shape[1:])
-    return _plan_from_host(host, routing_weights.device, grad=False)
+    plan = _plan_from_host(host, routing_weights.device, grad=False)
+    if grouped:
+        from .grouped_routes import grouped_route
+
+        plan = [grouped_route(entries, host.shape[-1]) for entries in plan]
+    return plan
 
 
 def _plan_from_host(host: torch.Tensor, device, grad: bool) -> list[list[PlanEntry]]:
@@ -411,6 +418,19 @@ class RoutedLayer(nn.Module):
         cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
         if cache is None:  # GPT-2's loop passes its cache by position
             cache = next((a for a in args if isinstance(a, Cache)), None)
+        grouped = getattr(entries, "module", None)
+        if grouped is not None and routing_recorder is None and not torch.is_grad_enabled():
+            layer = grouped(self.experts)  # every expert as one layer on the rows sorted by expert (generation)
+            if layer is not None:
+                order = entries.order
+                if cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None:
+                    cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slot keeps every row, sorted
+                y = layer(
+                    hidden_states.index_select(0, order),
+                    *[_rows(a, order, batch) for a in args],
+                    **{k: v if k in _NOT_PER_ROW else _rows(v, order, batch) for k, v in kwargs.items()},
+                )
+                return y.index_select(0, entries.inverse)
         out = None
         attentions = {kind: None for kind in (routing_recorder.kinds if routing_recorder is not None else ())}
         for j, rows, scale in entries:

@@ -388,6 +388,11 @@ class TaskRoutingMixin:
     #: per forward; none under capture or compile, nor in straight-through training, where every expert runs); False:
     #: every expert runs on every row, mixed by the decisions, and the forward reads nothing back
     plans_forward_routes: bool = False
+    #: generation under hard routes: True, a routed layer whose rows use several experts runs them as one layer, one
+    #: grouped GEMM per linear over the experts' row segments (`layers.grouped_routes`: a decoding step's launches are
+    #: the dense model's); False, one layer call per expert used, each on its rows (fewer copies: faster on a CPU,
+    #: where the arithmetic is the cost); "auto", the first off the CPU
+    group_hard_routes: bool | str = "auto"
 
     def _routing_flags(self, routing_weights: torch.Tensor, cache=None, router_logits=None) -> dict:
         """What the routed layers read from the context: the decisions and the plan. In generation (`cache` a
@@ -398,7 +403,9 @@ class TaskRoutingMixin:
         if isinstance(cache, SlotRows) and not self.training and not is_capturing():
             batch = routing_weights.shape[0]
             if cache.routing_plan is None and cache.plans_routes and cache.get_seq_length() == 0:
-                cache.routing_plan, cache.plan_batch = hard_route_plan(routing_weights), batch
+                grouped = self.group_hard_routes is True or (
+                    self.group_hard_routes == "auto" and routing_weights.device.type != "cpu")
+                cache.routing_plan, cache.plan_batch = hard_route_plan(routing_weights, grouped), batch
             if cache.routing_plan is not None:
                 if cache.plan_batch != batch:
                     raise ValueError(

@@ -1,0 +1,178 @@
+"""Generation under hard routes at the dense model's launch count: a routed layer's experts run as one layer.
+
+Under a hard route each row of a mixed-task batch uses one expert per routed layer. Running each expert on its own
+rows (`RoutedLayer`'s per-expert path) is the dense model's arithmetic but one whole layer call per expert used: a
+decoding step of a small batch is bound by launches on a GPU, so a batch mixing three experts costs about three
+dense steps. Here the rows of one layer are sorted by expert once per generation (the route is a function of the
+task, known when generation starts), and one copy of the layer runs on all of them:
+
+- each linear (`nn.Linear`, GPT-2's `Conv1D`) is one grouped GEMM over the experts' row segments (`F.grouped_mm`
+  with the segment ends, the segmented GEMM of multi-LoRA servers), each expert's weight applied to its rows only;
+- each norm (a module whose only parameters are a 1-D `weight` and maybe `bias`) is the layer's own norm run with a
+  unit weight and no bias, its output multiplied by each row's own expert's weight (and shifted by its bias): for
+  `weight * normalised` norms (RMSNorm, T5's) the same numbers, for `LayerNorm` the same up to rounding;
+- any other module with parameters must be equal in every expert (shared), else the layer keeps the per-expert path.
+
+The layer's attention keeps one key/value cache slot (expert 0's) holding every row in the sorted order
+(`SlotRows.set_slot_rows`), so beam search's reordering is translated as for any slot that keeps a row subset. The
+experts' weights are stacked once per generation (`GroupedRoute.module`, freed with the generation's plan): while a
+generation runs, the routed layers' weights are held twice.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+__all__ = ["GroupedRoute", "grouped_route"]
+
+
+class GroupedRoute(list):
+    """One routed layer's plan entries (a list of `PlanEntry`, as `hard_route_plan` makes them) when several experts
+    share the batch: with each expert's rows concatenated in expert order (`order`, on the device), its inverse, and
+    each expert's row count (`sizes`, on the host). `module(layer)` builds the layer's grouped copy on first use."""
+
+    def __init__(self, entries, order: torch.Tensor, sizes: list[int]):
+        super().__init__(entries)
+        self.order = order
+        self.inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        self.sizes = sizes
+        self._module: nn.Module | None = None
+        self._built = False
+
+    def module(self, experts) -> nn.Module | None:
+        """The grouped copy of a layer whose experts are `experts` (None where some module cannot be grouped)."""
+        if not self._built:
+            self._module, self._built = grouped_layer(list(experts), self.sizes, self.order.device), True
+        return self._module
+
+
+def grouped_route(entries: list, experts: int) -> list:
+    """`entries` (one layer's `PlanEntry`s) as a `GroupedRoute` when several unscaled experts share the rows."""
+    if len(entries) < 2 or any(e.rows is None or e.scale for e in entries):
+        return entries
+    sizes = [0] * experts
+    for entry in entries:
+        sizes[entry.expert] = entry.rows.numel()
+    ordered = sorted(entries, key=lambda e: e.expert)
+    return GroupedRoute(entries, torch.cat([e.rows for e in ordered]), sizes)
+
+
+def _uses_grouped_mm(weight: torch.Tensor) -> bool:
+    """`F.grouped_mm` where it has a kernel for these weights: on a CPU, or in bf16 on an accelerator (torch's fp16 and
+    fp32 paths read the offsets back), with 16-byte aligned widths."""
+    if not hasattr(F, "grouped_mm") or weight.shape[-1] % 8 or weight.shape[-2] % 8:
+        return False
+    return weight.device.type == "cpu" or weight.dtype == torch.bfloat16
+
+
+class GroupedLinear(nn.Module):
+    """The experts' linears of one layer as one module: row segment `j` (rows sorted by expert) through expert `j`'s
+    weight. `weight` `(experts, in, out)` (the grouped GEMM's layout), `bias` `(experts, out)` or None."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, sizes: list[int], row_expert: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("bias_rows", None if bias is None else bias.index_select(0, row_expert), persistent=False)
+        self.sizes = sizes
+        self.ends = torch.tensor(sizes, device=weight.device).cumsum(0).to(torch.int32)
+        self.grouped = _uses_grouped_mm(weight)
+        self._offsets: dict[int, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = sum(self.sizes)
+        if x.shape[0] != rows:
+            raise RuntimeError(f"A grouped linear of {rows} rows was called with {x.shape[0]}.")
+        flat = x.reshape(-1, x.shape[-1])
+        per_row = flat.shape[0] // rows  # tokens per row: the step's length
+        if self.grouped:
+            offsets = self._offsets.get(per_row)
+            if offsets is None:  # one per step length (the prompt, then 1): made once, read by every later step
+                offsets = self._offsets[per_row] = self.ends * per_row
+            y = F.grouped_mm(flat, self.weight, offs=offsets)
+        else:  # one product per expert's segment (the sizes are on the host)
+            segments = flat.split([size * per_row for size in self.sizes])
+            y = torch.cat([segment @ self.weight[j] for j, segment in enumerate(segments) if self.sizes[j]])
+        y = y.view(rows, -1, y.shape[-1])
+        if self.bias_rows is not None:
+            y = y + self.bias_rows.unsqueeze(1)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+
+class _RowAffine:
+    """A forward hook on a norm run with a unit weight: each row's output times its expert's weight (plus bias)."""
+
+    def __init__(self, weight_rows: torch.Tensor, bias_rows: torch.Tensor | None):
+        self.weight_rows, self.bias_rows = weight_rows, bias_rows
+
+    def __call__(self, module, args, output):
+        shape = (output.shape[0],) + (1,) * (output.dim() - 2) + (output.shape[-1],)
+        if output.shape[0] != self.weight_rows.shape[0]:
+            raise RuntimeError(f"A grouped norm of {self.weight_rows.shape[0]} rows gave {output.shape[0]}.")
+        out = output * self.weight_rows.view(shape)
+        return out if self.bias_rows is None else out + self.bias_rows.view(shape)
+
+
+def _is_norm(module: nn.Module, params: dict) -> bool:
+    return set(params) in ({"weight"}, {"weight", "bias"}) and all(p.dim() == 1 for p in params.values()) and \
+        not isinstance(module, (nn.Linear, Conv1D, nn.Embedding))
+
+
+def _norm_is_scaled_by_weight(module: nn.Module, params: dict) -> bool:
+    """Whether the norm's output is `unit-weight output * weight (+ bias)`: not so for a `(1 + weight)` norm, say. A
+    probe on the CPU with random parameters swapped in (`functional_call`): nothing is read from the model's device."""
+    from torch.func import functional_call
+
+    g = torch.Generator().manual_seed(0)
+    width = params["weight"].shape[0]
+    probe = torch.randn(2, 3, width, generator=g)
+    drawn = {"weight": torch.rand(width, generator=g) + 0.5}
+    unit = {"weight": torch.ones(width)}
+    if "bias" in params:
+        drawn["bias"], unit["bias"] = torch.randn(width, generator=g), torch.zeros(width)
+    with torch.no_grad():
+        expected = functional_call(module, drawn, (probe,))
+        scaled = functional_call(module, unit, (probe,)) * drawn["weight"] + drawn.get("bias", 0.0)
+    return bool(torch.allclose(scaled, expected, rtol=1e-4, atol=1e-5))
+
+
+@torch.no_grad()
+def grouped_layer(experts: list[nn.Module], sizes: list[int], device) -> nn.Module | None:
+    """A copy of `experts[0]` running every expert on its row segment (`sizes[j]` rows of expert `j`, in expert
+    order); None where a module with parameters is neither a linear, a norm nor shared by every expert."""
+    template = copy.deepcopy(experts[0])
+    # hooks on the expert itself watch expert 0's own calls (the per-expert path's instrumentation): not the copy's
+    template._forward_pre_hooks.clear()
+    template._forward_hooks.clear()
+    row_expert = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
+    hooks = []
+    for name, module in list(template.named_modules()):
+        params = dict(module.named_parameters(recurse=False))
+        if not params:
+            continue
+        own = [expert.get_submodule(name) if name else expert for expert in experts]
+        if isinstance(module, (nn.Linear, Conv1D)):
+            # nn.Linear stores (out, in), Conv1D (in, out); the grouped GEMM takes (experts, in, out)
+            weight = torch.stack([m.weight.t() if isinstance(m, nn.Linear) else m.weight for m in own]).contiguous()
+            bias = None if module.bias is None else torch.stack([m.bias for m in own])
+            parent, _, child = name.rpartition(".")
+            setattr(template.get_submodule(parent) if parent else template, child,
+                    GroupedLinear(weight, bias, sizes, row_expert))
+        elif _is_norm(module, params):
+            if not _norm_is_scaled_by_weight(module, params):
+                return None
+            weight_rows = torch.stack([m.weight for m in own]).index_select(0, row_expert)
+            bias_rows = torch.stack([m.bias for m in own]).index_select(0, row_expert) if "bias" in params else None
+            params["weight"].fill_(1.0)
+            if "bias" in params:
+                params["bias"].zero_()
+            hooks.append(module.register_forward_hook(_RowAffine(weight_rows, bias_rows)))
+        else:
+            for param_name, param in params.items():
+                if any(not torch.equal(getattr(m, param_name), param) for m in own[1:]):
+                    return None  # differs per expert and is neither a linear nor a norm: the per-expert path
+    return template
