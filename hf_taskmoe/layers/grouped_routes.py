@@ -72,7 +72,8 @@ def _uses_grouped_mm(weight: torch.Tensor) -> bool:
 
 class GroupedLinear(nn.Module):
     """The experts' linears of one layer as one module: row segment `j` (rows sorted by expert) through expert `j`'s
-    weight. `weight` `(experts, in, out)` (the grouped GEMM's layout), `bias` `(experts, out)` or None."""
+    weight. `weight` `(experts, out, in)` (`nn.Linear`'s layout; the grouped GEMM takes its transposed view, as
+    `ExpertBank` passes its experts), `bias` `(experts, out)` or None."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, sizes: list[int], row_expert: torch.Tensor):
         super().__init__()
@@ -93,10 +94,10 @@ class GroupedLinear(nn.Module):
             offsets = self._offsets.get(per_row)
             if offsets is None:  # one per step length (the prompt, then 1): made once, read by every later step
                 offsets = self._offsets[per_row] = self.ends * per_row
-            y = F.grouped_mm(flat, self.weight, offs=offsets)
+            y = F.grouped_mm(flat, self.weight.transpose(1, 2), offs=offsets)
         else:  # one product per expert's segment (the sizes are on the host)
             segments = flat.split([size * per_row for size in self.sizes])
-            y = torch.cat([segment @ self.weight[j] for j, segment in enumerate(segments) if self.sizes[j]])
+            y = torch.cat([F.linear(segment, self.weight[j]) for j, segment in enumerate(segments) if self.sizes[j]])
         y = y.view(rows, -1, y.shape[-1])
         if self.bias_rows is not None:
             y = y + self.bias_rows.unsqueeze(1)
@@ -156,8 +157,8 @@ def grouped_layer(experts: list[nn.Module], sizes: list[int], device) -> nn.Modu
             continue
         own = [expert.get_submodule(name) if name else expert for expert in experts]
         if isinstance(module, (nn.Linear, Conv1D)):
-            # nn.Linear stores (out, in), Conv1D (in, out); the grouped GEMM takes (experts, in, out)
-            weight = torch.stack([m.weight.t() if isinstance(m, nn.Linear) else m.weight for m in own]).contiguous()
+            # nn.Linear stores (out, in), GPT-2's Conv1D (in, out): stacked as (experts, out, in)
+            weight = torch.stack([m.weight if isinstance(m, nn.Linear) else m.weight.t() for m in own]).contiguous()
             bias = None if module.bias is None else torch.stack([m.bias for m in own])
             parent, _, child = name.rpartition(".")
             setattr(template.get_submodule(parent) if parent else template, child,
