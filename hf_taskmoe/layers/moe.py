@@ -279,22 +279,14 @@ class TaskGate(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_tasks, num_experts, hidden_size))
 
-    #: up to this many gate columns (tasks x experts) every task's gate runs on every token in one product
-    ALL_TASKS_MAX_COLUMNS = 128
-
     def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         tasks, experts, hidden = self.weight.shape
+        # each row's task gate, selected by a product (whose backward is a product, not a scatter of atomic adds)
         rows = one_hot(task_ids, tasks, torch.float32)  # (batch, tasks)
-        if tasks * experts <= self.ALL_TASKS_MAX_COLUMNS:
-            # every task's gate on every token in one product (N = tasks x experts), each row's own task's logits
-            # kept by a one-hot product and a sum: plain GEMMs forward and backward, where a batched product per row
-            # with N = experts runs a kernel per row's tile of 4 columns (0.36 ms of an H100's bf16 MT-TaG step)
-            logits = F.linear(hidden_states.float(), self.weight.float().view(tasks * experts, hidden))
-            batch, seq = hidden_states.shape[:2]
-            return (logits.view(batch, seq, tasks, experts) * rows.view(batch, 1, tasks, 1)).sum(2)
-        # many tasks: each row's task gate, selected by a product (whose backward is a product, not a scatter of
-        # atomic adds), then one batched product (an einsum dispatches about four times the operations)
         gates = (rows @ self.weight.float().view(tasks, -1)).view(-1, experts, hidden)  # (batch, experts, hidden)
+        # one batched product (an einsum dispatches about four times the operations). Every task's gate on every
+        # token in one product, each row's kept by a one-hot product, was measured and dropped: an H100's bf16 step
+        # spent 0.32 ms in its fp32 GEMMs against 0.36 ms here, within the step's spread
         return torch.bmm(hidden_states.float(), gates.transpose(1, 2))  # (batch, seq, experts)
 
     @torch.no_grad()
