@@ -7,13 +7,19 @@ rows x 32-token prompts, exactly 16 new tokens, greedy, key/value cache. Variant
 
 - `dense`: the Llama it was forked from;
 - `routed_one_task`: every row of one task (each layer: one expert on the whole batch);
-- `routed_mixed`: the 4 tasks in turn (each layer: each used expert on its own rows);
+- `routed_mixed`: the 4 tasks in turn, as the model runs them by default on this device (on a CPU each used expert
+  on its own rows, `group_hard_routes="auto"`);
+- `routed_mixed_grouped`: the same with `group_hard_routes=True` (what a GPU runs: each mixed layer as one layer,
+  one grouped GEMM per linear over the experts' row segments);
 - `export_task`: the plain Llama holding one task's route (`export_task`), the floor.
 
 Each figure is the median over rounds of a block of calls, the variants alternating in order every round so that
 machine noise hits all of them alike.
 
-    python benchmarks/routed_generation.py [--rounds 5] [--repeats 2] [--threads 1] [--models llama,t5]
+    python benchmarks/routed_generation.py [--rounds 5] [--repeats 2] [--threads 1] [--models llama,t5] [--host]
+
+`--host`: the host-overhead proxy of a GPU's decoding step (the arithmetic nearly gone): a Llama of 16 layers x 32
+(4 heads, FFN 88), batch 16, 8-token prompts, 16 new tokens, where the step is Python, dispatch and the allocator.
 
 Prints a table, then one JSON line with the milliseconds and the ratios to the dense model: wall time (`_ms`,
 `_ratio`) and the process's CPU time (`_cpu_ms`, `_cpu_ratio`, steadier on a shared machine).
@@ -35,7 +41,11 @@ TASKS = [TaskSpec(name=f"t{i}", problem_type="seq2seq") for i in range(4)]
 BATCH, PROMPT, NEW = 8, 32, 16
 
 
-def models(name: str):
+def models(name: str, host: bool = False):
+    if name == "llama" and host:
+        config = transformers.LlamaConfig(vocab_size=2000, hidden_size=32, intermediate_size=88, num_hidden_layers=16,
+                                          num_attention_heads=4, num_key_value_heads=2)
+        return transformers.LlamaForCausalLM(config).eval(), TaskRoutedForCausalLM
     if name == "llama":
         config = transformers.LlamaConfig(vocab_size=2000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                                           num_attention_heads=8, num_key_value_heads=4)
@@ -56,30 +66,41 @@ def timed(fn, repeats: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / repeats, (time.process_time() - cpu) / repeats
 
 
+def grouped(routed, common: dict, task_ids):
+    saved, routed.group_hard_routes = routed.group_hard_routes, True
+    try:
+        return routed.generate(**common, task_ids=task_ids)
+    finally:
+        routed.group_hard_routes = saved
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--models", default="llama")
+    parser.add_argument("--host", action="store_true", help="Tiny widths, 16 layers: the host-overhead proxy.")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    result = {"threads": args.threads, "batch": BATCH, "prompt": PROMPT, "new_tokens": NEW}
+    batch, prompt, new = (16, 8, 16) if args.host else (BATCH, PROMPT, NEW)
+    result = {"threads": args.threads, "batch": batch, "prompt": prompt, "new_tokens": new, "host": args.host}
     print(f"threads {args.threads}, {args.rounds} rounds x {args.repeats} calls; median per generate call")
     for name in args.models.split(","):
         torch.manual_seed(0)
-        dense, routed_class = models(name)
+        dense, routed_class = models(name, args.host)
         routed = routed_class.from_dense(dense, TASKS, num_experts=3, selection="hard").eval()
         exported = routed.export_task("t1")
         g = torch.Generator().manual_seed(0)
-        ids = torch.randint(5, 2000, (BATCH, PROMPT), generator=g)
-        common = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, min_new_tokens=NEW,
+        ids = torch.randint(5, 2000, (batch, prompt), generator=g)
+        common = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                       do_sample=False)
-        one, mixed = torch.full((BATCH,), 1), torch.arange(BATCH) % len(TASKS)
+        one, mixed = torch.full((batch,), 1), torch.arange(batch) % len(TASKS)
         variants = {
             "dense": lambda m=dense, c=common: m.generate(**c),
             "routed_one_task": lambda m=routed, c=common, t=one: m.generate(**c, task_ids=t),
             "routed_mixed": lambda m=routed, c=common, t=mixed: m.generate(**c, task_ids=t),
+            "routed_mixed_grouped": lambda m=routed, c=common, t=mixed: grouped(m, c, t),
             "export_task": lambda m=exported, c=common: m.generate(**c),
         }
         with torch.no_grad():
