@@ -154,14 +154,14 @@ def test_a_routed_cache_continues_only_with_its_rows(hard_model):
 
 def grouped_rows(monkeypatch):
     """Counts, per routed layer's grouped copy built, of the rows it computed (pre-hooks on what `grouped_layer`
-    returns), in build order."""
+    returns), in build order; and the `GroupedRoute`s made."""
     from hf_taskmoe.layers import grouped_routes
 
-    built = grouped_routes.grouped_layer
-    counts = []
+    built, made = grouped_routes.grouped_layer, grouped_routes.grouped_route
+    counts, routes = [], []
 
-    def counting(experts, sizes, device):
-        layer = built(experts, sizes, device)
+    def counting(experts, segments, device):
+        layer = built(experts, segments, device)
         if layer is not None:
             counts.append(0)
             index = len(counts) - 1
@@ -169,49 +169,84 @@ def grouped_rows(monkeypatch):
                 index, counts[index] + (args[0] if args else kwargs["hidden_states"]).shape[0]), with_kwargs=True)
         return layer
 
+    def making(*args):
+        route = made(*args)
+        if isinstance(route, grouped_routes.GroupedRoute):
+            routes.append(route)
+        return route
+
     monkeypatch.setattr(grouped_routes, "grouped_layer", counting)
-    return counts
+    monkeypatch.setattr(grouped_routes, "grouped_route", making)
+    return counts, routes
+
+
+#: a batch whose rows alternate between routes: more runs of one expert than a run-per-segment layer takes, so the
+#: grouped layers sort their rows by expert (gather them and put them back)
+ALTERNATING = torch.tensor([0, 1, 2, 1] * 4)
+
+
+def generate_batch(model, task_ids, **kwargs):
+    ids, mask = prompts(len(task_ids))
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": None, **kwargs}
+    seen, handles = rows_per_expert(model)
+    try:
+        out = model.generate(ids, attention_mask=mask, task_ids=task_ids, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out, seen
 
 
 @pytest.mark.parametrize("beams", [1, 2])
-def test_grouped_generation_equals_the_every_expert_path(hard_model, monkeypatch, beams):
+@pytest.mark.parametrize("task_ids", [MIXED, ALTERNATING], ids=["mixed", "alternating"])
+def test_grouped_generation_equals_the_every_expert_path(hard_model, monkeypatch, beams, task_ids):
     """A mixed batch under hard routes: each layer whose rows use several experts runs one grouped copy on every row
-    (no expert is called there), the tokens those of the every-expert path and of the per-expert path."""
-    counts = grouped_rows(monkeypatch)
+    (no expert is called there), the tokens those of the every-expert path and of the per-expert path; `generate`
+    sorted the rows by task, so no layer gathers them."""
+    counts, made = grouped_rows(monkeypatch)
     monkeypatch.setattr(hard_model, "group_hard_routes", True)
-    got, seen = generate(hard_model, MIXED, num_beams=beams)
-    expected, _ = generate(hard_model, MIXED, num_beams=beams, every_expert=True)
+    got, seen = generate_batch(hard_model, task_ids, num_beams=beams)
+    expected, _ = generate_batch(hard_model, task_ids, num_beams=beams, every_expert=True)
     monkeypatch.setattr(hard_model, "group_hard_routes", False)
-    per_expert, _ = generate(hard_model, MIXED, num_beams=beams)
+    per_expert, _ = generate_batch(hard_model, task_ids, num_beams=beams)
     assert torch.equal(got, expected) and torch.equal(got, per_expert)
-    routes = hard_model.task_routing().argmax(-1)[MIXED]  # (batch, layers)
+    routes = hard_model.task_routing().argmax(-1)[task_ids]  # (batch, layers)
     mixed_layers = [i for i in range(routes.shape[1]) if len(routes[:, i].unique()) > 1]
     assert mixed_layers and len(counts) == len(mixed_layers)
-    rows, steps = beams * len(MIXED), 6
+    rows, steps = beams * len(task_ids), 6
     assert counts == [steps * rows] * len(mixed_layers)  # every row, every step, once
     assert not any(layer in mixed_layers for layer, _ in seen)  # no expert of a grouped layer ran on its own
     assert sum(seen.values()) == steps * rows * (routes.shape[1] - len(mixed_layers))
+    gathered = [route.order is not None for route in made]
+    assert gathered == [False] * len(mixed_layers), gathered  # generate sorted the rows by task
 
 
-def test_grouped_layers_keep_every_row_in_one_slot_sorted_by_expert(hard_model, monkeypatch):
+@pytest.mark.parametrize("task_ids", [MIXED, ALTERNATING], ids=["runs", "sorted_by_expert"])
+def test_grouped_layers_keep_every_row_in_one_slot(hard_model, monkeypatch, task_ids):
+    """Expert 0's slot of a grouped layer holds every row: in the batch's order (runs), or sorted by expert."""
     monkeypatch.setattr(hard_model, "group_hard_routes", True)
     cache = hard_model.new_cache()
-    generate(hard_model, MIXED, num_beams=2, max_new_tokens=4, **{CACHE_ARG: cache})
-    routes = hard_model.task_routing().argmax(-1)[MIXED[torch.arange(2 * len(MIXED)) // 2]]  # (beam rows, layers)
+    # a dict output: `generate` keeps the batch's order, the alternating batch's layers sort their rows by expert
+    generate_batch(hard_model, task_ids, num_beams=2, max_new_tokens=4, return_dict_in_generate=True,
+                   **{CACHE_ARG: cache})
+    routes = hard_model.task_routing().argmax(-1)[task_ids[torch.arange(2 * len(task_ids)) // 2]]  # (beam rows, layers)
     for layer in hard_model.routed_layers():
         column = routes[:, layer.route_index]
         if len(column.unique()) < 2:
             continue
-        rows = cache.slot_rows[layer.cache_slots[0]]
-        assert sorted(rows.tolist()) == list(range(len(column)))  # every row once
-        assert torch.equal(column[rows], column.sort().values)  # sorted by expert
+        rows = cache.slot_rows.get(layer.cache_slots[0])
+        if task_ids is MIXED:
+            assert rows is None  # the batch's own order
+        else:
+            assert sorted(rows.tolist()) == list(range(len(column)))  # every row once
+            assert torch.equal(column[rows], column.sort().values)  # sorted by expert
         assert cache.layers[layer.cache_slots[0]].keys.shape[0] == len(column)
         assert all(cache.layers[slot].get_seq_length() == 0 for slot in layer.cache_slots[1:])
 
 
 def test_a_norm_not_scaled_by_its_weight_keeps_the_per_expert_path():
     """A `(1 + weight)` norm (Gemma's form) cannot be run with a unit weight and scaled per row: the layer is not
-    grouped."""
+    grouped. A layer of LayerNorms is, each run of rows through its own expert."""
     from torch import nn
 
     from hf_taskmoe.layers.grouped_routes import grouped_layer
@@ -233,10 +268,38 @@ def test_a_norm_not_scaled_by_its_weight_keeps_the_per_expert_path():
             return self.proj(self.norm(x))
 
     experts = [Layer(), Layer()]
-    assert grouped_layer(experts, [1, 1], torch.device("cpu")) is None
+    assert grouped_layer(experts, [(0, 1), (1, 1)], torch.device("cpu")) is None
     experts[0].norm, experts[1].norm = nn.LayerNorm(8), nn.LayerNorm(8)
     with torch.no_grad():
         experts[1].norm.weight.mul_(2.0)
-    layer = grouped_layer(experts, [1, 1], torch.device("cpu"))
-    x = torch.randn(2, 3, 8)
-    torch.testing.assert_close(layer(x), torch.cat([experts[0](x[:1]), experts[1](x[1:])]))
+        experts[1].norm.bias.add_(0.5)
+    layer = grouped_layer(experts, [(1, 2), (0, 1), (1, 1)], torch.device("cpu"))
+    x = torch.randn(4, 3, 8)
+    torch.testing.assert_close(layer(x), torch.cat([experts[1](x[:2]), experts[0](x[2:3]), experts[1](x[3:])]))
+    assert torch.equal(experts[1].norm.weight, torch.full((8,), 2.0))  # the experts' own modules untouched
+
+
+@pytest.mark.parametrize("task_ids", [MIXED, ALTERNATING], ids=["few_runs", "alternating"])
+@pytest.mark.parametrize("kwargs", [{}, {"num_beams": 2, "num_return_sequences": 2}], ids=["greedy", "beams"])
+def test_generate_sorts_the_rows_by_task_for_the_grouped_layers(hard_model, monkeypatch, task_ids, kwargs):
+    """With grouped layers `generate` runs the batch sorted by task (every grouped layer then runs in the batch's own
+    order: nothing gathered) and returns the sequences in the caller's order, equal to the per-expert path's."""
+    _, made = grouped_rows(monkeypatch)
+    monkeypatch.setattr(hard_model, "group_hard_routes", True)
+    got, _ = generate_batch(hard_model, task_ids, **kwargs)
+    assert made and all(route.order is None for route in made)  # runs of the sorted batch: no layer gathers
+    monkeypatch.setattr(hard_model, "group_hard_routes", False)
+    expected, _ = generate_batch(hard_model, task_ids, **kwargs)
+    assert torch.equal(got, expected)
+
+
+def test_a_dict_output_keeps_the_batch_order(hard_model, monkeypatch):
+    """Asked for scores (a dict output), `generate` leaves the rows in their order: the grouped layers gather them."""
+    _, made = grouped_rows(monkeypatch)
+    monkeypatch.setattr(hard_model, "group_hard_routes", True)
+    got, _ = generate_batch(hard_model, ALTERNATING, return_dict_in_generate=True, output_scores=True)
+    assert made and all(route.order is not None for route in made)
+    monkeypatch.setattr(hard_model, "group_hard_routes", False)
+    expected, _ = generate_batch(hard_model, ALTERNATING, return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores))

@@ -33,33 +33,45 @@ __all__ = ["GroupedRoute", "grouped_route"]
 
 class GroupedRoute(list):
     """One routed layer's plan entries (a list of `PlanEntry`, as `hard_route_plan` makes them) when several experts
-    share the batch: with each expert's rows concatenated in expert order (`order`, on the device), its inverse, and
-    each expert's row count (`sizes`, on the host). `module(layer)` builds the layer's grouped copy on first use."""
+    share the batch, with the row segments the grouped copy runs: `segments` `[(expert, rows)]` on the host, each a
+    contiguous run of the rows in `order` (on the device; None: the batch's own order, nothing gathered) and
+    `inverse`, its inverse. `module(experts)` builds the layer's grouped copy on first use."""
 
-    def __init__(self, entries, order: torch.Tensor, sizes: list[int]):
+    def __init__(self, entries, segments: list[tuple[int, int]], order: torch.Tensor | None):
         super().__init__(entries)
-        self.order = order
-        self.inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-        self.sizes = sizes
+        self.segments, self.order = segments, order
+        self.inverse = None if order is None else \
+            torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
         self._module: nn.Module | None = None
         self._built = False
 
     def module(self, experts) -> nn.Module | None:
         """The grouped copy of a layer whose experts are `experts` (None where some module cannot be grouped)."""
         if not self._built:
-            self._module, self._built = grouped_layer(list(experts), self.sizes, self.order.device), True
+            device = next(iter(experts[0].parameters())).device
+            self._module, self._built = grouped_layer(list(experts), self.segments, device), True
         return self._module
 
 
-def grouped_route(entries: list, experts: int) -> list:
-    """`entries` (one layer's `PlanEntry`s) as a `GroupedRoute` when several unscaled experts share the rows."""
+def grouped_route(entries: list, row_experts: list[int], experts: int) -> list:
+    """`entries` (one layer's `PlanEntry`s) as a `GroupedRoute` when several unscaled experts share the rows:
+    `row_experts` is each row's expert in this layer (host). Where the rows' experts form few runs in the batch's
+    own order (at most two per expert: a batch sorted by task, as `generate` sorts it) the runs are the segments and
+    nothing is gathered (each run's weights are stacked, so a run more than the experts costs a copy of an expert's
+    weights); else the rows are sorted by expert, one segment per expert."""
     if len(entries) < 2 or any(e.rows is None or e.scale for e in entries):
         return entries
-    sizes = [0] * experts
-    for entry in entries:
-        sizes[entry.expert] = entry.rows.numel()
+    runs: list[tuple[int, int]] = []
+    for expert in row_experts:
+        if runs and runs[-1][0] == expert:
+            runs[-1] = (expert, runs[-1][1] + 1)
+        else:
+            runs.append((expert, 1))
+    if len(runs) <= 2 * experts:
+        return GroupedRoute(entries, runs, None)
     ordered = sorted(entries, key=lambda e: e.expert)
-    return GroupedRoute(entries, torch.cat([e.rows for e in ordered]), sizes)
+    segments = [(e.expert, e.rows.numel()) for e in ordered]
+    return GroupedRoute(entries, segments, torch.cat([e.rows for e in ordered]))
 
 
 def _uses_grouped_mm(weight: torch.Tensor) -> bool:
@@ -71,15 +83,14 @@ def _uses_grouped_mm(weight: torch.Tensor) -> bool:
 
 
 class GroupedLinear(nn.Module):
-    """The experts' linears of one layer as one module: row segment `j` (rows sorted by expert) through expert `j`'s
-    weight. `weight` `(experts, out, in)` (`nn.Linear`'s layout; the grouped GEMM takes its transposed view, as
-    `ExpertBank` passes its experts), `bias` `(experts, out)` or None."""
+    """The experts' linears of one layer as one module: each row segment through its expert's weight. `weight`
+    `(segments, out, in)` (each segment's expert's, in `nn.Linear`'s layout; the grouped GEMM takes its transposed
+    view, as `ExpertBank` passes its experts), `bias_rows` `(rows, out)` or None, `sizes` each segment's rows."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, sizes: list[int], row_expert: torch.Tensor,
-                 ends: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, bias_rows: torch.Tensor | None, sizes: list[int], ends: torch.Tensor):
         super().__init__()
         self.register_buffer("weight", weight, persistent=False)
-        self.register_buffer("bias_rows", None if bias is None else bias.index_select(0, row_expert), persistent=False)
+        self.register_buffer("bias_rows", bias_rows, persistent=False)
         self.sizes, self.rows, self.ends = sizes, sum(sizes), ends
         self.grouped = _uses_grouped_mm(weight)
         self._offsets: dict[int, torch.Tensor] = {}
@@ -93,9 +104,9 @@ class GroupedLinear(nn.Module):
             if offsets is None:  # one per step length (the prompt, then 1): made once, read by every later step
                 offsets = self._offsets[per_row] = self.ends * per_row
             y = F.grouped_mm(flat, self.weight.transpose(1, 2), offs=offsets)
-        else:  # one product per expert's segment (the sizes are on the host)
+        else:  # one product per segment (the sizes are on the host)
             segments = flat.split([size * per_row for size in self.sizes])
-            y = torch.cat([F.linear(segment, self.weight[j]) for j, segment in enumerate(segments) if self.sizes[j]])
+            y = torch.cat([F.linear(segment, self.weight[j]) for j, segment in enumerate(segments)])
         if self.bias_rows is not None:
             y = (y.view(rows, per_row, -1) + self.bias_rows.unsqueeze(1)).view(flat.shape[0], -1)
         return y.view(*x.shape[:-1], y.shape[-1])
@@ -165,27 +176,30 @@ def _clone_structure(module: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def grouped_layer(experts: list[nn.Module], sizes: list[int], device) -> nn.Module | None:
-    """A copy of `experts[0]` running every expert on its row segment (`sizes[j]` rows of expert `j`, in expert
-    order); None where a module with parameters is neither a linear, a norm nor shared by every expert."""
+def grouped_layer(experts: list[nn.Module], segments: list[tuple[int, int]], device) -> nn.Module | None:
+    """A copy of `experts[0]` running each row segment through its expert (`segments`: `(expert, rows)` in row order);
+    None where a module with parameters is neither a linear, a norm nor shared by every expert."""
     template = _clone_structure(experts[0])
     # hooks on the expert itself watch expert 0's own calls (the per-expert path's instrumentation): not the copy's
     template._forward_pre_hooks.clear()
     template._forward_hooks.clear()
-    row_expert = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(device)
-    ends = torch.tensor(sizes).cumsum(0).to(device=device, dtype=torch.int32)  # where each expert's rows end
+    sizes = [rows for _, rows in segments]
+    segment_expert = [expert for expert, _ in segments]
+    row_expert = torch.repeat_interleave(torch.tensor(segment_expert), torch.tensor(sizes)).to(device)
+    ends = torch.tensor(sizes).cumsum(0).to(device=device, dtype=torch.int32)  # where each segment's rows end
     for name, module in list(template.named_modules()):
         params = dict(module.named_parameters(recurse=False))
         if not params:
             continue
         own = [expert.get_submodule(name) if name else expert for expert in experts]
         if isinstance(module, (nn.Linear, Conv1D)):
-            # nn.Linear stores (out, in), GPT-2's Conv1D (in, out): stacked as (experts, out, in)
-            weight = torch.stack([m.weight if isinstance(m, nn.Linear) else m.weight.t() for m in own]).contiguous()
-            bias = None if module.bias is None else torch.stack([m.bias for m in own])
+            # nn.Linear stores (out, in), GPT-2's Conv1D (in, out): stacked as (segments, out, in)
+            weights = [m.weight if isinstance(m, nn.Linear) else m.weight.t() for m in own]
+            weight = torch.stack([weights[e] for e in segment_expert]).contiguous()
+            bias = None if module.bias is None else torch.stack([m.bias for m in own]).index_select(0, row_expert)
             parent, _, child = name.rpartition(".")
             setattr(template.get_submodule(parent) if parent else template, child,
-                    GroupedLinear(weight, bias, sizes, row_expert, ends))
+                    GroupedLinear(weight, bias, sizes, ends))
         elif _is_norm(module, params):
             if not _norm_is_scaled_by_weight(module, params):
                 return None
@@ -201,3 +215,32 @@ def grouped_layer(experts: list[nn.Module], sizes: list[int], device) -> nn.Modu
                 if any(not torch.equal(getattr(m, param_name), param) for m in own[1:]):
                     return None  # differs per expert and is neither a linear nor a norm: the per-expert path
     return template
+
+
+#: `generate` arguments that may depend on a row's position in the batch (or watch the output as it is made): with
+#: any of them, or asked for a dict output, the batch is left in its order
+_ORDER_DEPENDENT = ("streamer", "prefix_allowed_tokens_fn", "logits_processor", "stopping_criteria", "assistant_model",
+                    "return_dict_in_generate", "output_scores", "output_logits", "output_attentions",
+                    "output_hidden_states")
+
+
+def task_sorted_generate(generate, input_ids: torch.Tensor, kwargs: dict, host_task_ids: list[int] | None,
+                         generation_config=None):
+    """Run `generate(input_ids=..., **kwargs)` on the batch's rows sorted by task, and put the sequences back in the
+    batch's order: rows of a task share a route, so every grouped layer's segments are runs of the batch's own order
+    and no layer gathers its rows (`grouped_route`). Only for a plain tensor output and no argument that could see the
+    order (`_ORDER_DEPENDENT`); else, or already sorted, as it is. `host_task_ids`: the rows' tasks on the host (None:
+    not known there, not sorted); `generation_config`: the one the call runs with (its output flags count too)."""
+    batch = input_ids.shape[0]
+    if host_task_ids is None or any(kwargs.get(name) or getattr(generation_config, name, None)
+                                    for name in _ORDER_DEPENDENT):
+        return generate(input_ids=input_ids, **kwargs)
+    order = sorted(range(batch), key=host_task_ids.__getitem__)
+    if order == list(range(batch)):
+        return generate(input_ids=input_ids, **kwargs)
+    index = torch.tensor(order, device=input_ids.device)
+    kwargs = {k: v.index_select(0, index) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
+              for k, v in kwargs.items()}
+    out = generate(input_ids=input_ids.index_select(0, index), **kwargs)
+    inverse = torch.empty_like(index).scatter_(0, index, torch.arange(batch, device=index.device))
+    return out.view(batch, -1, out.shape[-1]).index_select(0, inverse).view(out.shape)

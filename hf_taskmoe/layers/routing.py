@@ -270,7 +270,8 @@ def hard_route_plan(routing_weights: torch.Tensor, grouped: bool = True) -> list
     if grouped:
         from .grouped_routes import grouped_route
 
-        plan = [grouped_route(entries, host.shape[-1]) for entries in plan]
+        row_experts = host.argmax(-1).T.tolist()  # (layers, batch): each row's expert (the decisions are one-hot)
+        plan = [grouped_route(entries, row_experts[layer], host.shape[-1]) for layer, entries in enumerate(plan)]
     return plan
 
 
@@ -422,9 +423,11 @@ class RoutedLayer(nn.Module):
         if grouped is not None and routing_recorder is None and not torch.is_grad_enabled():
             layer = grouped(self.experts)  # every expert as one layer on the rows sorted by expert (generation)
             if layer is not None:
-                order = entries.order
+                order = entries.order  # None: the segments are runs of the batch's own order
                 if cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None:
-                    cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slot keeps every row, sorted
+                    cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slot keeps every row (sorted)
+                if order is None:
+                    return layer(hidden_states, *args, **kwargs)
                 y = layer(
                     hidden_states.index_select(0, order),
                     *[_rows(a, order, batch) for a in args],

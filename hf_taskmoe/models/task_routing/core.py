@@ -394,6 +394,10 @@ class TaskRoutingMixin:
     #: where the arithmetic is the cost); "auto", the first off the CPU
     group_hard_routes: bool | str = "auto"
 
+    def _groups_hard_routes(self, device: torch.device) -> bool:
+        """`group_hard_routes` resolved for a generation on `device`."""
+        return self.group_hard_routes is True or (self.group_hard_routes == "auto" and device.type != "cpu")
+
     def _routing_flags(self, routing_weights: torch.Tensor, cache=None, router_logits=None) -> dict:
         """What the routed layers read from the context: the decisions and the plan. In generation (`cache` a
         `SlotRows` cache that `generate` made: `ExpertRowsCache`, `RoutedCache`) the plan of the routes, made from
@@ -403,8 +407,7 @@ class TaskRoutingMixin:
         if isinstance(cache, SlotRows) and not self.training and not is_capturing():
             batch = routing_weights.shape[0]
             if cache.routing_plan is None and cache.plans_routes and cache.get_seq_length() == 0:
-                grouped = self.group_hard_routes is True or (
-                    self.group_hard_routes == "auto" and routing_weights.device.type != "cpu")
+                grouped = self._groups_hard_routes(routing_weights.device)
                 cache.routing_plan, cache.plan_batch = hard_route_plan(routing_weights, grouped), batch
             if cache.routing_plan is not None:
                 if cache.plan_batch != batch:

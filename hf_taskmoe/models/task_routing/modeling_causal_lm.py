@@ -41,6 +41,7 @@ from transformers.cache_utils import Cache
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
+from ...layers.grouped_routes import task_sorted_generate
 from ...layers.routing import ExpertRowsCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -286,11 +287,11 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         kwargs.pop("cache_implementation", None)  # 'dynamic': the routed cache passed below is one
         if input_ids is not None and attention_mask is not None:
             input_ids, attention_mask = left_align(input_ids, attention_mask)
+        given = kwargs.get("task_ids")
         if input_ids is not None and not kwargs.get("values_checked"):
             # the task ids and the prompt's token ids checked once, here: every decoding step then reads nothing back
             # to check them again (its new ids are the model's own), where each step read both
-            kwargs["task_ids"] = resolve_task_ids(kwargs.get("task_ids"), input_ids.shape[0], self.config.task_names,
-                                                  self.device)
+            kwargs["task_ids"] = resolve_task_ids(given, input_ids.shape[0], self.config.task_names, self.device)
             check_token_ids(token_table_sizes(self), input_ids=input_ids)
             kwargs["values_checked"] = True
         cache = pop_cache(dict(kwargs))
@@ -298,6 +299,15 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             kwargs[CACHE_ARG] = cache = self.new_cache()
         if isinstance(cache, ExpertRowsCache) and cache.get_seq_length() == 0:
             cache.plans_routes = not every_expert  # hard routes: each layer runs only the experts its rows use
+        if input_ids is not None and getattr(cache, "plans_routes", False) and \
+                self._groups_hard_routes(input_ids.device):
+            # rows sorted by task for the grouped layers (their segments then runs of the batch, nothing gathered);
+            # the tasks read on the host where they were given there (a list, a CPU tensor), else once from the device
+            host = given.tolist() if isinstance(given, torch.Tensor) else given
+            host = host if isinstance(host, list) and all(isinstance(t, int) for t in host) else \
+                kwargs["task_ids"].tolist() if kwargs.get("task_ids") is not None else None
+            return task_sorted_generate(super().generate, input_ids, {"attention_mask": attention_mask, **kwargs},
+                                        host, kwargs.get("generation_config") or self.generation_config)
         return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     # ------------------------------------------------------------------ building and exporting
