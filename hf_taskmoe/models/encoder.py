@@ -40,9 +40,12 @@ from ..modeling_utils import (
     resolve_task_ids,
     token_table_sizes,
 )
+from ..pipelines import PIPELINE_TASK
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin, TaskSpec
+from ..upcycling import UpcyclingRules
 from ..utils import check_choice, check_int, check_layer_list
+from .registry import Family
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
 
@@ -564,3 +567,12 @@ def layer_rule(backbone: Backbone, inner: str, source: str) -> tuple[str, str]:
     """A rename for a weight inside every layer: `<layers>.<i>.<inner>` from `<layers>.<i>.<source>` (`inner` a
     regex; `source` a template that may use `inner`'s groups, numbered from 2)."""
     return (rf"{re.escape(backbone.layers)}\.(\d+)\.{inner}", rf"{backbone.layers}.\1.{source}")
+
+
+def encoder_family(name: str, config_class: type, model_class: type, method: str, describe, **fields):
+    """The `Family` of an encoder method's model class: every encoder problem type, served by the text pipeline,
+    built from a dense checkpoint whose weights keep their names (the model's new weights: its parameter roles'
+    `new`; a model renaming some gives its own `upcycling_rules`). `fields`: the `Family`'s others."""
+    return Family(name=name, config_class=config_class, model_class=model_class, problem_types=ENCODER,
+                  pipeline_task=PIPELINE_TASK, describe=describe, method=method,
+                  upcycling=UpcyclingRules(rename=(), new=model_class.parameter_roles.new_patterns), **fields)

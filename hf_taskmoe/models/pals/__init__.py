@@ -5,10 +5,8 @@ the names of earlier releases `BertWithPALs` (`PALsForMultiTask` with a BERT def
 from dataclasses import replace
 
 from ...backbones import ENCODER_BACKBONE
-from ...pipelines import PIPELINE_TASK
-from ...problem_types import ENCODER
-from ...upcycling import UpcyclingRules
-from ..registry import Family, register_family
+from ..encoder import encoder_family
+from ..registry import register_family
 from .configuration_pals import PAL_SITES, PALsConfig
 from .legacy import BertPALsConfig, BertPALsModel, BertWithPALs
 from .modeling_pals import BackbonePALs, PALsForMultiTask, PALSite
@@ -26,21 +24,10 @@ def describe_bert(c: BertPALsConfig) -> str:
 
 
 #: every dense weight keeps its name (the PALs hook onto the layers); PALs and heads are new
-UPCYCLING = UpcyclingRules(rename=(), new=PALsForMultiTask.parameter_roles.new_patterns)
-
-FAMILY = register_family(
-    Family(
-        name="pals",
-        config_class=PALsConfig,
-        model_class=PALsForMultiTask,
-        problem_types=ENCODER,
-        pipeline_task=PIPELINE_TASK,
-        describe=describe,
-        upcycling=UPCYCLING,
-        backbone_kind=ENCODER_BACKBONE,  # every declared encoder, one declared later included
-        method="pals",
-    )
-)
+FAMILY = register_family(encoder_family(
+    "pals", PALsConfig, PALsForMultiTask, "pals", describe,
+    backbone_kind=ENCODER_BACKBONE,  # every declared encoder, one declared later included
+))
 
 #: the name and `model_type` of earlier releases' BERT class: `--model_family bert_pals` on a BERT, old configs
 #: (`family_of`) and checkpoints (`AutoModel`); the same method, the same implementation
