@@ -365,15 +365,8 @@ class CAMTLModel(CAMTLForMultiTask):
 
     Checkpoints of the earlier implementation held the encoder under `bert.` (task embeddings, alignment and LARGE's
     skip connection inside it); `from_pretrained` (also through `AutoModel`) renames them with `checkpoint_key_mapping`,
-    which leaves the names of this layout as they are.
-
-    Example:
-
-    ```python
-    >>> from hf_taskmoe import CAMTLModel, TaskSpec
-    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
-    >>> model = CAMTLModel.from_dense("path/or/repo-of-a-bert", tasks=tasks)
-    ```
+    which leaves the names of this layout as they are. Built as `CAMTLForMultiTask` is (its example), from a BERT:
+    `CAMTLModel.from_dense("path/or/repo-of-a-bert", tasks=tasks)`.
     """
 
     config_class = CAMTLConfig

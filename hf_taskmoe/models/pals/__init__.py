@@ -12,15 +12,18 @@ from .legacy import BertPALsConfig, BertPALsModel, BertWithPALs
 from .modeling_pals import BackbonePALs, PALsForMultiTask, PALSite
 
 
+def _pals(c: PALsConfig) -> str:
+    return (f"PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers {c.pal_layer_indices}, PAL groups "
+            f"{c.pal_groups}")
+
+
 def describe(c: PALsConfig) -> str:
-    return (f"Projected Attention Layers on a {c.dense_config.model_type} encoder: PAL size s={c.pal_size}, "
-            f"{c.pal_num_heads} PAL heads, PAL layers {c.pal_layer_indices}, PAL groups {c.pal_groups}, "
+    return (f"Projected Attention Layers on a {c.dense_config.model_type} encoder: {_pals(c)}, "
             f"joining at the {c.pal_site}")
 
 
 def describe_bert(c: BertPALsConfig) -> str:
-    return (f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
-            f"{c.pal_layer_indices}, PAL groups {c.pal_groups}")
+    return f"BERT + Projected Attention Layers: {_pals(c)}"
 
 
 #: every dense weight keeps its name (the PALs hook onto the layers); PALs and heads are new

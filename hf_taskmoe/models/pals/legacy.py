@@ -54,17 +54,8 @@ class BertPALsConfig(FlatDenseFields, PALsConfig):
 class BertWithPALs(PALsForMultiTask):
     """BERT + Projected Attention Layers (Stickland & Murray 2019) with one head per task: `PALsForMultiTask` on a
     BERT, under the name and `model_type` of earlier releases, whose checkpoints it loads (see
-    `hf_taskmoe.models.pals.legacy`).
-
-    Example:
-
-    ```python
-    >>> from hf_taskmoe import BertWithPALs, TaskSpec
-    >>> tasks = [TaskSpec(name="sst", num_labels=5), TaskSpec(name="qqp", num_labels=2),
-    ...          TaskSpec(name="sts", problem_type="regression")]
-    >>> model = BertWithPALs.from_dense("path/or/repo-of-a-bert", tasks=tasks, pal_size=204,
-    ...                                 pal_task_groups=[["qqp", "sts"]])
-    ```
+    `hf_taskmoe.models.pals.legacy`). Built as `PALsForMultiTask` is (its example), from a BERT:
+    `BertWithPALs.from_dense("path/or/repo-of-a-bert", tasks=tasks, pal_size=204, pal_task_groups=[["qqp", "sts"]])`.
     """
 
     config_class = BertPALsConfig
