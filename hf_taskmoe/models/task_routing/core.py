@@ -20,6 +20,7 @@ from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...contract import TASK_ROUTING_ROLES
 from ...layers.routing import (
     RoutedLayer,
     SlotRows,
@@ -158,12 +159,37 @@ class TaskRoutingMixin:
     tokens and, in `_layer_stacks`, where its forked layers are."""
 
     router: TaskRouter
+    base_model_prefix = "backbone"
+    records_task_order = True
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _is_stateful = False
+    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
+    parameter_roles = TASK_ROUTING_ROLES
     #: the Auto class `from_dense` loads a dense checkpoint with (and `export_task` builds), and what the dense model
     #: must be (messages)
     dense_auto_class: type
     dense_kind: str
     #: the special tokens of the dense config the generation config and an export carry
     special_token_names: tuple[str, ...] = ("eos_token_id", "pad_token_id", "bos_token_id")
+
+    def _build_dense(self, config) -> None:
+        """The dense model (`dense_auto_class`) whose layers the family forks, and the task context they read."""
+        self.backbone = self.dense_auto_class.from_config(config.dense_config)
+        self.task_context = TaskContext()
+
+    def _finish_init(self, config, *forward_kwargs: str) -> None:
+        """After the forking: the router, what the forward passes on to the dense model (`dense_forward_kwargs`, with
+        `forward_kwargs`), transformers' `post_init`, the generation convention and the frozen task embeddings."""
+        self._build_router(config)
+        self._forward_kwargs = dense_forward_kwargs(type(self.backbone), *forward_kwargs)
+        self.post_init()
+        self._apply_generation_convention(self.generation_config)
+        self.apply_freezing()
+
+    def max_input_length(self) -> int | None:
+        return self.config.max_position_embeddings  # T5: None (relative positions)
 
     def _layer_stacks(self) -> dict[str, list]:
         """`{state-dict prefix of a layer list in the dense model ("model.layers."): its layers}` (routed or not)."""

@@ -38,9 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache
 
-from ...backbones import TaskContext
 from ...compat import CACHE_ARG, pop_cache
-from ...contract import TASK_ROUTING_ROLES
 from ...layers.routing import ExpertRowsCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -54,7 +52,7 @@ from ...modeling_utils import (
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import TaskRoutedLMConfig
-from .core import TaskRoutedCausalLMOutput, TaskRoutingMixin, dense_forward_kwargs, fork_layers
+from .core import TaskRoutedCausalLMOutput, TaskRoutingMixin, fork_layers
 
 __all__ = ["TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM", "left_align"]
 
@@ -86,38 +84,22 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
     output_class = TaskRoutedCausalLMOutput
     dense_auto_class = AutoModelForCausalLM
     dense_kind = "a causal LM with its LM head (AutoModelForCausalLM)"
-    base_model_prefix = "backbone"
-    records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForCausalLM")
     _no_split_modules = ["ContextRoutedLayer"]
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
     _supports_flash_attn = True
-    _supports_flex_attn = True
     _supports_attention_backend = True
-    _is_stateful = False
-    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    parameter_roles = TASK_ROUTING_ROLES
 
     def __init__(self, config: TaskRoutedLMConfig):
         super().__init__(config)
         declared = config.backbone
-        self.backbone = AutoModelForCausalLM.from_config(config.dense_config)
-        self.task_context = TaskContext()
+        self._build_dense(config)
         layers = declared.layer_list(self.backbone.base_model)
         self._slot_layers = fork_layers(
             layers, config.route_layers, config.num_experts, declared.attention, self.task_context,
             shared=(self.backbone.config,),
         )
-        self._build_router(config)
-        self._forward_kwargs = dense_forward_kwargs(type(self.backbone))
-        self.post_init()
-        self._apply_generation_convention(self.generation_config)
-        self.apply_freezing()
-
-    def max_input_length(self) -> int | None:
-        return self.config.max_position_embeddings
+        self._finish_init(config)
 
     # ------------------------------------------------------------------ cache
     def new_cache(self) -> ExpertRowsCache:

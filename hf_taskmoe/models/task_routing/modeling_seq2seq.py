@@ -40,9 +40,7 @@ from transformers import AutoModelForSeq2SeqLM, GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
-from ...backbones import TaskContext
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
-from ...contract import TASK_ROUTING_ROLES
 from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -59,7 +57,6 @@ from .core import (
     ContextRoutedLayer,
     TaskRoutedSeq2SeqOutput,
     TaskRoutingMixin,
-    dense_forward_kwargs,
     fork_layers,
 )
 
@@ -157,19 +154,11 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     output_class = TaskRoutedSeq2SeqOutput
     dense_auto_class = AutoModelForSeq2SeqLM
     dense_kind = "a seq2seq LM with its LM head (AutoModelForSeq2SeqLM: T5ForConditionalGeneration)"
-    base_model_prefix = "backbone"
     main_input_name = "input_ids"
-    records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
     _no_split_modules = ["T5RoutedBlock", "ContextRoutedLayer"]
     plans_forward_routes = True  # BART's layers run only the experts a batch uses (T5's blocks run every expert)
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flex_attn = True
-    _is_stateful = False
-    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    parameter_roles = TASK_ROUTING_ROLES
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
         # only T5's blocks need the 3-tuple (`T5RoutedBlock`); BART's layers run on every admitted transformers
@@ -185,8 +174,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             )
         super().__init__(config)
         declared = config.backbone
-        self.backbone = AutoModelForSeq2SeqLM.from_config(config.dense_config)
-        self.task_context = TaskContext()
+        self._build_dense(config)
         base = self.backbone.base_model
         encoder, decoder = self.backbone.get_encoder(), self.backbone.get_decoder()
         # the copies share the configs T5's attention modules hold (each stack's own), so that
@@ -207,13 +195,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         for stack in (encoder, decoder):
             stack.register_forward_pre_hook(self._stack_pre_hook, with_kwargs=True)
             stack.register_forward_hook(self._stack_post_hook, with_kwargs=True)
-        self._build_router(config)
-        self._forward_kwargs = dense_forward_kwargs(
-            type(self.backbone), "decoder_position_ids", "head_mask", "decoder_head_mask", "cross_attn_head_mask"
-        )
-        self.post_init()
-        self._apply_generation_convention(self.generation_config)
-        self.apply_freezing()
+        self._finish_init(config, "decoder_position_ids", "head_mask", "decoder_head_mask", "cross_attn_head_mask")
 
     special_token_names = (*TaskRoutingMixin.special_token_names, "decoder_start_token_id")
 
@@ -222,9 +204,6 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
 
     def get_decoder(self):
         return self.backbone.get_decoder()
-
-    def max_input_length(self) -> int | None:
-        return self.config.max_position_embeddings  # T5: None (relative positions); BART: its position table
 
     # ------------------------------------------------------------------ cache
     @property
