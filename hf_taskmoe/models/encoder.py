@@ -11,7 +11,8 @@
 
 A family on this base (`TaskMoEForMultiTask`, `PALsForMultiTask`, `CAMTLForMultiTask`) implements `_wrap_backbone`
 (the surgery), `_dense_rules` (where each new weight comes from in the dense checkpoint) and, when its wrapped
-modules report something back (MoE routing), `_encoder_fields`.
+modules report something back (MoE routing), `_encoder_fields` (with `family_flags` and `_task_output`);
+`encoder_family` registers it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What every task-routed model shares, causal LM or encoder-decoder: the router and its bookkeeping (temperature
-annealing, evaluation routes, disabling experts, task representations), the routed forward's checks, decisions and
-routing outputs (`_route`, `_routing_outputs`), the output classes, the layer wrapper the dense model's own loop
-calls, the key/value cache slot numbering that lets forked decoder layers generate with a cache, `from_dense` and
-`export_task`."""
+annealing, evaluation routes, disabling experts, task representations), the routed forward past each architecture's
+shape checks (`_routed_forward`: router, decisions, loss, counts, output), the output classes, the layer wrapper the
+dense model's own loop calls, the key/value cache slot numbering that lets forked decoder layers generate with a
+cache, `from_dense` and `export_task`."""
 
 from __future__ import annotations
 
@@ -156,7 +156,8 @@ DEFAULT_MAX_NEW_TOKENS = 64
 class TaskRoutingMixin:
     """The router's side of a task-routed model: `self.router` (a `TaskRouter`) and `config` routing fields, the
     generation convention, and `export_task`. A family names its dense class (`dense_auto_class`), its special
-    tokens and, in `_layer_stacks`, where its forked layers are."""
+    tokens and, in `_layer_stacks`, where its forked layers are; its `forward` checks its inputs' shapes and calls
+    `_routed_forward`, adding what its blocks need (`_prepare_labels`, `_recording_flags`, `_stack_outputs`)."""
 
     router: TaskRouter
     base_model_prefix = "backbone"
