@@ -11,7 +11,8 @@
 
 A family on this base (`TaskMoEForMultiTask`, `PALsForMultiTask`, `CAMTLForMultiTask`) implements `_wrap_backbone`
 (the surgery), `_dense_rules` (where each new weight comes from in the dense checkpoint) and, when its wrapped
-modules report something back (MoE routing), `_encoder_fields`.
+modules report something back (MoE routing), `_encoder_fields` (with `family_flags` and `_task_output`);
+`encoder_family` registers it.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ from ..modeling_utils import (
     resolve_task_ids,
     token_table_sizes,
 )
+from ..pipelines import PIPELINE_TASK
 from ..problem_types import ENCODER
 from ..tasks import TaskConfigMixin, TaskSpec
+from ..upcycling import UpcyclingRules
 from ..utils import check_choice, check_int, check_layer_list
+from .registry import Family
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
 
@@ -117,19 +121,25 @@ class TaskHeadsMixin:
             agree with `task_ids`. A captured forward that runs every head on every row splits nothing and does
             not read them (they may change from batch to batch without a recompile).
         """
+        family_flags = [kwargs.pop(name, None) for name in self.family_flags]
         task_ids, encoded, heads_out = self._encode_and_score(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, values_checked=values_checked, task_counts=task_counts, **kwargs,
+            output_attentions, output_hidden_states, *family_flags, values_checked=values_checked,
+            task_counts=task_counts, **kwargs,
         )
-        output = MultiTaskModelOutput(
-            loss=heads_out.loss,
-            task_ids=task_ids,
-            hidden_states=encoded.hidden_states,
-            attentions=encoded.attentions,
-            **heads_to_output_fields(heads_out),
-        )
+        output = self._task_output(task_ids, encoded, heads_out)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         return output if return_dict else output.to_tuple()
+
+    #: the keywords of `forward` beyond its signature that the family's encoder takes, after the output flags
+    #: (MT-TaG: `output_router_logits`)
+    family_flags: tuple[str, ...] = ()
+
+    def _task_output(self, task_ids, encoded, heads_out) -> ModelOutput:
+        """The forward's output from the encoder's (`_run_encoder`) and the heads' (a family reporting more from its
+        encoder returns more)."""
+        return MultiTaskModelOutput(loss=heads_out.loss, task_ids=task_ids, hidden_states=encoded.hidden_states,
+                                    attentions=encoded.attentions, **heads_to_output_fields(heads_out))
 
     def _run_encoder(self, *args, **kwargs):
         """The encoder on checked inputs (`input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
@@ -484,6 +494,22 @@ class TaskEncoderMixin(TaskHeadsMixin):
             **self._encoder_fields(reports, *family_flags),
         )
 
+    def encode(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
+               task_ids=None, *flags, return_dict=None, **kwargs):
+        """The encoder's output (`_run_encoder`: `last_hidden_state`, `pooler_output` as the heads read it, the
+        states asked for by `flags` -- `output_attentions, output_hidden_states` and the family's) for rows of any
+        task (`task_ids`), the heads not run: the forward of the earlier releases' bare encoders. `kwargs` go to the
+        dense model's forward."""
+        batch, _ = check_input_shapes(
+            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
+            token_type_ids=token_type_ids, position_ids=position_ids,
+        )
+        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                                   *flags, **kwargs)
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        return output if return_dict else output.to_tuple()
+
     def first_layer_inputs(self, input_ids, attention_mask=None, token_type_ids=None, task_ids=None) -> torch.Tensor:
         """What the dense model's first layer reads for these rows, after what the family puts before it (CA-MTL's
         conditional alignment): `(batch, seq, d)`, the inputs of the covariance similarity (CA-MTL eq. 7). Runs the
@@ -542,3 +568,12 @@ def layer_rule(backbone: Backbone, inner: str, source: str) -> tuple[str, str]:
     """A rename for a weight inside every layer: `<layers>.<i>.<inner>` from `<layers>.<i>.<source>` (`inner` a
     regex; `source` a template that may use `inner`'s groups, numbered from 2)."""
     return (rf"{re.escape(backbone.layers)}\.(\d+)\.{inner}", rf"{backbone.layers}.\1.{source}")
+
+
+def encoder_family(name: str, config_class: type, model_class: type, method: str, describe, **fields):
+    """The `Family` of an encoder method's model class: every encoder problem type, served by the text pipeline,
+    built from a dense checkpoint whose weights keep their names (the model's new weights: its parameter roles'
+    `new`; a model renaming some gives its own `upcycling_rules`). `fields`: the `Family`'s others."""
+    return Family(name=name, config_class=config_class, model_class=model_class, problem_types=ENCODER,
+                  pipeline_task=PIPELINE_TASK, describe=describe, method=method,
+                  upcycling=UpcyclingRules(rename=(), new=model_class.parameter_roles.new_patterns), **fields)

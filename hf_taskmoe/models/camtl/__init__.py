@@ -6,10 +6,8 @@ names, a BERT by default, and load the checkpoints the earlier BERT-only impleme
 from dataclasses import replace
 
 from ...backbones import ENCODER_BACKBONE
-from ...pipelines import PIPELINE_TASK
-from ...problem_types import ENCODER
-from ...upcycling import UpcyclingRules
-from ..registry import Family, register_family
+from ..encoder import encoder_family
+from ..registry import register_family
 from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig
 from .modeling_camtl import CAMTLBertModel, CAMTLForMultiTask, CAMTLModel
 
@@ -26,29 +24,15 @@ def describe(c: CAMTLBackboneConfig) -> str:
             f"{c.frozen_layers} layers{' and the embeddings' if c.freeze_embeddings else ''} frozen")
 
 
-#: the dense weights keep their names (CLNs hold the dense norms' weight/bias); the model gives its rules
-_UPCYCLING = UpcyclingRules(rename=(), new=CAMTLForMultiTask.parameter_roles.new_patterns)
-
-
 def _script_defaults(values: dict) -> dict:
     # conditional attention is built for a fixed length: by default the length the script truncates inputs to
     return {"conditional_attention_max_length": values["max_seq_length"]}
 
 
-FAMILY = register_family(
-    Family(
-        name="camtl",
-        config_class=CAMTLConfig,
-        model_class=CAMTLModel,
-        problem_types=ENCODER,
-        pipeline_task=PIPELINE_TASK,
-        describe=describe,
-        upcycling=_UPCYCLING,
-        dense_model_types=("bert",),
-        method="ca-mtl",
-        script_defaults=_script_defaults,
-    )
-)
+#: the dense weights keep their names (CLNs hold the dense norms' weight/bias); the model gives its rules
+FAMILY = register_family(encoder_family(
+    "camtl", CAMTLConfig, CAMTLModel, "ca-mtl", describe, dense_model_types=("bert",), script_defaults=_script_defaults,
+))
 
 ANY_FAMILY = register_family(replace(
     FAMILY, name="camtl_any", config_class=CAMTLBackboneConfig, model_class=CAMTLForMultiTask,

@@ -43,7 +43,7 @@ from ...layers.conditional import (
     FiLM,
     film_per_row,
 )
-from ...modeling_utils import MultiTaskPreTrainedModel, check_input_shapes, grow_embedding, resolve_task_ids
+from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding
 from ..encoder import TaskEncoderMixin, TaskEncoderOutput
 from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig, check_attention_implementation
 
@@ -365,15 +365,8 @@ class CAMTLModel(CAMTLForMultiTask):
 
     Checkpoints of the earlier implementation held the encoder under `bert.` (task embeddings, alignment and LARGE's
     skip connection inside it); `from_pretrained` (also through `AutoModel`) renames them with `checkpoint_key_mapping`,
-    which leaves the names of this layout as they are.
-
-    Example:
-
-    ```python
-    >>> from hf_taskmoe import CAMTLModel, TaskSpec
-    >>> tasks = [TaskSpec(name="sst2", num_labels=2), TaskSpec(name="stsb", problem_type="regression")]
-    >>> model = CAMTLModel.from_dense("path/or/repo-of-a-bert", tasks=tasks)
-    ```
+    which leaves the names of this layout as they are. Built as `CAMTLForMultiTask` is (its example), from a BERT:
+    `CAMTLModel.from_dense("path/or/repo-of-a-bert", tasks=tasks)`.
     """
 
     config_class = CAMTLConfig
@@ -403,11 +396,5 @@ class CAMTLBertModel(CAMTLModel):
                 task_ids=None, output_attentions=None, output_hidden_states=None, return_dict=None,
                 **kwargs) -> TaskEncoderOutput | tuple:
         """Encode a batch whose rows may belong to different tasks (`task_ids`, shape `(batch,)`)."""
-        batch, _ = check_input_shapes(input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(),
-                                      attention_mask=attention_mask, token_type_ids=token_type_ids,
-                                      position_ids=position_ids)
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
-        output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-                                   output_attentions, output_hidden_states, **kwargs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        return output if return_dict else output.to_tuple()
+        return self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                           output_attentions, output_hidden_states, return_dict=return_dict, **kwargs)

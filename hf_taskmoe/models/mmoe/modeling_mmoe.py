@@ -128,6 +128,14 @@ class MMoEPreTrainedModel(MultiTaskPreTrainedModel):
             init.copy_(module.category_offsets, torch.tensor([0, *cards[:-1]], dtype=torch.long).cumsum(0))
 
 
+def _check_columns(name: str, features: torch.Tensor | None, names: list[str], what: str = "") -> None:
+    """`features` given, `(batch, len(names))`: one column per configured feature."""
+    if features is None:
+        raise ValueError(f"`{name}` is required: (batch, {len(names)}){what} for {names}.")
+    if features.dim() != 2 or features.shape[1] != len(names):
+        raise ValueError(f"`{name}` must have shape (batch, {len(names)}), got {tuple(features.shape)}.")
+
+
 class MMoEModel(MMoEPreTrainedModel):
     """Multi-gate Mixture-of-Experts (Ma et al., KDD 2018) and its baselines OMoE and Shared-Bottom
     (`config.architecture`), for rows of numeric and categorical features with a label for every task.
@@ -233,16 +241,7 @@ class MMoEModel(MMoEPreTrainedModel):
         config = self.config
         parts, batch = [], None
         if config.numeric_features:
-            if numeric_features is None:
-                raise ValueError(
-                    f"`numeric_features` is required: (batch, {len(config.numeric_features)}) for "
-                    f"{config.numeric_features}."
-                )
-            if numeric_features.dim() != 2 or numeric_features.shape[1] != len(config.numeric_features):
-                raise ValueError(
-                    f"`numeric_features` must have shape (batch, {len(config.numeric_features)}), got "
-                    f"{tuple(numeric_features.shape)}."
-                )
+            _check_columns("numeric_features", numeric_features, config.numeric_features)
             bad = ~torch.isfinite(numeric_features) if check_values else None
             if check_values and bad.any():
                 row, col = bad.nonzero()[0].tolist()
@@ -253,16 +252,7 @@ class MMoEModel(MMoEPreTrainedModel):
             parts.append(numeric_features.to(self.dtype))
             batch = numeric_features.shape[0]
         if config.categorical_features:
-            if categorical_features is None:
-                raise ValueError(
-                    f"`categorical_features` is required: (batch, {len(config.categorical_features)}) codes for "
-                    f"{config.categorical_features}."
-                )
-            if categorical_features.dim() != 2 or categorical_features.shape[1] != len(config.categorical_features):
-                raise ValueError(
-                    f"`categorical_features` must have shape (batch, {len(config.categorical_features)}), got "
-                    f"{tuple(categorical_features.shape)}."
-                )
+            _check_columns("categorical_features", categorical_features, config.categorical_features, " codes")
             if batch is not None and categorical_features.shape[0] != batch:
                 raise ValueError(
                     f"`categorical_features` has {categorical_features.shape[0]} rows, `numeric_features` {batch}."

@@ -5,42 +5,32 @@ the names of earlier releases `BertWithPALs` (`PALsForMultiTask` with a BERT def
 from dataclasses import replace
 
 from ...backbones import ENCODER_BACKBONE
-from ...pipelines import PIPELINE_TASK
-from ...problem_types import ENCODER
-from ...upcycling import UpcyclingRules
-from ..registry import Family, register_family
+from ..encoder import encoder_family
+from ..registry import register_family
 from .configuration_pals import PAL_SITES, PALsConfig
 from .legacy import BertPALsConfig, BertPALsModel, BertWithPALs
 from .modeling_pals import BackbonePALs, PALsForMultiTask, PALSite
 
 
+def _pals(c: PALsConfig) -> str:
+    return (f"PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers {c.pal_layer_indices}, PAL groups "
+            f"{c.pal_groups}")
+
+
 def describe(c: PALsConfig) -> str:
-    return (f"Projected Attention Layers on a {c.dense_config.model_type} encoder: PAL size s={c.pal_size}, "
-            f"{c.pal_num_heads} PAL heads, PAL layers {c.pal_layer_indices}, PAL groups {c.pal_groups}, "
+    return (f"Projected Attention Layers on a {c.dense_config.model_type} encoder: {_pals(c)}, "
             f"joining at the {c.pal_site}")
 
 
 def describe_bert(c: BertPALsConfig) -> str:
-    return (f"BERT + Projected Attention Layers: PAL size s={c.pal_size}, {c.pal_num_heads} PAL heads, PAL layers "
-            f"{c.pal_layer_indices}, PAL groups {c.pal_groups}")
+    return f"BERT + Projected Attention Layers: {_pals(c)}"
 
 
 #: every dense weight keeps its name (the PALs hook onto the layers); PALs and heads are new
-UPCYCLING = UpcyclingRules(rename=(), new=PALsForMultiTask.parameter_roles.new_patterns)
-
-FAMILY = register_family(
-    Family(
-        name="pals",
-        config_class=PALsConfig,
-        model_class=PALsForMultiTask,
-        problem_types=ENCODER,
-        pipeline_task=PIPELINE_TASK,
-        describe=describe,
-        upcycling=UPCYCLING,
-        backbone_kind=ENCODER_BACKBONE,  # every declared encoder, one declared later included
-        method="pals",
-    )
-)
+FAMILY = register_family(encoder_family(
+    "pals", PALsConfig, PALsForMultiTask, "pals", describe,
+    backbone_kind=ENCODER_BACKBONE,  # every declared encoder, one declared later included
+))
 
 #: the name and `model_type` of earlier releases' BERT class: `--model_family bert_pals` on a BERT, old configs
 #: (`family_of`) and checkpoints (`AutoModel`); the same method, the same implementation

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from transformers import BertConfig
 
-from ...modeling_utils import check_input_shapes, check_kwargs, resolve_task_ids
+from ...modeling_utils import check_kwargs
 from ..encoder import FlatDenseFields
 from .configuration_pals import PALsConfig
 from .modeling_pals import PALsForMultiTask
@@ -54,17 +54,8 @@ class BertPALsConfig(FlatDenseFields, PALsConfig):
 class BertWithPALs(PALsForMultiTask):
     """BERT + Projected Attention Layers (Stickland & Murray 2019) with one head per task: `PALsForMultiTask` on a
     BERT, under the name and `model_type` of earlier releases, whose checkpoints it loads (see
-    `hf_taskmoe.models.pals.legacy`).
-
-    Example:
-
-    ```python
-    >>> from hf_taskmoe import BertWithPALs, TaskSpec
-    >>> tasks = [TaskSpec(name="sst", num_labels=5), TaskSpec(name="qqp", num_labels=2),
-    ...          TaskSpec(name="sts", problem_type="regression")]
-    >>> model = BertWithPALs.from_dense("path/or/repo-of-a-bert", tasks=tasks, pal_size=204,
-    ...                                 pal_task_groups=[["qqp", "sts"]])
-    ```
+    `hf_taskmoe.models.pals.legacy`). Built as `PALsForMultiTask` is (its example), from a BERT:
+    `BertWithPALs.from_dense("path/or/repo-of-a-bert", tasks=tasks, pal_size=204, pal_task_groups=[["qqp", "sts"]])`.
     """
 
     config_class = BertPALsConfig
@@ -80,12 +71,5 @@ class BertPALsModel(BertWithPALs):
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
                 task_ids=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs):
         check_kwargs(kwargs, self.forward)
-        batch, _ = check_input_shapes(
-            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
-            token_type_ids=token_type_ids, position_ids=position_ids,
-        )
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
-        output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-                                   output_attentions, output_hidden_states, **kwargs)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        return output if return_dict else output.to_tuple()
+        return self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                           output_attentions, output_hidden_states, return_dict=return_dict, **kwargs)

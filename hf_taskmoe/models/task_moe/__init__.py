@@ -6,10 +6,8 @@ earlier releases (`legacy.py`)."""
 from dataclasses import replace
 
 from ...backbones import ENCODER_BACKBONE
-from ...pipelines import PIPELINE_TASK
-from ...problem_types import ENCODER
-from ...upcycling import UpcyclingRules
-from ..registry import Family, register_family
+from ..encoder import encoder_family
+from ..registry import register_family
 from .configuration_task_moe import TaskMoEConfig
 from .legacy import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
 from .modeling_task_moe import BackboneTaskMoE, TaskMoEEncoderOutput, TaskMoEForMultiTask, TaskMoEOutput
@@ -24,18 +22,9 @@ def describe(c: TaskMoEConfig) -> str:
 
 
 # the rules depend on the backbone: each model gives its own (`TaskMoEForMultiTask.upcycling_rules`)
-_UPCYCLING = UpcyclingRules(rename=(), new=TaskMoEForMultiTask.parameter_roles.new_patterns)
-
-GENERIC = Family(
-    name="taskmoe",
-    config_class=TaskMoEConfig,
-    model_class=TaskMoEForMultiTask,
-    problem_types=ENCODER,
-    pipeline_task=PIPELINE_TASK,
-    describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder",
-    upcycling=_UPCYCLING,
-    backbone_kind=ENCODER_BACKBONE,
-    method="mt-tag",
+GENERIC = encoder_family(
+    "taskmoe", TaskMoEConfig, TaskMoEForMultiTask, "mt-tag",
+    lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder", backbone_kind=ENCODER_BACKBONE,
 )
 # the name of earlier releases first: `family_for("mt-tag", "bert")` builds a BertForTaskMoE, as it did
 LEGACY_FAMILY = register_family(replace(

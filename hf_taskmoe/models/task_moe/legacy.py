@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from transformers import BertConfig
 
-from ...modeling_utils import check_input_shapes, check_kwargs, resolve_task_ids
+from ...modeling_utils import check_kwargs
 from ..encoder import FlatDenseFields
 from .configuration_task_moe import TaskMoEConfig
 from .modeling_task_moe import TaskMoEEncoderOutput, TaskMoEForMultiTask
@@ -82,12 +82,5 @@ class BertTaskMoEModel(BertForTaskMoE):
                 return_dict=None, **kwargs) -> TaskMoEEncoderOutput | tuple:
         """The encoder's output for these rows (the inputs and flags of `BertForTaskMoE.forward`)."""
         check_kwargs(kwargs, self.forward)
-        batch, _ = check_input_shapes(
-            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
-            token_type_ids=token_type_ids, position_ids=position_ids,
-        )
-        task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
-        output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-                                   output_attentions, output_hidden_states, output_router_logits)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        return output if return_dict else output.to_tuple()
+        return self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
+                           output_attentions, output_hidden_states, output_router_logits, return_dict=return_dict)

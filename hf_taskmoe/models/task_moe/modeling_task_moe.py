@@ -117,7 +117,9 @@ def ffn_experts(layer: torch.nn.Module, backbone: Backbone, num_experts: int) ->
 class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """MT-TaG (task-aware gates), MT-Switch (`gating="shared"`) or MT-Dense (`num_experts=1`) on a dense encoder of
     any declared architecture, with one head per task. Build one with `TaskMoEForMultiTask.from_dense(checkpoint,
-    tasks, num_experts=4)`; it loads with `AutoModel` after `import hf_taskmoe`.
+    tasks, num_experts=4)`; it loads with `AutoModel` after `import hf_taskmoe`. Its `forward` is the heads' forward
+    (`TaskHeadsMixin.forward`, `hf_taskmoe.models.encoder`) plus `output_router_logits=True`: also return the router
+    logits, chosen experts and per-task routing counts.
 
     Example:
 
@@ -145,67 +147,20 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         self._build_backbone(config)
         self.post_init()
 
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.FloatTensor | None = None,
-        task_ids: torch.LongTensor | None = None,
-        labels: torch.Tensor | None = None,
-        span_positions: torch.LongTensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        output_router_logits: bool | None = None,
-        return_dict: bool | None = None,
-        values_checked: bool = False,
-        task_counts: tuple[int, ...] | None = None,
-        **kwargs,
-    ) -> TaskMoEOutput | tuple:
-        r"""
-        task_ids (`torch.LongTensor` of shape `(batch,)`):
-            Index into `config.tasks` of each row; a batch may mix tasks. Optional for a one-task model.
-        labels (`torch.Tensor` of shape `(batch,)` or `(batch, width)`):
-            Per-row labels in the format of each row's task (see `hf_taskmoe.layers.heads`).
-        span_positions (`torch.LongTensor` of shape `(batch, num_spans, 2)`):
-            Token start/end (exclusive) of each word span, for span-classification tasks.
-        output_router_logits (`bool`):
-            Also return router logits, chosen experts and per-task routing counts.
-        values_checked (`bool`, *optional*, defaults to `False`):
-            The batch's values (task ids, labels, spans) were checked on the host where it was made (`BatchChecker`):
-            the forward skips those checks and gives the same results; as in `TaskHeadsMixin.forward`
-            (`hf_taskmoe.models.encoder`), which says what an eager and a captured forward then read back.
-        task_counts (`tuple[int, ...]`, *optional*):
-            The rows of each task in the batch, counted on the host where it was made (`BatchChecker.check`): with
-            `values_checked` the heads split the batch by them and nothing is read back from the device; as in
-            `TaskHeadsMixin.forward`.
-        """
-        task_ids, encoded, heads_out = self._encode_and_score(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids, labels, span_positions,
-            output_attentions, output_hidden_states, output_router_logits, values_checked=values_checked,
-            task_counts=task_counts, **kwargs,
-        )
+    family_flags = ("output_router_logits",)
+
+    def _task_output(self, task_ids, encoded: TaskMoEEncoderOutput, heads_out) -> TaskMoEOutput:
+        """The heads' output, the routing fields and, with a loss, the router's auxiliary losses weighted into it."""
         loss = heads_out.loss
         if loss is not None:
             if encoded.aux_loss is not None:
                 loss = loss + self.config.router_aux_loss_coef * encoded.aux_loss
             if encoded.z_loss is not None:
                 loss = loss + self.config.router_z_loss_coef * encoded.z_loss
-        output = TaskMoEOutput(
-            loss=loss,
-            task_ids=task_ids,
-            hidden_states=encoded.hidden_states,
-            attentions=encoded.attentions,
-            router_logits=encoded.router_logits,
-            expert_indices=encoded.expert_indices,
-            routing_counts=encoded.routing_counts,
-            aux_loss=encoded.aux_loss,
-            z_loss=encoded.z_loss,
-            **heads_to_output_fields(heads_out),
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        return output if return_dict else output.to_tuple()
+        routing = ("router_logits", "expert_indices", "routing_counts", "aux_loss", "z_loss")
+        return TaskMoEOutput(loss=loss, task_ids=task_ids, hidden_states=encoded.hidden_states,
+                             attentions=encoded.attentions, **{name: getattr(encoded, name) for name in routing},
+                             **heads_to_output_fields(heads_out))
 
     # ------------------------------------------------------------------ tasks
     def _grow_for_task(self, new_id: int, source: int | None) -> None:

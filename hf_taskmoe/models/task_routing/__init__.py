@@ -19,57 +19,49 @@ from .modeling_causal_lm import TaskRoutedForCausalLM
 from .modeling_seq2seq import BartTaskRouted, T5RoutedBlock, TaskRoutedForSeq2SeqLM
 
 
-def describe(c: TaskRoutedLMConfig) -> str:
+def _routing(c) -> str:
+    """What every task-routed model's card says of its router."""
     frozen = " (frozen)" if c.freeze_task_embeddings else ""
-    return (
-        f"Task-level MoE over the layers of a {c.dense_config.model_type} causal LM: {c.num_experts} experts per "
-        f"routed layer ({c.num_routed_layers} routed layers), {c.router_type} router, selection `{c.selection}`, task "
-        f"representations of size {c.task_dim}{frozen}"
-    )
+    return f"{c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
 
 
-#: Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
-#: weight of the dense model (embeddings, positions, final norms, LM head) under its own name; the router is new.
-#: Names are relative to `backbone.` (the dense model), whatever the architecture calls its layers.
-_EXPERTS_FROM_THE_LAYER = ((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1"))
-
-LM_FAMILY = register_family(Family(
-    name="task_routed_lm",
-    config_class=TaskRoutedLMConfig,
-    model_class=TaskRoutedForCausalLM,
-    auto_classes=TaskRoutedForCausalLM.auto_classes,
-    problem_types=TEXT_TO_TEXT,
-    pipeline_task=TEXT2TEXT_PIPELINE_TASK,
-    describe=describe,
-    upcycling=UpcyclingRules(rename=_EXPERTS_FROM_THE_LAYER, new=TaskRoutedForCausalLM.parameter_roles.new_patterns),
-    dense_model_types=tuple(backbone_names(DECODER_BACKBONE)),
-    method="task-routing",
-))
+def describe(c: TaskRoutedLMConfig) -> str:
+    return (f"Task-level MoE over the layers of a {c.dense_config.model_type} causal LM: {c.num_experts} experts per "
+            f"routed layer ({c.num_routed_layers} routed layers), {_routing(c)}")
 
 
 def describe_seq2seq(c: TaskRoutedSeq2SeqConfig) -> str:
-    frozen = " (frozen)" if c.freeze_task_embeddings else ""
-    return (
-        f"Task-level MoE over the encoder and decoder blocks of a {c.dense_config.model_type}: {c.num_experts} experts "
-        f"per routed block ({len(c.encoder_route_layers)} encoder, {len(c.decoder_route_layers)} decoder blocks "
-        f"routed), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
-    )
+    return (f"Task-level MoE over the encoder and decoder blocks of a {c.dense_config.model_type}: {c.num_experts} "
+            f"experts per routed block ({len(c.encoder_route_layers)} encoder, {len(c.decoder_route_layers)} decoder "
+            f"blocks routed), {_routing(c)}")
 
+
+def describe_bart(c: BartTaskRoutedConfig) -> str:
+    return (f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
+            f"layers), {_routing(c)}")
+
+
+def _upcycling(model_class) -> UpcyclingRules:
+    """Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
+    weight of the dense model (embeddings, positions, final norms, LM head) under its own name; the router is new.
+    Names are relative to `backbone.` (the dense model), whatever the architecture calls its layers."""
+    return UpcyclingRules(rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
+                          new=model_class.parameter_roles.new_patterns)
+
+
+LM_FAMILY = register_family(Family(
+    name="task_routed_lm", config_class=TaskRoutedLMConfig, model_class=TaskRoutedForCausalLM,
+    auto_classes=TaskRoutedForCausalLM.auto_classes, problem_types=TEXT_TO_TEXT,
+    pipeline_task=TEXT2TEXT_PIPELINE_TASK, describe=describe, upcycling=_upcycling(TaskRoutedForCausalLM),
+    dense_model_types=tuple(backbone_names(DECODER_BACKBONE)), method="task-routing",
+))
 
 SEQ2SEQ_FAMILY = register_family(replace(
     LM_FAMILY, name="task_routed_t5", config_class=TaskRoutedSeq2SeqConfig, model_class=TaskRoutedForSeq2SeqLM,
     auto_classes=TaskRoutedForSeq2SeqLM.auto_classes, describe=describe_seq2seq,
-    upcycling=UpcyclingRules(rename=_EXPERTS_FROM_THE_LAYER, new=TaskRoutedForSeq2SeqLM.parameter_roles.new_patterns),
-    dense_model_types=tuple(backbone_names(ENCODER_DECODER_BACKBONE)), export_kind="encoder_decoder",
+    upcycling=_upcycling(TaskRoutedForSeq2SeqLM), dense_model_types=tuple(backbone_names(ENCODER_DECODER_BACKBONE)),
+    export_kind="encoder_decoder",
 ))
-
-
-def describe_bart(c: BartTaskRoutedConfig) -> str:
-    frozen = " (frozen)" if c.freeze_task_embeddings else ""
-    return (
-        f"Task-level MoE over BART layers: {c.num_experts} experts per routed layer ({c.num_routed_layers} routed "
-        f"layers), {c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
-    )
 
 
 def prepare_dense(dense, dense_config):

@@ -1,8 +1,8 @@
 """What every task-routed model shares, causal LM or encoder-decoder: the router and its bookkeeping (temperature
-annealing, evaluation routes, disabling experts, task representations), the routed forward's checks, decisions and
-routing outputs (`_route`, `_routing_outputs`), the output classes, the layer wrapper the dense model's own loop
-calls, the key/value cache slot numbering that lets forked decoder layers generate with a cache, `from_dense` and
-`export_task`."""
+annealing, evaluation routes, disabling experts, task representations), the routed forward past each architecture's
+shape checks (`_routed_forward`: router, decisions, loss, counts, output), the output classes, the layer wrapper the
+dense model's own loop calls, the key/value cache slot numbering that lets forked decoder layers generate with a
+cache, `from_dense` and `export_task`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutpu
 from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
+from ...compat import CACHE_ARG, output_cache, pop_cache
+from ...contract import TASK_ROUTING_ROLES
 from ...layers.routing import (
     RoutedLayer,
     SlotRows,
@@ -27,7 +29,8 @@ from ...layers.routing import (
     hard_route_plan,
     plan_routes,
 )
-from ...modeling_utils import grow_embedding, resolve_task_ids
+from ...modeling_utils import check_kwargs, check_token_ids, grow_embedding, resolve_task_ids, token_table_sizes
+from ...problem_types.seq2seq import Seq2Seq
 from ...tasks import TaskSpec
 from ...utils import is_capturing
 
@@ -153,15 +156,41 @@ DEFAULT_MAX_NEW_TOKENS = 64
 class TaskRoutingMixin:
     """The router's side of a task-routed model: `self.router` (a `TaskRouter`) and `config` routing fields, the
     generation convention, and `export_task`. A family names its dense class (`dense_auto_class`), its special
-    tokens and, in `_layer_stacks`, where its forked layers are."""
+    tokens and, in `_layer_stacks`, where its forked layers are; its `forward` checks its inputs' shapes and calls
+    `_routed_forward`, adding what its blocks need (`_prepare_labels`, `_recording_flags`, `_stack_outputs`)."""
 
     router: TaskRouter
+    base_model_prefix = "backbone"
+    records_task_order = True
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _is_stateful = False
+    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
+    parameter_roles = TASK_ROUTING_ROLES
     #: the Auto class `from_dense` loads a dense checkpoint with (and `export_task` builds), and what the dense model
     #: must be (messages)
     dense_auto_class: type
     dense_kind: str
     #: the special tokens of the dense config the generation config and an export carry
     special_token_names: tuple[str, ...] = ("eos_token_id", "pad_token_id", "bos_token_id")
+
+    def _build_dense(self, config) -> None:
+        """The dense model (`dense_auto_class`) whose layers the family forks, and the task context they read."""
+        self.backbone = self.dense_auto_class.from_config(config.dense_config)
+        self.task_context = TaskContext()
+
+    def _finish_init(self, config, *forward_kwargs: str) -> None:
+        """After the forking: the router, what the forward passes on to the dense model (`dense_forward_kwargs`, with
+        `forward_kwargs`), transformers' `post_init`, the generation convention and the frozen task embeddings."""
+        self._build_router(config)
+        self._forward_kwargs = dense_forward_kwargs(type(self.backbone), *forward_kwargs)
+        self.post_init()
+        self._apply_generation_convention(self.generation_config)
+        self.apply_freezing()
+
+    def max_input_length(self) -> int | None:
+        return self.config.max_position_embeddings  # T5: None (relative positions)
 
     def _layer_stacks(self) -> dict[str, list]:
         """`{state-dict prefix of a layer list in the dense model ("model.layers."): its layers}` (routed or not)."""
@@ -330,6 +359,80 @@ class TaskRoutingMixin:
                     for p in layer.experts.parameters():
                         p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
         return (model, report) if output_loading_info else model
+
+    #: the class of the forward's output (`TaskRoutedCausalLMOutput`, `TaskRoutedSeq2SeqOutput`)
+    output_class: type
+
+    def _forward_cache(self, cache, kwargs: dict):
+        """The first lines of every routed forward: the segment ids a BERT tokenizer returns dropped (a causal LM and
+        an encoder-decoder have no segment embeddings), the cache passed as `cache` or `past_key_values`, and the
+        keywords neither this forward nor the dense model's takes refused. Returns the cache."""
+        kwargs.pop("token_type_ids", None)
+        cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
+        check_kwargs({k: v for k, v in kwargs.items() if k not in self._forward_kwargs}, self.forward)
+        return cache
+
+    def _routed_forward(self, inputs: dict, batch: int, seq: int | None, labels, cache, use_cache, task_ids,
+                        routing_weights, values_checked: bool, output_router_logits: bool, output_attentions,
+                        output_hidden_states, return_dict, token_ids: dict):
+        """The routed forward once the architecture checked its inputs' shapes (`batch` rows of `seq` positions):
+        each row's task and decisions (`_route`), the token ids' values (`token_ids`, unless `values_checked`), the
+        labels (`_prepare_labels`: no cache then), the decoding cache (`_routed_cache`), the dense model's own forward
+        on `inputs` with the routes in the task context (recording by `_recording_flags`), the loss (`_token_loss`),
+        and the output (`output_class`: the architecture's fields from `_stack_outputs`, the routing fields)."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked)
+        if not values_checked:  # else `BatchChecker` checked them on the host
+            check_token_ids(token_table_sizes(self), **token_ids)
+        if labels is not None:
+            labels = self._prepare_labels(labels, inputs, seq, values_checked)
+            use_cache = False
+        if use_cache is None:
+            use_cache = getattr(self.config.dense_config, "use_cache", True) and not self.training
+        cache = self._routed_cache(cache) if use_cache else None
+        hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        flags = self._routing_flags(routing_weights, cache, router_logits)
+        # a list of indices (transformers' `output_hidden_states=[0, -1]`) selects among the hidden states
+        flags.update(self._recording_flags(hidden if isinstance(hidden, (list, tuple)) else bool(hidden),
+                                           bool(attentions)))
+        self.task_context.begin(task_ids, inputs.get("attention_mask"), **flags)
+        try:
+            out = self.backbone(**inputs, use_cache=use_cache, return_dict=True, **{CACHE_ARG: cache})
+        finally:
+            recorded = flags["routing_recorder"].outputs() if "routing_recorder" in flags else {}
+            self.task_context.end()
+        loss, task_losses = None, None
+        if labels is not None:
+            loss, task_losses = self._token_loss(out.logits, labels, task_ids)
+        output = self.output_class(
+            loss=loss,
+            logits=out.logits,
+            task_losses=task_losses,
+            task_ids=task_ids,
+            **self._stack_outputs(out, recorded),
+            **{CACHE_ARG: output_cache(out) if use_cache else None},
+            **self._routing_outputs(task_ids, routing_weights, router_logits, output_router_logits),
+        )
+        return output if return_dict else output.to_tuple()
+
+    def _prepare_labels(self, labels: torch.Tensor, inputs: dict, seq: int | None, values_checked: bool):
+        """The labels checked (their values unless `values_checked`), as the loss reads them; `inputs` (the dense
+        model's) may take what they make (an encoder-decoder's decoder inputs)."""
+        raise NotImplementedError
+
+    def _recording_flags(self, hidden, attentions: bool) -> dict:
+        """The context flags that record the hidden states (True, or a list of indices) and attentions asked for:
+        transformers records them with hooks on the layer classes, which would record each expert on its own."""
+        raise NotImplementedError
+
+    def _stack_outputs(self, out, recorded: dict) -> dict:
+        """The output's hidden-state and attention fields, from the dense model's output or the routed recording."""
+        raise NotImplementedError
+
+    def _token_loss(self, logits, labels, task_ids):
+        """Token cross-entropy, mean over the batch's target tokens, weighted per task; each task's own mean."""
+        return Seq2Seq.task_token_loss(logits, labels, task_ids, self.config.task_specs)
 
     def _route(self, task_ids, routing_weights, batch: int, values_checked: bool):
         """The checks and decisions every routed forward starts with: each row's task id (its values read back only

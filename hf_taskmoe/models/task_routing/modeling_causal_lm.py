@@ -38,9 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache
 
-from ...backbones import TaskContext
-from ...compat import CACHE_ARG, output_cache, pop_cache
-from ...contract import TASK_ROUTING_ROLES
+from ...compat import CACHE_ARG, pop_cache
 from ...layers.grouped_routes import task_sorted_generate
 from ...layers.routing import ExpertRowsCache, RouteRecorder
 from ...modeling_utils import (
@@ -49,14 +47,13 @@ from ...modeling_utils import (
     check_generation_cache,
     check_generation_counts,
     check_input_shapes,
-    check_kwargs,
     check_token_ids,
     resolve_task_ids,
     token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import TaskRoutedLMConfig
-from .core import TaskRoutedCausalLMOutput, TaskRoutingMixin, dense_forward_kwargs, fork_layers
+from .core import TaskRoutedCausalLMOutput, TaskRoutingMixin, fork_layers
 
 __all__ = ["TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM", "left_align"]
 
@@ -85,40 +82,25 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
     """
 
     config_class = TaskRoutedLMConfig
+    output_class = TaskRoutedCausalLMOutput
     dense_auto_class = AutoModelForCausalLM
     dense_kind = "a causal LM with its LM head (AutoModelForCausalLM)"
-    base_model_prefix = "backbone"
-    records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForCausalLM")
     _no_split_modules = ["ContextRoutedLayer"]
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
     _supports_flash_attn = True
-    _supports_flex_attn = True
     _supports_attention_backend = True
-    _is_stateful = False
-    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    parameter_roles = TASK_ROUTING_ROLES
 
     def __init__(self, config: TaskRoutedLMConfig):
         super().__init__(config)
         declared = config.backbone
-        self.backbone = AutoModelForCausalLM.from_config(config.dense_config)
-        self.task_context = TaskContext()
+        self._build_dense(config)
         layers = declared.layer_list(self.backbone.base_model)
         self._slot_layers = fork_layers(
             layers, config.route_layers, config.num_experts, declared.attention, self.task_context,
             shared=(self.backbone.config,),
         )
-        self._build_router(config)
-        self._forward_kwargs = dense_forward_kwargs(type(self.backbone))
-        self.post_init()
-        self._apply_generation_convention(self.generation_config)
-        self.apply_freezing()
-
-    def max_input_length(self) -> int | None:
-        return self.config.max_position_embeddings
+        self._finish_init(config)
 
     # ------------------------------------------------------------------ cache
     def new_cache(self) -> ExpertRowsCache:
@@ -186,71 +168,23 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             The task ids and target ids were checked on the host where the batch was made: their values are not
             read back here (no host sync). The result is the same.
         """
-        kwargs.pop("token_type_ids", None)  # segment ids of a BERT tokenizer: a prompt + continuation has none
-        cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
-        check_kwargs({k: v for k, v in kwargs.items() if k not in self._forward_kwargs}, self.forward)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        cache = self._forward_cache(cache, kwargs)
         batch, seq = check_input_shapes(
             input_ids, inputs_embeds, None if cache is not None else self.config.max_position_embeddings,
             attention_mask=attention_mask if cache is None else None, position_ids=position_ids,
         )
         check_batch_dim(batch, labels=labels)
-        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked)
-        if not values_checked:  # else `BatchChecker` checked them on the host
-            check_token_ids(token_table_sizes(self), input_ids=input_ids)
-        if labels is not None:
-            labels = self._check_labels(labels, seq, values_checked)
-            use_cache = False
-        if use_cache is None:
-            use_cache = getattr(self.config.dense_config, "use_cache", True) and not self.training
-        cache = self._routed_cache(cache) if use_cache else None
-        hidden, attentions = (
-            self.config.output_hidden_states if output_hidden_states is None else output_hidden_states,
-            self.config.output_attentions if output_attentions is None else output_attentions,
+        # the dense recording off: the routed layers record the mixed outputs (`_recording_flags`)
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
+                      output_hidden_states=False, output_attentions=False,
+                      logits_to_keep=logits_to_keep if labels is None else 0,
+                      **({"position_ids": position_ids} if position_ids is not None else {}), **kwargs)
+        return self._routed_forward(
+            inputs, batch, seq, labels, cache, use_cache, task_ids, routing_weights, values_checked,
+            output_router_logits, output_attentions, output_hidden_states, return_dict, {"input_ids": input_ids},
         )
-        flags = self._routing_flags(routing_weights, cache)
-        if hidden or attentions:
-            # transformers records hidden states and attentions with hooks on the layer classes, which would record
-            # each expert on its own: the routed layers record their mixed outputs instead
-            flags["routing_recorder"] = RouteRecorder(
-                hidden if isinstance(hidden, (list, tuple)) else bool(hidden), bool(attentions),
-                {"attentions": self.config.backbone.attention},
-            )
-        self.task_context.begin(task_ids, attention_mask, **flags)
-        try:
-            out = self.backbone(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                use_cache=use_cache,
-                return_dict=True,
-                output_hidden_states=False,
-                output_attentions=False,
-                logits_to_keep=logits_to_keep if labels is None else 0,
-                **({"position_ids": position_ids} if position_ids is not None else {}),
-                **{CACHE_ARG: cache},
-                **kwargs,
-            )
-        finally:
-            recorded = flags["routing_recorder"].outputs() if "routing_recorder" in flags else {}
-            self.task_context.end()
-        loss, task_losses = None, None
-        if labels is not None:
-            loss, task_losses = self._causal_loss(out.logits, labels, task_ids)
-        routing = self._routing_outputs(task_ids, routing_weights, router_logits, output_router_logits)
-        output = TaskRoutedCausalLMOutput(
-            loss=loss,
-            logits=out.logits,
-            hidden_states=recorded.get("hidden_states"),
-            attentions=recorded.get("attentions"),
-            task_losses=task_losses,
-            task_ids=task_ids,
-            **{CACHE_ARG: output_cache(out) if use_cache else None},
-            **routing,
-        )
-        return output if return_dict else output.to_tuple()
 
-    def _check_labels(self, labels: torch.Tensor, seq: int, values_checked: bool) -> torch.Tensor:
+    def _prepare_labels(self, labels: torch.Tensor, inputs: dict, seq: int, values_checked: bool) -> torch.Tensor:
         if labels.dim() != 2 or labels.shape[1] > seq:
             raise ValueError(
                 f"`labels` must have shape (batch, seq) = ({labels.shape[0]}, {seq}) like the inputs (the input ids "
@@ -262,11 +196,20 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             labels = torch.nn.functional.pad(labels, (0, seq - labels.shape[1]), value=IGNORE_INDEX)
         return labels
 
-    def _causal_loss(self, logits, labels, task_ids):
+    def _recording_flags(self, hidden, attentions: bool) -> dict:
+        if not (hidden or attentions):
+            return {}
+        # the routed layers record their mixed outputs
+        return {"routing_recorder": RouteRecorder(hidden, attentions, {"attentions": self.config.backbone.attention})}
+
+    def _stack_outputs(self, out, recorded: dict) -> dict:
+        return {"hidden_states": recorded.get("hidden_states"), "attentions": recorded.get("attentions")}
+
+    def _token_loss(self, logits, labels, task_ids):
         """Token cross-entropy of each position's prediction of the next token, mean over the batch's target tokens
         (as transformers' causal LMs), weighted per task; each task's own mean."""
         # (batch, seq - 1): the token each position predicts
-        return Seq2Seq.task_token_loss(logits[:, :-1], labels[:, 1:], task_ids, self.config.task_specs)
+        return super()._token_loss(logits[:, :-1], labels[:, 1:], task_ids)
 
     # ------------------------------------------------------------------ generation
     def generate(self, input_ids=None, attention_mask=None, every_expert: bool = False, **kwargs):

@@ -40,20 +40,15 @@ from transformers import AutoModelForSeq2SeqLM, GenerationMixin
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
-from ...backbones import TaskContext
-from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, output_cache, pop_cache
-from ...contract import TASK_ROUTING_ROLES
+from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
 from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
     check_generation_cache,
     check_generation_counts,
-    check_kwargs,
     check_lengths,
-    check_token_ids,
     resolve_task_ids,
-    token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import BartTaskRoutedConfig, TaskRoutedSeq2SeqConfig
@@ -62,7 +57,6 @@ from .core import (
     ContextRoutedLayer,
     TaskRoutedSeq2SeqOutput,
     TaskRoutingMixin,
-    dense_forward_kwargs,
     fork_layers,
 )
 
@@ -157,21 +151,14 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     """
 
     config_class = TaskRoutedSeq2SeqConfig
+    output_class = TaskRoutedSeq2SeqOutput
     dense_auto_class = AutoModelForSeq2SeqLM
     dense_kind = "a seq2seq LM with its LM head (AutoModelForSeq2SeqLM: T5ForConditionalGeneration)"
-    base_model_prefix = "backbone"
     main_input_name = "input_ids"
-    records_task_order = True
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
     _no_split_modules = ["T5RoutedBlock", "ContextRoutedLayer"]
     plans_forward_routes = True  # BART's layers run only the experts a batch uses (T5's blocks run every expert)
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flex_attn = True
-    _is_stateful = False
-    # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    parameter_roles = TASK_ROUTING_ROLES
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
         # only T5's blocks need the 3-tuple (`T5RoutedBlock`); BART's layers run on every admitted transformers
@@ -187,8 +174,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             )
         super().__init__(config)
         declared = config.backbone
-        self.backbone = AutoModelForSeq2SeqLM.from_config(config.dense_config)
-        self.task_context = TaskContext()
+        self._build_dense(config)
         base = self.backbone.base_model
         encoder, decoder = self.backbone.get_encoder(), self.backbone.get_decoder()
         # the copies share the configs T5's attention modules hold (each stack's own), so that
@@ -209,13 +195,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         for stack in (encoder, decoder):
             stack.register_forward_pre_hook(self._stack_pre_hook, with_kwargs=True)
             stack.register_forward_hook(self._stack_post_hook, with_kwargs=True)
-        self._build_router(config)
-        self._forward_kwargs = dense_forward_kwargs(
-            type(self.backbone), "decoder_position_ids", "head_mask", "decoder_head_mask", "cross_attn_head_mask"
-        )
-        self.post_init()
-        self._apply_generation_convention(self.generation_config)
-        self.apply_freezing()
+        self._finish_init(config, "decoder_position_ids", "head_mask", "decoder_head_mask", "cross_attn_head_mask")
 
     special_token_names = (*TaskRoutingMixin.special_token_names, "decoder_start_token_id")
 
@@ -224,9 +204,6 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
 
     def get_decoder(self):
         return self.backbone.get_decoder()
-
-    def max_input_length(self) -> int | None:
-        return self.config.max_position_embeddings  # T5: None (relative positions); BART: its position table
 
     # ------------------------------------------------------------------ cache
     @property
@@ -345,12 +322,9 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             The task ids and target ids were checked on the host where the batch was made: their values are not
             read back here (no host sync). The result is the same.
         """
-        kwargs.pop("token_type_ids", None)  # a BERT tokenizer's segment ids: T5 has no segment embeddings
-        cache = pop_cache({"cache": cache, "past_key_values": kwargs.pop("past_key_values", None)})
-        check_kwargs({k: v for k, v in kwargs.items() if k not in self._forward_kwargs}, self.forward)
+        cache = self._forward_cache(cache, kwargs)
         if is_exporting() and not values_checked:
             raise ValueError(EXPORT_NEEDS_CHECKED)
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
         reference = next(
             (t for t in (input_ids, inputs_embeds, decoder_input_ids, decoder_inputs_embeds, labels) if t is not None),
             None,
@@ -366,61 +340,31 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
                 check_lengths(tensor.shape[0], tensor.shape[1] if tensor.dim() > 1 else 1, self.max_input_length(),
                               name)
         check_batch_dim(batch, attention_mask=attention_mask, labels=labels, decoder_input_ids=decoder_input_ids)
-        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked)
-        if not values_checked:  # else `BatchChecker` checked them on the host
-            check_token_ids(token_table_sizes(self), input_ids=input_ids, decoder_input_ids=decoder_input_ids)
-        if labels is not None:
-            if labels.dim() != 2:
-                raise ValueError(f"`labels` must have shape (batch, target_length), got {tuple(labels.shape)}.")
-            if not values_checked:
-                Seq2Seq.check_target_ids(labels, self.config.vocab_size)
-            use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = self._shift_right(labels)
-        if use_cache is None:
-            use_cache = getattr(self.config.dense_config, "use_cache", True) and not self.training
-        cache = self._routed_cache(cache) if use_cache else None
-        hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        flags = self._routing_flags(routing_weights, cache, router_logits)
-        # a list of indices (transformers' `output_hidden_states=[0, -1]`) selects in each stack's hidden states
-        flags["record"] = (hidden if isinstance(hidden, (list, tuple)) else bool(hidden), bool(attentions))
-        self.task_context.begin(task_ids, attention_mask, **flags)
-        try:
-            out = self.backbone(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                decoder_input_ids=decoder_input_ids,
-                decoder_attention_mask=decoder_attention_mask,
-                encoder_outputs=encoder_outputs,
-                inputs_embeds=inputs_embeds,
-                decoder_inputs_embeds=decoder_inputs_embeds,
-                use_cache=use_cache,
-                return_dict=True,
-                **{CACHE_ARG: cache},
-                **kwargs,
-            )
-        finally:
-            self.task_context.end()
-        loss, task_losses = None, None
-        if labels is not None:
-            loss, task_losses = self._seq2seq_loss(out.logits, labels, task_ids)
-        routing = self._routing_outputs(task_ids, routing_weights, router_logits, output_router_logits)
-        output = TaskRoutedSeq2SeqOutput(
-            loss=loss,
-            logits=out.logits,
-            encoder_last_hidden_state=out.encoder_last_hidden_state,
-            encoder_hidden_states=out.encoder_hidden_states,
-            encoder_attentions=out.encoder_attentions,
-            decoder_hidden_states=out.decoder_hidden_states,
-            decoder_attentions=out.decoder_attentions,
-            cross_attentions=out.cross_attentions,
-            task_losses=task_losses,
-            task_ids=task_ids,
-            **{CACHE_ARG: output_cache(out) if use_cache else None},
-            **routing,
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                      decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+                      inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, **kwargs)
+        return self._routed_forward(
+            inputs, batch, None, labels, cache, use_cache, task_ids, routing_weights, values_checked,
+            output_router_logits, output_attentions, output_hidden_states, return_dict,
+            {"input_ids": input_ids, "decoder_input_ids": decoder_input_ids},
         )
-        return output if return_dict else output.to_tuple()
+
+    def _prepare_labels(self, labels: torch.Tensor, inputs: dict, seq: None, values_checked: bool) -> torch.Tensor:
+        if labels.dim() != 2:
+            raise ValueError(f"`labels` must have shape (batch, target_length), got {tuple(labels.shape)}.")
+        if not values_checked:
+            Seq2Seq.check_target_ids(labels, self.config.vocab_size)
+        if inputs["decoder_input_ids"] is None and inputs["decoder_inputs_embeds"] is None:
+            inputs["decoder_input_ids"] = self._shift_right(labels)
+        return labels
+
+    def _recording_flags(self, hidden, attentions: bool) -> dict:
+        return {"record": (hidden, attentions)}  # what the stacks' pre-hooks record (`_stack_pre_hook`)
+
+    def _stack_outputs(self, out, recorded: dict) -> dict:
+        names = ("encoder_last_hidden_state", "encoder_hidden_states", "encoder_attentions", "decoder_hidden_states",
+                 "decoder_attentions", "cross_attentions")
+        return {name: getattr(out, name) for name in names}
 
     def _shift_right(self, labels: torch.Tensor) -> torch.Tensor:
         """The decoder's inputs for `labels`: the decoder start token, then the labels but the last (`-100` -> pad),
@@ -436,10 +380,6 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         """The decoder's inputs for `labels` (what the Trainer's seq2seq collator asks of the model)."""
         return self._shift_right(labels)
-
-    def _seq2seq_loss(self, logits, labels, task_ids):
-        """Token cross-entropy, mean over the batch's target tokens (as T5), weighted per task; each task's mean."""
-        return Seq2Seq.task_token_loss(logits, labels, task_ids, self.config.task_specs)
 
     # ------------------------------------------------------------------ generation
     def generate(self, input_ids=None, attention_mask=None, task_ids=None, every_expert: bool = False, **kwargs):
