@@ -303,3 +303,33 @@ def test_a_dict_output_keeps_the_batch_order(hard_model, monkeypatch):
     expected, _ = generate_batch(hard_model, ALTERNATING, return_dict_in_generate=True, output_scores=True)
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores))
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_bart_decoder_layers_grouped_on_the_batch_sorted_by_task(monkeypatch, beams):
+    """BART's routed decoder layers (`TaskRoutedForSeq2SeqLM`) grouped under hard routes: the batch sorted by task,
+    nothing gathered, the tokens those of the per-expert path, in the caller's order."""
+    import transformers
+
+    from hf_taskmoe import TaskRoutedForSeq2SeqLM, TaskSpec
+
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                     decoder_start_token_id=2)
+    tasks = [TaskSpec(name=f"t{i}", problem_type="seq2seq") for i in range(4)]
+    model = TaskRoutedForSeq2SeqLM.from_dense(transformers.BartForConditionalGeneration(config), tasks, num_experts=3,
+                                              selection="hard", expert_noise_variance=1e-2).eval()
+    ids = torch.randint(5, 100, (8, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    task_ids = torch.tensor([3, 0, 1, 2, 0, 3, 2, 1])
+    kwargs = dict(attention_mask=mask, task_ids=task_ids, max_new_tokens=5, min_new_tokens=5, do_sample=False,
+                  num_beams=beams)
+    _, made = grouped_rows(monkeypatch)
+    monkeypatch.setattr(model, "group_hard_routes", True)
+    got = model.generate(ids, **kwargs)
+    assert made and all(route.order is None for route in made)
+    monkeypatch.setattr(model, "group_hard_routes", False)
+    assert torch.equal(got, model.generate(ids, **kwargs))

@@ -41,6 +41,7 @@ from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
+from ...layers.grouped_routes import task_sorted_generate
 from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -387,21 +388,32 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         once with the rows' routes (the encoder's pre-hook), each decoding step with the cache (a slot per decoder
         expert). The segment ids a BERT tokenizer returns are dropped.
 
-        Under hard routes each routed decoder layer runs only the experts the rows use, each on its own rows, with its
-        own rows in its cache slots (`RoutedCache`): the plan is made at the first step (one host read per call) and
-        kept for the others. A soft route, a cache passed by hand, or `every_expert=True` run every expert on every
-        row, mixed by the decisions (T5's blocks always do)."""
+        Under hard routes each routed decoder layer runs only the experts the rows use: each on its own rows, with its
+        own rows in its cache slots (`RoutedCache`), or, with grouped layers (`group_hard_routes`, the default off the
+        CPU), all of them as one layer on the batch sorted by task; the plan is made at the first step (one host read
+        per call) and kept for the others. A soft route, a cache passed by hand, or `every_expert=True` run every
+        expert on every row, mixed by the decisions (T5's blocks always do)."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
+        given = task_ids
         if reference is not None:
             task_ids = resolve_task_ids(task_ids, reference.shape[0], self.config.task_names, self.device)
         check_generation_cache(self, kwargs)
         kwargs.pop("cache_implementation", None)
-        if pop_cache(dict(kwargs)) is None:
-            kwargs[CACHE_ARG] = self.new_cache()
-            kwargs[CACHE_ARG].plans_routes = not every_expert
+        cache = pop_cache(dict(kwargs))
+        if cache is None:
+            kwargs[CACHE_ARG] = cache = self.new_cache()
+            cache.plans_routes = not every_expert
         try:
+            if input_ids is not None and getattr(cache, "plans_routes", False) and \
+                    self._groups_hard_routes(input_ids.device):
+                # rows sorted by task for the grouped decoder layers (their segments runs of the batch: no gathers)
+                host = given.tolist() if isinstance(given, torch.Tensor) else given
+                host = host if isinstance(host, list) and all(isinstance(t, int) for t in host) else task_ids.tolist()
+                return task_sorted_generate(
+                    super().generate, input_ids, {"attention_mask": attention_mask, "task_ids": task_ids, **kwargs},
+                    host, kwargs.get("generation_config") or self.generation_config)
             return super().generate(input_ids=input_ids, attention_mask=attention_mask, task_ids=task_ids, **kwargs)
         finally:
             self.task_context.end()  # nothing of a call outlives it, also when it raised
