@@ -152,3 +152,34 @@ def test_deepspeed_zero3_routed_lm_kill_and_resume(tmp_path):
     runs = _killed_and_resumed_equals_uninterrupted(tmp_path, "routed_llama", config)
     assert all(r["zero_stage"] == 3 and r["wrapper"] == "DeepSpeedEngine" for rs in runs.values() for r in rs)
     assert any(p.name.startswith("global_step") for p in (tmp_path / "run" / "checkpoint-3").iterdir())
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_encoder_family_kill_and_resume_equals_ddp(tmp_path):
+    """DeepSpeed ZeRO-3 (`DS_ACCELERATOR=cpu`, gloo) on MT-TaG (`TaskMoEForMultiTask`), mixed-task batches that leave
+    a task's head without rows on a rank, and in some steps on both: every head runs in every forward, an absent
+    task's on no row (`sharding.run_every_task`, which the trainer applies under ZeRO-3), so the ranks gather and
+    reduce the same parameters. Killed at step 5 and resumed from the ZeRO-3 checkpoint-3, the losses and weights are
+    the uninterrupted run's; and that run is DDP's (nothing sharded, the same AdamW and schedule: the configuration
+    is `examples/deepspeed/zero3.json` without its optimizer and scheduler, so the Trainer's are used) step for step:
+    an absent task's head gets what DDP gives it (a zero gradient). Slow: `pytest -m slow tests/test_distributed.py
+    -k zero3`."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
+    config = json.loads((Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / "zero3.json").read_text())
+    del config["optimizer"], config["scheduler"]
+    (tmp_path / "zero3.json").write_text(json.dumps(config))
+    (tmp_path / "zero3").mkdir()
+    runs = _killed_and_resumed_equals_uninterrupted(tmp_path / "zero3", "task_moe", str(tmp_path / "zero3.json"))
+    assert all(r["zero_stage"] == 3 and r["wrapper"] == "DeepSpeedEngine" for rs in runs.values() for r in rs)
+    assert any(p.name.startswith("global_step") for p in (tmp_path / "zero3" / "run" / "checkpoint-3").iterdir())
+    seen = [r["seen"] for r in runs["full"]]
+    assert any(len(set(a) | set(b)) < 3 for a, b in zip(*seen))  # a step without some task on either rank
+    (tmp_path / "ddp").mkdir()
+    ddp = _sharded_run(tmp_path / "ddp", "task_moe", "ddp", "full")
+    assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
+    reference = [json.loads((tmp_path / "ddp" / f"full{r}.json").read_text()) for r in (0, 1)]
+    assert reference[0]["wrapper"] == "DistributedDataParallel" and [r["seen"] for r in reference] == seen
+    zero3 = runs["full"][0]
+    for step in range(1, 9):
+        assert zero3["losses"][str(step)] == pytest.approx(reference[0]["losses"][str(step)], rel=1e-5)
+    assert zero3["checksum"] == pytest.approx(reference[0]["checksum"], rel=1e-6)

@@ -4,10 +4,11 @@
 FAMILY: `task_moe` (MT-TaG, the backbone-generic `TaskMoEForMultiTask` over a tiny BERT, three tasks of which one
 regression) or `routed_llama` (`TaskRoutedForCausalLM` over a tiny Llama, three text-to-text tasks, 3 experts per
 layer). ENGINE: `fsdp2` (accelerate's FSDP2, one `fully_shard` unit per block the family declares, sharded
-checkpoints) or a DeepSpeed config file (ZeRO-3). MODE: `full` (8 steps, a checkpoint every 3), `kill` (the same
-run, each rank SIGKILLs itself at the end of step 5, after checkpoint-3 was saved and before checkpoint-6) or
-`resume` (from the newest complete checkpoint of OUT/run, to step 8). Batches mix the tasks (`heterogeneous`), two
-rows per rank, so a rank's batch leaves some task's head (MT-TaG) idle. Each rank writes <out>/<mode><rank>.json:
+checkpoints), a DeepSpeed config file (ZeRO-3) or `ddp` (DDP, nothing sharded: the reference). MODE: `full` (8
+steps, a checkpoint every 3), `kill` (the same run, each rank SIGKILLs itself at the end of step 5, after
+checkpoint-3 was saved and before checkpoint-6) or `resume` (from the newest complete checkpoint of OUT/run, to step
+8). Batches mix the tasks (`heterogeneous`), two rows per rank, so a rank's batch leaves some task's head (MT-TaG)
+idle. Each rank writes <out>/<mode><rank>.json:
 the per-step losses, the wrapper, the units FSDP sharded, and a checksum of the full (gathered) weights.
 """
 
@@ -60,7 +61,12 @@ else:
 if isinstance(model, tuple):  # from_dense may hand back (model, report)
     model = model[0]
 
-sharding = {"fsdp": True, "fsdp_config": fsdp_config(model)} if engine == "fsdp2" else {"deepspeed": engine}
+if engine == "fsdp2":
+    sharding = {"fsdp": True, "fsdp_config": fsdp_config(model)}
+elif engine == "ddp":  # the unsharded reference: DDP with a static graph
+    sharding = {}
+else:
+    sharding = {"deepspeed": engine}
 args = MultiTaskTrainingArguments(
     output_dir=os.path.join(out, "run"),
     use_cpu=True,
