@@ -154,6 +154,31 @@ def test_deepspeed_zero3_routed_lm_kill_and_resume(tmp_path):
     assert any(p.name.startswith("global_step") for p in (tmp_path / "run" / "checkpoint-3").iterdir())
 
 
+def _zero3_config(tmp_path) -> str:
+    """`examples/deepspeed/zero3.json` without its optimizer and scheduler: the Trainer's AdamW and linear schedule,
+    those of the DDP reference."""
+    config = json.loads((Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / "zero3.json").read_text())
+    del config["optimizer"], config["scheduler"]
+    (tmp_path / "zero3.json").write_text(json.dumps(config))
+    return str(tmp_path / "zero3.json")
+
+
+def _ddp_reference(tmp_path, family, seen) -> dict:
+    """The uninterrupted run under DDP (nothing sharded) on the same batches as the sharded run (`seen`)."""
+    (tmp_path / "ddp").mkdir()
+    ddp = _sharded_run(tmp_path / "ddp", family, "ddp", "full")
+    assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
+    reference = [json.loads((tmp_path / "ddp" / f"full{r}.json").read_text()) for r in (0, 1)]
+    assert reference[0]["wrapper"] == "DistributedDataParallel" and [r["seen"] for r in reference] == seen
+    return reference[0]
+
+
+def _equal_runs(run, reference):
+    for step in range(1, 9):
+        assert run["losses"][str(step)] == pytest.approx(reference["losses"][str(step)], rel=1e-5)
+    assert run["checksum"] == pytest.approx(reference["checksum"], rel=1e-6)
+
+
 @pytest.mark.slow
 def test_deepspeed_zero3_encoder_family_kill_and_resume_equals_ddp(tmp_path):
     """DeepSpeed ZeRO-3 (`DS_ACCELERATOR=cpu`, gloo) on MT-TaG (`TaskMoEForMultiTask`), mixed-task batches that leave
@@ -165,21 +190,27 @@ def test_deepspeed_zero3_encoder_family_kill_and_resume_equals_ddp(tmp_path):
     an absent task's head gets what DDP gives it (a zero gradient). Slow: `pytest -m slow tests/test_distributed.py
     -k zero3`."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
-    config = json.loads((Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / "zero3.json").read_text())
-    del config["optimizer"], config["scheduler"]
-    (tmp_path / "zero3.json").write_text(json.dumps(config))
     (tmp_path / "zero3").mkdir()
-    runs = _killed_and_resumed_equals_uninterrupted(tmp_path / "zero3", "task_moe", str(tmp_path / "zero3.json"))
+    runs = _killed_and_resumed_equals_uninterrupted(tmp_path / "zero3", "task_moe", _zero3_config(tmp_path))
     assert all(r["zero_stage"] == 3 and r["wrapper"] == "DeepSpeedEngine" for rs in runs.values() for r in rs)
     assert any(p.name.startswith("global_step") for p in (tmp_path / "zero3" / "run" / "checkpoint-3").iterdir())
     seen = [r["seen"] for r in runs["full"]]
     assert any(len(set(a) | set(b)) < 3 for a, b in zip(*seen))  # a step without some task on either rank
-    (tmp_path / "ddp").mkdir()
-    ddp = _sharded_run(tmp_path / "ddp", "task_moe", "ddp", "full")
-    assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
-    reference = [json.loads((tmp_path / "ddp" / f"full{r}.json").read_text()) for r in (0, 1)]
-    assert reference[0]["wrapper"] == "DistributedDataParallel" and [r["seen"] for r in reference] == seen
-    zero3 = runs["full"][0]
-    for step in range(1, 9):
-        assert zero3["losses"][str(step)] == pytest.approx(reference[0]["losses"][str(step)], rel=1e-5)
-    assert zero3["checksum"] == pytest.approx(reference[0]["checksum"], rel=1e-6)
+    _equal_runs(runs["full"][0], _ddp_reference(tmp_path, "task_moe", seen))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["pals", "camtl"])
+def test_deepspeed_zero3_pals_and_camtl_equal_ddp(tmp_path, family):
+    """PALs (whose per-task PALs sit out with their task, like the heads) and CA-MTL under ZeRO-3 on 2 processes,
+    mixed-task batches: the losses of 8 steps and the final weights are DDP's. Slow: `pytest -m slow
+    tests/test_distributed.py -k zero3`."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
+    (tmp_path / "zero3").mkdir()
+    result = _sharded_run(tmp_path / "zero3", family, _zero3_config(tmp_path), "full")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "zero3" / f"full{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["zero_stage"] == 3 and r["world"] == 2 for r in ranks)
+    seen = [r["seen"] for r in ranks]
+    assert any(set(a) != set(b) for a, b in zip(*seen))
+    _equal_runs(ranks[0], _ddp_reference(tmp_path, family, seen))
