@@ -229,6 +229,13 @@ def test_the_trainer_fills_the_units_and_prepares_zero3_before_wrapping(tmp_path
     moe = generic_moe()
     prepare_sharding(moe, zero3)  # the heads then run for every task
     assert moe.heads.runs_every_task
+    zero2 = SimpleNamespace(fsdp_plugin_args=None, hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: False))
+    moe = generic_moe()
+    prepare_sharding(moe, zero2)  # ZeRO-2's buckets too need the same gradients in the same order on every rank
+    assert moe.heads.runs_every_task
+    ddp = generic_moe()
+    prepare_sharding(ddp, SimpleNamespace(fsdp_plugin_args=None, hf_deepspeed_config=None))
+    assert not ddp.heads.runs_every_task  # DDP (fixed buckets) and FSDP2 keep the split forward as it is
     monkeypatch.delattr(MultiTaskHeads, "runs_every_task")  # heads that cannot: refused, named
     with pytest.raises(ValueError, match=r"ZeRO-3 cannot train TaskMoEForMultiTask: heads \(MultiTaskHeads\)"):
         prepare_sharding(generic_moe(), zero3)

@@ -139,10 +139,10 @@ class MultiTaskHeads(nn.ModuleDict):
 
     `runs_every_task` (default False): the split forward calls every task's head, in task order, on its rows of the
     batch -- none for a task the batch lacks --, and never stacks heads; an absent task's head then takes part in the
-    graph with a zero gradient (as under DDP's static graph and ZeRO-2) and the loss and logits are unchanged. What
-    DeepSpeed ZeRO-3 needs: it gathers a module's shards when the module is called, on the ranks that call it, so
-    every rank must call the same modules in the same order whatever its batch's task mix
-    (`hf_taskmoe.training.sharding.run_every_task` sets it)."""
+    graph with a zero gradient (as under DDP's static graph) and the loss and logits are unchanged. What DeepSpeed
+    needs: ZeRO-3 gathers a module's shards when the module is called, on the ranks that call it, and ZeRO-2 and 3
+    pack gradients into buckets in the order they arrive, so every rank must call the same modules in the same order
+    whatever its batch's task mix (`hf_taskmoe.training.sharding.run_every_task` sets it)."""
 
     runs_every_task = False
 

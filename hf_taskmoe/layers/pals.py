@@ -136,7 +136,7 @@ class ProjectedAttentionLayers(nn.Module):
     `runs_every_task` (default False): an eager forward runs every group's PALs, in group order, each on its rows --
     none for a group absent from the batch --, one module call per group: every forward then calls the same modules
     in the same order whatever the batch's mix, and an absent group's PALs get a zero gradient (as under DDP's static
-    graph). What DeepSpeed ZeRO-3 needs (`hf_taskmoe.training.sharding.run_every_task` sets it).
+    graph). What DeepSpeed needs (`hf_taskmoe.training.sharding.run_every_task` sets it, which says why).
     """
 
     runs_every_task = False

@@ -20,7 +20,10 @@ is one lookup for the whole batch), and ZeRO-3 trains it as it is. The encoder f
 head runs on its task's rows, and a batch without that task has none): under ZeRO-3 `run_every_task` makes them run
 in every forward, each on its rows -- none for an absent task --, in task order (`MultiTaskHeads.runs_every_task`),
 so every rank calls the same modules in the same order and every head gets a gradient (zero for a task absent from
-every rank's batch, as under DDP's static graph and ZeRO-2, whose optimizers step it likewise). DeepSpeed's own
+every rank's batch, as under DDP's static graph). ZeRO-2 needs it too (`prepare_sharding` applies it under every
+DeepSpeed stage): it packs gradients into its buckets in the order they arrive, so ranks whose task mixes differ
+(heads stacked on one rank, run alone on the other, touched with zero elsewhere) would sum one parameter's gradient
+with another's. DeepSpeed's own
 answer for modules that may sit out (a *leaf*, `deepspeed.utils.set_z3_leaf_modules`) is not used: its backward hooks
 attach to the leaf's output, which must be tensors, and the heads return a `HeadsOutput`. A module that may sit out
 and cannot run for every task (`zero3_idle_modules` less those with `runs_every_task`: PALs' per-task layers) is
@@ -159,9 +162,10 @@ def _every_expert_runs(module: nn.Module) -> bool:
 
 def run_every_task(model: nn.Module) -> list[nn.Module]:
     """Make every module that may sit out a step and can run for every task (`zero3_idle_modules` with a
-    `runs_every_task` flag: the task heads) run in every forward, so ZeRO-3 gathers and reduces the same parameters in
-    the same order on every rank; returns them. `MultiTaskTrainer` does it under ZeRO-3; call it before
-    `deepspeed.initialize` in a loop of your own."""
+    `runs_every_task` flag: the task heads, PALs) run in every forward, so DeepSpeed gathers (ZeRO-3) and reduces
+    (ZeRO-2 and 3: buckets packed in the order the gradients arrive) the same parameters in the same order on every
+    rank; returns them. `MultiTaskTrainer` does it under DeepSpeed; call it before `deepspeed.initialize` in a loop
+    of your own."""
     able = [m for m in zero3_idle_modules(model) if hasattr(m, "runs_every_task")]
     for module in able:
         module.runs_every_task = True
@@ -189,8 +193,10 @@ def check_zero3(model: nn.Module) -> None:
 def prepare_sharding(model: nn.Module, args) -> None:
     """What `MultiTaskTrainer` does before accelerate wraps the model: FSDP with a transformer-based wrap and no class
     list gets the family's blocks (`transformer_block_classes`; accelerate would take the family's
-    `_no_split_modules`, and BART's names its experts' classes too); under ZeRO-3 the task heads run for every task
-    (`run_every_task`) and a family with other modules that may sit out a step is refused (`check_zero3`)."""
+    `_no_split_modules`, and BART's names its experts' classes too); under DeepSpeed the task heads (and PALs) run for
+    every task (`run_every_task`): ZeRO-3 gathers the modules a rank calls, and ZeRO-2 packs gradients into its
+    buckets in the order they arrive, so the ranks must run the same modules in the same order; under ZeRO-3 a family
+    with other modules that may sit out a step is refused (`check_zero3`)."""
     plugin_args = getattr(args, "fsdp_plugin_args", None)
     if plugin_args is not None and plugin_args.get("fsdp_version", 1) == 2:
         policy = str(plugin_args.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP"))
@@ -199,9 +205,10 @@ def prepare_sharding(model: nn.Module, args) -> None:
             if classes:
                 plugin_args["transformer_cls_names_to_wrap"] = ",".join(classes)
     ds_config = getattr(args, "hf_deepspeed_config", None)
-    if ds_config is not None and ds_config.is_zero3():
+    if ds_config is not None:
         run_every_task(model)
-        check_zero3(model)
+        if ds_config.is_zero3():
+            check_zero3(model)
 
 
 def enable_fsdp_on_cpu(accelerator, args) -> bool:
