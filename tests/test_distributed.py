@@ -152,3 +152,68 @@ def test_deepspeed_zero3_routed_lm_kill_and_resume(tmp_path):
     runs = _killed_and_resumed_equals_uninterrupted(tmp_path, "routed_llama", config)
     assert all(r["zero_stage"] == 3 and r["wrapper"] == "DeepSpeedEngine" for rs in runs.values() for r in rs)
     assert any(p.name.startswith("global_step") for p in (tmp_path / "run" / "checkpoint-3").iterdir())
+
+
+def _zero_config(tmp_path, stage: int = 3) -> str:
+    """`examples/deepspeed/zero<stage>.json` without its optimizer and scheduler: the Trainer's AdamW and linear
+    schedule, those of the DDP reference."""
+    name = f"zero{stage}.json"
+    config = json.loads((Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / name).read_text())
+    del config["optimizer"], config["scheduler"]
+    (tmp_path / name).write_text(json.dumps(config))
+    return str(tmp_path / name)
+
+
+def _ddp_reference(tmp_path, family, seen) -> dict:
+    """The uninterrupted run under DDP (nothing sharded) on the same batches as the sharded run (`seen`)."""
+    (tmp_path / "ddp").mkdir()
+    ddp = _sharded_run(tmp_path / "ddp", family, "ddp", "full")
+    assert ddp.returncode == 0, ddp.stdout[-3000:] + ddp.stderr[-3000:]
+    reference = [json.loads((tmp_path / "ddp" / f"full{r}.json").read_text()) for r in (0, 1)]
+    assert reference[0]["wrapper"] == "DistributedDataParallel" and [r["seen"] for r in reference] == seen
+    return reference[0]
+
+
+def _equal_runs(run, reference):
+    for step in range(1, 9):
+        assert run["losses"][str(step)] == pytest.approx(reference["losses"][str(step)], rel=1e-5)
+    assert run["checksum"] == pytest.approx(reference["checksum"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_encoder_family_kill_and_resume_equals_ddp(tmp_path):
+    """DeepSpeed ZeRO-3 (`DS_ACCELERATOR=cpu`, gloo) on MT-TaG (`TaskMoEForMultiTask`), mixed-task batches that leave
+    a task's head without rows on a rank, and in some steps on both: every head runs in every forward, an absent
+    task's on no row (`sharding.run_every_task`, which the trainer applies under ZeRO-3), so the ranks gather and
+    reduce the same parameters. Killed at step 5 and resumed from the ZeRO-3 checkpoint-3, the losses and weights are
+    the uninterrupted run's; and that run is DDP's (nothing sharded, the same AdamW and schedule: the configuration
+    is `examples/deepspeed/zero3.json` without its optimizer and scheduler, so the Trainer's are used) step for step:
+    an absent task's head gets what DDP gives it (a zero gradient). Slow: `pytest -m slow tests/test_distributed.py
+    -k zero3`."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
+    (tmp_path / "zero3").mkdir()
+    runs = _killed_and_resumed_equals_uninterrupted(tmp_path / "zero3", "task_moe", _zero_config(tmp_path))
+    assert all(r["zero_stage"] == 3 and r["wrapper"] == "DeepSpeedEngine" for rs in runs.values() for r in rs)
+    assert any(p.name.startswith("global_step") for p in (tmp_path / "zero3" / "run" / "checkpoint-3").iterdir())
+    seen = [r["seen"] for r in runs["full"]]
+    assert any(len(set(a) | set(b)) < 3 for a, b in zip(*seen))  # a step without some task on either rank
+    _equal_runs(runs["full"][0], _ddp_reference(tmp_path, "task_moe", seen))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, stage", [("pals", 3), ("camtl", 3), ("task_moe", 2)])
+def test_deepspeed_zero3_and_zero2_equal_ddp(tmp_path, family, stage):
+    """PALs (whose per-task PALs sit out with their task, like the heads) and CA-MTL under ZeRO-3, and MT-TaG under
+    ZeRO-2, on 2 processes, mixed-task batches: the losses of 8 steps and the final weights are DDP's. ZeRO-2 packs
+    gradients into its buckets in the order they arrive, so it too needs every rank to run the same heads (before,
+    the ranks' different task mixes made it sum one parameter's gradient with another's: 7 of 8 losses differed from
+    DDP's). Slow: `pytest -m slow tests/test_distributed.py -k zero3`."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
+    (tmp_path / "zero").mkdir()
+    result = _sharded_run(tmp_path / "zero", family, _zero_config(tmp_path, stage), "full")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "zero" / f"full{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["zero_stage"] == stage and r["world"] == 2 for r in ranks)
+    seen = [r["seen"] for r in ranks]
+    assert any(set(a) != set(b) for a, b in zip(*seen))
+    _equal_runs(ranks[0], _ddp_reference(tmp_path, family, seen))

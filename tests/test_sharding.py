@@ -1,5 +1,7 @@
-"""What FSDP2 shards as one unit and what ZeRO-3 refuses, derived from the families' declarations (no process group:
-the 2-process runs are in tests/test_distributed.py)."""
+"""What FSDP2 shards as one unit and what ZeRO-3 runs for every task or refuses, derived from the families'
+declarations (no process group: the 2-process runs are in tests/test_distributed.py)."""
+
+import re
 
 import pytest
 import torch
@@ -9,19 +11,28 @@ from hf_taskmoe import (
     BartTaskRouted,
     BertForTaskMoE,
     BertTaskMoEConfig,
+    CAMTLBackboneConfig,
+    CAMTLForMultiTask,
+    PALsConfig,
+    PALsForMultiTask,
+    TaskMoEConfig,
     TaskMoEForMultiTask,
     TaskRoutedForCausalLM,
     TaskSpec,
 )
+from hf_taskmoe.layers.heads import MultiTaskHeads
 from hf_taskmoe.training import MultiTaskTrainingArguments
 from hf_taskmoe.training.sharding import (
     check_zero3,
     fsdp_config,
+    run_every_task,
     transformer_block_classes,
     transformer_blocks,
     zero3_idle_modules,
 )
 from hf_taskmoe.training.trainer import missing_checkpoint_files
+
+from .conftest import ALL_KINDS, random_batch, tiny_config
 
 TASKS = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3),
          TaskSpec(name="c", problem_type="regression")]
@@ -81,12 +92,86 @@ def test_the_earlier_names_take_their_units_from_the_backbone_declaration():
     assert transformer_block_classes(_unpack(bart)) == ["ContextRoutedLayer"]
 
 
-def test_zero3_refuses_idle_heads_and_takes_the_routed_lm():
+def test_zero3_runs_every_head_and_takes_the_routed_lm():
+    """The heads may sit out a step: refused as they are, taken once they run for every task (`run_every_task`, what
+    the trainer does under ZeRO-3); the routed LM has nothing to change."""
     model = generic_moe()
     assert [type(m).__name__ for m in zero3_idle_modules(model)] == ["MultiTaskHeads"]
     with pytest.raises(ValueError, match=r"ZeRO-3 cannot train TaskMoEForMultiTask: heads \(MultiTaskHeads\)"):
         check_zero3(model)
-    check_zero3(routed_llama())  # every expert runs in a training forward: nothing sits out
+    assert run_every_task(model) == [model.heads] and model.heads.runs_every_task
+    check_zero3(model)
+    llama = routed_llama()
+    assert run_every_task(llama) == []
+    check_zero3(llama)  # every expert runs in a training forward: nothing sits out
+
+
+THREE = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=2),
+         TaskSpec(name="c", problem_type="regression")]
+BERT = transformers.BertConfig(**SIZES)
+FAMILIES = {
+    # (model, batch of tasks a and b only: c's head, and its PALs, sit out; the heads of a and b stack by default)
+    "mt_tag": lambda: TaskMoEForMultiTask(TaskMoEConfig(dense_config=BERT, tasks=THREE, num_experts=2)),
+    "pals": lambda: PALsForMultiTask(PALsConfig(dense_config=BERT, tasks=THREE, pal_size=8, pal_num_heads=2)),
+    "camtl": lambda: CAMTLForMultiTask(CAMTLBackboneConfig(dense_config=BERT, tasks=THREE,
+                                                           conditional_attention_max_length=16)),
+}
+
+
+def _step(model, batch):
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    out.loss.backward()
+    return out, {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _every_task_runs_with_the_same_numbers(model, batch, absent: str):
+    """The forward and backward of `batch` before and after `run_every_task`: the same loss, per-task losses, logits
+    and gradients, except that the parameters of the absent tasks (`absent`, a pattern), which got no gradient, get
+    zeros; ZeRO-3 then takes the model."""
+    model.eval()  # no dropout: the two passes draw no random numbers (the split differs: stacked heads, or not)
+    before, grads = _step(model, batch)
+    modules = run_every_task(model)
+    assert modules and all(m.runs_every_task for m in modules)
+    check_zero3(model)
+    after, every = _step(model, batch)
+    torch.testing.assert_close(after.loss, before.loss)
+    assert set(after.task_losses) == set(before.task_losses)
+    for name in before.task_losses:
+        torch.testing.assert_close(after.task_losses[name], before.task_losses[name])
+        torch.testing.assert_close(after.task_logits[name], before.task_logits[name])
+    idle = [name for name, grad in grads.items() if grad is None]
+    assert idle and all(re.search(absent, name) for name in idle), idle
+    for name, grad in grads.items():
+        if grad is None:  # sat out: now on the graph, with a zero gradient
+            assert every[name] is not None and not every[name].any(), name
+        else:
+            torch.testing.assert_close(every[name], grad, msg=name)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_under_zero3_every_encoder_family_runs_every_task_with_the_same_numbers(family):
+    torch.manual_seed(0)
+    model = FAMILIES[family]()
+    ids = torch.tensor([0, 1, 1, 0, 0, 1])
+    batch = {"input_ids": torch.randint(3, 50, (6, 7)), "attention_mask": torch.ones(6, 7, dtype=torch.long),
+             "task_ids": ids, "labels": torch.tensor([1, 0, 1, 1, 0, 0])}
+    batch["attention_mask"][0, -2:] = 0
+    absent = r"^heads\.c\.|^pals\.(encoders|decoders)\.2\.|^pals\.attention\.\d+\.2\."
+    _every_task_runs_with_the_same_numbers(model, batch, absent)
+
+
+def test_under_zero3_every_head_type_runs_on_no_row_when_absent():
+    """Every problem type's head, the absent ones (multiple choice, span classification without `span_positions` in
+    the batch, token classification) on no row."""
+    torch.manual_seed(0)
+    model = BertForTaskMoE(tiny_config(tasks=ALL_KINDS))
+    ids = torch.tensor([0, 1, 2, 3, 0, 1])  # sst2, mnli, stsb, tags
+    batch = random_batch(model.config, batch=6, seq=9, task_ids=ids)
+    labels = torch.full((6, 4), -100.0)
+    labels[:, 0] = torch.tensor([1, 2, 0.5, 1, 0, 1])
+    labels[3] = torch.tensor([1.0, 0, 1, 0])
+    _every_task_runs_with_the_same_numbers(model, {**batch, "labels": labels}, r"^heads\.(copa|wic|ner)\.")
 
 
 def test_fsdp1_on_the_cpu_is_refused_fsdp2_accepted(tmp_path):
@@ -122,9 +207,10 @@ def test_a_deepspeed_checkpoint_is_complete_with_its_latest_file(tmp_path):
     assert missing_checkpoint_files(str(tmp_path)) == []
 
 
-def test_the_trainer_fills_the_units_and_refuses_zero3_before_wrapping(tmp_path):
+def test_the_trainer_fills_the_units_and_prepares_zero3_before_wrapping(tmp_path, monkeypatch):
     """`prepare_sharding` (called by MultiTaskTrainer before accelerate wraps the model): FSDP2 without a class list
-    gets the family's blocks; a ZeRO-3 configuration is refused for a family whose heads may sit out."""
+    gets the family's blocks; under ZeRO-3 the heads run for every task, and a module that may sit out and cannot
+    is refused."""
     from types import SimpleNamespace
 
     from hf_taskmoe.training.sharding import prepare_sharding
@@ -140,5 +226,16 @@ def test_the_trainer_fills_the_units_and_refuses_zero3_before_wrapping(tmp_path)
     assert chosen.fsdp_plugin_args["transformer_cls_names_to_wrap"] == "LlamaDecoderLayer"
     zero3 = SimpleNamespace(fsdp_plugin_args=None, hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: True))
     prepare_sharding(model, zero3)
-    with pytest.raises(ValueError, match="ZeRO-3 cannot train"):
+    moe = generic_moe()
+    prepare_sharding(moe, zero3)  # the heads then run for every task
+    assert moe.heads.runs_every_task
+    zero2 = SimpleNamespace(fsdp_plugin_args=None, hf_deepspeed_config=SimpleNamespace(is_zero3=lambda: False))
+    moe = generic_moe()
+    prepare_sharding(moe, zero2)  # ZeRO-2's buckets too need the same gradients in the same order on every rank
+    assert moe.heads.runs_every_task
+    ddp = generic_moe()
+    prepare_sharding(ddp, SimpleNamespace(fsdp_plugin_args=None, hf_deepspeed_config=None))
+    assert not ddp.heads.runs_every_task  # DDP (fixed buckets) and FSDP2 keep the split forward as it is
+    monkeypatch.delattr(MultiTaskHeads, "runs_every_task")  # heads that cannot: refused, named
+    with pytest.raises(ValueError, match=r"ZeRO-3 cannot train TaskMoEForMultiTask: heads \(MultiTaskHeads\)"):
         prepare_sharding(generic_moe(), zero3)

@@ -135,7 +135,16 @@ class HeadsOutput:
 
 
 class MultiTaskHeads(nn.ModuleDict):
-    """One head per task, keyed by task name (`heads["sst2"]`); task id `i` is the i-th task of the list."""
+    """One head per task, keyed by task name (`heads["sst2"]`); task id `i` is the i-th task of the list.
+
+    `runs_every_task` (default False): the split forward calls every task's head, in task order, on its rows of the
+    batch -- none for a task the batch lacks --, and never stacks heads; an absent task's head then takes part in the
+    graph with a zero gradient (as under DDP's static graph) and the loss and logits are unchanged. What DeepSpeed
+    needs: ZeRO-3 gathers a module's shards when the module is called, on the ranks that call it, and ZeRO-2 and 3
+    pack gradients into buckets in the order they arrive, so every rank must call the same modules in the same order
+    whatever its batch's task mix (`hf_taskmoe.training.sharding.run_every_task` sets it)."""
+
+    runs_every_task = False
 
     def __init__(
         self, tasks: list[TaskSpec], hidden_size: int, dropout: float, scale_loss_by_num_classes: bool = False
@@ -203,20 +212,27 @@ class MultiTaskHeads(nn.ModuleDict):
         """Run each task's head on its rows. `task_rows` and `prepared_labels` come from `split_rows`/`check_inputs`.
 
         A mixed batch of single-label tasks of one width runs their heads as one product (`_forward_stacked`): the
-        same logits and losses with a fraction of the operations."""
-        if self._stackable(task_rows, prepared_labels):
+        same logits and losses with a fraction of the operations. With `runs_every_task` every head runs, an absent
+        task's on no row (see the class)."""
+        if not self.runs_every_task and self._stackable(task_rows, prepared_labels):
             return self._forward_stacked(pooled_output, task_rows, prepared_labels)
         out = HeadsOutput()
-        weighted, examples = [], []
-        for t, rows in task_rows.items():
+        weighted, examples, idle = [], [], []
+        for t, rows in self._rows_of_heads_to_run(task_rows, pooled_output.device):
             task = self.tasks[t]
             head = self[task.name]
+            spans = span_positions.index_select(0, rows) if span_positions is not None else None
+            if spans is None and t not in task_rows and head.reads_spans:  # a batch without span tasks has none
+                spans = rows.new_zeros((0, getattr(head, "num_spans", 1), 2))
             logits = head(
                 # (rows, seq, hidden); a head on the pooled representation ignores it: no copy of the rows
                 sequence_output.index_select(0, rows) if _own_flag(head, "reads_sequence", True) else sequence_output,
                 pooled_output.index_select(0, rows),  # (rows, hidden)
-                span_positions.index_select(0, rows) if span_positions is not None else None,
+                spans,
             )
+            if t not in task_rows:  # an absent task's head, on no row: on the loss's graph as an exact 0
+                idle.append(logits.sum())
+                continue
             out.task_logits[task.name] = logits
             out.task_rows[task.name] = rows
             if prepared_labels is not None and t in prepared_labels:
@@ -231,8 +247,18 @@ class MultiTaskHeads(nn.ModuleDict):
             # batch would be; a batch whose labels are all ignored gives 0 on the graph (every head present gets a
             # zero gradient), without reading back how many labels were kept
             out.loss = torch.stack(weighted).sum() / torch.stack(examples).sum().clamp(min=1)
+            for zero in idle:  # the sum of no logits: 0, and a zero gradient for the idle head's parameters
+                out.loss = out.loss + zero
         out.logits = self._batch_logits(out, sequence_output.shape[0])
         return out
+
+    def _rows_of_heads_to_run(self, task_rows: dict[int, torch.Tensor], device) -> list[tuple[int, torch.Tensor]]:
+        """`(task id, rows)` of each head the split forward runs: the tasks present, or with `runs_every_task` every
+        task in task order, an absent one with no row."""
+        if not self.runs_every_task:
+            return list(task_rows.items())
+        none = torch.zeros(0, dtype=torch.long, device=device)
+        return [(t, task_rows.get(t, none)) for t in range(len(self.tasks))]
 
     # -- the heads of a mixed batch as one product ---------------------------------------------------------------
     def _stackable(self, task_rows: dict[int, torch.Tensor], prepared_labels) -> bool:

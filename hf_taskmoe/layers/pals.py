@@ -135,7 +135,14 @@ class ProjectedAttentionLayers(nn.Module):
 
     Parameter names: `encoders.<g>.weight` (s, d), `decoders.<g>.weight` (d, s),
     `attention.<layer>.<g>.qkv.weight` (3s, s): the query, key and value projections, in that order.
+
+    `runs_every_task` (default False): an eager forward runs every group's PALs, in group order, each on its rows --
+    none for a group absent from the batch --, one module call per group: every forward then calls the same modules
+    in the same order whatever the batch's mix, and an absent group's PALs get a zero gradient (as under DDP's static
+    graph). What DeepSpeed needs (`hf_taskmoe.training.sharding.run_every_task` sets it, which says why).
     """
+
+    runs_every_task = False
 
     def __init__(
         self, hidden_size: int, pal_size: int, num_heads: int, num_groups: int, layers: list[int], dropout: float = 0.0
@@ -194,6 +201,8 @@ class ProjectedAttentionLayers(nn.Module):
         through its group's PALs, every group taking part, nothing read back."""
         if task_rows is None:
             return self.select(group_ids)
+        if self.runs_every_task:  # every group, a module call each (no weights read outside a call: ZeRO-3)
+            return rows_by_group(task_rows, task_groups, group_ids.shape[0], every_group=self.num_groups)
         present = sorted({task_groups[t] for t in task_rows})
         if len(present) == 1:
             return [(present[0], None)]
@@ -259,14 +268,18 @@ def batched_dispatch(choice: str, device: torch.device) -> bool:
 
 
 def rows_by_group(
-    task_rows: dict[int, torch.Tensor], task_groups: list[int], batch: int
+    task_rows: dict[int, torch.Tensor], task_groups: list[int], batch: int, every_group: int | None = None
 ) -> list[tuple[int, torch.Tensor | None]]:
     """`[(group, row indices)]` of the groups present, from the rows of each task present (host-side structure, no
     sync): each group's rows are its tasks' rows concatenated; a group holding every row -> `[(group, None)]` (no
-    gather)."""
+    gather). `every_group` (the number of groups): every group, an absent one with no row."""
     groups: dict[int, list[torch.Tensor]] = {}
     for t, rows in task_rows.items():
         groups.setdefault(task_groups[t], []).append(rows)
+    if every_group is not None:
+        none = next(iter(task_rows.values())).new_zeros(0)
+        for g in range(every_group):
+            groups.setdefault(g, [none])
     if len(groups) == 1:
         (g, parts), = groups.items()
         if sum(len(r) for r in parts) == batch:

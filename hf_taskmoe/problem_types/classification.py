@@ -182,7 +182,7 @@ class SpanClassificationHead(TaskHead):
         in_span = (positions >= start) & (positions < end)  # (rows, spans, seq)
         weights = in_span.to(sequence_output.dtype) / in_span.sum(-1, keepdim=True).clamp(min=1)
         spans = torch.einsum("rns,rsd->rnd", weights, sequence_output)  # (rows, spans, hidden)
-        features = torch.cat([pooled_output, spans.reshape(rows, -1)], dim=-1)  # (rows, (1+spans)*hidden)
+        features = torch.cat([pooled_output, spans.flatten(1)], dim=-1)  # (rows, (1+spans)*hidden), also for 0 rows
         return self.classifier(self.dropout(features))  # (rows, num_labels)
 
     def check_rows(self, rows, seq_len, span_positions=None, check_values=True):

@@ -16,10 +16,18 @@ their missing gradients are reduce-scattered as zeros (`FSDPModule.set_reduce_sc
 DeepSpeed ZeRO-3 gathers every submodule's parameters when that submodule is called and reduces each parameter's
 gradient when it arrives, so a module that runs on one rank and not on the other desynchronises the collectives. A
 task-routed LM has no such module in training (every expert of a routed layer runs on every row; the task embedding
-is one lookup for the whole batch), and ZeRO-3 trains it as it is. DeepSpeed's answer for modules that may sit out
-(a *leaf*: gathered whole, reduced whole with zeros, `deepspeed.utils.set_z3_leaf_modules`) needs the leaf's output to
-be a tensor or a tuple of tensors, which its backward hooks attach to; the task heads of the encoder families return
-a `HeadsOutput` (a dataclass), so those families are refused under ZeRO-3 (`check_zero3`), naming the modules.
+is one lookup for the whole batch), and ZeRO-3 trains it as it is. The encoder families' task heads do sit out (a
+head runs on its task's rows, and a batch without that task has none): under ZeRO-3 `run_every_task` makes them run
+in every forward, each on its rows -- none for an absent task --, in task order (`MultiTaskHeads.runs_every_task`),
+so every rank calls the same modules in the same order and every head gets a gradient (zero for a task absent from
+every rank's batch, as under DDP's static graph). ZeRO-2 needs it too (`prepare_sharding` applies it under every
+DeepSpeed stage): it packs gradients into its buckets in the order they arrive, so ranks whose task mixes differ
+(heads stacked on one rank, run alone on the other, touched with zero elsewhere) would sum one parameter's gradient
+with another's. DeepSpeed's own
+answer for modules that may sit out (a *leaf*, `deepspeed.utils.set_z3_leaf_modules`) is not used: its backward hooks
+attach to the leaf's output, which must be tensors, and the heads return a `HeadsOutput`. A module that may sit out
+and cannot run for every task (`zero3_idle_modules` less those with `runs_every_task`: PALs' per-task layers) is
+refused under ZeRO-3 (`check_zero3`), naming it.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ __all__ = [
     "transformer_block_classes",
     "transformer_blocks",
     "check_zero3",
+    "run_every_task",
     "zero3_idle_modules",
 ]
 
@@ -151,29 +160,43 @@ def _every_expert_runs(module: nn.Module) -> bool:
     return any(c.__name__ == "ContextRoutedLayer" for c in type(module).__mro__)
 
 
+def run_every_task(model: nn.Module) -> list[nn.Module]:
+    """Make every module that may sit out a step and can run for every task (`zero3_idle_modules` with a
+    `runs_every_task` flag: the task heads, PALs) run in every forward, so DeepSpeed gathers (ZeRO-3) and reduces
+    (ZeRO-2 and 3: buckets packed in the order the gradients arrive) the same parameters in the same order on every
+    rank; returns them. `MultiTaskTrainer` does it under DeepSpeed; call it before `deepspeed.initialize` in a loop
+    of your own."""
+    able = [m for m in zero3_idle_modules(model) if hasattr(m, "runs_every_task")]
+    for module in able:
+        module.runs_every_task = True
+    return able
+
+
 def check_zero3(model: nn.Module) -> None:
-    """Refuse a model ZeRO-3 cannot train: one with modules that may sit out a step on some rank
-    (`zero3_idle_modules`). Their parameters would be gathered on the ranks that call them only, and their gradients
-    reduced in buckets that differ between ranks; DeepSpeed's leaf modules, the way out for token-routed MoE layers,
-    hook the leaf's output, which must be tensors (the task heads return a `HeadsOutput`)."""
-    idle = zero3_idle_modules(model)
+    """Refuse a model ZeRO-3 cannot train: one with modules that may sit out a step on some rank and do not run for
+    every task (`zero3_idle_modules` less those with `runs_every_task` set). Their parameters would be gathered on the
+    ranks that call them only, and their gradients reduced in buckets that differ between ranks; DeepSpeed's leaf
+    modules, the way out for token-routed MoE layers, hook the leaf's output, which must be tensors."""
+    idle = [m for m in zero3_idle_modules(model) if not getattr(m, "runs_every_task", False)]
     if not idle:
         return
     index = {id(m): n or "(the model itself)" for n, m in model.named_modules()}
     names = ", ".join(f"{index[id(m)]} ({type(m).__name__})" for m in idle)
     raise ValueError(
-        f"DeepSpeed ZeRO-3 cannot train {type(model).__name__}: {names} may not run on every rank in a step (an "
-        "absent task's head), and ZeRO-3 gathers a module's shards only on the ranks that call it. Use FSDP2 "
-        "(`fsdp=True, fsdp_config=hf_taskmoe.training.sharding.fsdp_config(model)`), which reduces zeros for what sat "
-        "out, or ZeRO-2 (`deepspeed=examples/deepspeed/zero2.json`)."
+        f"DeepSpeed ZeRO-3 cannot train {type(model).__name__}: {names} may not run on every rank in a step (the "
+        "modules of a task absent from a rank's batch), and ZeRO-3 gathers a module's shards only on the ranks that "
+        "call it. Use FSDP2 (`fsdp=True, fsdp_config=hf_taskmoe.training.sharding.fsdp_config(model)`), which "
+        "reduces zeros for what sat out, or ZeRO-2 (`deepspeed=examples/deepspeed/zero2.json`)."
     )
 
 
 def prepare_sharding(model: nn.Module, args) -> None:
     """What `MultiTaskTrainer` does before accelerate wraps the model: FSDP with a transformer-based wrap and no class
     list gets the family's blocks (`transformer_block_classes`; accelerate would take the family's
-    `_no_split_modules`, and BART's names its experts' classes too); ZeRO-3 is refused for a family with modules
-    that may sit out a step (`check_zero3`)."""
+    `_no_split_modules`, and BART's names its experts' classes too); under DeepSpeed the task heads (and PALs) run for
+    every task (`run_every_task`): ZeRO-3 gathers the modules a rank calls, and ZeRO-2 packs gradients into its
+    buckets in the order they arrive, so the ranks must run the same modules in the same order; under ZeRO-3 a family
+    with other modules that may sit out a step is refused (`check_zero3`)."""
     plugin_args = getattr(args, "fsdp_plugin_args", None)
     if plugin_args is not None and plugin_args.get("fsdp_version", 1) == 2:
         policy = str(plugin_args.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP"))
@@ -182,8 +205,10 @@ def prepare_sharding(model: nn.Module, args) -> None:
             if classes:
                 plugin_args["transformer_cls_names_to_wrap"] = ",".join(classes)
     ds_config = getattr(args, "hf_deepspeed_config", None)
-    if ds_config is not None and ds_config.is_zero3():
-        check_zero3(model)
+    if ds_config is not None:
+        run_every_task(model)
+        if ds_config.is_zero3():
+            check_zero3(model)
 
 
 def enable_fsdp_on_cpu(accelerator, args) -> bool:

@@ -472,7 +472,7 @@ class MultiTaskTrainer(Trainer):
         loss = outputs.loss
         if model.training and loss is not None and self.args.world_size > 1 and is_sharded(self, model):
             # the parameters are shards here, not to be touched: FSDP2 reduce-scatters zeros for the idle ones;
-            # ZeRO-3 takes only families with none (`sharding.check_zero3`)
+            # under ZeRO-3 every head runs (`sharding.run_every_task`), and a family with other idle modules is refused
             zero_unused_gradients_under_fsdp(model)
         elif (
             model.training

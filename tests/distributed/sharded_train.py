@@ -2,13 +2,15 @@
 `sharded_train.py OUT FAMILY ENGINE MODE`.
 
 FAMILY: `task_moe` (MT-TaG, the backbone-generic `TaskMoEForMultiTask` over a tiny BERT, three tasks of which one
-regression) or `routed_llama` (`TaskRoutedForCausalLM` over a tiny Llama, three text-to-text tasks, 3 experts per
-layer). ENGINE: `fsdp2` (accelerate's FSDP2, one `fully_shard` unit per block the family declares, sharded
-checkpoints) or a DeepSpeed config file (ZeRO-3). MODE: `full` (8 steps, a checkpoint every 3), `kill` (the same
-run, each rank SIGKILLs itself at the end of step 5, after checkpoint-3 was saved and before checkpoint-6) or
-`resume` (from the newest complete checkpoint of OUT/run, to step 8). Batches mix the tasks (`heterogeneous`), two
-rows per rank, so a rank's batch leaves some task's head (MT-TaG) idle. Each rank writes <out>/<mode><rank>.json:
-the per-step losses, the wrapper, the units FSDP sharded, and a checksum of the full (gathered) weights.
+regression), `pals` or `camtl` (`PALsForMultiTask`, `CAMTLForMultiTask`: the same BERT and tasks), or
+`routed_llama` (`TaskRoutedForCausalLM` over a tiny Llama, three text-to-text tasks, 3 experts per layer). ENGINE:
+`fsdp2` (accelerate's FSDP2, one `fully_shard` unit per block the family declares, sharded checkpoints), a
+DeepSpeed config file (ZeRO-3) or `ddp` (DDP, nothing sharded: the reference). MODE: `full` (8 steps, a checkpoint
+every 3), `kill` (the same run, each rank SIGKILLs itself at the end of step 5, after checkpoint-3 was saved and
+before checkpoint-6) or `resume` (from the newest complete checkpoint of OUT/run, to step 8). Batches mix the tasks
+(`heterogeneous`), two rows per rank, so a rank's batch leaves some task's head (and PALs) idle. Each rank writes
+<out>/<mode><rank>.json: the per-step losses, the wrapper, the units FSDP sharded, and a checksum of the full
+(gathered) weights.
 """
 
 import json
@@ -21,7 +23,15 @@ import torch
 import transformers
 from transformers import TrainerCallback
 
-from hf_taskmoe import TaskMoEForMultiTask, TaskRoutedForCausalLM, TaskSpec
+from hf_taskmoe import (
+    CAMTLBackboneConfig,
+    CAMTLForMultiTask,
+    PALsConfig,
+    PALsForMultiTask,
+    TaskMoEForMultiTask,
+    TaskRoutedForCausalLM,
+    TaskSpec,
+)
 from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
 from hf_taskmoe.training.sharding import fsdp_config
 
@@ -29,12 +39,18 @@ out, family, engine, mode = sys.argv[1:5]
 rank = int(os.environ["RANK"])
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
-if family == "task_moe":
+if family in ("task_moe", "pals", "camtl"):
     tasks = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3),
              TaskSpec(name="c", problem_type="regression")]
-    dense = transformers.BertModel(transformers.BertConfig(
-        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24))
-    model = TaskMoEForMultiTask.from_dense(dense, tasks=tasks, num_experts=2)
+    bert = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24)
+    if family == "task_moe":
+        model = TaskMoEForMultiTask.from_dense(transformers.BertModel(bert), tasks=tasks, num_experts=2)
+    elif family == "pals":
+        model = PALsForMultiTask(PALsConfig(dense_config=bert, tasks=tasks, pal_size=8, pal_num_heads=2))
+    else:
+        model = CAMTLForMultiTask(CAMTLBackboneConfig(dense_config=bert, tasks=tasks,
+                                                      conditional_attention_max_length=8))
 
     def labels(task):
         if task.problem_type == "regression":
@@ -60,7 +76,12 @@ else:
 if isinstance(model, tuple):  # from_dense may hand back (model, report)
     model = model[0]
 
-sharding = {"fsdp": True, "fsdp_config": fsdp_config(model)} if engine == "fsdp2" else {"deepspeed": engine}
+if engine == "fsdp2":
+    sharding = {"fsdp": True, "fsdp_config": fsdp_config(model)}
+elif engine == "ddp":  # the unsharded reference: DDP with a static graph
+    sharding = {}
+else:
+    sharding = {"deepspeed": engine}
 args = MultiTaskTrainingArguments(
     output_dir=os.path.join(out, "run"),
     use_cpu=True,
