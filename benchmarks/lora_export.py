@@ -11,7 +11,8 @@ peft; on a held-out mixed batch (every task in turn) the script measures against
   (teacher-forced), max and mean;
 - `greedy_agree`: the fraction of greedily generated answer tokens equal to the routed model's (whole answer, no
   stopping), `greedy_rows`: the fraction of rows whose whole answer is equal;
-- `exact_match`: the fraction of answers equal to the task's truth (the task metric), routed model first;
+- `exact_match`: the fraction of answers equal to the task's truth (the task metric), routed model first (in the
+  JSON also per task, `..._by_task`);
 - `adapter_mb`: one adapter's size (float32, LoRA A and B);
 - in the JSON, `exact` (nothing dropped) and `dropped_max`: the largest `||delta|| / ||W_task||` of what the export
   could not carry (with `--no-carry-biases`: the bias differences, served from the base).
@@ -160,6 +161,11 @@ def train(args, low: int, high: int):
     return model
 
 
+def by_task(correct: torch.Tensor, task_ids: torch.Tensor) -> dict[str, float]:
+    """The exact match of each task's rows."""
+    return {name: round(float(correct[task_ids == t].float().mean()), 4) for t, name in enumerate(TASK_NAMES)}
+
+
 def evaluate(model, peft_model, ids, labels, answers, task_ids, names, chunk=64):
     """Teacher-forced logits error and greedy answers of the peft export (None: the routed model alone), `chunk` rows
     at a time."""
@@ -226,8 +232,9 @@ def main():
               "carry_biases": not args.no_carry_biases,
               "routed_layers": model.config.routed_layers, "train": args.train, "lr": args.lr, "batch": args.batch,
               "token_offset": args.token_offset, "token_count": args.token_count,
-              "rows": args.eval_rows, "routed_exact_match": round(routed_em, 4), "ranks": {}}
-    print(f"routed model: exact match {100 * routed_em:.1f}%")
+              "rows": args.eval_rows, "routed_exact_match": round(routed_em, 4),
+              "routed_exact_match_by_task": by_task((routed_answers == answers).all(-1), task_ids), "ranks": {}}
+    print(f"routed model: exact match {100 * routed_em:.1f}%", result["routed_exact_match_by_task"])
     print(f"{'rank':>6} {'max_logit_err':>14} {'mean_logit_err':>15} {'greedy_agree':>13} {'greedy_rows':>12} "
           f"{'exact_match':>12} {'adapter_mb':>11} {'export_s':>9}")
     from peft import PeftModel
@@ -258,6 +265,7 @@ def main():
                 "rank": exported.rank, "max_logit_err": float(f"{max_err:.3e}"),
                 "mean_logit_err": float(f"{mean_err:.3e}"),
                 "greedy_agree": round(agree, 4), "greedy_rows": round(rows, 4), "exact_match": round(em, 4),
+                "exact_match_by_task": by_task((greedy == answers).all(-1), task_ids),
                 "adapter_mb": round(size, 3), "exact": exported.exact,
                 "dropped_max": round(max((v for d in exported.dropped.values() for v in d.values()), default=0.0), 4),
             }
