@@ -134,6 +134,16 @@ class HeadsOutput:
     task_rows: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+class TaskRows(dict):
+    """`{task id: the rows of that task}` (`MultiTaskHeads.split_rows`: the rows in batch order, each a view of one
+    sort of the batch's task ids), with the sorted task ids, `(batch,)`, in `sorted_task_ids` (row `i` of the
+    concatenated rows belongs to task `sorted_task_ids[i]`)."""
+
+    def __init__(self, rows: dict, sorted_task_ids: torch.Tensor | None = None):
+        super().__init__(rows)
+        self.sorted_task_ids = sorted_task_ids
+
+
 class MultiTaskHeads(nn.ModuleDict):
     """One head per task, keyed by task name (`heads["sst2"]`); task id `i` is the i-th task of the list."""
 
@@ -158,10 +168,10 @@ class MultiTaskHeads(nn.ModuleDict):
         """Batch rows of each task present, in batch order: one stable sort, and the per-task row counts (each head
         runs on its own rows): `counts` when the host counted them where the batch was made (`task_counts`, checked
         by `check_task_counts`), else read back from the device (one host sync)."""
-        order = torch.argsort(task_ids, stable=True)
+        sorted_ids, order = torch.sort(task_ids, stable=True)  # argsort's one operation, the sorted ids kept too
         if counts is None:
             counts = torch.bincount(task_ids, minlength=len(self.tasks)).tolist()
-        return {t: rows for t, rows in enumerate(order.split(list(counts))) if counts[t]}
+        return TaskRows({t: rows for t, rows in enumerate(order.split(list(counts))) if counts[t]}, sorted_ids)
 
     def check_inputs(
         self,
@@ -277,8 +287,12 @@ class MultiTaskHeads(nn.ModuleDict):
         weight = torch.cat([head.classifier.weight for head in heads])  # (present * width, hidden)
         bias = torch.cat([head.classifier.bias for head in heads])
         logits = F.linear(x, weight, bias).view(x.shape[0], len(present), width)  # every present head, every row
-        # each row's task as its position among the present tasks (filled on the device: no host data to copy)
-        position = torch.cat([torch.full_like(task_rows[t], k) for k, t in enumerate(present)])  # (batch,)
+        # each row's task as its position among the present tasks: the sorted task ids themselves when the tasks
+        # present are the first ones (every task, in a batch that mixes them all), else filled on the device (no host
+        # data to copy)
+        position = getattr(task_rows, "sorted_task_ids", None)
+        if position is None or present[-1] != len(present) - 1:
+            position = torch.cat([torch.full_like(task_rows[t], k) for k, t in enumerate(present)])  # (batch,)
         own = logits.gather(1, position.view(-1, 1, 1).expand(-1, 1, width)).squeeze(1)  # (batch, width)
         out = HeadsOutput()
         for t, head, task_logits in zip(present, heads, own.split(counts)):
