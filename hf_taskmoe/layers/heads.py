@@ -142,6 +142,7 @@ class TaskRows(dict):
     def __init__(self, rows: dict, sorted_task_ids: torch.Tensor | None = None):
         super().__init__(rows)
         self.sorted_task_ids = sorted_task_ids
+        self.stacked_heads = False  # `MultiTaskHeads._stacked_heads`, once worked out (False: not yet)
 
 
 class MultiTaskHeads(nn.ModuleDict):
@@ -248,18 +249,29 @@ class MultiTaskHeads(nn.ModuleDict):
     def _stackable(self, task_rows: dict[int, torch.Tensor], prepared_labels) -> bool:
         """Whether `_forward_stacked` serves the batch: two tasks or more present, each with a head that stacks
         (`TaskHead.stacks`, set by its own class), all of one width, one dropout and one loss weight, labelled alike."""
-        if len(task_rows) < 2:
-            return False
-        heads = [self[self.tasks[t].name] for t in task_rows]
-        if not all(_own_flag(head, "stacks", False) for head in heads):
-            return False
         if prepared_labels is not None and set(prepared_labels) != set(task_rows):
             return False
-        return (
-            len({head.num_labels for head in heads}) == 1
-            and len({head.dropout.p for head in heads}) == 1
-            and len({self.tasks[t].loss_weight for t in task_rows}) == 1
-        )
+        return self._stacked_heads(task_rows) is not None
+
+    def _stacked_heads(self, task_rows: dict[int, torch.Tensor]) -> list[TaskHead] | None:
+        """The heads of the tasks present (in `task_rows`' order) when they stack (`_stackable`), else None; worked
+        out once per forward when `task_rows` is `split_rows`' (`check_inputs` and `forward` both ask)."""
+        cached = getattr(task_rows, "stacked_heads", False)
+        if cached is not False:
+            return cached
+        heads = None
+        if len(task_rows) >= 2:
+            heads = [self[self.tasks[t].name] for t in task_rows]
+            stack = (
+                all(_own_flag(head, "stacks", False) for head in heads)
+                and len({head.num_labels for head in heads}) == 1
+                and len({head.dropout.p for head in heads}) == 1
+                and len({self.tasks[t].loss_weight for t in task_rows}) == 1
+            )
+            heads = heads if stack else None
+        if isinstance(task_rows, TaskRows):
+            task_rows.stacked_heads = heads
+        return heads
 
     def _stacked_labels(self, task_rows, seq_len: int, labels: torch.Tensor, span_positions) -> dict[int, torch.Tensor]:
         """`check_inputs` without value checks for heads that stack: one head of their class prepares every row's
@@ -279,7 +291,7 @@ class MultiTaskHeads(nn.ModuleDict):
         per-task sums on the device. The tasks absent from the batch take no part (their heads get no gradient), and
         nothing is read back beyond the split's row counts (none when the host counted them)."""
         present = list(task_rows)  # task ids, ascending
-        heads = [self[self.tasks[t].name] for t in present]
+        heads = self._stacked_heads(task_rows)
         width = heads[0].num_labels
         order = _joined([task_rows[t] for t in present])  # (batch,) rows grouped by task, batch order inside
         counts = [len(task_rows[t]) for t in present]
