@@ -131,11 +131,12 @@ def check_task_counts(task_counts, batch_size: int, task_names: list[str]) -> li
     return counts
 
 
-def check_input_shapes(input_ids, inputs_embeds, max_length: int | None = None, limit: str = "max_position_embeddings",
+def check_input_shapes(input_ids, inputs_embeds, max_length: int | None = None, limit="max_position_embeddings",
                        **per_token: torch.Tensor | None) -> tuple[int, int]:
     """Check that exactly one of `input_ids`/`inputs_embeds` is given, that the batch has rows and tokens (at most
     `max_length`, the model's longest input), and that every other per-token tensor matches its `(batch, seq)`;
-    return `(batch, seq)`."""
+    return `(batch, seq)`. `limit`: the name of the config field that sets `max_length`, or a callable giving it
+    (called only for the message of an input too long)."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`.")
     if input_ids is not None:
@@ -166,6 +167,7 @@ def check_lengths(
     if seq == 0:
         raise ValueError(f"The {name} sequences are empty (0 tokens); every row needs at least one token.")
     if max_length is not None and seq > max_length:
+        limit = limit() if callable(limit) else limit
         raise ValueError(
             f"The {name} sequences have {seq} tokens; this model takes at most {max_length} (`{limit}`). Truncate them "
             f"(tokenizer(..., truncation=True, max_length={max_length}))."
@@ -704,7 +706,9 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         task_names = self.config.task_names
         if task_counts is not None:
             task_counts = check_task_counts(task_counts, batch, task_names)
-        task_ids = resolve_task_ids(task_ids, batch, task_names, self.device, check_values)
+        # the model's device only where task ids are made or converted (`self.device` walks the parameters)
+        device = task_ids.device if isinstance(task_ids, torch.Tensor) else self.device
+        task_ids = resolve_task_ids(task_ids, batch, task_names, device, check_values)
         task_rows = self.heads.split_rows(task_ids, None if check_values else task_counts)
         if check_values and task_counts is not None:
             counted = [len(task_rows[t]) if t in task_rows else 0 for t in range(len(task_names))]

@@ -279,3 +279,86 @@ def test_pals_training_step_is_the_one_with_the_bool_mask(monkeypatch):
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
         assert torch.equal(grads_a[name], grads_b[name]), name
+
+
+# ------------------------------------------------------------------------------------ host path (issue 46, item 3)
+
+
+def _earlier_attention_bias(bias: ConditionalAttentionBias, cond: Conditioning, length: int) -> torch.Tensor:
+    """`ConditionalAttentionBias.forward` (no key mask) as it computed before its one gather: the rows' task matrices
+    by `index_select`, then the crop by one `index_select` of rows and one of columns."""
+    keep = torch.arange(length)
+    full = bias._full_matrices(cond.table)  # (tasks, 1, N*b, N*b)
+    return full.index_select(0, cond.task_ids).index_select(2, keep).index_select(3, keep)
+
+
+@pytest.mark.parametrize("length", [7, 10, 12])  # shorter than, equal to the maximum, and the full N*b (3 x 4)
+def test_attention_bias_one_gather_is_the_three_index_selects(length):
+    from hf_taskmoe.layers.conditional import bias_positions
+
+    max_length = 12 if length == 12 else 10
+    now, before = (_randomised(ConditionalAttentionBias(max_length=max_length, num_blocks=3, task_dim=8))
+                   for _ in range(2))
+    table, cond, _ = _conditionings()
+    out = now(cond, None, length, torch.float32)
+    expected = _earlier_attention_bias(before, cond, length)
+    assert out.shape == (4, 1, length, length)
+    assert torch.equal(out, expected)
+    # the positions the model makes once for every layer give the same matrices
+    positions = bias_positions(cond.task_ids, length, now.full_size)
+    assert torch.equal(now(cond, None, length, torch.float32, positions=positions), out)
+    target = torch.randn(out.shape, generator=torch.Generator().manual_seed(6))
+    (out * target).sum().backward()
+    (expected * target).sum().backward()
+    for (name, p), q in zip(now.named_parameters(), before.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def _heads_step(model, batch, task_rows_of):
+    """Loss, logits, per-task losses and head gradients of the stacked heads on the model's pooled output, with the
+    batch split by `task_rows_of(task_ids)`."""
+    torch.manual_seed(3)
+    pooled = torch.randn(batch["labels"].shape[0], model.config.hidden_size, generator=torch.Generator()
+                         .manual_seed(4), requires_grad=True)
+    task_rows = task_rows_of(batch["task_ids"])
+    prepared = model.heads.check_inputs(task_rows, 6, batch["labels"], None, check_values=False)
+    model.zero_grad(set_to_none=True)
+    out = model.heads(None, pooled, task_rows, prepared)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.heads.named_parameters() if p.grad is not None}
+    return out, grads, pooled.grad
+
+
+@pytest.mark.parametrize("task_ids", [[0, 2, 1, 2, 0], [1, 2, 2, 1, 1]], ids=["first_tasks", "later_tasks"])
+def test_stacked_heads_take_each_rows_position_from_the_sorted_task_ids(task_ids):
+    """The stacked heads read each row's position among the tasks present from `split_rows`' sorted task ids when
+    the tasks present are the first ones, and fill it per task otherwise (a plain dict of rows): the same numbers."""
+    torch.manual_seed(0)
+    model = BertWithPALs(BertPALsConfig(tasks=[TaskSpec(name=n, num_labels=2) for n in "abc"], pal_size=12,
+                                        pal_num_heads=3, **TINY)).train()
+    batch = {"task_ids": torch.tensor(task_ids), "labels": torch.tensor([1, 0, 0, 1, 1])}
+    split = model.heads.split_rows
+    now = _heads_step(model, batch, split)
+    before = _heads_step(model, batch, lambda ids: dict(split(ids)))  # no sorted ids: filled per task
+    assert torch.equal(now[0].loss, before[0].loss)
+    assert torch.equal(now[0].logits, before[0].logits)
+    assert now[0].task_losses.keys() == before[0].task_losses.keys()
+    for name in now[0].task_losses:
+        assert torch.equal(now[0].task_losses[name], before[0].task_losses[name]), name
+    assert now[1].keys() == before[1].keys()
+    for name in now[1]:
+        assert torch.equal(now[1][name], before[1][name]), name
+    assert torch.equal(now[2], before[2])
+
+
+def test_task_context_casts_the_mask_only_when_read():
+    from hf_taskmoe.backbones import TaskContext
+
+    context = TaskContext()
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    context.begin(torch.tensor([0, 1]), mask)
+    assert context._token_mask is None  # nothing made until a module reads it
+    assert torch.equal(context.token_mask, mask.bool())
+    assert context.token_mask is context.token_mask  # made once per forward
+    context.end()
+    assert context.token_mask is None

@@ -152,17 +152,28 @@ class TaskContext:
 
     def begin(self, task_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **flags) -> None:
         self.task_ids = task_ids
-        self.token_mask = attention_mask.bool() if attention_mask is not None else None
+        self.attention_mask = attention_mask
+        self._token_mask = None
         self.flags = flags
         self.reports = []
         self.layer_input = None
 
     def end(self) -> None:
         self.task_ids = None
-        self.token_mask = None
+        self.attention_mask = None
+        self._token_mask = None
         self.flags = {}
         self.reports = []
         self.layer_input = None
+
+    @property
+    def token_mask(self) -> torch.Tensor | None:
+        """The batch's `(batch, seq)` attention mask as bool (True for real tokens), None without one: made when a
+        module first reads it (most forwards read none: one operation saved), then kept for the forward's others."""
+        mask = self._token_mask
+        if mask is None and self.attention_mask is not None:
+            mask = self._token_mask = self.attention_mask.bool()
+        return mask
 
     def checkpoint_kwargs(self, kwargs: dict | None) -> dict:
         """`torch.utils.checkpoint` keywords for activation checkpointing of a model whose modules read this context:
@@ -180,18 +191,19 @@ class TaskContext:
         return {**kwargs, "use_reentrant": False, "context_fn": self._checkpoint_contexts}
 
     def _checkpoint_contexts(self):
-        state = (self.task_ids, self.token_mask, self.flags, self.layer_input)  # at the layer's first run
+        # at the layer's first run
+        state = (self.task_ids, self.attention_mask, self._token_mask, self.flags, self.layer_input)
         return contextlib.nullcontext(), self._restoring(state)
 
     @contextlib.contextmanager
     def _restoring(self, state):
-        saved = (self.task_ids, self.token_mask, self.flags, self.reports, self.layer_input)
-        self.task_ids, self.token_mask, self.flags, self.layer_input = state
+        saved = (self.task_ids, self.attention_mask, self._token_mask, self.flags, self.reports, self.layer_input)
+        self.task_ids, self.attention_mask, self._token_mask, self.flags, self.layer_input = state
         self.reports = []  # what a recomputed module reports is the forward's again: not kept
         try:
             yield
         finally:
-            self.task_ids, self.token_mask, self.flags, self.reports, self.layer_input = saved
+            self.task_ids, self.attention_mask, self._token_mask, self.flags, self.reports, self.layer_input = saved
 
     def require_task_ids(self) -> torch.Tensor:
         if self.task_ids is None:

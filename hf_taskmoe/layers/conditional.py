@@ -135,38 +135,56 @@ class ConditionalAttentionBias(nn.Module):
         full = self._full_matrices(table)[:, 0]  # (tasks, N*b, N*b)
         return full if length == full.shape[-1] else full[:, :length, :length]
 
-    def _full_matrices(self, table: torch.Tensor) -> torch.Tensor:
+    def _full_matrices(self, table: torch.Tensor, flat: bool = False) -> torch.Tensor:
         """`M(z_t)` of every task at the full size `N*b`: `(tasks, 1, N*b, N*b)` (the head axis of the attention mask
-        made by the reshape that builds the matrices, rather than by one more operation on every row's)."""
+        made by the reshape that builds the matrices, rather than by one more operation on every row's); `flat`: the
+        same values flattened, `(tasks * N*b * N*b,)`."""
         b, n = self.block_size, self.num_blocks
         gamma, beta = self.film(table)  # (tasks, b*b)
         blocks = self.blocks * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b), broadcast
         # direct sum of the blocks: block n on the diagonal of a (n, n) grid of (b, b) blocks, zeros elsewhere
-        return torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3).reshape(-1, 1, n * b, n * b)
+        full = torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3)  # (tasks, n, b, n, b)
+        return full.reshape(-1) if flat else full.reshape(-1, 1, n * b, n * b)
+
+    @property
+    def full_size(self) -> int:
+        """`N * b`, the side of the uncropped `M(z)` (at least `max_length`)."""
+        return self.num_blocks * self.block_size
 
     def forward(
         self, cond: Conditioning, key_mask: torch.Tensor | None, length: int, dtype: torch.dtype,
-        padded_keys: torch.Tensor | None = None,
+        padded_keys: torch.Tensor | None = None, positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The additive attention mask of the batch: `M(z)` of each row's task, with padded keys at the dtype's
         minimum. `(batch, 1, length, length)`. `padded_keys`: `padded_keys(key_mask)`, when the caller made it once
-        for every layer."""
+        for every layer; `positions`: `bias_positions(cond.task_ids, length, self.full_size)`, likewise."""
         if length > self.max_length:
             raise ValueError(
                 f"Conditional attention covers sequences of at most `conditional_attention_max_length` = "
                 f"{self.max_length} tokens, got {length}; raise it in the config or truncate the inputs."
             )
-        # cropped by gathering positions rather than slicing: a slice is a view whose contiguity depends on whether
-        # `length` equals the full size, which torch.export would turn into a guard on the sequence length
-        # (three index_selects rather than one advanced index: the latter's backward accumulates with a sort on a GPU)
-        keep = torch.arange(length, device=cond.task_ids.device)
-        full = self._full_matrices(cond.table)  # (tasks, 1, N*b, N*b)
-        bias = full.index_select(0, cond.task_ids).index_select(2, keep).index_select(3, keep)  # (batch, 1, L, L)
+        # each row's task matrix cropped to `length` by one gather of positions in the flattened matrices (not a
+        # slice: a view whose contiguity depends on whether `length` equals the full size, which torch.export would
+        # turn into a guard on the sequence length; not an advanced index: its backward accumulates with a sort on a
+        # GPU); the positions depend on the rows' tasks and the length only, so the caller makes them once for every
+        # layer
+        if positions is None:
+            positions = bias_positions(cond.task_ids, length, self.full_size)
+        full = self._full_matrices(cond.table, flat=True)  # (tasks * N*b * N*b,)
+        bias = full.index_select(0, positions).view(-1, 1, length, length)  # (batch, 1, L, L)
         bias = bias.to(dtype)
         if key_mask is not None:
             bias = bias.masked_fill(padded_keys if padded_keys is not None else padded_key_mask(key_mask),
                                     torch.finfo(dtype).min)
         return bias
+
+
+def bias_positions(task_ids: torch.LongTensor, length: int, full_size: int) -> torch.LongTensor:
+    """Where each row's `(length, length)` crop of its task's `M(z)` lies in the flattened `(tasks, 1, full_size,
+    full_size)` matrices of `ConditionalAttentionBias._full_matrices`: `(batch * length * length,)`, row-major."""
+    keep = torch.arange(length, device=task_ids.device)
+    within = (keep * full_size).unsqueeze(1) + keep  # (L, L): row i, column j of a task's matrix
+    return (task_ids * (full_size * full_size)).view(-1, 1, 1).add(within).view(-1)
 
 
 def padded_key_mask(key_mask: torch.Tensor) -> torch.Tensor:

@@ -134,6 +134,17 @@ class HeadsOutput:
     task_rows: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+class TaskRows(dict):
+    """`{task id: the rows of that task}` (`MultiTaskHeads.split_rows`: the rows in batch order, each a view of one
+    sort of the batch's task ids), with the sorted task ids, `(batch,)`, in `sorted_task_ids` (row `i` of the
+    concatenated rows belongs to task `sorted_task_ids[i]`)."""
+
+    def __init__(self, rows: dict, sorted_task_ids: torch.Tensor | None = None):
+        super().__init__(rows)
+        self.sorted_task_ids = sorted_task_ids
+        self.stacked_heads = False  # `MultiTaskHeads._stacked_heads`, once worked out (False: not yet)
+
+
 class MultiTaskHeads(nn.ModuleDict):
     """One head per task, keyed by task name (`heads["sst2"]`); task id `i` is the i-th task of the list.
 
@@ -167,10 +178,10 @@ class MultiTaskHeads(nn.ModuleDict):
         """Batch rows of each task present, in batch order: one stable sort, and the per-task row counts (each head
         runs on its own rows): `counts` when the host counted them where the batch was made (`task_counts`, checked
         by `check_task_counts`), else read back from the device (one host sync)."""
-        order = torch.argsort(task_ids, stable=True)
+        sorted_ids, order = torch.sort(task_ids, stable=True)  # argsort's one operation, the sorted ids kept too
         if counts is None:
             counts = torch.bincount(task_ids, minlength=len(self.tasks)).tolist()
-        return {t: rows for t, rows in enumerate(order.split(list(counts))) if counts[t]}
+        return TaskRows({t: rows for t, rows in enumerate(order.split(list(counts))) if counts[t]}, sorted_ids)
 
     def check_inputs(
         self,
@@ -264,18 +275,29 @@ class MultiTaskHeads(nn.ModuleDict):
     def _stackable(self, task_rows: dict[int, torch.Tensor], prepared_labels) -> bool:
         """Whether `_forward_stacked` serves the batch: two tasks or more present, each with a head that stacks
         (`TaskHead.stacks`, set by its own class), all of one width, one dropout and one loss weight, labelled alike."""
-        if len(task_rows) < 2:
-            return False
-        heads = [self[self.tasks[t].name] for t in task_rows]
-        if not all(_own_flag(head, "stacks", False) for head in heads):
-            return False
         if prepared_labels is not None and set(prepared_labels) != set(task_rows):
             return False
-        return (
-            len({head.num_labels for head in heads}) == 1
-            and len({head.dropout.p for head in heads}) == 1
-            and len({self.tasks[t].loss_weight for t in task_rows}) == 1
-        )
+        return self._stacked_heads(task_rows) is not None
+
+    def _stacked_heads(self, task_rows: dict[int, torch.Tensor]) -> list[TaskHead] | None:
+        """The heads of the tasks present (in `task_rows`' order) when they stack (`_stackable`), else None; worked
+        out once per forward when `task_rows` is `split_rows`' (`check_inputs` and `forward` both ask)."""
+        cached = getattr(task_rows, "stacked_heads", False)
+        if cached is not False:
+            return cached
+        heads = None
+        if len(task_rows) >= 2:
+            heads = [self[self.tasks[t].name] for t in task_rows]
+            stack = (
+                all(_own_flag(head, "stacks", False) for head in heads)
+                and len({head.num_labels for head in heads}) == 1
+                and len({head.dropout.p for head in heads}) == 1
+                and len({self.tasks[t].loss_weight for t in task_rows}) == 1
+            )
+            heads = heads if stack else None
+        if isinstance(task_rows, TaskRows):
+            task_rows.stacked_heads = heads
+        return heads
 
     def _stacked_labels(self, task_rows, seq_len: int, labels: torch.Tensor, span_positions) -> dict[int, torch.Tensor]:
         """`check_inputs` without value checks for heads that stack: one head of their class prepares every row's
@@ -295,7 +317,7 @@ class MultiTaskHeads(nn.ModuleDict):
         per-task sums on the device. The tasks absent from the batch take no part (their heads get no gradient), and
         nothing is read back beyond the split's row counts (none when the host counted them)."""
         present = list(task_rows)  # task ids, ascending
-        heads = [self[self.tasks[t].name] for t in present]
+        heads = self._stacked_heads(task_rows)
         width = heads[0].num_labels
         order = _joined([task_rows[t] for t in present])  # (batch,) rows grouped by task, batch order inside
         counts = [len(task_rows[t]) for t in present]
@@ -303,8 +325,12 @@ class MultiTaskHeads(nn.ModuleDict):
         weight = torch.cat([head.classifier.weight for head in heads])  # (present * width, hidden)
         bias = torch.cat([head.classifier.bias for head in heads])
         logits = F.linear(x, weight, bias).view(x.shape[0], len(present), width)  # every present head, every row
-        # each row's task as its position among the present tasks (filled on the device: no host data to copy)
-        position = torch.cat([torch.full_like(task_rows[t], k) for k, t in enumerate(present)])  # (batch,)
+        # each row's task as its position among the present tasks: the sorted task ids themselves when the tasks
+        # present are the first ones (every task, in a batch that mixes them all), else filled on the device (no host
+        # data to copy)
+        position = getattr(task_rows, "sorted_task_ids", None)
+        if position is None or present[-1] != len(present) - 1:
+            position = torch.cat([torch.full_like(task_rows[t], k) for k, t in enumerate(present)])  # (batch,)
         own = logits.gather(1, position.view(-1, 1, 1).expand(-1, 1, width)).squeeze(1)  # (batch, width)
         out = HeadsOutput()
         for t, head, task_logits in zip(present, heads, own.split(counts)):

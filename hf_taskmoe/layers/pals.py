@@ -252,7 +252,9 @@ class ProjectedAttentionLayers(nn.Module):
         sync and no data-dependent shape (what `torch.export`, ONNX and a sync-free training step need); the same
         numbers as the per-group path."""
         attention = self.attention[str(layer_idx)]
-        qkv = self.row_weights(rows.rows, [attention[g].qkv for g in rows.groups])  # (B, s, 3s)
+        # every group present (a fully mixed batch): the layer's attentions in order, without indexing each
+        present = attention if len(rows.groups) == len(attention) else [attention[g] for g in rows.groups]
+        qkv = self.row_weights(rows.rows, [module.qkv for module in present])  # (B, s, 3s)
         # bmm, not einsum: the same products with a third of the operations (einsum adds permutes and reshapes)
         h = torch.bmm(x.to(rows.rows.dtype), rows.encoder)  # (B, T, s): E_g x
         # (B, T, 3s) -> (B, T, s); the groups' attentions share their settings

@@ -165,7 +165,7 @@ class TaskHeadsMixin:
         if torch.jit.is_tracing():
             raise ValueError(TRACING_REFUSED)
         batch, seq = check_input_shapes(
-            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
+            input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name, attention_mask=attention_mask,
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
         exporting = is_exporting()
@@ -178,7 +178,7 @@ class TaskHeadsMixin:
             if labels is not None:
                 raise ValueError("Export the forward for inference: leave `labels` out (a loss needs labels).")
             self.heads.check_exportable()
-        if values_checked and self.heads.every_row_ready() and torch.compiler.is_compiling():
+        if values_checked and torch.compiler.is_compiling() and self.heads.every_row_ready():
             check_batch_dim(batch, labels=labels, span_positions=span_positions)
             task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, check_values=False)
             encoded = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,

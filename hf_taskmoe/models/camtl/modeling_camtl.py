@@ -41,6 +41,7 @@ from ...layers.conditional import (
     ConditionalBottleneck,
     Conditioning,
     FiLM,
+    bias_positions,
     film_per_row,
 )
 from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding
@@ -111,8 +112,11 @@ class TaskAttentionBias(_TaskConditioned, ConditionalAttentionBias):
         self.model_type = model_type
 
     def add_to_mask(self, module: nn.Module, args: tuple, kwargs: dict):
-        implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
-        check_attention_implementation(implementation, self.model_type)
+        cond = self.conditioning()
+        flags = self.context.flags
+        config = getattr(module, "config", None)
+        if config is None or config is not flags.get("camtl_checked_config"):  # the model's forward checked its own
+            check_attention_implementation(getattr(config, "_attn_implementation", None), self.model_type)
         hidden = layer_hidden_input(args, kwargs)  # (batch, seq, hidden)
         positional = "attention_mask" not in kwargs and len(args) > 1
         mask = args[1] if positional else kwargs.get("attention_mask")
@@ -120,7 +124,13 @@ class TaskAttentionBias(_TaskConditioned, ConditionalAttentionBias):
             dtype = mask.dtype
         else:
             dtype = hidden.dtype
-        bias = self(self.conditioning(), None, hidden.shape[1], dtype)  # (batch, 1, seq, seq)
+        length = hidden.shape[1]
+        # where each row's crop lies in the task matrices: the same for every layer (one config), made once a forward
+        key = ("camtl_bias_positions", length, self.full_size)
+        positions = flags.get(key)
+        if positions is None:
+            positions = flags[key] = bias_positions(cond.task_ids, length, self.full_size)
+        bias = self(cond, None, length, dtype, positions=positions)  # (batch, 1, seq, seq)
         lowest = torch.finfo(dtype).min
         if mask is None:  # nothing padded (sdpa / eager leave the mask out): the bias alone
             combined = bias
@@ -235,6 +245,8 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         context, task_dim, hidden = self.task_context, config.task_dim, config.hidden_size
         size = config.bottleneck_size or hidden // 3
         conditional = set(config.conditional_layer_indices)
+        #: whether some layer adds `M(z)` to its attention (the structure built here; read by every forward)
+        self._uses_conditional_attention = config.uses_conditional_attention
         if config.uses_conditional_attention:
             check_attention_implementation(self.backbone.config._attn_implementation, backbone.model_type)
         for index, layer in enumerate(layers):
@@ -279,9 +291,12 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
                                     output_attentions, output_hidden_states, cond, *family_flags, **kwargs)
 
     def _context_flags(self, conditioning: Conditioning | None = None, *family_flags) -> dict:
-        if self.config.uses_conditional_attention:  # before any layer runs (the hooks check it again, per module)
-            check_attention_implementation(self.backbone.config._attn_implementation, self.config.backbone.model_type)
-        return {} if conditioning is None else {"conditioning": conditioning}
+        flags = {} if conditioning is None else {"conditioning": conditioning}
+        if self._uses_conditional_attention:  # before any layer runs (the hooks check a module's other config)
+            config = self.backbone.config
+            check_attention_implementation(config._attn_implementation, self.config.backbone.model_type)
+            flags["camtl_checked_config"] = config
+        return flags
 
     # ------------------------------------------------------------------ initialisation, freezing
     @torch.no_grad()
