@@ -293,8 +293,8 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     def _context_flags(self, conditioning: Conditioning | None = None, *family_flags) -> dict:
         flags = {} if conditioning is None else {"conditioning": conditioning}
         if self._uses_conditional_attention:  # before any layer runs (the hooks check a module's other config)
-            config = self.backbone.config
-            check_attention_implementation(config._attn_implementation, self.config.backbone.model_type)
+            config = self.backbone.config  # the dense model's (its model type the backbone declaration's)
+            check_attention_implementation(config._attn_implementation, config.model_type)
             flags["camtl_checked_config"] = config
         return flags
 
@@ -336,7 +336,7 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     def max_input_length(self) -> int | None:
         """Conditional attention covers `conditional_attention_max_length` tokens: longer inputs are refused."""
         limit = self.config.max_position_embeddings
-        if self.config.uses_conditional_attention:
+        if self._uses_conditional_attention:
             length = self.config.conditional_attention_max_length
             limit = length if limit is None else min(limit, length)
         return limit
