@@ -47,7 +47,7 @@ def rows_per_expert(model):
 
 
 def generate(model, task_ids, **kwargs):
-    ids, mask = prompts()
+    ids, mask = prompts(len(task_ids))
     kwargs = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": None, **kwargs}
     seen, handles = rows_per_expert(model)
     try:
@@ -185,18 +185,6 @@ def grouped_rows(monkeypatch):
 ALTERNATING = torch.tensor([0, 1, 2, 1] * 4)
 
 
-def generate_batch(model, task_ids, **kwargs):
-    ids, mask = prompts(len(task_ids))
-    kwargs = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": None, **kwargs}
-    seen, handles = rows_per_expert(model)
-    try:
-        out = model.generate(ids, attention_mask=mask, task_ids=task_ids, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out, seen
-
-
 @pytest.mark.parametrize("beams", [1, 2])
 @pytest.mark.parametrize("task_ids", [MIXED, ALTERNATING], ids=["mixed", "alternating"])
 def test_grouped_generation_equals_the_every_expert_path(hard_model, monkeypatch, beams, task_ids):
@@ -205,10 +193,10 @@ def test_grouped_generation_equals_the_every_expert_path(hard_model, monkeypatch
     sorted the rows by task, so no layer gathers them."""
     counts, made = grouped_rows(monkeypatch)
     monkeypatch.setattr(hard_model, "group_hard_routes", True)
-    got, seen = generate_batch(hard_model, task_ids, num_beams=beams)
-    expected, _ = generate_batch(hard_model, task_ids, num_beams=beams, every_expert=True)
+    got, seen = generate(hard_model, task_ids, num_beams=beams)
+    expected, _ = generate(hard_model, task_ids, num_beams=beams, every_expert=True)
     monkeypatch.setattr(hard_model, "group_hard_routes", False)
-    per_expert, _ = generate_batch(hard_model, task_ids, num_beams=beams)
+    per_expert, _ = generate(hard_model, task_ids, num_beams=beams)
     assert torch.equal(got, expected) and torch.equal(got, per_expert)
     routes = hard_model.task_routing().argmax(-1)[task_ids]  # (batch, layers)
     mixed_layers = [i for i in range(routes.shape[1]) if len(routes[:, i].unique()) > 1]
@@ -227,7 +215,7 @@ def test_grouped_layers_keep_every_row_in_one_slot(hard_model, monkeypatch, task
     monkeypatch.setattr(hard_model, "group_hard_routes", True)
     cache = hard_model.new_cache()
     # a dict output: `generate` keeps the batch's order, the alternating batch's layers sort their rows by expert
-    generate_batch(hard_model, task_ids, num_beams=2, max_new_tokens=4, return_dict_in_generate=True,
+    generate(hard_model, task_ids, num_beams=2, max_new_tokens=4, return_dict_in_generate=True,
                    **{CACHE_ARG: cache})
     routes = hard_model.task_routing().argmax(-1)[task_ids[torch.arange(2 * len(task_ids)) // 2]]  # (beam rows, layers)
     for layer in hard_model.routed_layers():
@@ -286,10 +274,10 @@ def test_generate_sorts_the_rows_by_task_for_the_grouped_layers(hard_model, monk
     order: nothing gathered) and returns the sequences in the caller's order, equal to the per-expert path's."""
     _, made = grouped_rows(monkeypatch)
     monkeypatch.setattr(hard_model, "group_hard_routes", True)
-    got, _ = generate_batch(hard_model, task_ids, **kwargs)
+    got, _ = generate(hard_model, task_ids, **kwargs)
     assert made and all(route.order is None for route in made)  # runs of the sorted batch: no layer gathers
     monkeypatch.setattr(hard_model, "group_hard_routes", False)
-    expected, _ = generate_batch(hard_model, task_ids, **kwargs)
+    expected, _ = generate(hard_model, task_ids, **kwargs)
     assert torch.equal(got, expected)
 
 
@@ -297,10 +285,10 @@ def test_a_dict_output_keeps_the_batch_order(hard_model, monkeypatch):
     """Asked for scores (a dict output), `generate` leaves the rows in their order: the grouped layers gather them."""
     _, made = grouped_rows(monkeypatch)
     monkeypatch.setattr(hard_model, "group_hard_routes", True)
-    got, _ = generate_batch(hard_model, ALTERNATING, return_dict_in_generate=True, output_scores=True)
+    got, _ = generate(hard_model, ALTERNATING, return_dict_in_generate=True, output_scores=True)
     assert made and all(route.order is not None for route in made)
     monkeypatch.setattr(hard_model, "group_hard_routes", False)
-    expected, _ = generate_batch(hard_model, ALTERNATING, return_dict_in_generate=True, output_scores=True)
+    expected, _ = generate(hard_model, ALTERNATING, return_dict_in_generate=True, output_scores=True)
     assert torch.equal(got.sequences, expected.sequences)
     torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores))
 
