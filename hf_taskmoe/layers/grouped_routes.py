@@ -3,8 +3,10 @@
 Under a hard route each row of a mixed-task batch uses one expert per routed layer. Running each expert on its own
 rows (`RoutedLayer`'s per-expert path) is the dense model's arithmetic but one whole layer call per expert used: a
 decoding step of a small batch is bound by launches on a GPU, so a batch mixing three experts costs about three
-dense steps. Here the rows of one layer are sorted by expert once per generation (the route is a function of the
-task, known when generation starts), and one copy of the layer runs on all of them:
+dense steps. Here one copy of the layer runs on all of the rows, cut into segments that each use one expert (the
+route is a function of the task, known when generation starts): the runs of the batch's own order when they are few
+(`generate` sorts its rows by task, `task_sorted_generate`, so a layer's runs are the tasks'), else the rows sorted
+by expert once per generation, gathered before the layer and put back after it:
 
 - each linear (`nn.Linear`, GPT-2's `Conv1D`) is one grouped GEMM over the experts' row segments (`F.grouped_mm`
   with the segment ends, the segmented GEMM of multi-LoRA servers), each expert's weight applied to its rows only;
@@ -13,10 +15,11 @@ task, known when generation starts), and one copy of the layer runs on all of th
   `weight * normalised` norms (RMSNorm, T5's) the same numbers, for `LayerNorm` the same up to rounding;
 - any other module with parameters must be equal in every expert (shared), else the layer keeps the per-expert path.
 
-The layer's attention keeps one key/value cache slot (expert 0's) holding every row in the sorted order
-(`SlotRows.set_slot_rows`), so beam search's reordering is translated as for any slot that keeps a row subset. The
-experts' weights are stacked once per generation (`GroupedRoute.module`, freed with the generation's plan): while a
-generation runs, the routed layers' weights are held twice.
+The layer's attention keeps one key/value cache slot (expert 0's) holding every row, in the batch's order or sorted
+by expert (`SlotRows.set_slot_rows`), so beam search's reordering is translated as for any slot that keeps a row
+subset. The segments' weights are stacked once per generation (`GroupedRoute.module`, freed with the generation's
+plan): while a generation runs, the routed layers' weights are held about twice (a run beyond one per expert adds an
+expert's copy).
 """
 
 from __future__ import annotations
