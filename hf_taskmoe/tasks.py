@@ -51,7 +51,7 @@ RESERVED_TASK_NAMES = frozenset({
     "smart_apply",
     # MultiTaskHeads' own attributes and methods
     "add_task", "check_exportable", "check_inputs", "dropout", "every_row_ready", "forward_every_row", "hidden_size",
-    "logit_widths", "scale_loss_by_num_classes", "split_rows", "tasks",
+    "logit_widths", "runs_every_task", "scale_loss_by_num_classes", "split_rows", "tasks",
 })
 
 

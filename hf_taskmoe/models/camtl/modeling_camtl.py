@@ -125,8 +125,9 @@ class TaskAttentionBias(_TaskConditioned, ConditionalAttentionBias):
         else:
             dtype = hidden.dtype
         length = hidden.shape[1]
-        # where each row's crop lies in the task matrices: the same for every layer (one config), made once a forward
-        key = ("camtl_bias_positions", length, self.full_size)
+        # where each row's crop lies in the task matrices: the same for every layer (one config, one sequence length in
+        # a forward), made once a forward. The length is not in the key: exported, it is a symbol, which cannot hash
+        key = ("camtl_bias_positions", self.full_size)
         positions = flags.get(key)
         if positions is None:
             positions = flags[key] = bias_positions(cond.task_ids, length, self.full_size)
