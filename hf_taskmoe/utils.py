@@ -44,6 +44,14 @@ def one_hot(index, n: int, dtype):
     return (index.unsqueeze(-1) == torch.arange(n, device=index.device)).to(dtype)
 
 
+def inverse_permutation(order):
+    """The inverse of the permutation `order` (a 1-D index tensor): `inverse[order[i]] = i`, one scatter on `order`'s
+    device (no sort, nothing read back)."""
+    import torch
+
+    return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+
+
 def lookup(registry: Mapping[str, V], key: Any, field: str) -> V:
     """Return ``registry[key]``; on a miss, raise a ``ValueError`` listing the valid keys."""
     try:

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from ..utils import inverse_permutation
+
 __all__ = ["GroupedRoute", "grouped_route"]
 
 
@@ -43,8 +45,7 @@ class GroupedRoute(list):
     def __init__(self, entries, segments: list[tuple[int, int]], order: torch.Tensor | None):
         super().__init__(entries)
         self.segments, self.order = segments, order
-        self.inverse = None if order is None else \
-            torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+        self.inverse = None if order is None else inverse_permutation(order)
         self._module: nn.Module | None = None
         self._built = False
 
@@ -245,5 +246,5 @@ def task_sorted_generate(generate, input_ids: torch.Tensor, kwargs: dict, host_t
     kwargs = {k: v.index_select(0, index) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch else v
               for k, v in kwargs.items()}
     out = generate(input_ids=input_ids.index_select(0, index), **kwargs)
-    inverse = torch.empty_like(index).scatter_(0, index, torch.arange(batch, device=index.device))
+    inverse = inverse_permutation(index)
     return out.view(batch, -1, out.shape[-1]).index_select(0, inverse).view(out.shape)

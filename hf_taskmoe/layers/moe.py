@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
 from ..contract import StackedWeight
-from ..utils import compute_dtype, is_capturing, lookup, one_hot
+from ..utils import compute_dtype, inverse_permutation, is_capturing, lookup, one_hot
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
@@ -482,7 +482,7 @@ class TaskMoE(nn.Module):
             x_sorted = x.index_select(0, order)  # (tokens, hidden), contiguous per expert
         elif self.top_k == 1:  # the slots are the tokens permuted: gathered both ways, no scatter in the backward
             token_of_slot = order
-            inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+            inverse = inverse_permutation(order)
             x_sorted = permute_rows(x, order, inverse)  # (tokens, hidden), contiguous per expert
         else:
             token_of_slot = order // self.top_k
