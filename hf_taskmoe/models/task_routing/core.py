@@ -21,6 +21,7 @@ from transformers.utils import TransformersKwargs
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...contract import TASK_ROUTING_ROLES
+from ...layers.grouped_routes import task_sorted_generate
 from ...layers.routing import (
     RoutedLayer,
     SlotRows,
@@ -500,6 +501,22 @@ class TaskRoutingMixin:
     def _groups_hard_routes(self, device: torch.device) -> bool:
         """`group_hard_routes` resolved for a generation on `device`."""
         return self.group_hard_routes is True or (self.group_hard_routes == "auto" and device.type != "cpu")
+
+    def _generate(self, generate, input_ids, cache, given_task_ids, kwargs: dict):
+        """`generate(input_ids=input_ids, **kwargs)` (`kwargs` holding the resolved `task_ids`), on the rows sorted by
+        task where the grouped layers run the hard routes (`task_sorted_generate`: their segments are then runs of the
+        batch, nothing gathered). The tasks are read on the host where they were given there (a list, a CPU tensor:
+        `given_task_ids`), else once from the device."""
+        if input_ids is None or not getattr(cache, "plans_routes", False) or \
+                not self._groups_hard_routes(input_ids.device):
+            return generate(input_ids=input_ids, **kwargs)
+        given = given_task_ids
+        host = given.tolist() if isinstance(given, torch.Tensor) else given
+        if not (isinstance(host, list) and all(isinstance(t, int) for t in host)):
+            resolved = kwargs.get("task_ids")
+            host = resolved.tolist() if resolved is not None else None
+        return task_sorted_generate(generate, input_ids, kwargs, host,
+                                    kwargs.get("generation_config") or self.generation_config)
 
     def _routing_flags(self, routing_weights: torch.Tensor, cache=None, router_logits=None) -> dict:
         """What the routed layers read from the context: the decisions and the plan. In generation (`cache` a

@@ -39,7 +39,6 @@ from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache
 
 from ...compat import CACHE_ARG, pop_cache
-from ...layers.grouped_routes import task_sorted_generate
 from ...layers.routing import ExpertRowsCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -242,16 +241,7 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             kwargs[CACHE_ARG] = cache = self.new_cache()
         if isinstance(cache, ExpertRowsCache) and cache.get_seq_length() == 0:
             cache.plans_routes = not every_expert  # hard routes: each layer runs only the experts its rows use
-        if input_ids is not None and getattr(cache, "plans_routes", False) and \
-                self._groups_hard_routes(input_ids.device):
-            # rows sorted by task for the grouped layers (their segments then runs of the batch, nothing gathered);
-            # the tasks read on the host where they were given there (a list, a CPU tensor), else once from the device
-            host = given.tolist() if isinstance(given, torch.Tensor) else given
-            host = host if isinstance(host, list) and all(isinstance(t, int) for t in host) else \
-                kwargs["task_ids"].tolist() if kwargs.get("task_ids") is not None else None
-            return task_sorted_generate(super().generate, input_ids, {"attention_mask": attention_mask, **kwargs},
-                                        host, kwargs.get("generation_config") or self.generation_config)
-        return super().generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return self._generate(super().generate, input_ids, cache, given, {"attention_mask": attention_mask, **kwargs})
 
     # ------------------------------------------------------------------ building and exporting
 

@@ -41,7 +41,6 @@ from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
-from ...layers.grouped_routes import task_sorted_generate
 from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -406,15 +405,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             kwargs[CACHE_ARG] = cache = self.new_cache()
             cache.plans_routes = not every_expert
         try:
-            if input_ids is not None and getattr(cache, "plans_routes", False) and \
-                    self._groups_hard_routes(input_ids.device):
-                # rows sorted by task for the grouped decoder layers (their segments runs of the batch: no gathers)
-                host = given.tolist() if isinstance(given, torch.Tensor) else given
-                host = host if isinstance(host, list) and all(isinstance(t, int) for t in host) else task_ids.tolist()
-                return task_sorted_generate(
-                    super().generate, input_ids, {"attention_mask": attention_mask, "task_ids": task_ids, **kwargs},
-                    host, kwargs.get("generation_config") or self.generation_config)
-            return super().generate(input_ids=input_ids, attention_mask=attention_mask, task_ids=task_ids, **kwargs)
+            return self._generate(super().generate, input_ids, cache, given,
+                                  {"attention_mask": attention_mask, "task_ids": task_ids, **kwargs})
         finally:
             self.task_context.end()  # nothing of a call outlives it, also when it raised
 
