@@ -407,14 +407,13 @@ class RoutedLayer(nn.Module):
         if routing_recorder is not None:
             routing_recorder.record_input(hidden_states)
         if self.route_index is None:
-            entries, weights = [PlanEntry(0, None, False)], None
+            entries = [PlanEntry(0, None, False)]
         else:
             if routing_weights is None:
                 raise ValueError("A routed layer needs `routing_weights`: call the model with `task_ids`.")
             if routing_plan is None:  # called on its own, not through the model
                 routing_plan = plan_routes(routing_weights)
             entries = routing_plan[self.route_index]
-            weights = routing_weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
         batch = hidden_states.shape[0]
         cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
         if cache is None:  # GPT-2's loop passes its cache by position
@@ -454,10 +453,10 @@ class RoutedLayer(nn.Module):
             finally:
                 for handle in handles:
                     handle.remove()
-            share = (
-                None if weights is None else (weights if rows is None else weights.index_select(0, rows))[:, j]
-            )  # (rows,)
-            y = y * share[:, None, None] if scale else y
+            if scale:  # each row's decision for this expert (rows,); an unscaled one is exactly 1: none to read
+                weights = routing_weights[:, self.route_index]  # (batch, experts)
+                share = (weights if rows is None else weights.index_select(0, rows))[:, j].to(hidden_states.dtype)
+                y = y * share[:, None, None]
             out = _scatter_rows(out, y, rows, hidden_states)
             for kind, probs in seen.items():
                 if probs and probs[-1] is not None:
@@ -511,6 +510,8 @@ class SlotRows:
         self.routing_plan: list[list[PlanEntry]] | None = None
         self.plan_batch: int | None = None
         self.plans_routes = False
+        #: the decisions and router logits the plan was made from, for the later steps (the router runs once)
+        self.kept_routes: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     def set_slot_rows(self, slot: int, rows: torch.Tensor | None) -> None:
         """Record that the expert of `slot` runs, on `rows` (None: every row), before it runs."""

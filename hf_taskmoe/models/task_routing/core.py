@@ -382,7 +382,7 @@ class TaskRoutingMixin:
         on `inputs` with the routes in the task context (recording by `_recording_flags`), the loss (`_token_loss`),
         and the output (`output_class`: the architecture's fields from `_stack_outputs`, the routing fields)."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked)
+        task_ids, routing_weights, router_logits = self._route(task_ids, routing_weights, batch, values_checked, cache)
         if not values_checked:  # else `BatchChecker` checked them on the host
             check_token_ids(token_table_sizes(self), **token_ids)
         if labels is not None:
@@ -435,12 +435,17 @@ class TaskRoutingMixin:
         """Token cross-entropy, mean over the batch's target tokens, weighted per task; each task's own mean."""
         return Seq2Seq.task_token_loss(logits, labels, task_ids, self.config.task_specs)
 
-    def _route(self, task_ids, routing_weights, batch: int, values_checked: bool):
+    def _route(self, task_ids, routing_weights, batch: int, values_checked: bool, cache=None):
         """The checks and decisions every routed forward starts with: each row's task id (its values read back only
         when `values_checked` is False), then the router's decisions `(batch, routed layers, experts)` and logits, or
-        the `routing_weights` given (checked; logits None)."""
+        the `routing_weights` given (checked; logits None). A decoding step of a generation that planned its routes
+        (`cache.kept_routes`, kept with the plan at the first step: a row's task does not change while it decodes)
+        takes the first step's decisions instead of running the router again."""
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device, not values_checked)
         if routing_weights is None:
+            kept = getattr(cache, "kept_routes", None)
+            if kept is not None and kept[0].shape[0] == batch and not self.training:
+                return (task_ids, *kept)
             return (task_ids, *self.router(task_ids))
         expected = (batch, self.config.num_routed_layers, self.config.num_experts)
         if tuple(routing_weights.shape) != expected:
@@ -529,6 +534,7 @@ class TaskRoutingMixin:
             if cache.routing_plan is None and cache.plans_routes and cache.get_seq_length() == 0:
                 grouped = self._groups_hard_routes(routing_weights.device)
                 cache.routing_plan, cache.plan_batch = hard_route_plan(routing_weights, grouped), batch
+                cache.kept_routes = (routing_weights, router_logits)  # the later steps' decisions (`_route`)
             if cache.routing_plan is not None:
                 if cache.plan_batch != batch:
                     raise ValueError(
