@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_taskmoe.compat import CACHE_ARG
 from hf_taskmoe.layers.routing import ExpertRowsCache
@@ -125,6 +126,72 @@ def test_a_generation_reads_the_device_back_as_often_for_two_new_tokens_as_for_s
     assert reads[2] == reads[6], reads
 
 
+class _KernelOps(TorchDispatchMode):
+    """Counts the aten operators dispatched that are not views (a view launches nothing on a GPU; nor does
+    `_unsafe_view`, the view a 3-D `matmul` returns its 2-D product as)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        returns = func._schema.returns
+        view = returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+        if not view and func.overloadpacket is not torch.ops.aten._unsafe_view:
+            self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_ops(model, **kwargs) -> Counter:
+    """The operators of 4 decoding steps: a generation of 6 new tokens less one of 2 (prompt and set-up cancel),
+    after one of 2 (what runs once per process: the grouped norms' probe)."""
+    ops = []
+    for new_tokens in (2, 2, 6):
+        ids, mask = prompts()
+        with _KernelOps() as counter, torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                           do_sample=False, eos_token_id=None, **kwargs)
+        ops.append(counter.ops)
+    return ops[2] - ops[1]
+
+
+def test_a_decoding_step_dispatches_the_dense_models_operations(hard_model, monkeypatch):
+    """Under a hard route a decoding step runs what the dense model's runs: the router's decisions are the first
+    step's (kept on the cache with the plan), no decision is read or cast in a layer whose expert is not scaled. One
+    task: the exported model's operators, one for one. A mixed batch through the grouped layers: a grouped GEMM in the
+    place of each product, and the norms hold each row's own weights (no product more); a linear with a bias adds it
+    apart (GPT-2's, Qwen2's query/key/value)."""
+    dense = step_ops(hard_model.export_task(hard_model.config.task_names[1]))
+    assert step_ops(hard_model, task_ids=ONE_TASK) == dense
+    monkeypatch.setattr(hard_model, "group_hard_routes", True)
+    mixed = step_ops(hard_model, task_ids=MIXED)
+    products = ("_grouped_mm", "mm", "addmm")
+    assert mixed["_grouped_mm"] > 0
+    assert sum(mixed[op] for op in products) == sum(dense[op] for op in products)  # the LM head stays a product
+    others = Counter({op: n for op, n in mixed.items() if op not in products})
+    expected = Counter({op: n for op, n in dense.items() if op not in products})
+    biased = dense["addmm"] - mixed["addmm"]  # grouped products whose bias is added apart
+    assert (hard_model.config.dense_config.model_type == "llama") == (biased == 0)
+    # GPT-2's LayerNorms: unit weight, then one `addcmul` per norm (each row's weight and bias); RMSNorms: nothing
+    layer_norms = 4 * sum(isinstance(m, torch.nn.LayerNorm) for layer in hard_model.routed_layers()
+                          if len(layer.experts) > 1 for m in layer.experts[0].modules())
+    assert others - expected == +Counter({"add": biased, "addcmul": layer_norms}) and not expected - others, (
+        others - expected, expected - others)
+
+
+def test_the_router_runs_once_per_generation_under_hard_routes(hard_model):
+    calls = []
+    handle = hard_model.router.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        generate(hard_model, MIXED)
+        assert len(calls) == 1
+        calls.clear()
+        generate(hard_model, MIXED, every_expert=True)  # no plan: every step routes its rows
+        assert len(calls) == 6
+    finally:
+        handle.remove()
+
+
 def test_bad_task_ids_and_token_ids_are_still_refused_by_generate(hard_model):
     ids, mask = prompts()
     with pytest.raises(ValueError, match="task"):
@@ -232,9 +299,11 @@ def test_grouped_layers_keep_every_row_in_one_slot(hard_model, monkeypatch, task
         assert all(cache.layers[slot].get_seq_length() == 0 for slot in layer.cache_slots[1:])
 
 
-def test_a_norm_not_scaled_by_its_weight_keeps_the_per_expert_path():
-    """A `(1 + weight)` norm (Gemma's form) cannot be run with a unit weight and scaled per row: the layer is not
-    grouped. A layer of LayerNorms is, each run of rows through its own expert."""
+def test_grouped_norms_take_each_rows_parameters_or_keep_the_per_expert_path():
+    """A norm whose forward broadcasts its parameters element-wise (Gemma's `x * (1 + weight)` here, RMSNorm) holds
+    each row's own expert's parameters, `(rows, 1, width)`: exactly the per-expert numbers. A `LayerNorm` (its weight
+    must have the normalised shape) runs with a unit weight and is scaled and shifted per row. A norm that is neither
+    (`layer_norm` with `1 + weight`) keeps the layer on the per-expert path."""
     from torch import nn
 
     from hf_taskmoe.layers.grouped_routes import grouped_layer
@@ -247,24 +316,42 @@ def test_a_norm_not_scaled_by_its_weight_keeps_the_per_expert_path():
         def forward(self, x):
             return x * (1.0 + self.weight)
 
+    class OnePlusLayerNorm(OnePlusNorm):
+        def forward(self, x):
+            return nn.functional.layer_norm(x, x.shape[-1:], 1.0 + self.weight)
+
     class Layer(nn.Module):
-        def __init__(self):
+        def __init__(self, norm=OnePlusNorm):
             super().__init__()
-            self.norm, self.proj = OnePlusNorm(8), nn.Linear(8, 8)
+            self.norm, self.proj = norm(8), nn.Linear(8, 8)
 
         def forward(self, x):
             return self.proj(self.norm(x))
 
+    x = torch.randn(4, 3, 8)
+    segments = [(1, 2), (0, 1), (1, 1)]
+
+    def per_expert(experts):
+        return torch.cat([experts[1](x[:2]), experts[0](x[2:3]), experts[1](x[3:])])
+
     experts = [Layer(), Layer()]
-    assert grouped_layer(experts, [(0, 1), (1, 1)], torch.device("cpu")) is None
+    with torch.no_grad():
+        experts[1].norm.weight.add_(0.75)
+    layer = grouped_layer(experts, segments, torch.device("cpu"))
+    assert tuple(layer.norm.weight.shape) == (4, 1, 8)  # each row's own weight
+    assert torch.equal(layer(x), per_expert(experts))
+    assert torch.equal(experts[1].norm.weight, torch.full((8,), 0.75))  # the experts' own modules untouched
+
+    assert grouped_layer([Layer(OnePlusLayerNorm), Layer(OnePlusLayerNorm)], segments, torch.device("cpu")) is None
+
     experts[0].norm, experts[1].norm = nn.LayerNorm(8), nn.LayerNorm(8)
     with torch.no_grad():
         experts[1].norm.weight.mul_(2.0)
         experts[1].norm.bias.add_(0.5)
-    layer = grouped_layer(experts, [(1, 2), (0, 1), (1, 1)], torch.device("cpu"))
-    x = torch.randn(4, 3, 8)
-    torch.testing.assert_close(layer(x), torch.cat([experts[1](x[:2]), experts[0](x[2:3]), experts[1](x[3:])]))
-    assert torch.equal(experts[1].norm.weight, torch.full((8,), 2.0))  # the experts' own modules untouched
+    layer = grouped_layer(experts, segments, torch.device("cpu"))
+    assert tuple(layer.norm.weight.shape) == (8,)  # unit weight, scaled per row after it
+    torch.testing.assert_close(layer(x), per_expert(experts))
+    assert torch.equal(experts[1].norm.weight, torch.full((8,), 2.0))
 
 
 @pytest.mark.parametrize("task_ids", [MIXED, ALTERNATING], ids=["few_runs", "alternating"])

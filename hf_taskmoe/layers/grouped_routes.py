@@ -10,9 +10,10 @@ by expert once per generation, gathered before the layer and put back after it:
 
 - each linear (`nn.Linear`, GPT-2's `Conv1D`) is one grouped GEMM over the experts' row segments (`F.grouped_mm`
   with the segment ends, the segmented GEMM of multi-LoRA servers), each expert's weight applied to its rows only;
-- each norm (a module whose only parameters are a 1-D `weight` and maybe `bias`) is the layer's own norm run with a
-  unit weight and no bias, its output multiplied by each row's own expert's weight (and shifted by its bias): for
-  `weight * normalised` norms (RMSNorm, T5's) the same numbers, for `LayerNorm` the same up to rounding;
+- each norm (a module whose only parameters are a 1-D `weight` and maybe `bias`) is the layer's own norm holding each
+  row's own expert's parameters, `(rows, 1, width)`, where its forward broadcasts them (`weight * normalised`
+  norms: RMSNorm, T5's; the dense model's operations, the same numbers), else (`LayerNorm`) run with a unit weight
+  and no bias, its output multiplied by each row's weight and shifted by its bias (the same up to rounding);
 - any other module with parameters must be equal in every expert (shared), else the layer keeps the per-expert path.
 
 The layer's attention keeps one key/value cache slot (expert 0's) holding every row, in the batch's order or sorted
@@ -97,6 +98,7 @@ class GroupedLinear(nn.Module):
         self.register_buffer("bias_rows", bias_rows, persistent=False)
         self.sizes, self.rows, self.ends = sizes, sum(sizes), ends
         self.grouped = _uses_grouped_mm(weight)
+        self.weight_t = weight.transpose(1, 2)  # (segments, in, out): the grouped GEMM's operand, viewed once
         self._offsets: dict[int, torch.Tensor] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +109,7 @@ class GroupedLinear(nn.Module):
             offsets = self._offsets.get(per_row)
             if offsets is None:  # one per step length (the prompt, then 1): made once, read by every later step
                 offsets = self._offsets[per_row] = self.ends * per_row
-            y = F.grouped_mm(flat, self.weight.transpose(1, 2), offs=offsets)
+            y = F.grouped_mm(flat, self.weight_t, offs=offsets)
         else:  # one product per segment (the sizes are on the host)
             segments = flat.split([size * per_row for size in self.sizes])
             y = torch.cat([F.linear(segment, self.weight[j]) for j, segment in enumerate(segments)])
@@ -126,8 +128,9 @@ class _RowAffine:
         shape = (output.shape[0],) + (1,) * (output.dim() - 2) + (output.shape[-1],)
         if output.shape[0] != self.weight_rows.shape[0]:
             raise RuntimeError(f"A grouped norm of {self.weight_rows.shape[0]} rows gave {output.shape[0]}.")
-        out = output * self.weight_rows.view(shape)
-        return out if self.bias_rows is None else out + self.bias_rows.view(shape)
+        if self.bias_rows is None:
+            return output * self.weight_rows.view(shape)
+        return torch.addcmul(self.bias_rows.view(shape), output, self.weight_rows.view(shape))  # one operation
 
 
 def _is_norm(module: nn.Module, params: dict) -> bool:
@@ -135,34 +138,44 @@ def _is_norm(module: nn.Module, params: dict) -> bool:
         not isinstance(module, (nn.Linear, Conv1D, nn.Embedding))
 
 
-#: `_norm_is_scaled_by_weight` of each norm class and width already probed
-_SCALED_NORMS: dict[tuple[type, int, bool], bool] = {}
+#: `_norm_form` of each norm class and width already probed
+_NORM_FORMS: dict[tuple[type, int, bool], str | None] = {}
 
 
-def _norm_is_scaled_by_weight(module: nn.Module, params: dict) -> bool:
-    """Whether the norm's output is `unit-weight output * weight (+ bias)`: not so for a `(1 + weight)` norm, say. A
-    probe on the CPU with random parameters swapped in (`functional_call`): nothing is read from the model's device.
-    Probed once per class and width."""
+def _norm_form(module: nn.Module, params: dict) -> str | None:
+    """How a grouped copy runs the norm with each row's own expert's parameters: `"per_row"`, the parameters of shape
+    `(rows, 1, width)` swapped in, which the norm's own forward broadcasts (`weight * normalised` written as an
+    element-wise product: RMSNorm, T5's; the dense model's operations, the same numbers); `"scaled"`, run with a unit
+    weight and no bias, its output times each row's weight plus its bias (`nn.LayerNorm`, whose weight must have the
+    normalised shape: one more product); None, neither (a `(1 + weight)` norm, say): the per-expert path. A probe on
+    the CPU with random parameters swapped in (`functional_call`): nothing is read from the model's device. Probed
+    once per class and width."""
     key = (type(module), params["weight"].shape[0], "bias" in params)
-    if key not in _SCALED_NORMS:
-        _SCALED_NORMS[key] = _probe_norm(module, params)
-    return _SCALED_NORMS[key]
+    if key not in _NORM_FORMS:
+        _NORM_FORMS[key] = _probe_norm(module, params)
+    return _NORM_FORMS[key]
 
 
-def _probe_norm(module: nn.Module, params: dict) -> bool:
+def _probe_norm(module: nn.Module, params: dict) -> str | None:
     from torch.func import functional_call
 
     g = torch.Generator().manual_seed(0)
     width = params["weight"].shape[0]
     probe = torch.randn(2, 3, width, generator=g)
-    drawn = {"weight": torch.rand(width, generator=g) + 0.5}
-    unit = {"weight": torch.ones(width)}
-    if "bias" in params:
-        drawn["bias"], unit["bias"] = torch.randn(width, generator=g), torch.zeros(width)
+    drawn = [{name: torch.rand(width, generator=g) + 0.5 for name in params} for _ in range(2)]  # each row's own
     with torch.no_grad():
-        expected = functional_call(module, drawn, (probe,))
-        scaled = functional_call(module, unit, (probe,)) * drawn["weight"] + drawn.get("bias", 0.0)
-    return bool(torch.allclose(scaled, expected, rtol=1e-4, atol=1e-5))
+        expected = torch.cat([functional_call(module, own, (probe[i:i + 1],)) for i, own in enumerate(drawn)])
+        try:
+            rows = {name: torch.stack([own[name] for own in drawn]).unsqueeze(1) for name in params}  # (2, 1, width)
+            if torch.equal(functional_call(module, rows, (probe,)), expected):
+                return "per_row"
+        except RuntimeError:  # the norm's forward takes parameters of its normalised shape only
+            pass
+        unit = {"weight": torch.ones(width), **({"bias": torch.zeros(width)} if "bias" in params else {})}
+        weight = torch.stack([own["weight"] for own in drawn]).unsqueeze(1)
+        bias = torch.stack([own["bias"] for own in drawn]).unsqueeze(1) if "bias" in params else 0.0
+        scaled = functional_call(module, unit, (probe,)) * weight + bias
+    return "scaled" if torch.allclose(scaled, expected, rtol=1e-4, atol=1e-5) else None
 
 
 def _clone_structure(module: nn.Module) -> nn.Module:
@@ -205,15 +218,20 @@ def grouped_layer(experts: list[nn.Module], segments: list[tuple[int, int]], dev
             setattr(template.get_submodule(parent) if parent else template, child,
                     GroupedLinear(weight, bias, sizes, ends))
         elif _is_norm(module, params):
-            if not _norm_is_scaled_by_weight(module, params):
+            form = _norm_form(module, params)
+            if form is None:
                 return None
-            weight_rows = torch.stack([m.weight for m in own]).index_select(0, row_expert)
-            bias_rows = torch.stack([m.bias for m in own]).index_select(0, row_expert) if "bias" in params else None
+            rows = {name: torch.stack([getattr(m, name) for m in own]).index_select(0, row_expert) for name in params}
+            if form == "per_row":  # each row's own parameters, (rows, 1, width), broadcast by the norm itself
+                for name, value in rows.items():
+                    del module._parameters[name]
+                    module.register_buffer(name, value.unsqueeze(1), persistent=False)
+                continue
             # the copy's own unit weight (and zero bias); expert 0's parameters are untouched
             module._parameters["weight"] = nn.Parameter(torch.ones_like(params["weight"]), requires_grad=False)
             if "bias" in params:
                 module._parameters["bias"] = nn.Parameter(torch.zeros_like(params["bias"]), requires_grad=False)
-            module.register_forward_hook(_RowAffine(weight_rows, bias_rows))
+            module.register_forward_hook(_RowAffine(rows["weight"], rows.get("bias")))
         else:
             for param_name, param in params.items():
                 if any(not torch.equal(getattr(m, param_name), param) for m in own[1:]):
