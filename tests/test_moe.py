@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from hf_taskmoe import BertTaskMoEConfig, TaskSpec
-from hf_taskmoe.layers.moe import TaskMoE
+from hf_taskmoe.layers.moe import EXPERT_WEIGHTINGS, TaskMoE
 
 B, S, D, F_, N, T = 3, 5, 16, 24, 4, 3
 
@@ -261,11 +261,13 @@ def test_grouped_mm_is_refused_by_name_where_torch_lacks_it(monkeypatch):
 
 
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
-@pytest.mark.parametrize("weighting", ["straight_through", "gate"])
-def test_inference_without_gradients_computes_what_training_computes(dispatch, weighting):
-    """Without gradients a top-1 layer sorts by a gather and puts back by a copy, with the biases gathered (the
-    cheaper ops when nothing is differentiated); with them, gathers both ways and one-hot products: the same values."""
-    moe = _moe(expert_dispatch=dispatch, expert_weighting=weighting).eval()
+@pytest.mark.parametrize("weighting", EXPERT_WEIGHTINGS)
+@pytest.mark.parametrize("gating", ["task", "shared"])
+def test_inference_without_gradients_computes_what_training_computes(dispatch, weighting, gating):
+    """Without gradients a top-1 layer sorts by a gather and puts back by a copy, with the biases and the task gates
+    gathered (the cheaper ops when nothing is differentiated); with them, gathers both ways and one-hot products: the
+    same values."""
+    moe = _moe(expert_dispatch=dispatch, expert_weighting=weighting, gating=gating).eval()
     x, task_ids = _inputs()
     with torch.no_grad():
         plain = moe(x, task_ids).hidden_states

@@ -281,9 +281,12 @@ class TaskGate(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         tasks, experts, hidden = self.weight.shape
-        # each row's task gate, selected by a product (whose backward is a product, not a scatter of atomic adds)
-        rows = one_hot(task_ids, tasks, torch.float32)  # (batch, tasks)
-        gates = (rows @ self.weight.float().view(tasks, -1)).view(-1, experts, hidden)  # (batch, experts, hidden)
+        if torch.is_grad_enabled():
+            # each row's task gate, selected by a product (whose backward is a product, not a scatter of atomic adds)
+            rows = one_hot(task_ids, tasks, torch.float32)  # (batch, tasks)
+            gates = (rows @ self.weight.float().view(tasks, -1)).view(-1, experts, hidden)  # (batch, experts, hidden)
+        else:  # no backward: a gather (the same values: a one-hot product adds exact zeros), two kernels, not five
+            gates = self.weight.index_select(0, task_ids).float()  # (batch, experts, hidden)
         # one batched product (an einsum dispatches about four times the operations). Every task's gate on every
         # token in one product, each row's kept by a one-hot product, was measured and dropped: an H100's bf16 step
         # spent 0.32 ms in its fp32 GEMMs against 0.36 ms here, within the step's spread
@@ -428,18 +431,19 @@ class TaskMoE(nn.Module):
         logits = self.route(hidden_states, task_ids)  # (batch, seq, experts) fp32
         probs = logits.softmax(dim=-1)
         top_p, top_e = probs.topk(self.top_k, dim=-1)  # (batch, seq, k)
-        weights = self._combine_weights(top_p).to(hidden_states.dtype)  # (batch, seq, k)
-
         x = hidden_states.reshape(-1, hidden)  # (tokens, hidden)
         if is_capturing():  # torch.export / ONNX / jit.trace: no shape may depend on the routes
+            weights = self._combine_weights(top_p).to(hidden_states.dtype)  # (batch, seq, k)
             y = self._masked_experts(x, top_e.reshape(-1, self.top_k), weights.reshape(-1, self.top_k))
             y = y.view(batch, seq, hidden)
         elif self.top_k == 1 and self.expert_weighting == "straight_through":  # the value is the expert's output
             y = self._sorted_experts(x, top_e.reshape(-1), None, straight_through=top_p.reshape(-1))
             y = y.view(batch, seq, hidden)
         elif self.top_k == 1:  # each token's one output, put back in token order, scaled there: no gather of weights
-            y = self._sorted_experts(x, top_e.reshape(-1), None).view(batch, seq, hidden) * weights
+            y = self._sorted_experts(x, top_e.reshape(-1), None).view(batch, seq, hidden)
+            y = y * self._combine_weights(top_p).to(hidden_states.dtype)
         else:
+            weights = self._combine_weights(top_p).to(hidden_states.dtype)
             y = self._sorted_experts(x, top_e.reshape(-1), weights.reshape(-1)).view(batch, seq, hidden)
 
         needs_mask = token_mask is not None and (self.compute_aux_loss or self.compute_z_loss)
