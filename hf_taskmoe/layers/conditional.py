@@ -92,8 +92,17 @@ class ConditionalLayerNorm(nn.LayerNorm):
     def forward(self, hidden: torch.Tensor, cond: Conditioning | None = None) -> torch.Tensor:
         if cond is None:
             return super().forward(hidden)
-        gamma, beta = film_per_row(self.film, cond)  # (batch, 1, d)
-        return F.layer_norm(hidden, self.normalized_shape, self.weight, None, self.eps) * gamma + (self.bias + beta)
+        return film_layer_norm(self, hidden, *film_per_row(self.film, cond))
+
+
+def film_layer_norm(norm: nn.LayerNorm, hidden: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """`norm(hidden) * gamma + beta` for a LayerNorm's own `weight` (`gamma'`, inside the fused norm) and `bias`
+    (`beta'`, added to `beta`; a norm without one keeps none): `norm(a) gamma' gamma(z) + beta' + beta(z)`, eq. 3
+    reassociated. `gamma`, `beta`: `(batch, 1, d)`. (One `addcmul` for the product and the shift was measured and
+    dropped: its backward of the broadcast operands adds kernels, `benchmarks/cost_proxies.py` CA-MTL 1.414 -> 1.425
+    of dense's per training step.)"""
+    shift = beta if norm.bias is None else norm.bias + beta
+    return F.layer_norm(hidden, norm.normalized_shape, norm.weight, None, norm.eps) * gamma + shift
 
 
 class ConditionalAlignment(nn.Module):

@@ -29,7 +29,6 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input, replace_module
@@ -42,6 +41,7 @@ from ...layers.conditional import (
     Conditioning,
     FiLM,
     bias_positions,
+    film_layer_norm,
     film_per_row,
 )
 from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding
@@ -96,10 +96,7 @@ class TaskLayerNorm(_TaskConditioned, nn.LayerNorm):
         self.context = context
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        gamma, beta = film_per_row(self.film, self.conditioning())  # (batch, 1, d) each
-        # gamma' inside the fused norm, gamma(z) after (`norm * gamma' * gamma(z)`, reassociated)
-        shift = beta if self.bias is None else self.bias + beta
-        return F.layer_norm(hidden, self.normalized_shape, self.weight, None, self.eps) * gamma + shift
+        return film_layer_norm(self, hidden, *film_per_row(self.film, self.conditioning()))
 
 
 class TaskAttentionBias(_TaskConditioned, ConditionalAttentionBias):
