@@ -281,7 +281,7 @@ class TaskGate(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         tasks, experts, hidden = self.weight.shape
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or is_capturing():  # (a traced program: one graph with or without gradients)
             # each row's task gate, selected by a product (whose backward is a product, not a scatter of atomic adds)
             rows = one_hot(task_ids, tasks, torch.float32)  # (batch, tasks)
             gates = (rows @ self.weight.float().view(tasks, -1)).view(-1, experts, hidden)  # (batch, experts, hidden)
