@@ -127,6 +127,7 @@ class RowGroups(NamedTuple):
     encoder: torch.Tensor  # (batch, d, s) each row's E_g, transposed, in the compute dtype: x E_g^T = bmm(x, encoder)
     decoder: torch.Tensor  # (batch, s, d) each row's D_g, transposed, in the compute dtype
     rows: torch.Tensor  # (batch, groups) each row's position in `groups`, one-hot, in the compute dtype
+    qkv: dict[int, torch.Tensor]  # each PAL layer's (batch, s, 3s): each row's W^Q, W^K, W^V, transposed
 
 
 class ProjectedAttentionLayers(nn.Module):
@@ -182,16 +183,25 @@ class ProjectedAttentionLayers(nn.Module):
             present = present.scatter(0, group_ids, torch.ones_like(group_ids))
             index = (present.cumsum(0) - 1).index_select(0, group_ids)  # (batch,)
         rows = one_hot(index, len(groups), compute_dtype(self.encoders[0].weight))  # (batch, groups)
+        # every layer's attention weights in one product (one stack, cast and product a forward, not one a layer), cut
+        # by `unbind`, whose backward is one `stack` of the layers' gradients
+        attention = [self.attention[str(layer)] for layer in self.layers]
+        qkv = self.row_weights(rows, [per_layer[g].qkv for g in groups for per_layer in attention], len(attention))
         return RowGroups(groups, index, self.row_weights(rows, [self.encoders[g] for g in groups]),
-                         self.row_weights(rows, [self.decoders[g] for g in groups]), rows)
+                         self.row_weights(rows, [self.decoders[g] for g in groups]), rows,
+                         dict(zip(self.layers, qkv.unbind(1))))
 
     @staticmethod
-    def row_weights(rows: torch.Tensor, linears) -> torch.Tensor:
+    def row_weights(rows: torch.Tensor, linears, per_group: int | None = None) -> torch.Tensor:
         """`(batch, in, out)`: each row's weight among `linears`' (one per group present, in `rows`' column order),
-        transposed, in `rows`' dtype: one cast of the stack and one product."""
-        stacked = torch.stack([linear.weight for linear in linears]).to(rows.dtype)  # (groups, out, in)
+        transposed, in `rows`' dtype: one cast of the stack and one product. With `per_group`: `linears` holds that
+        many weights of each group in turn (group-major), and the result is `(batch, per_group, in, out)`."""
+        stacked = torch.stack([linear.weight for linear in linears]).to(rows.dtype)  # (groups * per_group, out, in)
         out_features, in_features = stacked.shape[1:]
-        return (rows @ stacked.view(len(linears), -1)).view(-1, out_features, in_features).transpose(1, 2)
+        product = rows @ stacked.view(rows.shape[1], -1)  # (batch, per_group * out * in)
+        if per_group is None:
+            return product.view(-1, out_features, in_features).transpose(1, 2)
+        return product.view(-1, per_group, out_features, in_features).transpose(2, 3)
 
     def plan(self, group_ids: torch.LongTensor, task_rows: dict | None, task_groups: list[int], dispatch: str):
         """How one model forward runs its PALs, worked out once for every layer. `group_ids` `(batch,)`: each row's
@@ -252,13 +262,10 @@ class ProjectedAttentionLayers(nn.Module):
         sync and no data-dependent shape (what `torch.export`, ONNX and a sync-free training step need); the same
         numbers as the per-group path."""
         attention = self.attention[str(layer_idx)]
-        # every group present (a fully mixed batch): the layer's attentions in order, without indexing each
-        present = attention if len(rows.groups) == len(attention) else [attention[g] for g in rows.groups]
-        qkv = self.row_weights(rows.rows, [module.qkv for module in present])  # (B, s, 3s)
         # bmm, not einsum: the same products with a third of the operations (einsum adds permutes and reshapes)
         h = torch.bmm(x.to(rows.rows.dtype), rows.encoder)  # (B, T, s): E_g x
         # (B, T, 3s) -> (B, T, s); the groups' attentions share their settings
-        out = attention[0].attend_packed(torch.bmm(h, qkv), key_mask)
+        out = attention[0].attend_packed(torch.bmm(h, rows.qkv[layer_idx]), key_mask)  # rows.qkv: (B, s, 3s)
         return F.gelu(torch.bmm(out, rows.decoder))  # (B, T, d): D_g
 
 
