@@ -41,7 +41,16 @@ from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
-from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
+from ...layers.routing import (
+    _NOT_PER_ROW,
+    ExpertRowsCache,
+    PlanEntry,
+    RoutedCache,
+    RouteRecorder,
+    _rows,
+    _scatter_rows,
+    every_expert_plan,
+)
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
@@ -72,65 +81,116 @@ EXPORT_NEEDS_CHECKED = (
 
 
 class T5RoutedBlock(ContextRoutedLayer):
-    """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it runs every expert on every row
-    and returns `(sum_j D_ij h_j, position bias, cross-attention bias)`. The self-attention bias is mixed by `D` when
-    this block computes it (block 0: each expert copy has its own relative-position table), else the one received is
-    passed on unchanged (module docstring)."""
+    """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it follows the routing plan in the
+    context as `RoutedLayer` does (each expert the plan names on its rows, the outputs mixed by `D` where the plan
+    scales them; the every-expert plan: every expert on every row) and returns `(hidden states, position bias,
+    cross-attention bias)`. A block that computes the self-attention bias (block 0: each expert copy its own
+    relative-position table) assembles it per row: each expert's bias on its rows, scaled like its hidden states, a
+    `(batch, heads, q, k)` tensor (the expert's own, broadcast over the batch, when one expert serves every row
+    unscaled). A later block slices the bias it receives for each expert's rows and passes the whole one on. A plan's
+    grouped layer (`group_hard_routes`) serves a block whose experts differ only in linears and norms (every block but
+    block 0, whose relative-position tables differ per expert after training: that one keeps the per-expert path)."""
 
     def forward(self, hidden_states, attention_mask=None, position_bias=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, encoder_decoder_position_bias=None, **kwargs):
         args = (attention_mask, position_bias, encoder_hidden_states, encoder_attention_mask,
                 encoder_decoder_position_bias)
-        recorder: RouteRecorder | None = self.context.flags.get("routing_recorder")
+        flags = self.context.flags
+        recorder: RouteRecorder | None = flags.get("routing_recorder")
         if recorder is not None:
             recorder.record_input(hidden_states)
-        weights = self.context.flags.get("routing_weights")
-        if self.route_index is not None and weights is None:
-            self.context.require_task_ids()  # raises: called outside the model's forward
-        shares = (
-            weights[:, self.route_index].to(hidden_states.dtype) if self.route_index is not None else None
-        )  # (batch, experts)
-        mixed = bias = cross = None
-        attentions: dict[str, torch.Tensor | None] = {}
+        if self.route_index is None:  # a plain block
+            entries, shares = [PlanEntry(0, None, False)], None
+        else:
+            weights = flags.get("routing_weights")
+            if weights is None:
+                self.context.require_task_ids()  # raises: called outside the model's forward
+            plan = flags.get("routing_plan")
+            # no plan in the context: every expert (nothing read back)
+            entries = plan[self.route_index] if plan is not None else every_expert_plan(1, len(self.experts))[0]
+            shares = weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
+        batch = hidden_states.shape[0]
         cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
-        for j, expert in enumerate(self.experts):
-            slot = self.cache_slot(j)
-            if slot is not None and hasattr(cache, "set_slot_rows"):
-                # every expert runs on every row; its slot's length is its own (the position bias of block 0's
+        slots = cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None
+        grouped = getattr(entries, "module", None)
+        if grouped is not None and recorder is None and not torch.is_grad_enabled():
+            layer = grouped(self.experts)  # every expert as one block on the rows sorted by expert (generation)
+            if layer is not None:
+                order = entries.order  # None: the segments are runs of the batch's own order
+                if slots:
+                    cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slots keep every row (sorted)
+                h, bias, cross = _on_rows(layer, order, hidden_states, args, kwargs)
+                if order is not None:
+                    h = h.index_select(0, entries.inverse)
+                    bias, cross = (_rows(b, entries.inverse, batch) for b in (bias, cross))  # computed: per sorted row
+                return (h, bias if position_bias is None else position_bias,
+                        cross if encoder_decoder_position_bias is None else encoder_decoder_position_bias)
+        mixed = bias = cross = None
+        attentions: dict[str, torch.Tensor | None] = {kind: None for kind in (recorder.kinds if recorder else ())}
+        missing: set[str] = set()
+        for j, rows, scale in entries:
+            expert = self.experts[j]
+            if slots:
+                # the expert's slots keep its rows only; its slot's length is its own (the position bias of block 0's
                 # experts reads it), not a filled slot's
-                cache.set_slot_rows(slot, None)
+                cache.set_slot_rows(self.cache_slot(j), rows)
             seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
             try:
-                h, b, c = expert(hidden_states, *args, **kwargs)
+                h, b, c = _on_rows(expert, rows, hidden_states, args, kwargs)
             finally:
                 for handle in handles:
                     handle.remove()
-            if shares is None:  # a plain block
-                mixed, bias, cross = h, b, c
-                attentions = {kind: probs[-1] if probs else None for kind, probs in seen.items()}
-                break
-            share = shares[:, j]  # (batch,)
-            h = h * share[:, None, None]  # (batch, seq, hidden)
-            mixed = h if mixed is None else mixed + h
-            if position_bias is None:  # this block computes the bias (block 0): each expert its own, mixed by D
-                b = b * share.to(b.dtype)[:, None, None, None]  # (batch, heads, q, k)
-                bias = b if bias is None else bias + b
-            if j == 0:
-                cross = c  # zero in T5 (no relative bias for cross-attention): expert 0's
+            share = None if shares is None else (shares if rows is None else shares.index_select(0, rows))[:, j]
+            if scale:
+                h = h * share[:, None, None]  # (rows, seq, hidden)
+            mixed = _scatter_rows(mixed, h, rows, hidden_states)
+            if position_bias is None:  # this block computes the bias (block 0): each expert its own, on its rows
+                bias = _add_bias_rows(bias, b, rows, share if scale else None, batch)
+            if encoder_decoder_position_bias is None and c is not None:
+                # zero in T5 (no relative bias for cross-attention): broadcast over the batch, the first expert's
+                cross = c if c.shape[0] == 1 else _add_bias_rows(cross, c, rows, share if scale else None, batch)
             for kind, probs in seen.items():
                 if probs and probs[-1] is not None:
-                    p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None]  # (batch, heads, q, k)
-                    attentions[kind] = p if attentions.get(kind) is None else attentions[kind] + p
+                    p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None] if scale else probs[-1]
+                    attentions[kind] = _scatter_rows(attentions[kind], p, rows, None, batch)  # (batch, heads, q, k)
                 else:
-                    attentions[kind] = None
+                    missing.add(kind)
         if position_bias is not None:
             bias = position_bias
+        if encoder_decoder_position_bias is not None:
+            cross = encoder_decoder_position_bias
         if recorder is not None:
             recorder.record_output(mixed)
-            for kind in recorder.kinds:
-                if kind in attentions:
-                    recorder.attentions[kind].append(attentions[kind])
+            for kind, value in attentions.items():
+                recorder.attentions[kind].append(None if kind in missing else value)
         return mixed, bias, cross
+
+
+def _on_rows(block, rows: torch.Tensor | None, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
+    """`block(hidden_states, *args, **kwargs)` on the batch's `rows` (None: every row): each per-row argument (masks,
+    encoder states, a per-row position bias) restricted to them, a broadcast one (batch dim 1) left whole."""
+    if rows is None:
+        return block(hidden_states, *args, **kwargs)
+    batch = hidden_states.shape[0]
+    return block(hidden_states.index_select(0, rows), *[_rows(a, rows, batch) for a in args],
+                 **{k: v if k in _NOT_PER_ROW else _rows(v, rows, batch) for k, v in kwargs.items()})
+
+
+def _add_bias_rows(total: torch.Tensor | None, bias: torch.Tensor, rows: torch.Tensor | None,
+                   share: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """`total` plus an expert's attention bias on its `rows` (None: every row), scaled by the rows' `share` (None:
+    not scaled). `bias` is `(rows or 1, heads, q, k)` (T5 computes a relative bias once for every row); the sum is
+    `(batch, heads, q, k)`, or the expert's own bias unchanged when it is the only one and covers every row."""
+    if share is not None:
+        bias = bias * share.to(bias.dtype)[:, None, None, None]  # (rows, heads, q, k)
+    if rows is None:
+        return bias if total is None else total + bias
+    bias = bias.expand(rows.shape[0], *bias.shape[1:])
+    if total is None:
+        total = bias.new_zeros(batch, *bias.shape[1:])
+    elif total.shape[0] != batch:  # an earlier expert's bias of every row, broadcast: now per row
+        total = total.expand(batch, *total.shape[1:]).clone()
+    return total.index_add(0, rows, bias)
 
 
 #: the routed layer class of an architecture whose blocks need more than `ContextRoutedLayer` (a block returning a
@@ -404,10 +464,12 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         if cache is None:
             kwargs[CACHE_ARG] = cache = self.new_cache()
             cache.plans_routes = not every_expert
+        self._every_expert_generation = every_expert
         try:
             return self._generate(super().generate, input_ids, cache, given,
                                   {"attention_mask": attention_mask, "task_ids": task_ids, **kwargs})
         finally:
+            self._every_expert_generation = False
             self.task_context.end()  # nothing of a call outlives it, also when it raised
 
     # ------------------------------------------------------------------ building and exporting
