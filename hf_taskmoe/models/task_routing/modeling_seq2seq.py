@@ -57,7 +57,9 @@ from ...modeling_utils import (
     check_generation_cache,
     check_generation_counts,
     check_lengths,
+    check_token_ids,
     resolve_task_ids,
+    token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import BartTaskRoutedConfig, TaskRoutedSeq2SeqConfig
@@ -457,7 +459,15 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
         given = task_ids
         if reference is not None:
-            task_ids = resolve_task_ids(task_ids, reference.shape[0], self.config.task_names, self.device)
+            checked = bool(kwargs.get("values_checked"))
+            task_ids = resolve_task_ids(task_ids, reference.shape[0], self.config.task_names, self.device,
+                                        check_values=not checked)
+            if not checked:
+                # the task ids and the given token ids checked once, here: the encoder and every decoding step then
+                # read nothing back to check them again (the new ids are the model's own), where each step read both
+                check_token_ids(token_table_sizes(self), input_ids=input_ids,
+                                decoder_input_ids=kwargs.get("decoder_input_ids"))
+                kwargs["values_checked"] = True
         check_generation_cache(self, kwargs)
         kwargs.pop("cache_implementation", None)
         cache = pop_cache(dict(kwargs))
