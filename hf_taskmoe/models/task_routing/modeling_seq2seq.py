@@ -82,6 +82,10 @@ EXPORT_NEEDS_CHECKED = (
 )
 
 
+#: the relative-position table of a T5 block that computes the self-attention bias (block 0 of each stack)
+RELATIVE_TABLE = "layer.0.SelfAttention.relative_attention_bias"
+
+
 class T5RoutedBlock(ContextRoutedLayer):
     """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it follows the routing plan in the
     context as `RoutedLayer` does (each expert the plan names on its rows, the outputs mixed by `D` where the plan
@@ -116,11 +120,18 @@ class T5RoutedBlock(ContextRoutedLayer):
         slots = cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None
         grouped = getattr(entries, "module", None)
         if grouped is not None and recorder is None and not torch.is_grad_enabled():
-            layer = grouped(self.experts)  # every expert as one block on the rows sorted by expert (generation)
+            # block 0: its experts' relative-position tables differ; the copy does not run its own (expert 0's) but
+            # takes each row's bias, computed here from its expert's table
+            tabled = position_bias is None and self._has_relative_table()
+            # every expert as one block on the rows sorted by expert (generation)
+            layer = grouped(self.experts, (RELATIVE_TABLE,) if tabled else ())
             if layer is not None:
                 order = entries.order  # None: the segments are runs of the batch's own order
                 if slots:
                     cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slots keep every row (sorted)
+                if tabled:
+                    position_bias = self._segment_biases(entries, hidden_states.shape[1], cache)
+                    args = (attention_mask, position_bias, *args[2:])
                 h, bias, cross = _on_rows(layer, order, hidden_states, args, kwargs)
                 if order is not None:
                     h = h.index_select(0, entries.inverse)
@@ -166,6 +177,30 @@ class T5RoutedBlock(ContextRoutedLayer):
             for kind, value in attentions.items():
                 recorder.attentions[kind].append(None if kind in missing else value)
         return mixed, bias, cross
+
+    def _has_relative_table(self) -> bool:
+        """Whether this block computes the self-attention bias from a relative-position table (T5's block 0)."""
+        attention = self.experts[0].get_submodule(RELATIVE_TABLE.rpartition(".")[0])
+        return bool(getattr(attention, "has_relative_attention_bias", False))
+
+    def _segment_biases(self, entries, query_length: int, cache) -> torch.Tensor:
+        """The self-attention bias of each row of a grouped block 0 (`entries`: a `GroupedRoute`), from its own
+        expert's relative-position table, `(batch, heads, q, k)` in the batch's order: what each expert's
+        attention computes for its rows (`compute_bias` at the past length of the block's cache slot, read before
+        the block writes it, as T5's attention reads it)."""
+        slot = self.cache_slot(0)
+        past = cache.get_seq_length(slot) if cache is not None and slot is not None else 0
+        device = next(iter(self.experts[0].parameters())).device
+        own: dict[int, torch.Tensor] = {}
+        parts = []
+        for expert, rows in entries.segments:
+            if expert not in own:  # (1, heads, q, k)
+                attention = self.experts[expert].get_submodule(RELATIVE_TABLE.rpartition(".")[0])
+                own[expert] = attention.compute_bias(query_length, past + query_length, device=device,
+                                                     past_seen_tokens=past)
+            parts.append(own[expert].expand(rows, -1, -1, -1))
+        bias = torch.cat(parts)  # the segments' rows: sorted by expert, or runs of the batch's order
+        return bias if entries.order is None else bias.index_select(0, entries.inverse)
 
 
 def _on_rows(block, rows: torch.Tensor | None, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
