@@ -12,22 +12,33 @@ decisions from the model's `TaskContext` (the router's layer axis: routed encode
 T5's relative position bias. A T5 block returns `(hidden states, self-attention bias, cross-attention bias)`; the first
 block of each stack (`has_relative_attention_bias`) computes the self-attention bias from its own
 `relative_attention_bias` table and the stack hands it to every later block. Here every expert copy of block 0 keeps its
-own table (a whole-block copy, as the paper's), computes its own bias, and `T5RoutedBlock` mixes the biases by the same
-decisions as the hidden states: later blocks (every expert of them) receive `sum_j D_0j B^(0,j)`, `(batch, heads, q,
-k)`. Under a hard route that is exactly the chosen expert's bias, so a task's route is a plain T5 (what `export_task`
-builds, tested equal); under a soft route the bias is mixed like the hidden states, a fixed function of the positions
-and the task, so decoding with the cache recomputes it exactly (each copy of block 0 reads the past length from its own
-cache slot). The alternatives were weaker: keeping the dense block 0's table for all experts ties a parameter across
-experts (an exported route then needs expert 0's table beside another expert's block), and leaving block 0 unforked
-departs from the paper's routing of every layer. The cross-attention bias is zero in T5 (no block has a relative bias
-for it): expert 0's is passed on.
+own table (a whole-block copy, as the paper's) and computes its own bias; `T5RoutedBlock` assembles the bias per row
+as it mixes the hidden states: each row gets `sum_j D_0j B^(0,j)` over the experts that run on it, `(batch, heads, q,
+k)` (the chosen expert's own `(1, heads, q, k)`, unchanged, when one expert serves every row unscaled), and later
+blocks give each expert the rows of it that it runs on. Under a hard route that is exactly the chosen expert's bias, so
+a task's route is a plain T5 (what `export_task` builds, tested equal); under a soft route the bias is mixed like the
+hidden states, a fixed function of the positions and the task, so decoding with the cache recomputes it exactly (each
+copy of block 0 reads the past length from its own cache slot). The alternatives were weaker: keeping the dense block
+0's table for all experts ties a parameter across experts (an exported route then needs expert 0's table beside
+another expert's block), and leaving block 0 unforked departs from the paper's routing of every layer. The
+cross-attention bias is zero in T5 (no block has a relative bias for it) and broadcast over the batch: the first
+expert's is passed on.
+
+Which experts run. The blocks follow the routing plan in the context, as the other routed layers do
+(`ContextRoutedLayer`): a forward plans its routes on the host (`plans_forward_routes`: each expert on the rows that
+use it; every expert on every row under straight-through training, capture and compile); `generate` under hard routes
+takes the plan of the routes, made once per call (`hard_route_plan`), so each block runs one expert on a one-task
+batch, and each expert of a mixed batch runs on its rows only (off the CPU, `group_hard_routes`, a mixed decoder block
+runs as one grouped block over the experts' row segments, block 0 included: its rows' biases are computed from their
+own experts' tables and passed in). Soft routes and `generate(every_expert=True)` run every expert on every row.
 
 Generation with a key/value cache. Each expert copy of a decoder block has its own cache slot, for its self-attention
 (the `EncoderDecoderCache`'s self-attention cache) and its cross-attention (the cross-attention cache): expert 0 keeps
-the dense block's slot, the others get slots after the dense ones (`fork_layers`, both attentions' `layer_idx`). Every
-expert runs on every row, so each slot holds exactly what a forward without a cache recomputes, under hard and soft
-routes. `generate` runs the encoder on its own: a forward pre-hook on the encoder takes the `task_ids` that `generate`
-passes it and fills the context for that call.
+the dense block's slot, the others get slots after the dense ones (`fork_layers`, both attentions' `layer_idx`). An
+expert that runs on some rows keeps only those rows in its slots (`RoutedCache`, which translates beam search's
+reordering into each slot's rows); a grouped block keeps every row in expert 0's slots. `generate` runs the encoder on
+its own: a forward pre-hook on the encoder takes the `task_ids` that `generate` passes it and fills the context for
+that call (with its own forward plan).
 
 Weights: `backbone.<the dense model's own names>`, a routed block's `{encoder,decoder}.block.<i>.experts.<j>.*` (a plain
 block is `experts.0`), the router under `router.*`.
@@ -255,7 +266,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
     _no_split_modules = ["T5RoutedBlock", "ContextRoutedLayer"]
-    plans_forward_routes = True  # BART's layers run only the experts a batch uses (T5's blocks run every expert)
+    plans_forward_routes = True  # BART's layers and T5's blocks run only the experts a batch uses
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
         # only T5's blocks need the 3-tuple (`T5RoutedBlock`); BART's layers run on every admitted transformers
@@ -484,11 +495,14 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         once with the rows' routes (the encoder's pre-hook), each decoding step with the cache (a slot per decoder
         expert). The segment ids a BERT tokenizer returns are dropped.
 
-        Under hard routes each routed decoder layer runs only the experts the rows use: each on its own rows, with its
-        own rows in its cache slots (`RoutedCache`), or, with grouped layers (`group_hard_routes`, the default off the
-        CPU), all of them as one layer on the batch sorted by task; the plan is made at the first step (one host read
-        per call) and kept for the others. A soft route, a cache passed by hand, or `every_expert=True` run every
-        expert on every row, mixed by the decisions (T5's blocks always do)."""
+        Under hard routes each routed decoder layer (a BART layer, a T5 block) runs only the experts the rows use:
+        each on its own rows, with its own rows in its cache slots (`RoutedCache`), or, with grouped layers
+        (`group_hard_routes`, the default off the CPU), all of them as one layer on the batch sorted by task; the plan
+        is made at the first step (one host read per call) and kept for the others. The encoder runs once, on its
+        forward plan (one host read). The task ids and the token ids given are checked once, here (no decoding step
+        reads them back). An empty `RoutedCache` passed in (`new_cache()`) is planned alike; a filled one continues
+        on the forward's plan. A soft route runs every expert on every row, mixed by the decisions, and so does
+        `every_expert=True`, in the encoder and every step (the reference the planned path is tested against)."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
@@ -508,7 +522,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         cache = pop_cache(dict(kwargs))
         if cache is None:
             kwargs[CACHE_ARG] = cache = self.new_cache()
-            cache.plans_routes = not every_expert
+        if isinstance(cache, RoutedCache) and cache.get_seq_length() == 0:
+            cache.plans_routes = not every_expert  # hard routes: each block runs only the experts its rows use
         self._every_expert_generation = every_expert
         try:
             return self._generate(super().generate, input_ids, cache, given,
