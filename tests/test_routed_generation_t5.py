@@ -266,3 +266,28 @@ def test_bad_ids_are_still_refused_by_generate(hard_model):
     with pytest.raises(ValueError, match="vocabulary"):
         hard_model.generate(ids, attention_mask=mask, task_ids=MIXED, max_new_tokens=2,
                             decoder_input_ids=torch.full((len(ids), 1), 1000))
+
+
+def test_generation_records_each_rows_attentions(hard_model, monkeypatch):
+    """`output_attentions` in a planned mixed generation (the blocks record through the `RouteRecorder`, each row its
+    expert's probabilities, on the per-expert path): the every-expert path's, step by step."""
+    monkeypatch.setattr(hard_model, "group_hard_routes", True)  # recording keeps the per-expert path
+    hard_model.set_attn_implementation("eager")
+    try:
+        kwargs = dict(return_dict_in_generate=True, output_attentions=True, output_hidden_states=True)
+        got, seen = generate(hard_model, MIXED, **kwargs)
+        expected, every = generate(hard_model, MIXED, every_expert=True, **kwargs)
+    finally:
+        hard_model.set_attn_implementation("sdpa")
+    assert torch.equal(got.sequences, expected.sequences)
+    assert sum(every.values()) == hard_model.config.num_experts * sum(seen.values())
+    for name in ("encoder_attentions", "encoder_hidden_states"):
+        for a, b in zip(getattr(got, name), getattr(expected, name), strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for name in ("decoder_attentions", "cross_attentions", "decoder_hidden_states"):
+        steps, reference = getattr(got, name), getattr(expected, name)
+        assert len(steps) == len(reference) == STEPS
+        for step, ref in zip(steps, reference):
+            assert len(step) == len(ref) and all(a is not None for a in step), name
+            for a, b in zip(step, ref):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
