@@ -105,8 +105,9 @@ class T5RoutedBlock(ContextRoutedLayer):
     relative-position table) assembles it per row: each expert's bias on its rows, scaled like its hidden states, a
     `(batch, heads, q, k)` tensor (the expert's own, broadcast over the batch, when one expert serves every row
     unscaled). A later block slices the bias it receives for each expert's rows and passes the whole one on. A plan's
-    grouped layer (`group_hard_routes`) serves a block whose experts differ only in linears and norms (every block but
-    block 0, whose relative-position tables differ per expert after training: that one keeps the per-expert path)."""
+    grouped layer (`group_hard_routes`: the experts' linears and norms as one block over their row segments) serves
+    every block; block 0's copy does not run its relative-position table (expert 0's) but takes each row's bias,
+    computed from the row's own expert's table (`_segment_biases`)."""
 
     def forward(self, hidden_states, attention_mask=None, position_bias=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, encoder_decoder_position_bias=None, **kwargs):
@@ -171,8 +172,10 @@ class T5RoutedBlock(ContextRoutedLayer):
             if position_bias is None:  # this block computes the bias (block 0): each expert its own, on its rows
                 bias = _add_bias_rows(bias, b, rows, share if scale else None, batch)
             if encoder_decoder_position_bias is None and c is not None:
-                # zero in T5 (no relative bias for cross-attention): broadcast over the batch, the first expert's
-                cross = c if c.shape[0] == 1 else _add_bias_rows(cross, c, rows, share if scale else None, batch)
+                if c.shape[0] == 1:  # zero in T5 (no relative bias for cross-attention), broadcast: the first expert's
+                    cross = c if cross is None else cross
+                else:
+                    cross = _add_bias_rows(cross, c, rows, share if scale else None, batch)
             for kind, probs in seen.items():
                 if probs and probs[-1] is not None:
                     p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None] if scale else probs[-1]
