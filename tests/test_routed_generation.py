@@ -227,8 +227,8 @@ def grouped_rows(monkeypatch):
     built, made = grouped_routes.grouped_layer, grouped_routes.grouped_route
     counts, routes = [], []
 
-    def counting(experts, segments, device):
-        layer = built(experts, segments, device)
+    def counting(experts, segments, device, *unused):
+        layer = built(experts, segments, device, *unused)
         if layer is not None:
             counts.append(0)
             index = len(counts) - 1

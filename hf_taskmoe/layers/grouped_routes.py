@@ -50,11 +50,12 @@ class GroupedRoute(list):
         self._module: nn.Module | None = None
         self._built = False
 
-    def module(self, experts) -> nn.Module | None:
-        """The grouped copy of a layer whose experts are `experts` (None where some module cannot be grouped)."""
+    def module(self, experts, unused: tuple[str, ...] = ()) -> nn.Module | None:
+        """The grouped copy of a layer whose experts are `experts` (None where some module cannot be grouped);
+        `unused`: `grouped_layer`'s, the same at every call for one layer."""
         if not self._built:
             device = next(iter(experts[0].parameters())).device
-            self._module, self._built = grouped_layer(list(experts), self.segments, device), True
+            self._module, self._built = grouped_layer(list(experts), self.segments, device, unused), True
         return self._module
 
 
@@ -193,9 +194,12 @@ def _clone_structure(module: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def grouped_layer(experts: list[nn.Module], segments: list[tuple[int, int]], device) -> nn.Module | None:
+def grouped_layer(experts: list[nn.Module], segments: list[tuple[int, int]], device,
+                  unused: tuple[str, ...] = ()) -> nn.Module | None:
     """A copy of `experts[0]` running each row segment through its expert (`segments`: `(expert, rows)` in row order);
-    None where a module with parameters is neither a linear, a norm nor shared by every expert."""
+    None where a module with parameters is neither a linear, a norm nor shared by every expert. `unused`: names of
+    modules the caller keeps from running in the copy (T5's relative-position table of block 0, whose bias the caller
+    computes per row and passes in): they keep expert 0's parameters, whatever the other experts hold."""
     template = _clone_structure(experts[0])
     # hooks on the expert itself watch expert 0's own calls (the per-expert path's instrumentation): not the copy's
     template._forward_pre_hooks.clear()
@@ -206,7 +210,7 @@ def grouped_layer(experts: list[nn.Module], segments: list[tuple[int, int]], dev
     ends = torch.tensor(sizes).cumsum(0).to(device=device, dtype=torch.int32)  # where each segment's rows end
     for name, module in list(template.named_modules()):
         params = dict(module.named_parameters(recurse=False))
-        if not params:
+        if not params or name in unused:
             continue
         own = [expert.get_submodule(name) if name else expert for expert in experts]
         if isinstance(module, (nn.Linear, Conv1D)):

@@ -27,6 +27,7 @@ from ...layers.routing import (
     SlotRows,
     TaskRouter,
     annealed_temperature,
+    every_expert_plan,
     hard_route_plan,
     plan_routes,
 )
@@ -502,6 +503,9 @@ class TaskRoutingMixin:
     #: the dense model's); False, one layer call per expert used, each on its rows (fewer copies: faster on a CPU,
     #: where the arithmetic is the cost); "auto", the first off the CPU
     group_hard_routes: bool | str = "auto"
+    #: set by an encoder-decoder's `generate(every_expert=True)` for the call: its encoder and every decoding step run
+    #: every expert on every row, mixed by the decisions (the reference the planned path is tested against)
+    _every_expert_generation: bool = False
 
     def _groups_hard_routes(self, device: torch.device) -> bool:
         """`group_hard_routes` resolved for a generation on `device`."""
@@ -528,6 +532,8 @@ class TaskRoutingMixin:
         `SlotRows` cache that `generate` made: `ExpertRowsCache`, `RoutedCache`) the plan of the routes, made from
         the decisions at the first step (one host read per `generate` call) and kept on the cache for the later
         steps, which read nothing; else the forward's plan (`plans_forward_routes`)."""
+        if self._every_expert_generation:  # `generate(every_expert=True)`: the reference path, nothing read back
+            return {"routing_weights": routing_weights, "routing_plan": every_expert_plan(*routing_weights.shape[1:])}
         plan = None
         if isinstance(cache, SlotRows) and not self.training and not is_capturing():
             batch = routing_weights.shape[0]

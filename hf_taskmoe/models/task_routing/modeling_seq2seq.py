@@ -12,22 +12,33 @@ decisions from the model's `TaskContext` (the router's layer axis: routed encode
 T5's relative position bias. A T5 block returns `(hidden states, self-attention bias, cross-attention bias)`; the first
 block of each stack (`has_relative_attention_bias`) computes the self-attention bias from its own
 `relative_attention_bias` table and the stack hands it to every later block. Here every expert copy of block 0 keeps its
-own table (a whole-block copy, as the paper's), computes its own bias, and `T5RoutedBlock` mixes the biases by the same
-decisions as the hidden states: later blocks (every expert of them) receive `sum_j D_0j B^(0,j)`, `(batch, heads, q,
-k)`. Under a hard route that is exactly the chosen expert's bias, so a task's route is a plain T5 (what `export_task`
-builds, tested equal); under a soft route the bias is mixed like the hidden states, a fixed function of the positions
-and the task, so decoding with the cache recomputes it exactly (each copy of block 0 reads the past length from its own
-cache slot). The alternatives were weaker: keeping the dense block 0's table for all experts ties a parameter across
-experts (an exported route then needs expert 0's table beside another expert's block), and leaving block 0 unforked
-departs from the paper's routing of every layer. The cross-attention bias is zero in T5 (no block has a relative bias
-for it): expert 0's is passed on.
+own table (a whole-block copy, as the paper's) and computes its own bias; `T5RoutedBlock` assembles the bias per row
+as it mixes the hidden states: each row gets `sum_j D_0j B^(0,j)` over the experts that run on it, `(batch, heads, q,
+k)` (the chosen expert's own `(1, heads, q, k)`, unchanged, when one expert serves every row unscaled), and later
+blocks give each expert the rows of it that it runs on. Under a hard route that is exactly the chosen expert's bias, so
+a task's route is a plain T5 (what `export_task` builds, tested equal); under a soft route the bias is mixed like the
+hidden states, a fixed function of the positions and the task, so decoding with the cache recomputes it exactly (each
+copy of block 0 reads the past length from its own cache slot). The alternatives were weaker: keeping the dense block
+0's table for all experts ties a parameter across experts (an exported route then needs expert 0's table beside
+another expert's block), and leaving block 0 unforked departs from the paper's routing of every layer. The
+cross-attention bias is zero in T5 (no block has a relative bias for it) and broadcast over the batch: the first
+expert's is passed on.
+
+Which experts run. The blocks follow the routing plan in the context, as the other routed layers do
+(`ContextRoutedLayer`): a forward plans its routes on the host (`plans_forward_routes`: each expert on the rows that
+use it; every expert on every row under straight-through training, capture and compile); `generate` under hard routes
+takes the plan of the routes, made once per call (`hard_route_plan`), so each block runs one expert on a one-task
+batch, and each expert of a mixed batch runs on its rows only (off the CPU, `group_hard_routes`, a mixed decoder block
+runs as one grouped block over the experts' row segments, block 0 included: its rows' biases are computed from their
+own experts' tables and passed in). Soft routes and `generate(every_expert=True)` run every expert on every row.
 
 Generation with a key/value cache. Each expert copy of a decoder block has its own cache slot, for its self-attention
 (the `EncoderDecoderCache`'s self-attention cache) and its cross-attention (the cross-attention cache): expert 0 keeps
-the dense block's slot, the others get slots after the dense ones (`fork_layers`, both attentions' `layer_idx`). Every
-expert runs on every row, so each slot holds exactly what a forward without a cache recomputes, under hard and soft
-routes. `generate` runs the encoder on its own: a forward pre-hook on the encoder takes the `task_ids` that `generate`
-passes it and fills the context for that call.
+the dense block's slot, the others get slots after the dense ones (`fork_layers`, both attentions' `layer_idx`). An
+expert that runs on some rows keeps only those rows in its slots (`RoutedCache`, which translates beam search's
+reordering into each slot's rows); a grouped block keeps every row in expert 0's slots. `generate` runs the encoder on
+its own: a forward pre-hook on the encoder takes the `task_ids` that `generate` passes it and fills the context for
+that call (with its own forward plan).
 
 Weights: `backbone.<the dense model's own names>`, a routed block's `{encoder,decoder}.block.<i>.experts.<j>.*` (a plain
 block is `experts.0`), the router under `router.*`.
@@ -41,14 +52,25 @@ from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
-from ...layers.routing import ExpertRowsCache, RoutedCache, RouteRecorder
+from ...layers.routing import (
+    _NOT_PER_ROW,
+    ExpertRowsCache,
+    PlanEntry,
+    RoutedCache,
+    RouteRecorder,
+    _rows,
+    _scatter_rows,
+    every_expert_plan,
+)
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
     check_batch_dim,
     check_generation_cache,
     check_generation_counts,
     check_lengths,
+    check_token_ids,
     resolve_task_ids,
+    token_table_sizes,
 )
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import BartTaskRoutedConfig, TaskRoutedSeq2SeqConfig
@@ -71,66 +93,155 @@ EXPORT_NEEDS_CHECKED = (
 )
 
 
+#: the relative-position table of a T5 block that computes the self-attention bias (block 0 of each stack)
+RELATIVE_TABLE = "layer.0.SelfAttention.relative_attention_bias"
+
+
 class T5RoutedBlock(ContextRoutedLayer):
-    """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it runs every expert on every row
-    and returns `(sum_j D_ij h_j, position bias, cross-attention bias)`. The self-attention bias is mixed by `D` when
-    this block computes it (block 0: each expert copy has its own relative-position table), else the one received is
-    passed on unchanged (module docstring)."""
+    """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it follows the routing plan in the
+    context as `RoutedLayer` does (each expert the plan names on its rows, the outputs mixed by `D` where the plan
+    scales them; the every-expert plan: every expert on every row) and returns `(hidden states, position bias,
+    cross-attention bias)`. A block that computes the self-attention bias (block 0: each expert copy its own
+    relative-position table) assembles it per row: each expert's bias on its rows, scaled like its hidden states, a
+    `(batch, heads, q, k)` tensor (the expert's own, broadcast over the batch, when one expert serves every row
+    unscaled). A later block slices the bias it receives for each expert's rows and passes the whole one on. A plan's
+    grouped layer (`group_hard_routes`: the experts' linears and norms as one block over their row segments) serves
+    every block; block 0's copy does not run its relative-position table (expert 0's) but takes each row's bias,
+    computed from the row's own expert's table (`_segment_biases`)."""
 
     def forward(self, hidden_states, attention_mask=None, position_bias=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, encoder_decoder_position_bias=None, **kwargs):
         args = (attention_mask, position_bias, encoder_hidden_states, encoder_attention_mask,
                 encoder_decoder_position_bias)
-        recorder: RouteRecorder | None = self.context.flags.get("routing_recorder")
+        flags = self.context.flags
+        recorder: RouteRecorder | None = flags.get("routing_recorder")
         if recorder is not None:
             recorder.record_input(hidden_states)
-        weights = self.context.flags.get("routing_weights")
-        if self.route_index is not None and weights is None:
-            self.context.require_task_ids()  # raises: called outside the model's forward
-        shares = (
-            weights[:, self.route_index].to(hidden_states.dtype) if self.route_index is not None else None
-        )  # (batch, experts)
-        mixed = bias = cross = None
-        attentions: dict[str, torch.Tensor | None] = {}
+        if self.route_index is None:  # a plain block
+            entries, shares = [PlanEntry(0, None, False)], None
+        else:
+            weights = flags.get("routing_weights")
+            if weights is None:
+                self.context.require_task_ids()  # raises: called outside the model's forward
+            plan = flags.get("routing_plan")
+            # no plan in the context: every expert (nothing read back)
+            entries = plan[self.route_index] if plan is not None else every_expert_plan(1, len(self.experts))[0]
+            shares = weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
+        batch = hidden_states.shape[0]
         cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
-        for j, expert in enumerate(self.experts):
-            slot = self.cache_slot(j)
-            if slot is not None and hasattr(cache, "set_slot_rows"):
-                # every expert runs on every row; its slot's length is its own (the position bias of block 0's
+        slots = cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None
+        grouped = getattr(entries, "module", None)
+        if grouped is not None and recorder is None and not torch.is_grad_enabled():
+            # block 0: its experts' relative-position tables differ; the copy does not run its own (expert 0's) but
+            # takes each row's bias, computed here from its expert's table
+            tabled = position_bias is None and self._has_relative_table()
+            # every expert as one block on the rows sorted by expert (generation)
+            layer = grouped(self.experts, (RELATIVE_TABLE,) if tabled else ())
+            if layer is not None:
+                order = entries.order  # None: the segments are runs of the batch's own order
+                if slots:
+                    cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slots keep every row (sorted)
+                if tabled:
+                    position_bias = self._segment_biases(entries, hidden_states.shape[1], cache)
+                    args = (attention_mask, position_bias, *args[2:])
+                h, bias, cross = _on_rows(layer, order, hidden_states, args, kwargs)
+                if order is not None:
+                    h = h.index_select(0, entries.inverse)
+                    bias, cross = (_rows(b, entries.inverse, batch) for b in (bias, cross))  # computed: per sorted row
+                return (h, bias if position_bias is None else position_bias,
+                        cross if encoder_decoder_position_bias is None else encoder_decoder_position_bias)
+        mixed = bias = cross = None
+        attentions: dict[str, torch.Tensor | None] = {kind: None for kind in (recorder.kinds if recorder else ())}
+        missing: set[str] = set()
+        for j, rows, scale in entries:
+            expert = self.experts[j]
+            if slots:
+                # the expert's slots keep its rows only; its slot's length is its own (the position bias of block 0's
                 # experts reads it), not a filled slot's
-                cache.set_slot_rows(slot, None)
+                cache.set_slot_rows(self.cache_slot(j), rows)
             seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
             try:
-                h, b, c = expert(hidden_states, *args, **kwargs)
+                h, b, c = _on_rows(expert, rows, hidden_states, args, kwargs)
             finally:
                 for handle in handles:
                     handle.remove()
-            if shares is None:  # a plain block
-                mixed, bias, cross = h, b, c
-                attentions = {kind: probs[-1] if probs else None for kind, probs in seen.items()}
-                break
-            share = shares[:, j]  # (batch,)
-            h = h * share[:, None, None]  # (batch, seq, hidden)
-            mixed = h if mixed is None else mixed + h
-            if position_bias is None:  # this block computes the bias (block 0): each expert its own, mixed by D
-                b = b * share.to(b.dtype)[:, None, None, None]  # (batch, heads, q, k)
-                bias = b if bias is None else bias + b
-            if j == 0:
-                cross = c  # zero in T5 (no relative bias for cross-attention): expert 0's
+            share = None if shares is None else (shares if rows is None else shares.index_select(0, rows))[:, j]
+            if scale:
+                h = h * share[:, None, None]  # (rows, seq, hidden)
+            mixed = _scatter_rows(mixed, h, rows, hidden_states)
+            if position_bias is None:  # this block computes the bias (block 0): each expert its own, on its rows
+                bias = _add_bias_rows(bias, b, rows, share if scale else None, batch)
+            if encoder_decoder_position_bias is None and c is not None:
+                if c.shape[0] == 1:  # zero in T5 (no relative bias for cross-attention), broadcast: the first expert's
+                    cross = c if cross is None else cross
+                else:
+                    cross = _add_bias_rows(cross, c, rows, share if scale else None, batch)
             for kind, probs in seen.items():
                 if probs and probs[-1] is not None:
-                    p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None]  # (batch, heads, q, k)
-                    attentions[kind] = p if attentions.get(kind) is None else attentions[kind] + p
+                    p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None] if scale else probs[-1]
+                    attentions[kind] = _scatter_rows(attentions[kind], p, rows, None, batch)  # (batch, heads, q, k)
                 else:
-                    attentions[kind] = None
+                    missing.add(kind)
         if position_bias is not None:
             bias = position_bias
+        if encoder_decoder_position_bias is not None:
+            cross = encoder_decoder_position_bias
         if recorder is not None:
             recorder.record_output(mixed)
-            for kind in recorder.kinds:
-                if kind in attentions:
-                    recorder.attentions[kind].append(attentions[kind])
+            for kind, value in attentions.items():
+                recorder.attentions[kind].append(None if kind in missing else value)
         return mixed, bias, cross
+
+    def _has_relative_table(self) -> bool:
+        """Whether this block computes the self-attention bias from a relative-position table (T5's block 0)."""
+        attention = self.experts[0].get_submodule(RELATIVE_TABLE.rpartition(".")[0])
+        return bool(getattr(attention, "has_relative_attention_bias", False))
+
+    def _segment_biases(self, entries, query_length: int, cache) -> torch.Tensor:
+        """The self-attention bias of each row of a grouped block 0 (`entries`: a `GroupedRoute`), from its own
+        expert's relative-position table, `(batch, heads, q, k)` in the batch's order: what each expert's
+        attention computes for its rows (`compute_bias` at the past length of the block's cache slot, read before
+        the block writes it, as T5's attention reads it)."""
+        slot = self.cache_slot(0)
+        past = cache.get_seq_length(slot) if cache is not None and slot is not None else 0
+        device = next(iter(self.experts[0].parameters())).device
+        own: dict[int, torch.Tensor] = {}
+        parts = []
+        for expert, rows in entries.segments:
+            if expert not in own:  # (1, heads, q, k)
+                attention = self.experts[expert].get_submodule(RELATIVE_TABLE.rpartition(".")[0])
+                own[expert] = attention.compute_bias(query_length, past + query_length, device=device,
+                                                     past_seen_tokens=past)
+            parts.append(own[expert].expand(rows, -1, -1, -1))
+        bias = torch.cat(parts)  # the segments' rows: sorted by expert, or runs of the batch's order
+        return bias if entries.order is None else bias.index_select(0, entries.inverse)
+
+
+def _on_rows(block, rows: torch.Tensor | None, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
+    """`block(hidden_states, *args, **kwargs)` on the batch's `rows` (None: every row): each per-row argument (masks,
+    encoder states, a per-row position bias) restricted to them, a broadcast one (batch dim 1) left whole."""
+    if rows is None:
+        return block(hidden_states, *args, **kwargs)
+    batch = hidden_states.shape[0]
+    return block(hidden_states.index_select(0, rows), *[_rows(a, rows, batch) for a in args],
+                 **{k: v if k in _NOT_PER_ROW else _rows(v, rows, batch) for k, v in kwargs.items()})
+
+
+def _add_bias_rows(total: torch.Tensor | None, bias: torch.Tensor, rows: torch.Tensor | None,
+                   share: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """`total` plus an expert's attention bias on its `rows` (None: every row), scaled by the rows' `share` (None:
+    not scaled). `bias` is `(rows or 1, heads, q, k)` (T5 computes a relative bias once for every row); the sum is
+    `(batch, heads, q, k)`, or the expert's own bias unchanged when it is the only one and covers every row."""
+    if share is not None:
+        bias = bias * share.to(bias.dtype)[:, None, None, None]  # (rows, heads, q, k)
+    if rows is None:
+        return bias if total is None else total + bias
+    bias = bias.expand(rows.shape[0], *bias.shape[1:])
+    if total is None:
+        total = bias.new_zeros(batch, *bias.shape[1:])
+    elif total.shape[0] != batch:  # an earlier expert's bias of every row, broadcast: now per row
+        total = total.expand(batch, *total.shape[1:]).clone()
+    return total.index_add(0, rows, bias)
 
 
 #: the routed layer class of an architecture whose blocks need more than `ContextRoutedLayer` (a block returning a
@@ -158,7 +269,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     #: transformers Auto classes this model is registered with (and named in an export's `auto_map`)
     auto_classes = ("AutoModel", "AutoModelForSeq2SeqLM")
     _no_split_modules = ["T5RoutedBlock", "ContextRoutedLayer"]
-    plans_forward_routes = True  # BART's layers run only the experts a batch uses (T5's blocks run every expert)
+    plans_forward_routes = True  # BART's layers and T5's blocks run only the experts a batch uses
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
         # only T5's blocks need the 3-tuple (`T5RoutedBlock`); BART's layers run on every admitted transformers
@@ -387,27 +498,41 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         once with the rows' routes (the encoder's pre-hook), each decoding step with the cache (a slot per decoder
         expert). The segment ids a BERT tokenizer returns are dropped.
 
-        Under hard routes each routed decoder layer runs only the experts the rows use: each on its own rows, with its
-        own rows in its cache slots (`RoutedCache`), or, with grouped layers (`group_hard_routes`, the default off the
-        CPU), all of them as one layer on the batch sorted by task; the plan is made at the first step (one host read
-        per call) and kept for the others. A soft route, a cache passed by hand, or `every_expert=True` run every
-        expert on every row, mixed by the decisions (T5's blocks always do)."""
+        Under hard routes each routed decoder layer (a BART layer, a T5 block) runs only the experts the rows use:
+        each on its own rows, with its own rows in its cache slots (`RoutedCache`), or, with grouped layers
+        (`group_hard_routes`, the default off the CPU), all of them as one layer on the batch sorted by task; the plan
+        is made at the first step (one host read per call) and kept for the others. The encoder runs once, on its
+        forward plan (one host read). The task ids and the token ids given are checked once, here (no decoding step
+        reads them back). An empty `RoutedCache` passed in (`new_cache()`) is planned alike; a filled one continues
+        on the forward's plan. A soft route runs every expert on every row, mixed by the decisions, and so does
+        `every_expert=True`, in the encoder and every step (the reference the planned path is tested against)."""
         kwargs.pop("token_type_ids", None)
         check_generation_counts(kwargs)
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
         given = task_ids
         if reference is not None:
-            task_ids = resolve_task_ids(task_ids, reference.shape[0], self.config.task_names, self.device)
+            checked = bool(kwargs.get("values_checked"))
+            task_ids = resolve_task_ids(task_ids, reference.shape[0], self.config.task_names, self.device,
+                                        check_values=not checked)
+            if not checked:
+                # the task ids and the given token ids checked once, here: the encoder and every decoding step then
+                # read nothing back to check them again (the new ids are the model's own), where each step read both
+                check_token_ids(token_table_sizes(self), input_ids=input_ids,
+                                decoder_input_ids=kwargs.get("decoder_input_ids"))
+                kwargs["values_checked"] = True
         check_generation_cache(self, kwargs)
         kwargs.pop("cache_implementation", None)
         cache = pop_cache(dict(kwargs))
         if cache is None:
             kwargs[CACHE_ARG] = cache = self.new_cache()
-            cache.plans_routes = not every_expert
+        if isinstance(cache, RoutedCache) and cache.get_seq_length() == 0:
+            cache.plans_routes = not every_expert  # hard routes: each block runs only the experts its rows use
+        self._every_expert_generation = every_expert
         try:
             return self._generate(super().generate, input_ids, cache, given,
                                   {"attention_mask": attention_mask, "task_ids": task_ids, **kwargs})
         finally:
+            self._every_expert_generation = False
             self.task_context.end()  # nothing of a call outlives it, also when it raised
 
     # ------------------------------------------------------------------ building and exporting
