@@ -166,20 +166,11 @@ def _pearson(predictions, references) -> float:
     return float(x @ y / denominator) if denominator else 0.0
 
 
-def _ranks(values: np.ndarray) -> np.ndarray:
-    order = np.argsort(values, kind="mergesort")
-    ranks = np.empty(len(values), dtype=np.float64)
-    sorted_values = values[order]
-    start = 0
-    for end in range(1, len(values) + 1):
-        if end == len(values) or sorted_values[end] != sorted_values[start]:
-            ranks[order[start:end]] = (start + end - 1) / 2.0 + 1.0  # average rank of a tie group
-            start = end
-    return ranks
-
-
 def _spearmanr(predictions, references) -> float:
-    return _pearson(_ranks(np.asarray(predictions, dtype=np.float64)), _ranks(np.asarray(references, dtype=np.float64)))
+    from scipy.stats import rankdata  # ties get their average rank
+
+    return _pearson(rankdata(np.asarray(predictions, dtype=np.float64)),
+                    rankdata(np.asarray(references, dtype=np.float64)))
 
 
 def _multiple_choice_accuracy(predictions, references) -> float:
