@@ -31,11 +31,13 @@ the task sampler; `MultiTaskCollator` pads a mixed batch and carries `task_ids`.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +68,14 @@ class TaskPreset:
         return TaskSpec.from_dict({**self.spec, "dataset": self.dataset, "dataset_config": self.config, **overrides})
 
 
-def _glue(config, text_fields, label_names=None, metrics=("accuracy",), splits=None, **spec):
+def _glue(config, text_fields, label_names=None, metrics=("accuracy",), splits=None, dataset="nyu-mll/glue", **spec):
     spec = {"name": config, "text_fields": list(text_fields), "metrics": list(metrics), **spec}
     if label_names:
         spec["label_names"] = list(label_names)
-    return TaskPreset(
-        "nyu-mll/glue", config, spec, splits or {"train": "train", "validation": "validation", "test": "test"}
-    )
+    return TaskPreset(dataset, config, spec, splits or {"train": "train", "validation": "validation", "test": "test"})
 
 
-def _super_glue(config, text_fields, label_names=None, metrics=("accuracy",), **spec):
-    spec = {"name": config, "text_fields": list(text_fields), "metrics": list(metrics), **spec}
-    if label_names:
-        spec["label_names"] = list(label_names)
-    return TaskPreset("aps/super_glue", config, spec)
+_super_glue = partial(_glue, dataset="aps/super_glue")
 
 
 TASK_PRESETS: dict[str, TaskPreset] = {
@@ -323,7 +319,7 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
     except Exception as err:  # noqa: BLE001 -- a damaged parquet file: Arrow's error, named by file
         problems.append(f"{where}: {path} could not be read as {suffix[1:]} ({type(err).__name__}: {err}).")
         return None, None
-    wanted = list(dict.fromkeys(_required_fields(spec, with_labels=True)))
+    wanted = list(dict.fromkeys(problem_type_of(spec).required_fields(spec, with_labels=True)))
     present = list(dict.fromkeys(k for row in rows for k in row))
     # (a split to predict on may come without labels; training and evaluation need them)
     absent = [
@@ -549,10 +545,6 @@ def load_tasks(
 
 
 # ----------------------------------------------------------------------------------------------- checking
-def _required_fields(spec: TaskSpec, with_labels: bool) -> list[str]:
-    return problem_type_of(spec).required_fields(spec, with_labels)
-
-
 def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train"):
     """The model label of one raw label; raises a ValueError naming task and row (`row`: an index, or where
     the row is, e.g. `dev.jsonl, line 7`)."""
@@ -570,7 +562,7 @@ def check_task_split(
     (`encode_label`), or None without labels."""
     if dataset is None or len(dataset) == 0:
         raise DataError([f"Task {spec.name!r}: the {split} split is empty."])
-    missing = [f for f in _required_fields(spec, with_labels) if f not in dataset.column_names]
+    missing = [f for f in problem_type_of(spec).required_fields(spec, with_labels) if f not in dataset.column_names]
     if missing:
         raise DataError(
             [f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."]
@@ -689,9 +681,7 @@ class MultiTaskDataset(torch.utils.data.Dataset):
         self.datasets = list(datasets)
         self.task_names = list(task_names)
         self.sizes = [len(d) for d in self.datasets]
-        self.offsets = [0]
-        for size in self.sizes[:-1]:
-            self.offsets.append(self.offsets[-1] + size)
+        self.offsets = [0, *itertools.accumulate(self.sizes[:-1])]
 
     def __len__(self) -> int:
         return sum(self.sizes)
@@ -714,12 +704,14 @@ class MultiTaskDataset(torch.utils.data.Dataset):
             by_task.setdefault(task, []).append((pos, row))
         out: list[dict | None] = [None] * len(indices)
         for task, items in by_task.items():
-            dataset = self.datasets[task]
-            rows = [row for _, row in items]
-            fetched = dataset.__getitems__(rows) if hasattr(dataset, "__getitems__") else [dataset[r] for r in rows]
-            for (pos, _), example in zip(items, fetched):
+            for (pos, _), example in zip(items, read_rows(self.datasets[task], [row for _, row in items])):
                 out[pos] = example
         return out
+
+
+def read_rows(dataset, indices: list[int]) -> list[dict]:
+    """Rows `indices` of `dataset`: one batched read where it has one (`datasets.Dataset.__getitems__`)."""
+    return dataset.__getitems__(list(indices)) if hasattr(dataset, "__getitems__") else [dataset[i] for i in indices]
 
 
 class MultiTaskCollator:
