@@ -351,32 +351,22 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
         return None, None
 
 
+def _wrong_text(spec: TaskSpec, words: bool, value: Any) -> str | None:
+    """What a text field holds when it is not what it must be (None: it is text -- a list of words for `words` --, or
+    absent): a list where text belongs may be a text pair written as one field."""
+    if value is None or ((isinstance(value, (list, tuple)) and all(isinstance(w, str) for w in value)) if words
+                         else isinstance(value, str)):
+        return None
+    pair = (f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`"
+            if not words and isinstance(value, (list, tuple)) else "")
+    return f"expected {'a list of words' if words else 'text'}, got {value!r}{pair}."
+
+
 def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str) -> list[str]:
     """Text fields hold text (token classification: a list of words); a number where text belongs is reported."""
-    problems = []
     kind = problem_type_of(spec)
-    words = kind.text_is_words
-    for row, line in zip(rows, lines):
-        for name in kind.text_fields(spec):
-            if name not in row:
-                continue
-            value = row[name]
-            ok = (
-                (isinstance(value, list) and all(isinstance(w, str) for w in value))
-                if words
-                else isinstance(value, str)
-            )
-            if not ok and value is not None:
-                expected = "a list of words" if words else "text"
-                pair = (
-                    f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`"
-                    if not words and isinstance(value, list)
-                    else ""
-                )
-                problems.append(
-                    f"{where}: {path}, line {line}, field {name!r}: expected {expected}, got {value!r}{pair}."
-                )
-    return problems
+    return [f"{where}: {path}, line {line}, field {name!r}: {wrong}" for row, line in zip(rows, lines)
+            for name in kind.text_fields(spec) if (wrong := _wrong_text(spec, kind.text_is_words, row.get(name)))]
 
 
 _FIELD_KINDS = ("text", "number", "boolean", "list", "list of text", "list of number", "list of boolean")
@@ -573,23 +563,11 @@ def check_task_split(
     words = kind.text_is_words
     for name in kind.text_fields(spec):
         for row, text in enumerate(dataset[name]):
-            if words and isinstance(text, (list, tuple)) and all(isinstance(w, str) for w in text):
-                if not text:
-                    problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} holds no words.")
-            elif words and text is not None:
-                problems.append(
-                    f"Task {spec.name!r}, {where(row)}: field {name!r} must be a list of words, got {text!r}."
-                )
-            elif not words and text is not None and not isinstance(text, str):  # a list here is no text (nor a pair)
-                problems.append(
-                    f"Task {spec.name!r}, {where(row)}: field {name!r} must be text, got {text!r}"
-                    + (
-                        f"; a text pair is two fields, e.g. `text_fields: "
-                        f"{list(spec.text_fields) + ['<second field>']}`."
-                        if isinstance(text, (list, tuple))
-                        else "."
-                    )
-                )
+            wrong = _wrong_text(spec, words, text)  # a list here is no text (nor a pair)
+            if wrong:
+                problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r}: {wrong}")
+            elif words and text is not None and not text:
+                problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} holds no words.")
             elif text is None or (not words and not text.strip() and not kind.allows_empty_text):
                 problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} is empty.")
     labels = None
