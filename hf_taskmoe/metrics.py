@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
+from itertools import takewhile
 from pathlib import Path
 
 import numpy as np
@@ -347,16 +348,8 @@ def decode_texts(token_ids: np.ndarray, tokenizer, eos_token_id: int | list[int]
         eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
     ends = set(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else {eos_token_id}
     dropped = {IGNORE_INDEX, tokenizer.pad_token_id}
-    texts = []
-    for row in np.asarray(token_ids).tolist():
-        kept = []
-        for token in row:
-            if token in ends:
-                break
-            if token not in dropped:
-                kept.append(token)
-        texts.append(tokenizer.decode(kept, skip_special_tokens=False).strip())
-    return texts
+    return [tokenizer.decode([t for t in takewhile(lambda t: t not in ends, row) if t not in dropped],
+                             skip_special_tokens=False).strip() for row in np.asarray(token_ids).tolist()]
 
 
 def _run_metric(name: str, inputs: dict, config_name: str | None = None, trust_remote_metrics: bool = False) -> float:
