@@ -46,11 +46,8 @@ _LOCAL_BUILDERS = {
 
 def local_dataset_type(files: list[str]) -> str:
     """`json`, `csv`, `parquet` or `text`: the `datasets.load_dataset` builder of a task's local files."""
-    for name in files:
-        builder = _LOCAL_BUILDERS.get(Path(str(name)).suffix.lower())
-        if builder:
-            return builder
-    return "local"
+    builders = (_LOCAL_BUILDERS.get(Path(str(name)).suffix.lower()) for name in files)
+    return next((b for b in builders if b), "local")  # the first file of a known type names it
 
 
 def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str = "eval", split: str = "validation",
