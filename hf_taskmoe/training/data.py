@@ -437,12 +437,9 @@ def load_preset(
 
     preset = lookup(TASK_PRESETS, name, "task preset")
     spec = preset.task_spec(**overrides)
-    loaded = {}
-    for split in splits:
-        hub_split = preset.splits.get(split)
-        if hub_split is None:
-            continue
-        loaded[split] = datasets.load_dataset(preset.dataset, preset.config, split=hub_split, cache_dir=cache_dir)
+    loaded = {split: datasets.load_dataset(preset.dataset, preset.config, split=preset.splits[split],
+                                           cache_dir=cache_dir)
+              for split in splits if preset.splits.get(split) is not None}  # a split the preset has
     return TaskData(spec, loaded, f"{preset.dataset}" + (f" ({preset.config})" if preset.config else ""))
 
 

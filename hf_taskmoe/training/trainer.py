@@ -783,9 +783,8 @@ class MultiTaskTrainer(Trainer):
 
         if not self.is_world_process_zero():
             return
-        metrics = {}
-        for entry in self.state.log_history:
-            metrics.update({k: v for k, v in entry.items() if k.startswith("eval_")})
+        # every evaluation metric logged, the latest value of each
+        metrics = {k: v for entry in self.state.log_history for k, v in entry.items() if k.startswith("eval_")}
         routing, heatmap, source = self.routing_statistics, self.routing_heatmap, "evaluation"
         if routing is None and self.routing_analytics is not None and self.routing_analytics.total.counts is not None:
             # no evaluation routing recorded: summarise the training batches' routing instead
