@@ -163,9 +163,8 @@ def task_rows(tasks: list[TaskSpec], train_sizes: dict | None = None, label_rang
     rows = []
     for t in tasks:
         labels = problem_type_of(t).card_labels(t, (label_ranges or {}).get(t.name))
-        dataset = t.dataset or ("-" if t.name not in (local_files or {}) else t.name)
-        if t.name in (local_files or {}):
-            dataset += " (local files)"
+        local = t.name in (local_files or {})
+        dataset = f"{t.dataset or t.name} (local files)" if local else t.dataset or "-"
         rows.append({
             "name": _escape(t.name), "problem_type": t.problem_type, "labels": _escape(labels),
             "metrics": _escape(", ".join(t.metrics)), "dataset": _escape(dataset),
