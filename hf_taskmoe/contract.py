@@ -139,10 +139,6 @@ def parameter_roles_of(model: nn.Module) -> ParameterRoles:
     return UNDECLARED
 
 
-#: the task-routed families' roles (BART, causal LMs, T5: Ye et al.): the router's network, the task representations
-#: it reads, and the forked layers' experts. No heads (the LM head is shared); a task's representation is its own;
-#: an absent task's representation and, under hard routing, the experts no task of the batch chose sit out a step;
-#: the router is new on upcycling.
 @dataclass(frozen=True)
 class StackedWeight:
     """Parameters stored with a leading axis of slices (one per expert): `pattern` (`re.fullmatch` on a parameter's
@@ -173,6 +169,10 @@ def is_stacked(model: nn.Module, name: str) -> bool:
     return any(re.fullmatch(s.pattern, name) for s in getattr(model, "stacked_weights", ()))
 
 
+#: the task-routed families' roles (BART, causal LMs, T5: Ye et al.): the router's network, the task representations
+#: it reads, and the forked layers' experts. No heads (the LM head is shared); a task's representation is its own;
+#: an absent task's representation and, under hard routing, the experts no task of the batch chose sit out a step;
+#: the router is new on upcycling.
 TASK_ROUTING_ROLES = ParameterRoles(
     roles={"router": r"^router\.net\.", "task_embedding": r"^router\.task_embeddings\.", "expert": r"\.experts\."},
     task_specific=("task_embedding",),

@@ -46,11 +46,8 @@ _LOCAL_BUILDERS = {
 
 def local_dataset_type(files: list[str]) -> str:
     """`json`, `csv`, `parquet` or `text`: the `datasets.load_dataset` builder of a task's local files."""
-    for name in files:
-        builder = _LOCAL_BUILDERS.get(Path(str(name)).suffix.lower())
-        if builder:
-            return builder
-    return "local"
+    builders = (_LOCAL_BUILDERS.get(Path(str(name)).suffix.lower()) for name in files)
+    return next((b for b in builders if b), "local")  # the first file of a known type names it
 
 
 def eval_results(tasks: list[TaskSpec], metrics: dict[str, float], prefix: str = "eval", split: str = "validation",
@@ -166,9 +163,8 @@ def task_rows(tasks: list[TaskSpec], train_sizes: dict | None = None, label_rang
     rows = []
     for t in tasks:
         labels = problem_type_of(t).card_labels(t, (label_ranges or {}).get(t.name))
-        dataset = t.dataset or ("-" if t.name not in (local_files or {}) else t.name)
-        if t.name in (local_files or {}):
-            dataset += " (local files)"
+        local = t.name in (local_files or {})
+        dataset = f"{t.dataset or t.name} (local files)" if local else t.dataset or "-"
         rows.append({
             "name": _escape(t.name), "problem_type": t.problem_type, "labels": _escape(labels),
             "metrics": _escape(", ".join(t.metrics)), "dataset": _escape(dataset),

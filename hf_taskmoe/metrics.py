@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, partial
+from itertools import takewhile
 from pathlib import Path
 
 import numpy as np
@@ -166,20 +167,11 @@ def _pearson(predictions, references) -> float:
     return float(x @ y / denominator) if denominator else 0.0
 
 
-def _ranks(values: np.ndarray) -> np.ndarray:
-    order = np.argsort(values, kind="mergesort")
-    ranks = np.empty(len(values), dtype=np.float64)
-    sorted_values = values[order]
-    start = 0
-    for end in range(1, len(values) + 1):
-        if end == len(values) or sorted_values[end] != sorted_values[start]:
-            ranks[order[start:end]] = (start + end - 1) / 2.0 + 1.0  # average rank of a tie group
-            start = end
-    return ranks
-
-
 def _spearmanr(predictions, references) -> float:
-    return _pearson(_ranks(np.asarray(predictions, dtype=np.float64)), _ranks(np.asarray(references, dtype=np.float64)))
+    from scipy.stats import rankdata  # ties get their average rank
+
+    return _pearson(rankdata(np.asarray(predictions, dtype=np.float64)),
+                    rankdata(np.asarray(references, dtype=np.float64)))
 
 
 def _multiple_choice_accuracy(predictions, references) -> float:
@@ -356,16 +348,8 @@ def decode_texts(token_ids: np.ndarray, tokenizer, eos_token_id: int | list[int]
         eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
     ends = set(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else {eos_token_id}
     dropped = {IGNORE_INDEX, tokenizer.pad_token_id}
-    texts = []
-    for row in np.asarray(token_ids).tolist():
-        kept = []
-        for token in row:
-            if token in ends:
-                break
-            if token not in dropped:
-                kept.append(token)
-        texts.append(tokenizer.decode(kept, skip_special_tokens=False).strip())
-    return texts
+    return [tokenizer.decode([t for t in takewhile(lambda t: t not in ends, row) if t not in dropped],
+                             skip_special_tokens=False).strip() for row in np.asarray(token_ids).tolist()]
 
 
 def _run_metric(name: str, inputs: dict, config_name: str | None = None, trust_remote_metrics: bool = False) -> float:

@@ -77,27 +77,26 @@ class ServingLogits(nn.Module):
         return out.logits  # (batch, max_width)
 
 
-class _TabularLogits(nn.Module):
+class _Wrapper(nn.Module):
+    """A program's module: the model, called as the program's inputs say."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+
+class _TabularLogits(_Wrapper):
     """`MMoEModel` as its program sees it: its feature tensors (those the config has, numeric first) -> every task's
     logits side by side, `(batch, sum of task widths)`."""
 
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-        self.names = _tabular_inputs(model)
-
     def forward(self, *features):
-        out = self.model(**dict(zip(self.names, features)), values_checked=True, return_dict=True)
+        out = self.model(**dict(zip(_tabular_inputs(self.model), features)), values_checked=True, return_dict=True)
         return out.logits
 
 
-class _RoutedEncoder(nn.Module):
+class _RoutedEncoder(_Wrapper):
     """A `BartTaskRouted`'s encoder with its task routes: `(input_ids, attention_mask, task_ids) ->
     encoder_hidden_states (batch, seq, d_model)`."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, input_ids, attention_mask, task_ids):
         encoder = self.model.get_encoder()
@@ -105,13 +104,9 @@ class _RoutedEncoder(nn.Module):
                        return_dict=True).last_hidden_state
 
 
-class _DecoderStep(nn.Module):
+class _DecoderStep(_Wrapper):
     """One decoding step of a `BartTaskRouted` without a cache: `(decoder_input_ids, encoder_hidden_states,
     attention_mask, task_ids) -> logits (batch, vocab)` of the token after the given decoder inputs."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
 
     def forward(self, decoder_input_ids, encoder_hidden_states, attention_mask, task_ids):
         out = self.model(encoder_outputs=(encoder_hidden_states,), attention_mask=attention_mask,
@@ -145,16 +140,19 @@ def example_inputs(model, batch: int = 3, seq: int = 8, token_type_ids: bool | N
     limit = _max_length(model)
     seq = max(2, min(seq, limit))
     batch = max(2, batch)
-    g = torch.Generator().manual_seed(0)
-    vocab = model.get_input_embeddings().num_embeddings
-    input_ids = torch.randint(1, vocab, (batch, seq), generator=g)
-    attention_mask = torch.ones(batch, seq, dtype=torch.long)
-    attention_mask[0, -1] = 0
-    task_ids = torch.arange(batch) % len(model.config.task_names)
-    inputs = (input_ids, attention_mask, task_ids)
+    inputs = _text_batch(torch.Generator().manual_seed(0), 1, model.get_input_embeddings().num_embeddings, batch, seq,
+                         len(model.config.task_names))
     if token_type_ids:
         inputs += (torch.zeros(batch, seq, dtype=torch.long),)
     return tuple(t.to(model.device) for t in inputs)
+
+
+def _text_batch(g: torch.Generator, low: int, vocab: int, batch: int, seq: int, num_tasks: int):
+    """`(input_ids, attention_mask, task_ids)` of a traced batch: random ids from `low`, the first row padded at its
+    end, the tasks in turn."""
+    attention_mask = torch.ones(batch, seq, dtype=torch.long)
+    attention_mask[0, -1] = 0
+    return torch.randint(low, vocab, (batch, seq), generator=g), attention_mask, torch.arange(batch) % num_tasks
 
 
 def dynamic_shapes(model, token_type_ids: bool | None = None, max_length: int | None = None) -> tuple[dict, ...]:
@@ -273,10 +271,7 @@ def _seq2seq_program(model, part: str, max_length: int | None) -> _Program:
     limit = max_length or config.max_position_embeddings or 512
     g = torch.Generator().manual_seed(0)
     batch, seq, steps = 3, min(8, limit), min(3, limit)
-    input_ids = torch.randint(4, config.vocab_size, (batch, seq), generator=g)
-    attention_mask = torch.ones(batch, seq, dtype=torch.long)
-    attention_mask[0, -1] = 0
-    task_ids = torch.arange(batch) % config.num_tasks
+    input_ids, attention_mask, task_ids = _text_batch(g, 4, config.vocab_size, batch, seq, config.num_tasks)
     rows = torch.export.Dim("batch", min=1)
     length = torch.export.Dim("seq", min=1, max=limit)
     per_token = {0: rows, 1: length}

@@ -352,17 +352,3 @@ class TaskConfigMixin:
     @property
     def num_tasks(self) -> int:
         return len(self._tasks_or_raise())
-
-    @classmethod
-    def _from_dense_fields(cls, dense_config, tasks, model_type: str, fields, hint: str = "", **kwargs):
-        """A config of this family from a dense config of `model_type`: its architecture `fields`, the tasks,
-        and `kwargs` (the family's settings). `hint` is added to the error for another model type."""
-        found = getattr(dense_config, "model_type", None)
-        if found != model_type:
-            raise ValueError(
-                f"{cls.__name__} starts from {model_type.upper()} checkpoints (model_type {model_type!r}{hint}), got "
-                f"model_type {found!r}."
-            )
-        keep = {name: getattr(dense_config, name) for name in fields}
-        keep.update(kwargs)
-        return cls(tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **keep)

@@ -69,12 +69,7 @@ class UpcyclingReport:
 
 def _collapse(names: list[str]) -> list[str]:
     """Shorten name lists for humans: layer and expert indices become `*`."""
-    seen = []
-    for name in names:
-        short = re.sub(r"\.\d+\.", ".*.", re.sub(r"\.\d+\.", ".*.", name))
-        if short not in seen:
-            seen.append(short)
-    return seen
+    return list(dict.fromkeys(re.sub(r"\.\d+(?=\.)", ".*", name) for name in names))  # first-seen order
 
 
 @dataclass

@@ -339,7 +339,8 @@ def test_a_text_pair_written_as_a_list_is_refused_before_the_tokenizer(minilm_to
     data = _ds(sentence1=[["a", "b"]], sentence2=["c"], label=[0.5])
     with pytest.raises(
         DataError,
-        match=r"Task 'stsb', train row 0: field 'sentence1' must be text, got \['a', 'b'\]; a text pair is two fields",
+        match=r"Task 'stsb', train row 0: field 'sentence1': expected text, got \['a', 'b'\]; a text pair is two "
+        r"fields",
     ):
         tokenize_task(STSB, data, minilm_tokenizer, task_id=0)
 

@@ -19,3 +19,23 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
 __all__ = [name for names in _EXPORTS.values() for name in names]
 
 __getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend: the plots are written to files, no display is needed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save_figure(fig, path):
+    """Lay `fig` out, write it to `path` (PNG, 120 dpi) and close it; returns `path`."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

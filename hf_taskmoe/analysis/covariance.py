@@ -82,8 +82,6 @@ def first_layer_inputs(model, batches: Mapping[str, dict], pooling: str = "token
     `"mean"` one mean vector per example."""
     if pooling not in ("tokens", "mean"):
         raise ValueError(f"`pooling` must be 'tokens' or 'mean', got {pooling!r}.")
-    # a backbone-generic model runs its own forward up to the first layer; a BERT family's encoder says it
-    encoder = model if hasattr(model, "first_layer_inputs") else model.base_model
     was_training = model.training
     model.eval()
     try:
@@ -93,10 +91,8 @@ def first_layer_inputs(model, batches: Mapping[str, dict], pooling: str = "token
             mask = batch.get("attention_mask")
             mask = torch.ones_like(input_ids) if mask is None else mask
             task_ids = torch.full((input_ids.shape[0],), model.task_id(task), dtype=torch.long, device=input_ids.device)
-            if hasattr(encoder, "first_layer_inputs"):
-                hidden = encoder.first_layer_inputs(input_ids, mask, batch.get("token_type_ids"), task_ids)
-            else:
-                hidden = encoder.embeddings(input_ids=input_ids, token_type_ids=batch.get("token_type_ids"))
+            # the model's own forward up to its first layer (`TaskEncoderMixin.first_layer_inputs`)
+            hidden = model.first_layer_inputs(input_ids, mask, batch.get("token_type_ids"), task_ids)
             if pooling == "tokens":
                 out[task] = hidden[mask.bool()]  # (real tokens, d)
             else:

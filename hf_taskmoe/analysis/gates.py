@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import _pyplot, _save_figure
+
 
 @dataclass
 class GateDistribution:
@@ -32,13 +34,8 @@ class GateDistribution:
 
     def plot(self, path: str, title: str = "Gate weights per expert") -> str:
         """One box plot per task: the distribution over rows of each expert's gate weight. Returns `path`."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         tasks = self.task_names
-        fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), sharey=True, squeeze=False)
+        fig, axes = _pyplot().subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), sharey=True, squeeze=False)
         for ax, task in zip(axes[0], tasks):
             w = self.weights[task]
             ax.boxplot([w[:, e] for e in range(w.shape[1])], showfliers=False)
@@ -47,10 +44,7 @@ class GateDistribution:
             ax.set_xlabel("expert")
         axes[0][0].set_ylabel("gate weight")
         fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        return _save_figure(fig, path)
 
 
 @torch.no_grad()

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from . import _pyplot, _save_figure
+
 
 def routed_layers(config) -> list[int | str] | None:
     """The layers a model routes between experts (None when it routes nothing): MoE layer indices
@@ -182,19 +184,13 @@ class RoutingStatistics:
     def plot(self, path: str | Path | None, title: str | None = None, ax=None) -> Path | None:
         """Heatmap PNG: one row per task, one column block per MoE layer, one column per expert. With `ax` (a
         matplotlib axes) it draws there and saves nothing (`path` may be None)."""
-        import matplotlib
-
         own = ax is None  # a figure of its own, saved to `path`
-        if own:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         title = title or f"Share of each task's {self.unit} per expert"
         shares = self.shares  # (layers, tasks, experts)
         num_layers, num_tasks, num_experts = shares.shape
         grid = shares.permute(1, 0, 2).reshape(num_tasks, num_layers * num_experts).numpy()
         if own:
-            fig, ax = plt.subplots(figsize=self.figure_size())
+            fig, ax = _pyplot().subplots(figsize=self.figure_size())
         else:
             fig = ax.figure
         im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
@@ -210,13 +206,7 @@ class RoutingStatistics:
         )
         ax.set_title(title)
         fig.colorbar(im, ax=ax, fraction=0.03, label=f"share of {self.unit}")
-        if not own:
-            return None
-        fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        return path
+        return _save_figure(fig, Path(path)) if own else None
 
 
 def normalised_entropy(stats: RoutingStatistics) -> torch.Tensor:

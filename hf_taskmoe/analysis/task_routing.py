@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import _pyplot, _save_figure
+
 
 def _flat(decisions) -> np.ndarray:
     d = (
@@ -37,14 +39,9 @@ def expert_names(route_names: Sequence[str], num_experts: int) -> list[str]:
 def plot_task_routing(decisions, task_names: Sequence[str], route_names: Sequence[str], path: str | Path,
                       title: str = "Routing decisions per task") -> Path:
     """Heatmap of the decision matrix of every task (Figure 3): one row per task, one column per (layer, expert)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     flat = _flat(decisions)
     experts = flat.shape[1] // len(route_names)
-    fig, ax = plt.subplots(figsize=(max(6, 0.32 * flat.shape[1]), 1.2 + 0.45 * len(task_names)))
+    fig, ax = _pyplot().subplots(figsize=(max(6, 0.32 * flat.shape[1]), 1.2 + 0.45 * len(task_names)))
     image = ax.imshow(flat, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0)
     ax.set_yticks(range(len(task_names)), labels=list(task_names))
     ax.set_xticks(range(flat.shape[1]), labels=expert_names(route_names, experts), rotation=90, fontsize=7)
@@ -52,11 +49,7 @@ def plot_task_routing(decisions, task_names: Sequence[str], route_names: Sequenc
         ax.axvline(boundary - 0.5, color="white", linewidth=0.8)
     ax.set_title(title)
     fig.colorbar(image, ax=ax, label="D (weight of the expert)")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, Path(path))
 
 
 def route_feature_correlation(decisions, features: Mapping[str, Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -88,23 +81,14 @@ def route_feature_correlation(decisions, features: Mapping[str, Sequence[float]]
 def plot_route_feature_correlation(r: np.ndarray, p: np.ndarray, names: Sequence[str], feature_names: Sequence[str],
                                    path: str | Path, alpha: float = 0.01) -> Path:
     """Figure 4: correlations with p < `alpha` (others blank)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     shown = np.where(p < alpha, r, np.nan)
-    fig, ax = plt.subplots(figsize=(1.5 + 0.6 * len(feature_names), 1.0 + 0.22 * len(names)))
+    fig, ax = _pyplot().subplots(figsize=(1.5 + 0.6 * len(feature_names), 1.0 + 0.22 * len(names)))
     image = ax.imshow(shown, aspect="auto", cmap="coolwarm", vmin=-1, vmax=1)
     ax.set_xticks(range(len(feature_names)), labels=list(feature_names), rotation=45, ha="right")
     ax.set_yticks(range(len(names)), labels=list(names), fontsize=7)
     ax.set_title(f"Pearson r (p < {alpha})")
     fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save_figure(fig, Path(path))
 
 
 def average_relative_gain(baseline: Mapping[str, float], method: Mapping[str, float]) -> float:

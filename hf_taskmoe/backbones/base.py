@@ -151,12 +151,8 @@ class TaskContext:
         self.end()
 
     def begin(self, task_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **flags) -> None:
-        self.task_ids = task_ids
-        self.attention_mask = attention_mask
-        self._token_mask = None
-        self.flags = flags
-        self.reports = []
-        self.layer_input = None
+        self.end()  # nothing of an earlier forward stays
+        self.task_ids, self.attention_mask, self.flags = task_ids, attention_mask, flags
 
     def end(self) -> None:
         self.task_ids = None

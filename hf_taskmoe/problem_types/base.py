@@ -196,11 +196,8 @@ class ProblemType:
         metric; `context` holds what some types need (`tokenizer`, `eos_token_id`, `dataset`: the task's
         tokenised evaluation set)."""
         predictions, labels = self._compared(spec, logits, np.asarray(labels))
-        results = {}
-        for name in spec.metrics:
-            inputs, config = self.metric_inputs(spec, name, logits, predictions, labels)
-            results[name] = run_metric(name, inputs, config)
-        return results
+        return {name: run_metric(name, *self.metric_inputs(spec, name, logits, predictions, labels))
+                for name in spec.metrics}
 
     def _compared(self, spec, logits, labels):
         return self.predictions(spec, logits), labels

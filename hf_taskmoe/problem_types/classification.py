@@ -33,6 +33,8 @@ class SequenceClassificationHead(TaskHead):
     every_row = True
     reads_sequence = False
     stacks = True
+    #: the kind of task its label errors name
+    label_kind = "single-label"
 
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
         super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
@@ -42,7 +44,7 @@ class SequenceClassificationHead(TaskHead):
         return self.classifier(self.dropout(pooled_output))  # (rows, num_labels)
 
     def prepare_labels(self, labels, rows, seq_len, padded=True, check_values=True):
-        values = self._own_columns(labels, rows, 1, padded, "single-label", check_values)[:, 0]  # (rows,)
+        values = self._own_columns(labels, rows, 1, padded, self.label_kind, check_values)[:, 0]  # (rows,)
         return self._class_indices(values, rows, self.num_labels, check_values)
 
     def loss(self, logits, labels):
@@ -163,16 +165,17 @@ class MultipleChoiceHead(TaskHead):
         return self._cross_entropy(logits, labels, self.num_choices)
 
 
-class SpanClassificationHead(TaskHead):
-    """WiC-style: [CLS] representation concatenated with the mean of each word span's tokens."""
+class SpanClassificationHead(SequenceClassificationHead):
+    """WiC-style: [CLS] representation concatenated with the mean of each word span's tokens (labels and loss as a
+    single-label head's)."""
 
-    every_row = True
     reads_spans = True
+    label_kind = "span-classification"
 
     def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
-        super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
+        # the classifier reads [CLS] and the mean of each span: (1 + spans) * hidden features
+        super().__init__(task, hidden_size * (1 + task.num_spans), dropout, scale_loss_by_num_classes)
         self.num_spans = task.num_spans
-        self.classifier = nn.Linear(hidden_size * (1 + self.num_spans), task.num_labels)
 
     def forward(self, sequence_output, pooled_output, span_positions=None):
         rows, seq_len, _ = sequence_output.shape
@@ -200,25 +203,13 @@ class SpanClassificationHead(TaskHead):
                     f"rows {bad_rows(bad.any(-1), rows)} do not."
                 )
 
-    def prepare_labels(self, labels, rows, seq_len, padded=True, check_values=True):
-        values = self._own_columns(labels, rows, 1, padded, "span-classification", check_values)[:, 0]  # (rows,)
-        return self._class_indices(values, rows, self.num_labels, check_values)
 
-    def loss(self, logits, labels):
-        return self._cross_entropy(logits, labels, self.num_labels)
-
-
-class TokenClassificationHead(TaskHead):
-    """A class per token; labels of -100 (special tokens, padding, non-first word pieces) are ignored."""
-
-    every_row = True
+class TokenClassificationHead(SequenceClassificationHead):
+    """A class per token (a single-label head's classifier and loss on every token); labels of -100 (special tokens,
+    padding, non-first word pieces) are ignored."""
 
     def logit_shape(self):
         return (None, self.num_labels)
-
-    def __init__(self, task, hidden_size, dropout, scale_loss_by_num_classes=False):
-        super().__init__(task, hidden_size, dropout, scale_loss_by_num_classes)
-        self.classifier = nn.Linear(hidden_size, task.num_labels)
 
     def forward(self, sequence_output, pooled_output, span_positions=None):
         return self.classifier(self.dropout(sequence_output))  # (rows, seq, num_labels)
@@ -244,9 +235,6 @@ class TokenClassificationHead(TaskHead):
                     )
             labels = labels[:, :seq_len]
         return self._class_indices(labels, rows, self.num_labels, check_values)
-
-    def loss(self, logits, labels):
-        return self._cross_entropy(logits, labels, self.num_labels)
 
 
 # ----------------------------------------------------------------------------------------------- types

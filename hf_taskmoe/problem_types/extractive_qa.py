@@ -536,15 +536,8 @@ class ExtractiveQA(ProblemType):
                 f"Task {spec.name!r}: the evaluation set has no answers (`answer_texts`) to score against."
             )
         scores = squad_scores(predictions, references)
-        results = {}
-        for name in spec.metrics:
-            if name in scores:
-                results[name] = scores[name]
-            else:
-                results[name] = run_metric(
-                    name, {"predictions": predictions, "references": [r[0] if r else "" for r in references]}, None
-                )
-        return results
+        texts = {"predictions": predictions, "references": [r[0] if r else "" for r in references]}
+        return {name: scores[name] if name in scores else run_metric(name, texts, None) for name in spec.metrics}
 
     def baseline_logits(self, spec, source_labels, num_rows):
         return None  # a trivial answer reads the context (e.g. its first words), which logits cannot say

@@ -31,11 +31,13 @@ the task sampler; `MultiTaskCollator` pads a mixed batch and carries `task_ids`.
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +68,14 @@ class TaskPreset:
         return TaskSpec.from_dict({**self.spec, "dataset": self.dataset, "dataset_config": self.config, **overrides})
 
 
-def _glue(config, text_fields, label_names=None, metrics=("accuracy",), splits=None, **spec):
+def _glue(config, text_fields, label_names=None, metrics=("accuracy",), splits=None, dataset="nyu-mll/glue", **spec):
     spec = {"name": config, "text_fields": list(text_fields), "metrics": list(metrics), **spec}
     if label_names:
         spec["label_names"] = list(label_names)
-    return TaskPreset(
-        "nyu-mll/glue", config, spec, splits or {"train": "train", "validation": "validation", "test": "test"}
-    )
+    return TaskPreset(dataset, config, spec, splits or {"train": "train", "validation": "validation", "test": "test"})
 
 
-def _super_glue(config, text_fields, label_names=None, metrics=("accuracy",), **spec):
-    spec = {"name": config, "text_fields": list(text_fields), "metrics": list(metrics), **spec}
-    if label_names:
-        spec["label_names"] = list(label_names)
-    return TaskPreset("aps/super_glue", config, spec)
+_super_glue = partial(_glue, dataset="aps/super_glue")
 
 
 TASK_PRESETS: dict[str, TaskPreset] = {
@@ -323,7 +319,7 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
     except Exception as err:  # noqa: BLE001 -- a damaged parquet file: Arrow's error, named by file
         problems.append(f"{where}: {path} could not be read as {suffix[1:]} ({type(err).__name__}: {err}).")
         return None, None
-    wanted = list(dict.fromkeys(_required_fields(spec, with_labels=True)))
+    wanted = list(dict.fromkeys(problem_type_of(spec).required_fields(spec, with_labels=True)))
     present = list(dict.fromkeys(k for row in rows for k in row))
     # (a split to predict on may come without labels; training and evaluation need them)
     absent = [
@@ -355,32 +351,22 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
         return None, None
 
 
+def _wrong_text(spec: TaskSpec, words: bool, value: Any) -> str | None:
+    """What a text field holds when it is not what it must be (None: it is text -- a list of words for `words` --, or
+    absent): a list where text belongs may be a text pair written as one field."""
+    if value is None or ((isinstance(value, (list, tuple)) and all(isinstance(w, str) for w in value)) if words
+                         else isinstance(value, str)):
+        return None
+    pair = (f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`"
+            if not words and isinstance(value, (list, tuple)) else "")
+    return f"expected {'a list of words' if words else 'text'}, got {value!r}{pair}."
+
+
 def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str) -> list[str]:
     """Text fields hold text (token classification: a list of words); a number where text belongs is reported."""
-    problems = []
     kind = problem_type_of(spec)
-    words = kind.text_is_words
-    for row, line in zip(rows, lines):
-        for name in kind.text_fields(spec):
-            if name not in row:
-                continue
-            value = row[name]
-            ok = (
-                (isinstance(value, list) and all(isinstance(w, str) for w in value))
-                if words
-                else isinstance(value, str)
-            )
-            if not ok and value is not None:
-                expected = "a list of words" if words else "text"
-                pair = (
-                    f"; a text pair is two fields, e.g. `text_fields: {list(spec.text_fields) + ['<second field>']}`"
-                    if not words and isinstance(value, list)
-                    else ""
-                )
-                problems.append(
-                    f"{where}: {path}, line {line}, field {name!r}: expected {expected}, got {value!r}{pair}."
-                )
-    return problems
+    return [f"{where}: {path}, line {line}, field {name!r}: {wrong}" for row, line in zip(rows, lines)
+            for name in kind.text_fields(spec) if (wrong := _wrong_text(spec, kind.text_is_words, row.get(name)))]
 
 
 _FIELD_KINDS = ("text", "number", "boolean", "list", "list of text", "list of number", "list of boolean")
@@ -451,12 +437,9 @@ def load_preset(
 
     preset = lookup(TASK_PRESETS, name, "task preset")
     spec = preset.task_spec(**overrides)
-    loaded = {}
-    for split in splits:
-        hub_split = preset.splits.get(split)
-        if hub_split is None:
-            continue
-        loaded[split] = datasets.load_dataset(preset.dataset, preset.config, split=hub_split, cache_dir=cache_dir)
+    loaded = {split: datasets.load_dataset(preset.dataset, preset.config, split=preset.splits[split],
+                                           cache_dir=cache_dir)
+              for split in splits if preset.splits.get(split) is not None}  # a split the preset has
     return TaskData(spec, loaded, f"{preset.dataset}" + (f" ({preset.config})" if preset.config else ""))
 
 
@@ -549,10 +532,6 @@ def load_tasks(
 
 
 # ----------------------------------------------------------------------------------------------- checking
-def _required_fields(spec: TaskSpec, with_labels: bool) -> list[str]:
-    return problem_type_of(spec).required_fields(spec, with_labels)
-
-
 def encode_label(spec: TaskSpec, value: Any, row: int | str, split: str = "train"):
     """The model label of one raw label; raises a ValueError naming task and row (`row`: an index, or where
     the row is, e.g. `dev.jsonl, line 7`)."""
@@ -570,7 +549,7 @@ def check_task_split(
     (`encode_label`), or None without labels."""
     if dataset is None or len(dataset) == 0:
         raise DataError([f"Task {spec.name!r}: the {split} split is empty."])
-    missing = [f for f in _required_fields(spec, with_labels) if f not in dataset.column_names]
+    missing = [f for f in problem_type_of(spec).required_fields(spec, with_labels) if f not in dataset.column_names]
     if missing:
         raise DataError(
             [f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."]
@@ -581,23 +560,11 @@ def check_task_split(
     words = kind.text_is_words
     for name in kind.text_fields(spec):
         for row, text in enumerate(dataset[name]):
-            if words and isinstance(text, (list, tuple)) and all(isinstance(w, str) for w in text):
-                if not text:
-                    problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} holds no words.")
-            elif words and text is not None:
-                problems.append(
-                    f"Task {spec.name!r}, {where(row)}: field {name!r} must be a list of words, got {text!r}."
-                )
-            elif not words and text is not None and not isinstance(text, str):  # a list here is no text (nor a pair)
-                problems.append(
-                    f"Task {spec.name!r}, {where(row)}: field {name!r} must be text, got {text!r}"
-                    + (
-                        f"; a text pair is two fields, e.g. `text_fields: "
-                        f"{list(spec.text_fields) + ['<second field>']}`."
-                        if isinstance(text, (list, tuple))
-                        else "."
-                    )
-                )
+            wrong = _wrong_text(spec, words, text)  # a list here is no text (nor a pair)
+            if wrong:
+                problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r}: {wrong}")
+            elif words and text is not None and not text:
+                problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} holds no words.")
             elif text is None or (not words and not text.strip() and not kind.allows_empty_text):
                 problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r} is empty.")
     labels = None
@@ -689,9 +656,7 @@ class MultiTaskDataset(torch.utils.data.Dataset):
         self.datasets = list(datasets)
         self.task_names = list(task_names)
         self.sizes = [len(d) for d in self.datasets]
-        self.offsets = [0]
-        for size in self.sizes[:-1]:
-            self.offsets.append(self.offsets[-1] + size)
+        self.offsets = [0, *itertools.accumulate(self.sizes[:-1])]
 
     def __len__(self) -> int:
         return sum(self.sizes)
@@ -714,12 +679,14 @@ class MultiTaskDataset(torch.utils.data.Dataset):
             by_task.setdefault(task, []).append((pos, row))
         out: list[dict | None] = [None] * len(indices)
         for task, items in by_task.items():
-            dataset = self.datasets[task]
-            rows = [row for _, row in items]
-            fetched = dataset.__getitems__(rows) if hasattr(dataset, "__getitems__") else [dataset[r] for r in rows]
-            for (pos, _), example in zip(items, fetched):
+            for (pos, _), example in zip(items, read_rows(self.datasets[task], [row for _, row in items])):
                 out[pos] = example
         return out
+
+
+def read_rows(dataset, indices: list[int]) -> list[dict]:
+    """Rows `indices` of `dataset`: one batched read where it has one (`datasets.Dataset.__getitems__`)."""
+    return dataset.__getitems__(list(indices)) if hasattr(dataset, "__getitems__") else [dataset[i] for i in indices]
 
 
 class MultiTaskCollator:

@@ -99,17 +99,10 @@ def check_continued_tasks(saved, tasks) -> None:
     """A task given again when continuing a saved model must be the same task (labels, their order, problem type,
     metrics); a difference would train and evaluate with two label orders."""
     keys = ("problem_type", "num_labels", "label_names", "label_values", "metrics", "choice_fields")
-    differences = []
     by_name = {t.name: t for t in saved}
-    for task in tasks:
-        old = by_name.get(task.name)
-        if old is None:
-            continue
-        for key in keys:
-            if getattr(old, key) != getattr(task, key):
-                differences.append(
-                    f"task {task.name!r}: {key} saved {getattr(old, key)!r}, task file {getattr(task, key)!r}"
-                )
+    differences = [f"task {task.name!r}: {key} saved {getattr(old, key)!r}, task file {getattr(task, key)!r}"
+                   for task in tasks if (old := by_name.get(task.name)) is not None
+                   for key in keys if getattr(old, key) != getattr(task, key)]
     if differences:
         raise UsageError("The task file contradicts the saved model's tasks:\n  " + "\n  ".join(differences))
 

@@ -52,12 +52,8 @@ def _declared_layer_lists(model: nn.Module) -> list[nn.ModuleList]:
     """The `ModuleList`s of transformer blocks the family's backbone declaration names (encoder and decoder)."""
     backbone = getattr(getattr(model, "config", None), "backbone", None)
     paths = [p for p in (getattr(backbone, "layers", None), getattr(backbone, "decoder_layers", None)) if p]
-    found = []
-    for path in paths:
-        for name, module in model.named_modules():
-            if isinstance(module, nn.ModuleList) and (name == path or name.endswith("." + path)):
-                found.append(module)
-    return found
+    return [module for path in paths for name, module in model.named_modules()
+            if isinstance(module, nn.ModuleList) and (name == path or name.endswith("." + path))]
 
 
 def _no_split_fallback(model: nn.Module) -> list[str]:

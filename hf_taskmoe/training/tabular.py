@@ -181,12 +181,9 @@ def synthetic_task_pair(
     w2 = scale * (correlation * u1 + np.sqrt(1.0 - correlation**2) * u2)
     alpha, beta = rng.normal(size=num_sines), rng.normal(size=num_sines)
     x = rng.normal(size=(num_examples, input_dim))
-    ys = []
-    for w in (w1, w2):
-        z = x @ w  # (n,)
-        y = z + np.sin(np.outer(z, alpha) + beta).sum(1) + rng.normal(scale=np.sqrt(noise_variance), size=num_examples)
-        ys.append(y)
-    y = np.stack(ys, 1)
+    noise = np.sqrt(noise_variance)
+    y = np.stack([z + np.sin(np.outer(z, alpha) + beta).sum(1) + rng.normal(scale=noise, size=num_examples)
+                  for z in (x @ w1, x @ w2)], 1)  # (n, 2); z = w_k^T x, (n,)
     return SyntheticTaskPair(
         x.astype(np.float32),
         y.astype(np.float32),

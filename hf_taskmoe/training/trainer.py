@@ -34,7 +34,7 @@ from ..problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from ..tasks import TaskSpec
 from .arguments import MultiTaskTrainingArguments
 from .callbacks import ReleaseFreedMemoryCallback, RoutingAnalyticsCallback, glibc_malloc_trim
-from .data import MultiTaskCollator, MultiTaskDataset
+from .data import MultiTaskCollator, MultiTaskDataset, read_rows
 from .freezing import freeze_shared_parameters
 from .samplers import TaskBatchSampler, build_task_sampling
 from .sharding import enable_fsdp_on_cpu, is_sharded, prepare_sharding, zero_unused_gradients_under_fsdp
@@ -59,11 +59,7 @@ class TaskView(torch.utils.data.Dataset):
         return {**self.dataset[index], "task_ids": self.task_id}
 
     def __getitems__(self, indices):
-        if hasattr(self.dataset, "__getitems__"):  # datasets.Dataset: one columnar read
-            rows = self.dataset.__getitems__(list(indices))
-        else:
-            rows = [self.dataset[i] for i in indices]
-        return [{**row, "task_ids": self.task_id} for row in rows]
+        return [{**row, "task_ids": self.task_id} for row in read_rows(self.dataset, indices)]
 
 
 class TaskLossTracker:
@@ -787,9 +783,8 @@ class MultiTaskTrainer(Trainer):
 
         if not self.is_world_process_zero():
             return
-        metrics = {}
-        for entry in self.state.log_history:
-            metrics.update({k: v for k, v in entry.items() if k.startswith("eval_")})
+        # every evaluation metric logged, the latest value of each
+        metrics = {k: v for entry in self.state.log_history for k, v in entry.items() if k.startswith("eval_")}
         routing, heatmap, source = self.routing_statistics, self.routing_heatmap, "evaluation"
         if routing is None and self.routing_analytics is not None and self.routing_analytics.total.counts is not None:
             # no evaluation routing recorded: summarise the training batches' routing instead

@@ -58,12 +58,6 @@ def example_layout(task_ids: torch.Tensor, specs) -> tuple[np.ndarray, np.ndarra
     return np.asarray(example_of_row[: len(tasks)]), np.asarray(example_task)
 
 
-def _entropy(spec, logits: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, float] | None:
-    """Per-example entropy `H` and the uniform-distribution entropy `H'` of one task's logits, from its problem
-    type (`ProblemType.entropy`); None for regression, scored by `regression_uncertainty`."""
-    return problem_type_of(spec).entropy(spec, logits, attention_mask)
-
-
 class MTUncertaintySampling(ModelAwareSampling):
     """CA-MTL's Algorithm 1 as a model-aware task sampler (`task_sampling="uncertainty"`); see the module doc.
 
@@ -132,8 +126,11 @@ class MTUncertaintySampling(ModelAwareSampling):
                 continue
             examples = np.unique(example_of_row[rows.cpu().numpy()])  # in pool order, as the heads keep rows
             mask = inputs.get("attention_mask")
-            scored = _entropy(spec, out.task_logits[spec.name], None if mask is None else mask.index_select(0, rows))
-            if scored is None:  # regression: scored after the others, against their mean entropy
+            # `H` of each example and `H'` (`ProblemType.entropy`); None for regression, scored after the others
+            # against their mean entropy (`regression_uncertainty`)
+            scored = problem_type_of(spec).entropy(spec, out.task_logits[spec.name],
+                                                   None if mask is None else mask.index_select(0, rows))
+            if scored is None:
                 regression.append((t, spec, rows, examples))
                 continue
             h, h_uniform = scored

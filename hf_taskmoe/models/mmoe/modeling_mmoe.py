@@ -208,28 +208,15 @@ class MMoEModel(MMoEPreTrainedModel):
                     gates.bias[-experts:] = old.bias[source * experts : (source + 1) * experts]
             self.gates = gates
         if self.towers is not None:
-            fresh = StackedMLP(
-                1,
-                config.expert_hidden_sizes[-1]
-                if config.architecture != "shared_bottom"
-                else config.bottom_hidden_sizes[-1],
-                config.tower_hidden_sizes,
-                config.use_bias,
-                config.hidden_act,
-                config.dropout,
-            )
+            # one more tower of the same shape (its input: the experts' or the bottom's output)
+            fresh = StackedMLP(1, self.towers.weight_0.shape[1], config.tower_hidden_sizes, config.use_bias,
+                               config.hidden_act, config.dropout)
             self._init_weights(fresh)
             for name, param in list(self.towers.named_parameters()):
-                row = (
-                    param[source : source + 1]
-                    if source is not None
-                    else getattr(fresh, name).to(param.device, param.dtype)
-                )
-                setattr(
-                    self.towers,
-                    name,
-                    nn.Parameter(torch.cat([param.data, row.clone()]), requires_grad=param.requires_grad),
-                )
+                row = param[source : source + 1] if source is not None else getattr(fresh, name).to(param.device,
+                                                                                                     param.dtype)
+                setattr(self.towers, name,
+                        nn.Parameter(torch.cat([param.data, row.clone()]), requires_grad=param.requires_grad))
         spec = config.task_specs[new_id]
         head_in = next(iter(self.heads.values())).in_features
         head = nn.Linear(head_in, config.task_output_sizes[new_id], bias=config.use_bias)
