@@ -151,7 +151,8 @@ class AdapterExport:
     value serves the task there); empty for every task means the export is exact up to the rank. `weight_error`: per
     task, the largest relative truncation error `||delta - B A|| / ||W_task||` over its linears (0 at full rank).
     `svd`: how the truncated decompositions were computed (`"exact"`: float64 SVDs; `"auto"` / `"subspace"`: the
-    subspace iteration where the rank is below a matrix's own, `export_task_adapters(svd=...)`).
+    subspace iteration where the rank is below a matrix's own, `export_task_adapters(svd=...)`); `svd_iterations`:
+    per task, the most iterations one of its batches took (0: none iterated).
     `folded`: per task, the norms folded into the linears they feed. `lora_bias`: the tasks whose adapter carries
     biases (peft's `lora_bias`)."""
 
@@ -169,6 +170,7 @@ class AdapterExport:
     weight_error: dict[str, float] = field(default_factory=dict)
     force_argmax: bool = False
     svd: str = "exact"
+    svd_iterations: dict[str, int] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -404,12 +406,12 @@ def _svd(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, fl
     return a, b, float(s[k:].norm())
 
 
-#: `export_task_adapters(svd=...)`: "auto" (the subspace iteration where the rank leaves most of a matrix out, the
-#: exact SVD elsewhere), "exact" (the float64 SVD of every matrix), "subspace" (the iteration wherever the rank is below
-#: the matrix's own)
+#: `export_task_adapters(svd=...)`: "auto" (on an accelerator, the subspace iteration where the rank leaves most of a
+#: matrix out; the exact SVD elsewhere and on the CPU), "exact" (the float64 SVD of every matrix), "subspace" (the
+#: iteration wherever the rank is below the matrix's own, on any device)
 SVD_METHODS = ("auto", "exact", "subspace")
 #: the subspace iteration: its block is `rank + max(rank, 16)` columns; it stops when the rank-r reconstruction moved by
-#: less than `SUBSPACE_TOL` (relative, Frobenius) between two checks (after 4, 8, 16, 32, 64 iterations), or after
+#: less than `SUBSPACE_TOL` (relative, Frobenius) between two checks (after 4, 8, 16, 24, ... iterations), or after
 #: `SUBSPACE_MAX_ITERS`
 SUBSPACE_TOL = 1e-7
 SUBSPACE_MAX_ITERS = 64
@@ -420,14 +422,17 @@ def _block(rank: int, small: int) -> int:
     return min(small, rank + max(rank, 16))
 
 
-def _uses_subspace(svd: str, rank: int, shape) -> bool:
+def _uses_subspace(svd: str, rank: int, shape, device: torch.device | str = "cpu") -> bool:
     """Whether a `shape` matrix at `rank` takes the subspace iteration: never where the rank carries the whole matrix
-    (the export must then be exact); under "auto" only where the block leaves part of the matrix out (else the exact
-    SVD of a small matrix is as cheap)."""
+    (the export must then be exact); under "auto" only on an accelerator (on the CPU, LAPACK's float64 SVD of a
+    1024 x 1024 matrix took 0.8 s on one thread, about what 64 iterations' float64 matmuls take) and where the block
+    leaves part of the matrix out (else the exact SVD of a small matrix is as cheap)."""
     small = min(shape)
     if svd == "exact" or rank >= small:
         return False
-    return svd == "subspace" or _block(rank, small) < small
+    if svd == "subspace":
+        return True
+    return torch.device(device).type != "cpu" and _block(rank, small) < small
 
 
 def _orthonormalize(y: torch.Tensor) -> torch.Tensor:
@@ -489,7 +494,7 @@ def _subspace_svd(deltas: torch.Tensor, rank: int, seed: int = 0) -> tuple[torch
         previous, iterations = None, 0
         for iterations in range(1, SUBSPACE_MAX_ITERS + 1):
             q = _orthonormalize(x.mT @ (x @ q))
-            if iterations & (iterations - 1) or iterations < 4:  # check at 4, 8, 16, 32, 64
+            if iterations != 4 and iterations % 8:  # check after 4, 8, 16, 24, ... iterations
                 continue
             v = _rayleigh_ritz(x, q, rank)
             p = x @ v
@@ -513,20 +518,24 @@ def _subspace_svd(deltas: torch.Tensor, rank: int, seed: int = 0) -> tuple[torch
     return right.mT, left, error, iterations
 
 
-def _low_rank(deltas: list[torch.Tensor], rank: int, svd: str) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-    """`_svd`'s result for each matrix, the subspace iteration batched over the matrices of one shape."""
+def _low_rank(deltas: list[torch.Tensor], rank: int, svd: str) -> tuple[list[tuple[torch.Tensor, torch.Tensor, float]],
+                                                                        int]:
+    """`_svd`'s result for each matrix, the subspace iteration batched over the matrices of one shape; and the most
+    iterations a batch took (0: none iterated)."""
     results: list = [None] * len(deltas)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, delta in enumerate(deltas):
-        if _uses_subspace(svd, rank, delta.shape) and bool(delta.any()):
+        if _uses_subspace(svd, rank, delta.shape, delta.device) and bool(delta.any()):
             groups.setdefault(tuple(delta.shape), []).append(i)
         else:
             results[i] = _svd(delta, rank)
+    most = 0
     for indices in groups.values():
-        a, b, error, _ = _subspace_svd(torch.stack([deltas[i] for i in indices]), rank)
+        a, b, error, iterations = _subspace_svd(torch.stack([deltas[i] for i in indices]), rank)
+        most = max(most, iterations)
         for j, i in enumerate(indices):
             results[i] = (a[j], b[j], float(error[j]))
-    return results
+    return results, most
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -563,12 +572,13 @@ def export_task_adapters(
         force_argmax: export the arg-max experts of a soft route (refused otherwise).
         carry_biases: carry bias differences in peft's `lora_bias` (peft loads it; engines may not); False drops them.
         tokenizer: saved with the base when given.
-        svd: how each `W_task - W_base` is truncated. `"auto"` (default): where the rank is well below a matrix's
-            own (`rank + max(rank, 16) < min(out, in)`), a subspace iteration batched over the matrices of one shape
-            (float64 matmuls on the model's device, converged to 1e-7 of the reconstruction or stopped after 64
-            iterations); elsewhere, and for every matrix under `lossless=True`, the exact float64 SVD. `"exact"`:
-            the float64 SVD of every matrix (slow at LLM shapes: a minute on a GPU at Llama 16 x 1024). At full
-            rank every path is exact. docs/serving-adapters.md gives the iteration's measured error and cost.
+        svd: how each `W_task - W_base` is truncated. `"auto"` (default): on an accelerator (the model not on the
+            CPU) and where the rank is well below a matrix's own (`rank + max(rank, 16) < min(out, in)`), a subspace
+            iteration batched over the matrices of one shape (float64 matmuls on the model's device, converged to
+            1e-7 of the reconstruction or stopped after 64 iterations); elsewhere, on the CPU, and for every matrix
+            under `lossless=True`, the exact float64 SVD (cuSOLVER's took about a minute for Llama 16 x 1024's 448
+            matrices on a GPU). `"exact"`: the float64 SVD everywhere; `"subspace"`: the iteration on any device.
+            At full rank every path is exact. docs/serving-adapters.md gives the iteration's measured error.
 
     Returns an `AdapterExport` (also written to `path/hf_taskmoe_adapters.json`)."""
     from peft import LoraConfig, get_peft_model
@@ -631,11 +641,11 @@ def export_task_adapters(
     conv = any(isinstance(base_model.get_submodule(n), Conv1D) for n in linears)
     task_type = "SEQ_2_SEQ_LM" if base_model.config.is_encoder_decoder else "CAUSAL_LM"
     work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
-    errors = {}
+    errors, iterations = {}, {}
     for task in tasks:
         deltas = _task_deltas(model_type, post_norm, layers, base_model, routes[task], carry_biases)
         flat = [(name, n, d) for name, delta in deltas for n, d in delta.weights.items()]
-        factors = _low_rank([d for _, _, d in flat], r, method)  # batched over the matrices of one shape
+        factors, iterations[task] = _low_rank([d for _, _, d in flat], r, method)  # batched by shape
         config = LoraConfig(
             r=r, lora_alpha=r, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=conv,
             lora_bias=task in biased, task_type=task_type, bias="none",
@@ -668,6 +678,7 @@ def export_task_adapters(
         path=str(path), base=label, rank=r, requested_rank=requested, tasks=tasks, routes=routes,
         base_experts=chosen, target_modules=targets, folded=folded, lora_bias=biased, dropped=dropped,
         weight_error=errors, force_argmax=force_argmax, svd=method,
+        svd_iterations=iterations,
     )
     (path / MANIFEST).write_text(json.dumps(asdict(result), indent=2) + "\n")
     (path / "README.md").write_text(_readme(result, type(base_model).__name__))  # in place of peft's model card
