@@ -10,8 +10,10 @@ itself batch requests for *different LoRA adapters on one base model*; `export_t
     path/hf_taskmoe_adapters.json   what was exported: routes, base choice, rank, what was folded, carried or dropped
 
 Each adapter holds, for every routed layer and every linear in it (GPT-2's `Conv1D` included, `fan_in_fan_out`), the
-truncated SVD of `W_task - W_base` at `rank` (`lora_alpha = rank`: the LoRA scale is 1). What LoRA weights cannot
-carry is handled as follows:
+truncated SVD of `W_task - W_base` at `rank` (`lora_alpha = rank`: the LoRA scale is 1): the exact float64 SVD, or on
+a GPU (`svd="auto"`) a float64 subspace iteration batched over the matrices of one shape, which reaches the exact
+SVD's reconstruction where the spectrum decays and the optimum's truncation error where it is flat. What LoRA weights
+cannot carry is handled as follows:
 
 * a norm whose weight differs from the base's is *folded* into the linears it feeds (pre-norm layers: Llama's
   `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds `c_attn`, ...): the task's layer computes
@@ -436,8 +438,8 @@ def _uses_subspace(svd: str, rank: int, shape, device: torch.device | str = "cpu
 
 
 def _orthonormalize(y: torch.Tensor) -> torch.Tensor:
-    """A basis of the span of `y`'s columns (batched), orthonormal to about 1e-9: shifted Cholesky QR, then two
-    passes of Cholesky QR with the same small shift (after Fukaya et al., SIAM J. Sci. Comput. 2020). Batched
+    """A basis of the span of `y`'s columns (batched), orthonormal to about 1e-9: three passes of Cholesky QR, each
+    with a small shift of its Gram matrix (shifted CholeskyQR3, after Fukaya et al., SIAM J. Sci. Comput. 2020). Batched
     matmuls, Cholesky factorisations and triangular solves only: on a GPU these run as batched kernels, where
     torch's batched QR and eigen solvers loop over the batch. The shift keeps every factorisation positive definite
     (a rank-deficient `y` gives small columns, which the Rayleigh-Ritz step drops)."""
