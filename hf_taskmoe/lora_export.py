@@ -533,10 +533,16 @@ def _low_rank(deltas: list[torch.Tensor], rank: int, svd: str) -> tuple[list[tup
             results[i] = _svd(delta, rank)
     most = 0
     for indices in groups.values():
-        a, b, error, iterations = _subspace_svd(torch.stack([deltas[i] for i in indices]), rank)
+        try:
+            a, b, error, iterations = _subspace_svd(torch.stack([deltas[i] for i in indices]), rank)
+        except torch.linalg.LinAlgError:  # a factorisation gone wrong (never seen): the exact SVDs instead
+            for i in indices:
+                results[i] = _svd(deltas[i], rank)
+            continue
         most = max(most, iterations)
-        for j, i in enumerate(indices):
-            results[i] = (a[j], b[j], float(error[j]))
+        finite = (torch.isfinite(a).flatten(1).all(1) & torch.isfinite(b).flatten(1).all(1) & torch.isfinite(error))
+        for j, i in enumerate(indices):  # not finite (never seen): that matrix's exact SVD instead
+            results[i] = (a[j], b[j], float(error[j])) if bool(finite[j]) else _svd(deltas[i], rank)
     return results, most
 
 

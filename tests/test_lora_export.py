@@ -299,6 +299,24 @@ def test_the_subspace_iteration_on_a_rank_deficient_delta_and_at_full_rank():
         assert float((b @ a - bx @ ax).norm() / (bx @ ax).norm()) < 1e-9
 
 
+def test_a_failed_iteration_falls_back_to_the_exact_svd(monkeypatch):
+    from hf_taskmoe import lora_export
+
+    deltas = spectrum_deltas("decaying", 2, 60, 50)
+    exact, _ = lora_export._low_rank(deltas, 4, "exact")
+    nan = torch.full((2, 50, 4), float("nan"), dtype=torch.float64)
+    broken = {  # a factorisation that raises (LAPACK on NaN), one that returns NaN factors (as cuSOLVER may)
+        "raises": lambda y: torch.full_like(y, float("nan")),
+        "nan": lambda x, q, rank: nan[: x.shape[0], : x.shape[-1], :rank],
+    }
+    for name, fake in broken.items():
+        with monkeypatch.context() as patch:
+            patch.setattr(lora_export, "_orthonormalize" if name == "raises" else "_rayleigh_ritz", fake)
+            fallen, _ = lora_export._low_rank(deltas, 4, "subspace")
+        for (a, b, error), (ax, bx, error_x) in zip(fallen, exact):
+            assert torch.equal(a, ax) and torch.equal(b, bx) and error == error_x, name
+
+
 def test_an_export_by_subspace_iteration_agrees_with_the_exact_one(tmp_path):
     model = routed("llama", hidden=64, scale=0.02)  # linears 64 wide (k/v 32): rank 8 iterates on every one
     exact = export_task_adapters(model, tmp_path / "exact", rank=8, svd="exact")
