@@ -13,8 +13,7 @@ Each adapter holds, for every routed layer and every linear in it (GPT-2's `Conv
 truncated SVD of `W_task - W_base` at `rank` (`lora_alpha = rank`: the LoRA scale is 1): the exact float64 SVD, or on
 a GPU (`svd="auto"`) a float64 subspace iteration batched over the matrices of one shape, which reaches the exact
 SVD's reconstruction where the spectrum decays and comes within 5e-7 of the optimum's truncation error where it is
-flat (docs/serving-adapters.md). What LoRA weights
-cannot carry is handled as follows:
+flat (docs/serving-adapters.md). What LoRA weights cannot carry is handled as follows:
 
 * a norm whose weight differs from the base's is *folded* into the linears it feeds (pre-norm layers: Llama's
   `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds `c_attn`, ...): the task's layer computes
