@@ -10,8 +10,10 @@ itself batch requests for *different LoRA adapters on one base model*; `export_t
     path/hf_taskmoe_adapters.json   what was exported: routes, base choice, rank, what was folded, carried or dropped
 
 Each adapter holds, for every routed layer and every linear in it (GPT-2's `Conv1D` included, `fan_in_fan_out`), the
-truncated SVD of `W_task - W_base` at `rank` (`lora_alpha = rank`: the LoRA scale is 1). What LoRA weights cannot
-carry is handled as follows:
+truncated SVD of `W_task - W_base` at `rank` (`lora_alpha = rank`: the LoRA scale is 1): the exact float64 SVD, or on
+a GPU (`svd="auto"`) a float64 subspace iteration batched over the matrices of one shape, which reaches the exact
+SVD's reconstruction where the spectrum decays and comes within 5e-7 of the optimum's truncation error where it is
+flat (docs/serving-adapters.md). What LoRA weights cannot carry is handled as follows:
 
 * a norm whose weight differs from the base's is *folded* into the linears it feeds (pre-norm layers: Llama's
   `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds `c_attn`, ...): the task's layer computes
@@ -150,6 +152,9 @@ class AdapterExport:
     `dropped`: per task, `{parameter name: ||task - base|| / ||task||}` of what the export could not carry (the base's
     value serves the task there); empty for every task means the export is exact up to the rank. `weight_error`: per
     task, the largest relative truncation error `||delta - B A|| / ||W_task||` over its linears (0 at full rank).
+    `svd`: how the truncated decompositions were computed (`"exact"`: float64 SVDs; `"auto"` / `"subspace"`: the
+    subspace iteration where the rank is below a matrix's own, `export_task_adapters(svd=...)`); `svd_iterations`:
+    per task, the most iterations one of its batches took (0: none iterated).
     `folded`: per task, the norms folded into the linears they feed. `lora_bias`: the tasks whose adapter carries
     biases (peft's `lora_bias`)."""
 
@@ -166,6 +171,8 @@ class AdapterExport:
     dropped: dict[str, dict[str, float]] = field(default_factory=dict)
     weight_error: dict[str, float] = field(default_factory=dict)
     force_argmax: bool = False
+    svd: str = "exact"
+    svd_iterations: dict[str, int] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -365,11 +372,13 @@ def _layer_delta(model_type: str, post_norm: bool, name: str, base_layer: nn.Mod
     return _LayerDelta(out_weights, out_biases, refs, folded, dropped)
 
 
-def _task_deltas(model_type, post_norm, layers, base_model, dense, carry_biases) -> list[tuple[str, _LayerDelta]]:
+def _task_deltas(model_type, post_norm, layers, base_model, route, carry_biases) -> list[tuple[str, _LayerDelta]]:
+    """Each routed layer's delta for a task whose route is `route`: the task's layer is the expert the route takes
+    there (the layer `export_task` loads into its dense model)."""
     return [
-        (name, _layer_delta(model_type, post_norm, name, base_model.get_submodule(name), dense.get_submodule(name),
+        (name, _layer_delta(model_type, post_norm, name, base_model.get_submodule(name), experts[route[index]],
                             carry_biases))
-        for name, _, _ in layers
+        for name, index, experts in layers
     ]
 
 
@@ -383,7 +392,8 @@ def _check_outside_layers(base_model, dense, layers, task) -> None:
 
 
 def _svd(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """`(A (rank, in), B (out, rank), ||delta - B A||)`: the truncated SVD split evenly, padded with zeros."""
+    """`(A (rank, in), B (out, rank), ||delta - B A||)`: the truncated SVD split evenly, padded with zeros (the exact
+    path: LAPACK's / cuSOLVER's SVD of the whole float64 matrix)."""
     out_f, in_f = delta.shape
     if not bool(delta.any()):
         zeros = delta.new_zeros
@@ -396,6 +406,144 @@ def _svd(delta: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, fl
     a[:k] = root[:, None] * vh[:k]
     b[:, :k] = u[:, :k] * root[None, :]
     return a, b, float(s[k:].norm())
+
+
+#: `export_task_adapters(svd=...)`: "auto" (on an accelerator, the subspace iteration where the rank leaves most of a
+#: matrix out; the exact SVD elsewhere and on the CPU), "exact" (the float64 SVD of every matrix), "subspace" (the
+#: iteration wherever the rank is below the matrix's own, on any device)
+SVD_METHODS = ("auto", "exact", "subspace")
+#: the subspace iteration: its block is `rank + max(rank, 16)` columns; it stops when the rank-r reconstruction moved by
+#: less than `SUBSPACE_TOL` (relative, Frobenius) between two checks (after 4, 8, 16, 24, ... iterations), or after
+#: `SUBSPACE_MAX_ITERS`
+SUBSPACE_TOL = 1e-7
+SUBSPACE_MAX_ITERS = 64
+_EPS64 = torch.finfo(torch.float64).eps
+
+
+def _block(rank: int, small: int) -> int:
+    return min(small, rank + max(rank, 16))
+
+
+def _uses_subspace(svd: str, rank: int, shape, device: torch.device | str = "cpu") -> bool:
+    """Whether a `shape` matrix at `rank` takes the subspace iteration: never where the rank carries the whole matrix
+    (the export must then be exact); under "auto" only on an accelerator (on the CPU, LAPACK's float64 SVD of a
+    1024 x 1024 matrix took 0.8 s on one thread, about what 64 iterations' float64 matmuls take) and where the block
+    leaves part of the matrix out (else the exact SVD of a small matrix is as cheap)."""
+    small = min(shape)
+    if svd == "exact" or rank >= small:
+        return False
+    if svd == "subspace":
+        return True
+    return torch.device(device).type != "cpu" and _block(rank, small) < small
+
+
+def _orthonormalize(y: torch.Tensor) -> torch.Tensor:
+    """A basis of the span of `y`'s columns (batched), orthonormal to about 1e-9: three passes of Cholesky QR, each
+    with a small shift of its Gram matrix (shifted CholeskyQR3, after Fukaya et al., SIAM J. Sci. Comput. 2020). Batched
+    matmuls, Cholesky factorisations and triangular solves only: on a GPU these run as batched kernels, where
+    torch's batched QR and eigen solvers loop over the batch. The shift keeps every factorisation positive definite
+    (a rank-deficient `y` gives small columns, which the Rayleigh-Ritz step drops)."""
+    n, k = y.shape[-2:]
+    eye = torch.eye(k, dtype=y.dtype, device=y.device)
+    for _ in range(3):
+        gram = y.mT @ y
+        norm2 = gram.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(torch.finfo(y.dtype).tiny)
+        shift = 11 * (n * k + k * (k + 1)) * _EPS64 * norm2
+        factor, _ = torch.linalg.cholesky_ex(gram + shift[..., None, None] * eye, upper=True)
+        y = torch.linalg.solve_triangular(factor, y, upper=True, left=False)
+    return y
+
+
+def _rayleigh_ritz(x: torch.Tensor, q: torch.Tensor, rank: int) -> torch.Tensor:
+    """The `rank` leading right singular vectors of `x` (batched, `(B, n, rank)`) within the span of `q`'s columns
+    (which need not be exactly orthonormal): the small `(k, k)` eigenproblems run in float64 on the CPU, one thread
+    (LAPACK on matrices this small loses time to threads)."""
+    xq = x @ q
+    grams = torch.stack([q.mT @ q, xq.mT @ xq]).cpu()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        lam, vec = torch.linalg.eigh(grams[0])
+        keep = lam > lam[..., -1:] * 1e-12  # directions q does not span (rank-deficient x) are dropped
+        basis = vec * torch.where(keep, lam.clamp_min(torch.finfo(lam.dtype).tiny).rsqrt(), 0.0)[..., None, :]
+        _, w = torch.linalg.eigh(basis.mT @ grams[1] @ basis)
+        coef = basis @ w[..., -rank:].flip(-1)  # descending
+    finally:
+        torch.set_num_threads(threads)
+    return q @ coef.to(q.device)
+
+
+def _subspace_svd(deltas: torch.Tensor, rank: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                            int]:
+    """The rank-`rank` truncated SVD of a batch of same-shape float64 matrices `(B, out, in)` by subspace iteration
+    (Halko, Martinsson, Tropp 2011, algorithm 4.4, with Rayleigh-Ritz): `(A (B, rank, in), B (B, out, rank),
+    ||delta - B A|| (B,), iterations)`. Only batched matmuls and Cholesky factorisations run on the matrices'
+    device; the `(k, k)` eigenproblems run on the CPU.
+
+    The reconstruction `B A = delta V V^T` is the projection of `delta` on the `rank` leading right singular vectors
+    found; it converges to the exact SVD's at the rate `(s_(k+1) / s_rank)^2` per iteration (`k` the block's columns),
+    fast where the spectrum decays and slow where it is flat, but there the truncation error `||delta - B A||` is
+    already near the optimum (measured in docs/serving-adapters.md)."""
+    transposed = deltas.shape[-2] < deltas.shape[-1]
+    x = deltas.mT if transposed else deltas  # (B, m, n), n <= m: iterate on the n-dimensional side
+    batch, _, n = x.shape
+    k = _block(rank, n)
+    if k >= n:
+        q, iterations = torch.eye(n, dtype=x.dtype, device=x.device).expand(batch, n, n), 0
+    else:
+        generator = torch.Generator().manual_seed(seed)
+        q = _orthonormalize(torch.randn(batch, n, k, generator=generator, dtype=x.dtype).to(x.device))
+        previous, iterations = None, 0
+        for iterations in range(1, SUBSPACE_MAX_ITERS + 1):
+            q = _orthonormalize(x.mT @ (x @ q))
+            if iterations != 4 and iterations % 8:  # check after 4, 8, 16, 24, ... iterations
+                continue
+            v = _rayleigh_ritz(x, q, rank)
+            p = x @ v
+            if previous is not None:  # relative change of the reconstruction p v^T since the last check
+                pv, vv = previous
+                cross = ((pv.mT @ p) * (vv.mT @ v)).sum((-2, -1))
+                now, before = p.square().sum((-2, -1)), pv.square().sum((-2, -1))
+                change = (now + before - 2 * cross).clamp_min(0).sqrt() / now.sqrt().clamp_min(1e-300)
+                if float(change.max()) < SUBSPACE_TOL:
+                    break
+            previous = (p, v)
+    v = _rayleigh_ritz(x, q, rank)
+    p = x @ v  # (B, m, rank): U S
+    error = (x - p @ v.mT).norm(dim=(-2, -1))
+    s = p.norm(dim=-2)
+    root = s.sqrt()
+    left = torch.where(s[..., None, :] > 0, p / root.clamp_min(1e-300)[..., None, :], 0.0)  # U sqrt(S)
+    right = v * root[..., None, :]  # V sqrt(S): x = left right^T
+    if transposed:  # delta = x^T = right left^T
+        left, right = right, left
+    return right.mT, left, error, iterations
+
+
+def _low_rank(deltas: list[torch.Tensor], rank: int, svd: str) -> tuple[list[tuple[torch.Tensor, torch.Tensor, float]],
+                                                                        int]:
+    """`_svd`'s result for each matrix, the subspace iteration batched over the matrices of one shape; and the most
+    iterations a batch took (0: none iterated)."""
+    results: list = [None] * len(deltas)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, delta in enumerate(deltas):
+        if _uses_subspace(svd, rank, delta.shape, delta.device) and bool(delta.any()):
+            groups.setdefault(tuple(delta.shape), []).append(i)
+        else:
+            results[i] = _svd(delta, rank)
+    most = 0
+    for indices in groups.values():
+        try:
+            a, b, error, iterations = _subspace_svd(torch.stack([deltas[i] for i in indices]), rank)
+        except torch.linalg.LinAlgError:  # a factorisation gone wrong (never seen): the exact SVDs instead
+            for i in indices:
+                results[i] = _svd(deltas[i], rank)
+            continue
+        most = max(most, iterations)
+        finite = (torch.isfinite(a).flatten(1).all(1) & torch.isfinite(b).flatten(1).all(1) & torch.isfinite(error))
+        for j, i in enumerate(indices):  # not finite (never seen): that matrix's exact SVD instead
+            results[i] = (a[j], b[j], float(error[j])) if bool(finite[j]) else _svd(deltas[i], rank)
+    return results, most
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -411,6 +559,7 @@ def export_task_adapters(
     carry_biases: bool = True,
     overwrite: bool = False,
     tokenizer=None,
+    svd: str = "auto",
 ) -> AdapterExport:
     """Write a task-routed model as one dense base (`path/base`) plus one peft LoRA adapter per task (`path/<task>`);
     see the module's docstring for the layout and for what is folded, carried and dropped.
@@ -431,6 +580,13 @@ def export_task_adapters(
         force_argmax: export the arg-max experts of a soft route (refused otherwise).
         carry_biases: carry bias differences in peft's `lora_bias` (peft loads it; engines may not); False drops them.
         tokenizer: saved with the base when given.
+        svd: how each `W_task - W_base` is truncated. `"auto"` (default): on an accelerator (the model not on the
+            CPU) and where the rank is well below a matrix's own (`rank + max(rank, 16) < min(out, in)`), a subspace
+            iteration batched over the matrices of one shape (float64 matmuls on the model's device, converged to
+            1e-7 of the reconstruction or stopped after 64 iterations); elsewhere, on the CPU, and for every matrix
+            under `lossless=True`, the exact float64 SVD (cuSOLVER's took about a minute for Llama 16 x 1024's 448
+            matrices on a GPU). `"exact"`: the float64 SVD everywhere; `"subspace"`: the iteration on any device.
+            At full rank every path is exact. docs/serving-adapters.md gives the iteration's measured error.
 
     Returns an `AdapterExport` (also written to `path/hf_taskmoe_adapters.json`)."""
     from peft import LoraConfig, get_peft_model
@@ -442,6 +598,9 @@ def export_task_adapters(
                         ("overwrite", overwrite)):
         if not isinstance(value, bool):
             raise ValueError(f"`{flag}` must be a bool, got {value!r}.")
+    if svd not in SVD_METHODS:
+        raise ValueError(f"`svd` must be one of {SVD_METHODS}, got {svd!r}.")
+    method = "exact" if lossless else svd  # lossless: the optimal truncation, as the float64 SVD gives it
     if not layers:
         raise ValueError(f"{type(model).__name__} has no routed layer: export_task(task) gives its dense model.")
     path = _check_path(path, overwrite)  # refuses before any work
@@ -454,17 +613,19 @@ def export_task_adapters(
     full = max(min(base_model.get_submodule(n).weight.shape) for n in linears)
     r = full if requested == "full" else min(requested, full)
 
-    # pass 1: what each task's export drops (refused under lossless before anything is written)
+    # pass 1: what each task's export drops (refused under lossless before anything is written). Outside the routed
+    # layers every task's export is the base (export_task maps the same weights for every route: checked once, on the
+    # task export_task(tasks[-1]) builds); inside them the task's layer is the expert its route takes.
+    if len(tasks) > 1:
+        _check_outside_layers(base_model, model.export_task(tasks[-1], force_argmax=force_argmax), layers, tasks[-1])
     dropped, folded, biased = {}, {}, []
     for task in tasks:
-        dense = model.export_task(task, force_argmax=force_argmax)
-        _check_outside_layers(base_model, dense, layers, task)
-        deltas = _task_deltas(model_type, post_norm, layers, base_model, dense, carry_biases)
+        deltas = _task_deltas(model_type, post_norm, layers, base_model, routes[task], carry_biases)
         dropped[task] = {k: v for _, d in deltas for k, v in d.dropped.items()}
         folded[task] = [f for _, d in deltas for f in d.folded]
         if any(d.biases for _, d in deltas):
             biased.append(task)
-        del dense, deltas
+        del deltas
     if lossless and any(dropped.values()):
         what = sorted({k for d in dropped.values() for k in d})
         raise ValueError(
@@ -488,11 +649,11 @@ def export_task_adapters(
     conv = any(isinstance(base_model.get_submodule(n), Conv1D) for n in linears)
     task_type = "SEQ_2_SEQ_LM" if base_model.config.is_encoder_decoder else "CAUSAL_LM"
     work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
-    errors = {}
+    errors, iterations = {}, {}
     for task in tasks:
-        dense = model.export_task(task, force_argmax=force_argmax)
-        deltas = _task_deltas(model_type, post_norm, layers, base_model, dense, carry_biases)
-        del dense
+        deltas = _task_deltas(model_type, post_norm, layers, base_model, routes[task], carry_biases)
+        flat = [(name, n, d) for name, delta in deltas for n, d in delta.weights.items()]
+        factors, iterations[task] = _low_rank([d for _, _, d in flat], r, method)  # batched by shape
         config = LoraConfig(
             r=r, lora_alpha=r, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=conv,
             lora_bias=task in biased, task_type=task_type, bias="none",
@@ -501,19 +662,20 @@ def export_task_adapters(
             warnings.filterwarnings("ignore", message=".*lora_bias=True.*")  # a linear without a bias: merge-only
             peft_model = get_peft_model(work, config, adapter_name=task)
         worst = 0.0
+        layer_deltas = dict(deltas)
         with torch.no_grad():
-            for name, delta in deltas:
-                for n, d in delta.weights.items():
-                    lora = peft_model.base_model.model.get_submodule(f"{name}.{n}")
-                    a, b, error = _svd(d, r)
-                    lora.lora_A[task].weight.copy_(a.to(lora.lora_A[task].weight.dtype))
-                    lora.lora_B[task].weight.copy_(b.to(lora.lora_B[task].weight.dtype))
-                    if lora.lora_B[task].bias is not None:
-                        bias = delta.biases.get(n)
-                        lora.lora_B[task].bias.copy_(bias.to(lora.lora_B[task].bias.dtype) if bias is not None
-                                                     else torch.zeros_like(lora.lora_B[task].bias))
-                    worst = max(worst, error / max(float(delta.norms[n].norm()), 1e-30))
+            for (name, n, _), (a, b, error) in zip(flat, factors):
+                delta = layer_deltas[name]
+                lora = peft_model.base_model.model.get_submodule(f"{name}.{n}")
+                lora.lora_A[task].weight.copy_(a.to(lora.lora_A[task].weight.dtype))
+                lora.lora_B[task].weight.copy_(b.to(lora.lora_B[task].weight.dtype))
+                if lora.lora_B[task].bias is not None:
+                    bias = delta.biases.get(n)
+                    lora.lora_B[task].bias.copy_(bias.to(lora.lora_B[task].bias.dtype) if bias is not None
+                                                 else torch.zeros_like(lora.lora_B[task].bias))
+                worst = max(worst, error / max(float(delta.norms[n].norm()), 1e-30))
         errors[task] = worst
+        del deltas, layer_deltas, flat, factors
         with warnings.catch_warnings():  # peft 0.21 takes lora_B's 1-D bias for an unsharded ZeRO-3 tensor
             warnings.filterwarnings("ignore", message=r".*LoRA tensor\(s\) have invalid shape.*")
             peft_model.save_pretrained(str(path), selected_adapters=[task])
@@ -523,7 +685,8 @@ def export_task_adapters(
     result = AdapterExport(
         path=str(path), base=label, rank=r, requested_rank=requested, tasks=tasks, routes=routes,
         base_experts=chosen, target_modules=targets, folded=folded, lora_bias=biased, dropped=dropped,
-        weight_error=errors, force_argmax=force_argmax,
+        weight_error=errors, force_argmax=force_argmax, svd=method,
+        svd_iterations=iterations,
     )
     (path / MANIFEST).write_text(json.dumps(asdict(result), indent=2) + "\n")
     (path / "README.md").write_text(_readme(result, type(base_model).__name__))  # in place of peft's model card

@@ -245,6 +245,98 @@ def test_error_decreases_with_the_rank(tmp_path):
     assert weight_errors[0] > weight_errors[1] > weight_errors[2] > weight_errors[3] == 0.0, weight_errors
 
 
+# ---------------------------------------------------------------------------------------------- the truncation's method
+def spectrum_deltas(kind: str, batch: int, out_f: int, in_f: int, rank_of: int | None = None) -> list[torch.Tensor]:
+    """Float64 deltas: `decaying` (singular values i^-1 on random singular vectors: a trained delta's shape), `flat`
+    (the difference of two noisy copies: a random matrix), or exactly of rank `rank_of`."""
+    generator = torch.Generator().manual_seed(out_f * 7 + in_f)
+    k = min(out_f, in_f)
+    if kind == "flat":
+        return list(torch.randn(batch, out_f, in_f, generator=generator, dtype=torch.float64).unbind())
+    u, _ = torch.linalg.qr(torch.randn(batch, out_f, k, generator=generator, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(batch, in_f, k, generator=generator, dtype=torch.float64))
+    s = torch.arange(1, k + 1, dtype=torch.float64) ** -1.0
+    if rank_of is not None:
+        s[rank_of:] = 0
+    return list(((u * s) @ v.mT).unbind())
+
+
+@pytest.mark.parametrize("shape", [(120, 80), (80, 120)])  # both sides iterated (a transposed batch)
+def test_the_subspace_iteration_matches_the_exact_svd(shape):
+    from hf_taskmoe.lora_export import _low_rank, _uses_subspace
+
+    for rank in (4, 8):
+        assert _uses_subspace("auto", rank, shape, "cuda") and not _uses_subspace("exact", rank, shape, "cuda")
+        assert not _uses_subspace("auto", rank, shape, "cpu")  # LAPACK's SVD is as fast there
+        for kind in ("decaying", "flat"):
+            deltas = spectrum_deltas(kind, 3, *shape)
+            exact, none = _low_rank(deltas, rank, "exact")
+            fast, iterations = _low_rank(deltas, rank, "subspace")
+            assert none == 0 and 4 <= iterations <= 64
+            for d, (a, b, error), (ax, bx, error_x) in zip(deltas, fast, exact):
+                assert a.shape == ax.shape == (rank, shape[1]) and b.shape == bx.shape == (shape[0], rank)
+                assert abs(error - float((d - b @ a).norm())) < 1e-9 * float(d.norm())  # the error it reports
+                assert error >= error_x * (1 - 1e-12)  # the SVD's truncation is the optimum
+                if kind == "decaying":  # a gap in the spectrum: the same reconstruction as the exact SVD's
+                    assert float((b @ a - bx @ ax).norm() / (bx @ ax).norm()) < 1e-6, (rank, iterations)
+                else:  # flat: the rank-r subspace is barely determined, the truncation error is still the optimum's
+                    assert error < error_x * (1 + 1e-6), (error, error_x)
+
+
+def test_the_subspace_iteration_on_a_rank_deficient_delta_and_at_full_rank():
+    from hf_taskmoe.lora_export import _low_rank, _uses_subspace
+
+    deltas = spectrum_deltas("decaying", 2, 100, 90, rank_of=3)  # rank 3 < the rank 8 < the block 24
+    fast, iterations = _low_rank(deltas, 8, "subspace")
+    for d, (a, b, error) in zip(deltas, fast):
+        assert error < 1e-12 and float((b @ a - d).abs().max()) < 1e-12 and iterations <= 8
+    # where the rank carries the whole matrix every method is the exact SVD
+    assert not _uses_subspace("subspace", 90, (100, 90)) and not _uses_subspace("auto", 200, (100, 90))
+    # a small matrix ("auto": the exact SVD is as cheap) still iterates under "subspace": a block as wide as it
+    assert not _uses_subspace("auto", 8, (20, 20), "cuda") and _uses_subspace("subspace", 8, (20, 20))
+    small = spectrum_deltas("decaying", 2, 20, 20)
+    for (a, b, _), (ax, bx, _) in zip(_low_rank(small, 8, "subspace")[0], _low_rank(small, 8, "exact")[0]):
+        assert float((b @ a - bx @ ax).norm() / (bx @ ax).norm()) < 1e-9
+
+
+def test_a_failed_iteration_falls_back_to_the_exact_svd(monkeypatch):
+    from hf_taskmoe import lora_export
+
+    deltas = spectrum_deltas("decaying", 2, 60, 50)
+    exact, _ = lora_export._low_rank(deltas, 4, "exact")
+    nan = torch.full((2, 50, 4), float("nan"), dtype=torch.float64)
+    broken = {  # a factorisation that raises (LAPACK on NaN), one that returns NaN factors (as cuSOLVER may)
+        "raises": lambda y: torch.full_like(y, float("nan")),
+        "nan": lambda x, q, rank: nan[: x.shape[0], : x.shape[-1], :rank],
+    }
+    for name, fake in broken.items():
+        with monkeypatch.context() as patch:
+            patch.setattr(lora_export, "_orthonormalize" if name == "raises" else "_rayleigh_ritz", fake)
+            fallen, _ = lora_export._low_rank(deltas, 4, "subspace")
+        for (a, b, error), (ax, bx, error_x) in zip(fallen, exact):
+            assert torch.equal(a, ax) and torch.equal(b, bx) and error == error_x, name
+
+
+def test_an_export_by_subspace_iteration_agrees_with_the_exact_one(tmp_path):
+    model = routed("llama", hidden=64, scale=0.02)  # linears 64 wide (k/v 32): rank 8 iterates on every one
+    exact = export_task_adapters(model, tmp_path / "exact", rank=8, svd="exact")
+    fast = export_task_adapters(model, tmp_path / "fast", rank=8, svd="subspace")  # "auto" does so on a GPU
+    assert (exact.svd, fast.svd) == ("exact", "subspace") and set(exact.svd_iterations.values()) == {0}
+    assert all(4 <= i <= 64 for i in fast.svd_iterations.values())
+    manifest = json.loads((tmp_path / "fast" / "hf_taskmoe_adapters.json").read_text())
+    assert manifest["svd"] == "subspace" and manifest["svd_iterations"] == fast.svd_iterations
+    for task in model.config.task_names:  # the optimum's truncation error, to the iteration's tolerance
+        assert exact.weight_error[task] * (1 - 1e-12) <= fast.weight_error[task] < exact.weight_error[task] * (1 + 1e-6)
+    ref_exact, out_exact = mixed_logits(model, load_peft(tmp_path / "exact", model.config.task_names))
+    ref, out = mixed_logits(model, load_peft(tmp_path / "fast", model.config.task_names))
+    assert float((out - out_exact).abs().max()) < 1e-4 * float((ref_exact - out_exact).abs().max())
+    # lossless: the exact SVD (the optimal truncation) whatever `svd` says
+    lossless = export_task_adapters(model, tmp_path / "lossless", rank=8, lossless=True, svd="subspace")
+    assert lossless.svd == "exact" and lossless.weight_error == exact.weight_error
+    with pytest.raises(ValueError, match="`svd` must be one of"):
+        export_task_adapters(model, tmp_path / "bad", svd="randomized")
+
+
 def test_a_rank_above_the_full_rank_is_capped(tmp_path):
     result = export_task_adapters(routed("llama"), tmp_path, rank=500, tasks=["x"])
     assert (result.rank, result.requested_rank) == (32, 500)
