@@ -19,12 +19,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("family, find_unused", [
+DDP_RUNS = [
     ("bert_taskmoe", False), ("bert_pals", False), ("camtl", False), ("bart_routed", False),
     ("bert_pals", True),  # the user's old setting still works (DDP marks idle parameters itself)
-])
-def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, family, find_unused):
+]
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """The five DDP runs below in one torchrun launch, one after the other (each in its own folder): two processes
+    start once instead of five times, which was most of each run's time."""
+    out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    runs = ",".join(family + ("+find_unused" if find_unused else "") for family, find_unused in DDP_RUNS)
     cmd = [
         sys.executable,
         "-m",
@@ -36,12 +43,18 @@ def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, fa
         "--master_port",
         str(_free_port()),
         str(SCRIPT),
-        str(tmp_path),
-        family,
-    ] + (["find_unused"] if find_unused else [])
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        str(out),
+        runs,
+    ]
+    return out, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("family, find_unused", DDP_RUNS)
+def test_torchrun_two_processes_static_graph_with_idle_task_modules(ddp_runs, family, find_unused):
+    out, result = ddp_runs
+    folder = out / (family + ("+find_unused" if find_unused else ""))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world"] == 2 and r["find_unused_parameters"] is find_unused for r in ranks)
     # one task per rank and step (the other heads got no rows there), and the ranks saw different batches
     assert all(len(set(batch)) == 1 for r in ranks for batch in r["seen"])
