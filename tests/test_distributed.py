@@ -19,12 +19,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("family, find_unused", [
+DDP_RUNS = [
     ("bert_taskmoe", False), ("bert_pals", False), ("camtl", False), ("bart_routed", False),
     ("bert_pals", True),  # the user's old setting still works (DDP marks idle parameters itself)
-])
-def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, family, find_unused):
+]
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """The five DDP runs below in one torchrun launch, one after the other (each in its own folder): two processes
+    start once instead of five times, which was most of each run's time."""
+    out = tmp_path_factory.mktemp("ddp")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    runs = ",".join(family + ("+find_unused" if find_unused else "") for family, find_unused in DDP_RUNS)
     cmd = [
         sys.executable,
         "-m",
@@ -36,12 +43,18 @@ def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, fa
         "--master_port",
         str(_free_port()),
         str(SCRIPT),
-        str(tmp_path),
-        family,
-    ] + (["find_unused"] if find_unused else [])
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        str(out),
+        runs,
+    ]
+    return out, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("family, find_unused", DDP_RUNS)
+def test_torchrun_two_processes_static_graph_with_idle_task_modules(ddp_runs, family, find_unused):
+    out, result = ddp_runs
+    folder = out / (family + ("+find_unused" if find_unused else ""))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["world"] == 2 and r["find_unused_parameters"] is find_unused for r in ranks)
     # one task per rank and step (the other heads got no rows there), and the ranks saw different batches
     assert all(len(set(batch)) == 1 for r in ranks for batch in r["seen"])
@@ -53,12 +66,21 @@ def test_torchrun_two_processes_static_graph_with_idle_task_modules(tmp_path, fa
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
 
 
-@pytest.mark.parametrize("family", ["bert_taskmoe", "bart_routed"])
-def test_deepspeed_zero2_on_a_task_mixture(tmp_path, family):
-    """ZeRO-2 through the Trainer (`deepspeed=examples/deepspeed/zero2.json`) on CPU, each rank a different task per
-    step: every rank reduces the same gradient buckets, and the replicas stay identical."""
+@pytest.fixture(scope="module")
+def zero2_runs(tmp_path_factory):
+    """ZeRO-2 of both families below in one torchrun launch, one after the other (each in its own folder).
+
+    The shipped configuration as written, but for `"torch_adam": true` in its optimizer's parameters: DeepSpeed still
+    builds its AdamW from the file's optimizer section (the Trainer filling the "auto" values), with torch's kernel
+    instead of DeepSpeed's C++ CPU Adam, which it would JIT-compile on a fresh machine first (about 25 s on an idle
+    2-core machine, 150 s on a busy one: the default run's largest single cost)."""
     pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
-    config = Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / "zero2.json"
+    out = tmp_path_factory.mktemp("zero2")
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "examples" / "deepspeed" / "zero2.json").read_text())
+    assert shipped["optimizer"]["type"] == "AdamW" and "torch_adam" not in shipped["optimizer"]["params"]
+    shipped["optimizer"]["params"]["torch_adam"] = True
+    config = out / "zero2_torch_adam.json"
+    config.write_text(json.dumps(shipped))
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -66,10 +88,17 @@ def test_deepspeed_zero2_on_a_task_mixture(tmp_path, family):
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(SCRIPT), str(tmp_path), family, str(config)]
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+           "--master_port", str(_free_port()), str(SCRIPT), str(out), "bert_taskmoe,bart_routed", str(config)]
+    return out, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize("family", ["bert_taskmoe", "bart_routed"])
+def test_deepspeed_zero2_on_a_task_mixture(zero2_runs, family):
+    """ZeRO-2 through the Trainer (`deepspeed=examples/deepspeed/zero2.json`) on CPU, each rank a different task per
+    step: every rank reduces the same gradient buckets, and the replicas stay identical."""
+    out, result = zero2_runs
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((out / family / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["zero_stage"] == 2 and r["world"] == 2 for r in ranks)
     assert ranks[0]["seen"] != ranks[1]["seen"]  # different tasks on the two ranks
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)

@@ -35,24 +35,44 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, tmp_path, minilm):
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, minilm):
+    """Every family exported into its own folder, then loaded by one fresh interpreter that cannot import hf_taskmoe
+    (one process start for the five, each export from its own folder)."""
     from transformers import AutoTokenizer
 
-    build, make_batch = FAMILIES[family]
-    torch.manual_seed(0)
-    model = build().eval()
-    folder = export_for_remote_code(
-        model,
-        tmp_path / "export",
-        tokenizer=AutoTokenizer.from_pretrained(minilm),
-        metrics={f"eval_{model.config.task_names[0]}_{model.config.task_specs[0].metrics[0]}": 0.5},
+    root = tmp_path_factory.mktemp("exports")
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
+    made, args = {}, []
+    for family, (build, make_batch) in FAMILIES.items():
+        torch.manual_seed(0)
+        model = build().eval()
+        folder = export_for_remote_code(
+            model,
+            root / f"export_{family}",
+            tokenizer=tokenizer,
+            metrics={f"eval_{model.config.task_names[0]}_{model.config.task_specs[0].metrics[0]}": 0.5},
+        )
+        autos = ["AutoModel"] + (["AutoModelForSeq2SeqLM"] if family == "bart_routed" else [])
+        batch = make_batch(model)
+        torch.save(batch, root / f"batch_{family}.pt")
+        made[family] = (model, folder, autos, batch, root / f"out_{family}.pt")
+        args += [str(folder), str(root / f"batch_{family}.pt"), str(root / f"out_{family}.pt"), autos[-1]]
+    env = dict(os.environ, HF_MODULES_CACHE=str(root / "modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, str(LOADER), *args], capture_output=True, text=True, env=env, cwd=root, timeout=600
     )
+    return made, result
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, exports):
+    made, result = exports
+    model, folder, autos, batch, out_path = made[family]
     files = sorted(p.name for p in folder.iterdir())
     stem = f"modeling_{model.config.model_type}"
     assert f"{stem}.py" in files and "model.safetensors" in files and "tokenizer.json" in files and "README.md" in files
     config = json.loads((folder / "config.json").read_text())
-    autos = ["AutoModel"] + (["AutoModelForSeq2SeqLM"] if family == "bart_routed" else [])
     assert config["auto_map"] == {
         "AutoConfig": f"{stem}.{type(model.config).__name__}",
         **{a: f"{stem}.{type(model).__name__}" for a in autos},
@@ -61,15 +81,10 @@ def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, tmp
     card = ModelCard.load(folder / "README.md")
     assert len(card.data.eval_results) == 1 and type(model).__name__ in card.content
 
-    batch = make_batch(model)
-    torch.save(batch, tmp_path / "batch.pt")
-    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
-    result = subprocess.run(
-        [sys.executable, str(LOADER), str(folder), str(tmp_path / "batch.pt"), str(tmp_path / "out.pt"), autos[-1]],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )
     assert result.returncode == 0, result.stderr[-3000:]
-    loaded = torch.load(tmp_path / "out.pt")
+    loaded = torch.load(out_path)
+    assert "error" not in loaded, loaded.get("error")
+    assert not loaded["hf_taskmoe_imported"]
     assert loaded["class"].startswith("transformers_modules.") and loaded["class"].endswith(type(model).__name__)
     with torch.no_grad():
         out = model(**batch)

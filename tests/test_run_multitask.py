@@ -403,12 +403,27 @@ def test_a_failed_push_says_what_happened_and_where_the_model_is(tmp_path, tiny_
     assert not (tmp_path / "no-token").exists()
 
 
-def test_a_short_run_emits_no_future_warning(tmp_path, tiny_dense):
+@pytest.fixture(scope="module")
+def fresh_runs(tmp_path_factory, tiny_dense):
+    """The script run twice in fresh processes with other hash seeds (set and dict orders of strings), the same seed
+    and threads; the first with FutureWarnings as errors. Shared by the two tests below (two runs, not four)."""
+    import os
     import subprocess
 
-    argv = [sys.executable, "-W", "error::FutureWarning", str(ROOT / "examples" / "run_multitask.py"),
-            *_argv(tmp_path / "w", tiny_dense, "--max_steps", "2")]
-    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    folder = tmp_path_factory.mktemp("fresh_runs")
+    runs = []
+    for hash_seed in ("0", "1"):
+        out = folder / f"run{hash_seed}"
+        warnings = ["-W", "error::FutureWarning"] if hash_seed == "0" else []
+        argv = [sys.executable, *warnings, str(ROOT / "examples" / "run_multitask.py"),
+                *_argv(out, tiny_dense, "--max_steps", "4", "--num_experts", "2")]
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "2"}
+        runs.append((out, subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)))
+    return runs
+
+
+def test_a_short_run_emits_no_future_warning(fresh_runs):
+    _, result = fresh_runs[0]  # run with -W error::FutureWarning
     assert result.returncode == 0, result.stderr[-2000:]
     assert "FutureWarning" not in result.stderr
 
@@ -498,19 +513,11 @@ def test_extractive_qa_trains_through_the_script(tmp_path, tiny_dense):
     assert "question-answering" in (tmp_path / "out" / "README.md").read_text()
 
 
-def test_two_runs_in_fresh_processes_give_the_same_scores(tmp_path, tiny_dense):
+def test_two_runs_in_fresh_processes_give_the_same_scores(fresh_runs):
     """The demo's claim that a run repeats its scores, at a tiny size: two processes with other hash seeds (set and
     dict orders of strings), the same seed and threads, give bit-identical dev metrics."""
-    import os
-    import subprocess
-
     scores = []
-    for hash_seed in ("0", "1"):
-        out = tmp_path / f"run{hash_seed}"
-        argv = [sys.executable, str(ROOT / "examples" / "run_multitask.py"),
-                *_argv(out, tiny_dense, "--max_steps", "4", "--num_experts", "2")]
-        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "2"}
-        result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
+    for out, result in fresh_runs:
         assert result.returncode == 0, result.stderr[-2000:]
         metrics = json.loads((out / "eval_results.json").read_text())
         scores.append({k: v for k, v in metrics.items() if not k.endswith(("_runtime", "_per_second"))})
