@@ -18,7 +18,7 @@ from hf_taskmoe.compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES
 from hf_taskmoe.layers.routing import RoutedCache
 
 from .test_host_syncs import host_reads
-from .test_routed_generation import grouped_rows
+from .test_routed_generation import grouped_rows, rows_per_expert
 from .test_task_routed_t5 import routed, s2s_batch, train
 
 pytestmark = pytest.mark.skipif(not T5_BLOCK_RETURNS_BIASES, reason="this transformers' T5 block is refused")
@@ -51,18 +51,6 @@ def inputs(task_ids, seed: int = 3):
     mask = batch["attention_mask"]
     mask[1, -3:] = 0
     return batch["input_ids"].masked_fill(mask == 0, 0), mask
-
-
-def rows_per_expert(model):
-    """Counts, per (routed block, expert), of the rows each expert computed: forward pre-hooks on every expert."""
-    seen = Counter()
-    handles = []
-    for i, layer in enumerate(model.routed_layers()):
-        for j, expert in enumerate(layer.experts):
-            handles.append(expert.register_forward_pre_hook(
-                lambda _m, args, kwargs, key=(i, j): seen.update({key: (args[0] if args else kwargs["hidden_states"])
-                                                                  .shape[0]}), with_kwargs=True))
-    return seen, handles
 
 
 def generate(model, task_ids, **kwargs):
