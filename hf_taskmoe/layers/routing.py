@@ -472,11 +472,12 @@ class RoutedLayer(nn.Module):
 
 
 def _scatter_rows(total, y, rows, like, batch: int | None = None):
-    """`total + y`, where `y` holds the rows `rows` of the batch (all rows when None)."""
+    """`total + y`, where `y` holds the rows `rows` of the batch (all rows when None), in `y`'s dtype (a block may
+    return another dtype than it reads: T5's feed-forward output stays fp32 in an fp16 model)."""
     if rows is None:
         return y if total is None else total + y
     if total is None:
-        total = torch.zeros_like(like) if like is not None else y.new_zeros(batch, *y.shape[1:])
+        total = y.new_zeros(like.shape if like is not None else (batch, *y.shape[1:]))
     return total.index_add(0, rows, y)
 
 
