@@ -49,7 +49,12 @@ def rows_per_expert(model):
 
 def generate(model, task_ids, **kwargs):
     ids, mask = prompts(len(task_ids))
-    kwargs = {"max_new_tokens": 6, "do_sample": False, "eos_token_id": None, **kwargs}
+    return counted_generate(model, ids, mask, task_ids,
+                            **{"max_new_tokens": 6, "do_sample": False, "eos_token_id": None, **kwargs})
+
+
+def counted_generate(model, ids, mask, task_ids, **kwargs):
+    """`model.generate(ids, ...)` and the rows each expert computed (`rows_per_expert`)."""
     seen, handles = rows_per_expert(model)
     try:
         out = model.generate(ids, attention_mask=mask, task_ids=task_ids, **kwargs)

@@ -18,7 +18,7 @@ from hf_taskmoe.compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES
 from hf_taskmoe.layers.routing import RoutedCache
 
 from .test_host_syncs import host_reads
-from .test_routed_generation import grouped_rows, rows_per_expert
+from .test_routed_generation import counted_generate, grouped_rows, rows_per_expert
 from .test_task_routed_t5 import routed, s2s_batch, train
 
 pytestmark = pytest.mark.skipif(not T5_BLOCK_RETURNS_BIASES, reason="this transformers' T5 block is refused")
@@ -55,14 +55,8 @@ def inputs(task_ids, seed: int = 3):
 
 def generate(model, task_ids, **kwargs):
     ids, mask = inputs(task_ids)
-    kwargs = {"max_new_tokens": STEPS, "min_new_tokens": STEPS, "do_sample": False, "eos_token_id": None, **kwargs}
-    seen, handles = rows_per_expert(model)
-    try:
-        out = model.generate(ids, attention_mask=mask, task_ids=task_ids, **kwargs)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return out, seen
+    return counted_generate(model, ids, mask, task_ids, **{
+        "max_new_tokens": STEPS, "min_new_tokens": STEPS, "do_sample": False, "eos_token_id": None, **kwargs})
 
 
 @pytest.fixture
