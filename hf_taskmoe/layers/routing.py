@@ -310,6 +310,17 @@ def _rows(value, rows: torch.Tensor, batch: int):
     return value
 
 
+def call_on_rows(module, rows: torch.Tensor | None, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
+    """`module(hidden_states, *args, **kwargs)` on the batch's `rows` (None: every row): each per-row argument (masks,
+    encoder states, positions, a per-row position bias) restricted to them (`_rows`), a broadcast one (batch dim 1)
+    and the step's positions (`_NOT_PER_ROW`) left whole."""
+    if rows is None:
+        return module(hidden_states, *args, **kwargs)
+    batch = hidden_states.shape[0]
+    return module(hidden_states.index_select(0, rows), *[_rows(a, rows, batch) for a in args],
+                  **{k: v if k in _NOT_PER_ROW else _rows(v, rows, batch) for k, v in kwargs.items()})
+
+
 class RouteRecorder:
     """What `output_hidden_states` / `output_attentions` ask of one pass through a stack of `RoutedLayer`s.
 
@@ -425,14 +436,8 @@ class RoutedLayer(nn.Module):
                 order = entries.order  # None: the segments are runs of the batch's own order
                 if cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None:
                     cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slot keeps every row (sorted)
-                if order is None:
-                    return layer(hidden_states, *args, **kwargs)
-                y = layer(
-                    hidden_states.index_select(0, order),
-                    *[_rows(a, order, batch) for a in args],
-                    **{k: v if k in _NOT_PER_ROW else _rows(v, order, batch) for k, v in kwargs.items()},
-                )
-                return y.index_select(0, entries.inverse)
+                y = call_on_rows(layer, order, hidden_states, args, kwargs)
+                return y if order is None else y.index_select(0, entries.inverse)
         out = None
         attentions = {kind: None for kind in (routing_recorder.kinds if routing_recorder is not None else ())}
         for j, rows, scale in entries:
@@ -442,14 +447,7 @@ class RoutedLayer(nn.Module):
                 cache.set_slot_rows(slot, rows)
             seen, handles = routing_recorder.watch(expert) if attentions else ({}, [])
             try:
-                if rows is None:
-                    y = expert(hidden_states, *args, **kwargs)
-                else:
-                    y = expert(
-                        hidden_states.index_select(0, rows),
-                        *[_rows(a, rows, batch) for a in args],
-                        **{k: v if k in _NOT_PER_ROW else _rows(v, rows, batch) for k, v in kwargs.items()},
-                    )
+                y = call_on_rows(expert, rows, hidden_states, args, kwargs)
             finally:
                 for handle in handles:
                     handle.remove()

@@ -53,13 +53,13 @@ from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
 from ...layers.routing import (
-    _NOT_PER_ROW,
     ExpertRowsCache,
     PlanEntry,
     RoutedCache,
     RouteRecorder,
     _rows,
     _scatter_rows,
+    call_on_rows,
     every_expert_plan,
 )
 from ...modeling_utils import (
@@ -118,7 +118,7 @@ class T5RoutedBlock(ContextRoutedLayer):
         if recorder is not None:
             recorder.record_input(hidden_states)
         if self.route_index is None:  # a plain block
-            entries, shares = [PlanEntry(0, None, False)], None
+            entries, weights = [PlanEntry(0, None, False)], None
         else:
             weights = flags.get("routing_weights")
             if weights is None:
@@ -126,7 +126,6 @@ class T5RoutedBlock(ContextRoutedLayer):
             plan = flags.get("routing_plan")
             # no plan in the context: every expert (nothing read back)
             entries = plan[self.route_index] if plan is not None else every_expert_plan(1, len(self.experts))[0]
-            shares = weights[:, self.route_index].to(hidden_states.dtype)  # (batch, experts)
         batch = hidden_states.shape[0]
         cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
         slots = cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None
@@ -144,7 +143,7 @@ class T5RoutedBlock(ContextRoutedLayer):
                 if tabled:
                     position_bias = self._segment_biases(entries, hidden_states.shape[1], cache)
                     args = (attention_mask, position_bias, *args[2:])
-                h, bias, cross = _on_rows(layer, order, hidden_states, args, kwargs)
+                h, bias, cross = call_on_rows(layer, order, hidden_states, args, kwargs)
                 if order is not None:
                     h = h.index_select(0, entries.inverse)
                     bias, cross = (_rows(b, entries.inverse, batch) for b in (bias, cross))  # computed: per sorted row
@@ -161,21 +160,23 @@ class T5RoutedBlock(ContextRoutedLayer):
                 cache.set_slot_rows(self.cache_slot(j), rows)
             seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
             try:
-                h, b, c = _on_rows(expert, rows, hidden_states, args, kwargs)
+                h, b, c = call_on_rows(expert, rows, hidden_states, args, kwargs)
             finally:
                 for handle in handles:
                     handle.remove()
-            share = None if shares is None else (shares if rows is None else shares.index_select(0, rows))[:, j]
-            if scale:
+            share = None
+            if scale:  # each row's decision for this expert (rows,); an unscaled one is exactly 1: none to read
+                shares = weights[:, self.route_index]  # (batch, experts)
+                share = (shares if rows is None else shares.index_select(0, rows))[:, j].to(hidden_states.dtype)
                 h = h * share[:, None, None]  # (rows, seq, hidden)
             mixed = _scatter_rows(mixed, h, rows, hidden_states)
             if position_bias is None:  # this block computes the bias (block 0): each expert its own, on its rows
-                bias = _add_bias_rows(bias, b, rows, share if scale else None, batch)
+                bias = _add_bias_rows(bias, b, rows, share, batch)
             if encoder_decoder_position_bias is None and c is not None:
                 if c.shape[0] == 1:  # zero in T5 (no relative bias for cross-attention), broadcast: the first expert's
                     cross = c if cross is None else cross
                 else:
-                    cross = _add_bias_rows(cross, c, rows, share if scale else None, batch)
+                    cross = _add_bias_rows(cross, c, rows, share, batch)
             for kind, probs in seen.items():
                 if probs and probs[-1] is not None:
                     p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None] if scale else probs[-1]
@@ -215,16 +216,6 @@ class T5RoutedBlock(ContextRoutedLayer):
             parts.append(own[expert].expand(rows, -1, -1, -1))
         bias = torch.cat(parts)  # the segments' rows: sorted by expert, or runs of the batch's order
         return bias if entries.order is None else bias.index_select(0, entries.inverse)
-
-
-def _on_rows(block, rows: torch.Tensor | None, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
-    """`block(hidden_states, *args, **kwargs)` on the batch's `rows` (None: every row): each per-row argument (masks,
-    encoder states, a per-row position bias) restricted to them, a broadcast one (batch dim 1) left whole."""
-    if rows is None:
-        return block(hidden_states, *args, **kwargs)
-    batch = hidden_states.shape[0]
-    return block(hidden_states.index_select(0, rows), *[_rows(a, rows, batch) for a in args],
-                 **{k: v if k in _NOT_PER_ROW else _rows(v, rows, batch) for k, v in kwargs.items()})
 
 
 def _add_bias_rows(total: torch.Tensor | None, bias: torch.Tensor, rows: torch.Tensor | None,
