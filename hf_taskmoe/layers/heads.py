@@ -341,18 +341,20 @@ class MultiTaskHeads(nn.ModuleDict):
             return out
         labels = _joined([prepared_labels[t] for t in present])  # (batch,) in `order`
         per_row = F.cross_entropy(own.float(), labels, ignore_index=IGNORE_INDEX, reduction="none")  # (batch,)
-        kept = (labels != IGNORE_INDEX).to(per_row.dtype)  # labelled rows
+        # each row's loss beside whether it is labelled (the bool promoted to the loss's dtype by the stack): one sum
+        # per task and one over the batch serve both
+        rows = torch.stack((per_row, labels != IGNORE_INDEX), 1)  # (batch, 2)
         # each task's mean (0 for a task whose labels are all ignored); `TaskHead._cross_entropy`'s scaling
         scale = 1 / math.log(width) if self.scale_loss_by_num_classes else 1.0
-        examples = kept.new_zeros(len(present)).index_add(0, position, kept)  # (present,) labelled rows per task
-        losses = per_row.new_zeros(len(present)).index_add(0, position, per_row) / examples.clamp(min=1)
+        per_task = rows.new_zeros(len(present), 2).index_add(0, position, rows)  # (present, 2) loss, labelled rows
+        losses = per_task[:, 0] / per_task[:, 1].clamp(min=1)
         out.task_losses = dict(zip((head.task_name for head in heads), (losses * scale if scale != 1 else losses)
                                    .unbind()))
         # the split forward's sum over tasks of loss_weight * task mean * labelled rows, over the labelled rows: with
         # one weight and one scale, the sum of the rows' losses (the per-task means are outputs, off the loss's graph)
         factor = scale * self.tasks[present[0]].loss_weight  # one loss weight for every task present (`_stackable`)
-        total = per_row.sum()
-        out.loss = (total if factor == 1 else total * factor) / kept.sum().clamp(min=1)
+        total, examples = per_row.sum(), per_task.detach()[:, 1].sum()  # the count a constant of the loss
+        out.loss = (total if factor == 1 else total * factor) / examples.clamp(min=1)
         return out
 
     # -- every head on every row: the sync-free forward and exported programs -----------------------------------
