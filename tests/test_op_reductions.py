@@ -175,8 +175,9 @@ def test_attention_bias_gathers_each_rows_task_matrix_cropped():
 
 
 def test_camtl_training_step_is_the_per_task_conditioned_one():
-    """A whole CA-MTL forward and backward with the rows gathered once (as `_encode` does) against the same model
-    with every FiLM gathering its own per-task output: loss and every gradient agree, on the same parameters."""
+    """A whole CA-MTL forward and backward with the rows gathered once and every FiLM's output made in one product
+    of the rows (or of the table, the attention biases'), as `_run_encoder` does, against the same model with every
+    FiLM gathering its own per-task output: loss and every gradient agree, on the same parameters."""
     tasks = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3), TaskSpec(name="c", num_labels=2)]
     torch.manual_seed(0)
     model = CAMTLModel(CAMTLConfig(tasks=tasks, **dict(TINY, num_hidden_layers=4),
@@ -193,7 +194,7 @@ def test_camtl_training_step_is_the_per_task_conditioned_one():
             loss = model(**batch).loss
         else:
             original = Conditioning.gathered
-            Conditioning.gathered = classmethod(lambda cls, table, task_ids: cls(table, task_ids))
+            Conditioning.gathered = classmethod(lambda cls, table, task_ids, *films: cls(table, task_ids))
             try:
                 loss = model(**batch).loss
             finally:
@@ -205,6 +206,35 @@ def test_camtl_training_step_is_the_per_task_conditioned_one():
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
         torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_camtl_makes_every_film_in_one_product_unless_a_sharding_engine_holds_the_weights(monkeypatch):
+    """Every FiLM of the model is made by `many_films` once per forward: the rows' FiLMs in one call, the attention
+    biases' (on the table) in another. A weight held by a sharding engine (here marked as ZeRO-3 marks its partitions)
+    turns that off: each FiLM then runs itself, inside its layer, with the same numbers."""
+    from hf_taskmoe.layers import conditional
+    from hf_taskmoe.layers.conditional import FiLM
+
+    tasks = [TaskSpec(name="a", num_labels=2), TaskSpec(name="b", num_labels=3)]
+    torch.manual_seed(0)
+    model = CAMTLModel(CAMTLConfig(tasks=tasks, **dict(TINY, num_hidden_layers=4),
+                                   conditional_attention_max_length=16)).eval()
+    _randomised_conditioning(model)
+    batch = random_batch(model.config, batch=4, task_ids=torch.tensor([0, 1, 1, 0]))
+    made, original = [], conditional.many_films
+    monkeypatch.setattr(conditional, "many_films", lambda films, z: made.append(films) or original(films, z))
+    together = model(**batch).logits
+    films = {m for m in model.modules() if isinstance(m, FiLM)}
+    biases = {m.film for m in model.modules() if isinstance(m, ConditionalAttentionBias)}
+    assert len(made) == 2 and set(made[0]) == films - biases and set(made[1]) == biases and biases
+    made.clear()
+    next(iter(films)).weight.ds_id = 0
+    try:
+        apart = model(**batch).logits
+    finally:
+        del next(iter(films)).weight.ds_id
+    assert made == []
+    torch.testing.assert_close(apart, together, atol=1e-6, rtol=1e-6)
 
 
 def _randomised_conditioning(model, seed=1):

@@ -33,12 +33,17 @@ class Conditioning:
     table: torch.Tensor
     task_ids: torch.LongTensor
     rows: torch.Tensor | None = None
+    films: dict | None = None  # FiLM -> each row's (gamma, beta), made for many FiLMs at once (`many_films`)
+    table_films: dict | None = None  # FiLM -> each task's (gamma, beta), likewise (the attention biases' FiLMs)
 
     @classmethod
-    def gathered(cls, table: torch.Tensor, task_ids: torch.LongTensor) -> Conditioning:
+    def gathered(cls, table: torch.Tensor, task_ids: torch.LongTensor, films=(), table_films=()) -> Conditioning:
         """A conditioning whose rows are gathered now: make it once per forward, outside any checkpointed layer, and
-        share it between the layers."""
-        return cls(table, task_ids, table.index_select(0, task_ids))
+        share it between the layers. `films` / `table_films`: FiLMs whose output of each row / each task is made now,
+        all in one product."""
+        rows = table.index_select(0, task_ids)
+        return cls(table, task_ids, rows, many_films(films, rows.unsqueeze(1)) if films else None,
+                   many_films(table_films, table) if table_films else None)
 
 
 class FiLM(nn.Linear):
@@ -57,10 +62,25 @@ class FiLM(nn.Linear):
         return 1.0 + gamma, beta
 
 
+def many_films(films, z: torch.Tensor) -> dict:
+    """Each FiLM's `(gamma(z), beta(z))`, `(..., features)` each, for many FiLMs in one product of the task embeddings
+    `z` (`(..., task_dim)`: each row's, or the table) with their weights side by side: one cast and one matrix product
+    (and one of each in the backward) instead of one per FiLM, what a model's dozens of small FiLMs cost a GPU in
+    launches."""
+    weight = torch.cat([film.weight for film in films])  # (sum of 2 features, task_dim)
+    bias = torch.cat([film.bias for film in films])
+    parts = F.linear(z, weight, bias).split([film.features for film in films for _ in "gb"], -1)
+    return {film: (1.0 + parts[2 * i], parts[2 * i + 1]) for i, film in enumerate(films)}
+
+
 def film_per_row(film: FiLM, cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
-    """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each. With `cond.rows` the FiLM applies to
-    the rows' embeddings gathered once per forward; otherwise it is computed once per task and gathered per row as
-    one `(batch, 2 features)` tensor (a third fewer operations than gathering gamma and beta apart)."""
+    """`gamma(z)`, `beta(z)` of each row's task: `(batch, 1, features)` each. Made already with the model's other
+    FiLMs (`cond.films`), or else: with `cond.rows` the FiLM applies to the rows' embeddings gathered once per
+    forward; otherwise it is computed once per task and gathered per row as one `(batch, 2 features)` tensor (a
+    third fewer operations than gathering gamma and beta apart)."""
+    made = cond.films.get(film) if cond.films is not None else None
+    if made is not None:
+        return made
     if cond.rows is not None:
         both = F.linear(cond.rows, film.weight, film.bias)  # (batch, 2 features)
     else:
@@ -144,12 +164,12 @@ class ConditionalAttentionBias(nn.Module):
         full = self._full_matrices(table)[:, 0]  # (tasks, N*b, N*b)
         return full if length == full.shape[-1] else full[:, :length, :length]
 
-    def _full_matrices(self, table: torch.Tensor, flat: bool = False) -> torch.Tensor:
+    def _full_matrices(self, table: torch.Tensor, flat: bool = False, film: tuple | None = None) -> torch.Tensor:
         """`M(z_t)` of every task at the full size `N*b`: `(tasks, 1, N*b, N*b)` (the head axis of the attention mask
         made by the reshape that builds the matrices, rather than by one more operation on every row's); `flat`: the
-        same values flattened, `(tasks * N*b * N*b,)`."""
+        same values flattened, `(tasks * N*b * N*b,)`. `film`: `self.film(table)` when made already."""
         b, n = self.block_size, self.num_blocks
-        gamma, beta = self.film(table)  # (tasks, b*b)
+        gamma, beta = film if film is not None else self.film(table)  # (tasks, b*b)
         blocks = self.blocks * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b), broadcast
         # direct sum of the blocks: block n on the diagonal of a (n, n) grid of (b, b) blocks, zeros elsewhere
         full = torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3)  # (tasks, n, b, n, b)
@@ -179,7 +199,8 @@ class ConditionalAttentionBias(nn.Module):
         # layer
         if positions is None:
             positions = bias_positions(cond.task_ids, length, self.full_size)
-        full = self._full_matrices(cond.table, flat=True)  # (tasks * N*b * N*b,)
+        made = cond.table_films.get(self.film) if cond.table_films is not None else None
+        full = self._full_matrices(cond.table, flat=True, film=made)  # (tasks * N*b * N*b,)
         bias = full.index_select(0, positions).view(-1, 1, length, length)  # (batch, 1, L, L)
         bias = bias.to(dtype)
         if key_mask is not None:

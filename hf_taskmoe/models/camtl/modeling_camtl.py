@@ -48,6 +48,11 @@ from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding
 from ..encoder import TaskEncoderMixin, TaskEncoderOutput
 from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig, check_attention_implementation
 
+try:
+    from torch.distributed.tensor import DTensor  # FSDP2's sharded parameters
+except ImportError:  # a torch built without torch.distributed: nothing is sharded
+    DTensor = ()
+
 #: CA-MTL's parameter roles: the task embeddings, the conditional modules (FiLMs, attention bias, alignment,
 #: bottlenecks, the skip's) and the heads are task-specific and new on upcycling; the conditional modules run for every
 #: row's task embedding, so only heads may sit idle
@@ -284,9 +289,24 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
                      output_attentions=None, output_hidden_states=None, *family_flags, **kwargs):
         # each row's task embedding gathered once per forward, outside any (checkpointed) layer, for every module's FiLM
         table = self.task_embeddings.weight if self.task_embeddings is not None else None
-        cond = Conditioning.gathered(table, task_ids) if table is not None else None
+        cond = Conditioning.gathered(table, task_ids, *self._films()) if table is not None else None
         return super()._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
                                     output_attentions, output_hidden_states, cond, *family_flags, **kwargs)
+
+    def _films(self) -> tuple[tuple[FiLM, ...], tuple[FiLM, ...]]:
+        """The FiLMs applied to each row's task embedding and those applied to the table (the attention biases'),
+        each group made in one product once per forward (`many_films`); none while a sharding engine holds the
+        weights (FSDP2's DTensors, DeepSpeed ZeRO-3's partitions), which it gathers only inside each layer's
+        forward."""
+        films = self.__dict__.get("_films_made_together")
+        if films is None:
+            of_table = {id(module.film) for module in self.modules() if isinstance(module, ConditionalAttentionBias)}
+            every = [module for module in self.modules() if isinstance(module, FiLM)]
+            films = self._films_made_together = (tuple(f for f in every if id(f) not in of_table),
+                                                  tuple(f for f in every if id(f) in of_table))
+        if any(isinstance(film.weight, DTensor) or hasattr(film.weight, "ds_id") for group in films for film in group):
+            return (), ()
+        return films
 
     def _context_flags(self, conditioning: Conditioning | None = None, *family_flags) -> dict:
         flags = {} if conditioning is None else {"conditioning": conditioning}
