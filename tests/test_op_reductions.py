@@ -208,10 +208,11 @@ def test_camtl_training_step_is_the_per_task_conditioned_one():
         torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_camtl_makes_every_film_in_one_product_unless_a_sharding_engine_holds_the_weights(monkeypatch):
-    """Every FiLM of the model is made by `many_films` once per forward: the rows' FiLMs in one call, the attention
-    biases' (on the table) in another. A weight held by a sharding engine (here marked as ZeRO-3 marks its partitions)
-    turns that off: each FiLM then runs itself, inside its layer, with the same numbers."""
+def test_camtl_makes_its_films_and_attention_biases_together_unless_a_sharding_engine_holds_the_weights(monkeypatch):
+    """Every FiLM of the model but the attention biases' is made by one `many_films` call per forward, and every
+    layer's attention bias (FiLM included) by one `many_biases` call. A weight held by a sharding engine (here marked
+    as ZeRO-3 marks its partitions) turns that off: each module then runs itself, inside its layer, with the same
+    numbers."""
     from hf_taskmoe.layers import conditional
     from hf_taskmoe.layers.conditional import FiLM
 
@@ -221,19 +222,25 @@ def test_camtl_makes_every_film_in_one_product_unless_a_sharding_engine_holds_th
                                    conditional_attention_max_length=16)).eval()
     _randomised_conditioning(model)
     batch = random_batch(model.config, batch=4, task_ids=torch.tensor([0, 1, 1, 0]))
-    made, original = [], conditional.many_films
-    monkeypatch.setattr(conditional, "many_films", lambda films, z: made.append(films) or original(films, z))
+    batch["attention_mask"][1, -2:] = 0
+    calls = []
+    for name in ("many_films", "many_biases"):
+        original = getattr(conditional, name)
+        monkeypatch.setattr(conditional, name, lambda modules, *args, f=original, n=name: calls.append(
+            (n, modules)) or f(modules, *args))
     together = model(**batch).logits
     films = {m for m in model.modules() if isinstance(m, FiLM)}
-    biases = {m.film for m in model.modules() if isinstance(m, ConditionalAttentionBias)}
-    assert len(made) == 2 and set(made[0]) == films - biases and set(made[1]) == biases and biases
-    made.clear()
-    next(iter(films)).weight.ds_id = 0
+    biases = [m for m in model.modules() if isinstance(m, ConditionalAttentionBias)]
+    made = dict(calls)
+    assert len(calls) == 2 and len(biases) > 1
+    assert set(made["many_films"]) == films - {bias.film for bias in biases} and list(made["many_biases"]) == biases
+    calls.clear()
+    biases[0].blocks.ds_id = 0
     try:
         apart = model(**batch).logits
     finally:
-        del next(iter(films)).weight.ds_id
-    assert made == []
+        del biases[0].blocks.ds_id
+    assert calls == []
     torch.testing.assert_close(apart, together, atol=1e-6, rtol=1e-6)
 
 

@@ -34,16 +34,18 @@ class Conditioning:
     task_ids: torch.LongTensor
     rows: torch.Tensor | None = None
     films: dict | None = None  # FiLM -> each row's (gamma, beta), made for many FiLMs at once (`many_films`)
-    table_films: dict | None = None  # FiLM -> each task's (gamma, beta), likewise (the attention biases' FiLMs)
+    biases: dict | None = None  # ConditionalAttentionBias -> each row's M(z), made for all at once (`many_biases`)
 
     @classmethod
-    def gathered(cls, table: torch.Tensor, task_ids: torch.LongTensor, films=(), table_films=()) -> Conditioning:
+    def gathered(cls, table: torch.Tensor, task_ids: torch.LongTensor, films=(), biases=(),
+                 length: int | None = None) -> Conditioning:
         """A conditioning whose rows are gathered now: make it once per forward, outside any checkpointed layer, and
-        share it between the layers. `films` / `table_films`: FiLMs whose output of each row / each task is made now,
-        all in one product."""
+        share it between the layers. `films`: FiLMs whose output of each row is made now, all in one product;
+        `biases`: conditional attention biases (of one shape) whose matrices of each row, cropped to `length`
+        tokens, are made now, all together."""
         rows = table.index_select(0, task_ids)
-        return cls(table, task_ids, rows, many_films(films, rows.unsqueeze(1)) if films else None,
-                   many_films(table_films, table) if table_films else None)
+        made = many_biases(biases, table, task_ids, length) if biases and length <= biases[0].max_length else None
+        return cls(table, task_ids, rows, many_films(films, rows.unsqueeze(1)) if films else None, made)
 
 
 class FiLM(nn.Linear):
@@ -164,12 +166,12 @@ class ConditionalAttentionBias(nn.Module):
         full = self._full_matrices(table)[:, 0]  # (tasks, N*b, N*b)
         return full if length == full.shape[-1] else full[:, :length, :length]
 
-    def _full_matrices(self, table: torch.Tensor, flat: bool = False, film: tuple | None = None) -> torch.Tensor:
+    def _full_matrices(self, table: torch.Tensor, flat: bool = False) -> torch.Tensor:
         """`M(z_t)` of every task at the full size `N*b`: `(tasks, 1, N*b, N*b)` (the head axis of the attention mask
         made by the reshape that builds the matrices, rather than by one more operation on every row's); `flat`: the
-        same values flattened, `(tasks * N*b * N*b,)`. `film`: `self.film(table)` when made already."""
+        same values flattened, `(tasks * N*b * N*b,)`."""
         b, n = self.block_size, self.num_blocks
-        gamma, beta = film if film is not None else self.film(table)  # (tasks, b*b)
+        gamma, beta = self.film(table)  # (tasks, b*b)
         blocks = self.blocks * gamma.view(-1, 1, b, b) + beta.view(-1, 1, b, b)  # (tasks, n, b, b), broadcast
         # direct sum of the blocks: block n on the diagonal of a (n, n) grid of (b, b) blocks, zeros elsewhere
         full = torch.diag_embed(blocks.permute(0, 2, 3, 1), dim1=1, dim2=3)  # (tasks, n, b, n, b)
@@ -197,16 +199,35 @@ class ConditionalAttentionBias(nn.Module):
         # turn into a guard on the sequence length; not an advanced index: its backward accumulates with a sort on a
         # GPU); the positions depend on the rows' tasks and the length only, so the caller makes them once for every
         # layer
-        if positions is None:
-            positions = bias_positions(cond.task_ids, length, self.full_size)
-        made = cond.table_films.get(self.film) if cond.table_films is not None else None
-        full = self._full_matrices(cond.table, flat=True, film=made)  # (tasks * N*b * N*b,)
-        bias = full.index_select(0, positions).view(-1, 1, length, length)  # (batch, 1, L, L)
+        bias = cond.biases.get(self) if cond.biases is not None else None  # made with the other layers'
+        if bias is None or bias.shape[-1] != length:
+            if positions is None:
+                positions = bias_positions(cond.task_ids, length, self.full_size)
+            full = self._full_matrices(cond.table, flat=True)  # (tasks * N*b * N*b,)
+            bias = full.index_select(0, positions).view(-1, 1, length, length)  # (batch, 1, L, L)
         bias = bias.to(dtype)
         if key_mask is not None:
             bias = bias.masked_fill(padded_keys if padded_keys is not None else padded_key_mask(key_mask),
                                     torch.finfo(dtype).min)
         return bias
+
+
+def many_biases(biases, table: torch.Tensor, task_ids: torch.LongTensor, length: int) -> dict:
+    """`ConditionalAttentionBias.forward`'s `M(z)` of each row cropped to `length` (before the cast and the key
+    mask), `(batch, 1, length, length)`, for many biases of one shape (a model's layers') made together: their FiLMs
+    in one product of the table, their blocks modulated, set on the diagonal and gathered as one stack, a handful of
+    operations for every layer instead of a handful per layer."""
+    first = biases[0]
+    b, layers = first.block_size, len(biases)
+    weight = torch.cat([bias.film.weight for bias in biases])  # (layers * 2 b*b, task_dim)
+    films = F.linear(table, weight, torch.cat([bias.film.bias for bias in biases]))  # (tasks, layers * 2 b*b)
+    films = films.view(-1, layers, 2, b, b).transpose(0, 1)  # (layers, tasks, gamma / beta, b, b)
+    gamma, beta = 1.0 + films[:, :, :1], films[:, :, 1:]  # (layers, tasks, 1, b, b): broadcast over the n blocks
+    blocks = torch.stack([bias.blocks for bias in biases]).unsqueeze(1) * gamma + beta  # (layers, tasks, n, b, b)
+    full = torch.diag_embed(blocks.permute(0, 1, 3, 4, 2), dim1=2, dim2=4)  # (layers, tasks, n, b, n, b)
+    positions = bias_positions(task_ids, length, first.full_size)  # the crops in one task-major flat matrix
+    crops = full.reshape(layers, -1).index_select(1, positions).view(layers, -1, 1, length, length)
+    return dict(zip(biases, crops.unbind()))
 
 
 def bias_positions(task_ids: torch.LongTensor, length: int, full_size: int) -> torch.LongTensor:

@@ -131,7 +131,7 @@ class TaskAttentionBias(_TaskConditioned, ConditionalAttentionBias):
         # a forward), made once a forward. The length is not in the key: exported, it is a symbol, which cannot hash
         key = ("camtl_bias_positions", self.full_size)
         positions = flags.get(key)
-        if positions is None:
+        if positions is None and (cond.biases is None or self not in cond.biases):  # not made with the others'
             positions = flags[key] = bias_positions(cond.task_ids, length, self.full_size)
         bias = self(cond, None, length, dtype, positions=positions)  # (batch, 1, seq, seq)
         lowest = torch.finfo(dtype).min
@@ -289,24 +289,28 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
                      output_attentions=None, output_hidden_states=None, *family_flags, **kwargs):
         # each row's task embedding gathered once per forward, outside any (checkpointed) layer, for every module's FiLM
         table = self.task_embeddings.weight if self.task_embeddings is not None else None
-        cond = Conditioning.gathered(table, task_ids, *self._films()) if table is not None else None
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        cond = Conditioning.gathered(table, task_ids, *self._made_together(), length) if table is not None else None
         return super()._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
                                     output_attentions, output_hidden_states, cond, *family_flags, **kwargs)
 
-    def _films(self) -> tuple[tuple[FiLM, ...], tuple[FiLM, ...]]:
-        """The FiLMs applied to each row's task embedding and those applied to the table (the attention biases'),
-        each group made in one product once per forward (`many_films`); none while a sharding engine holds the
-        weights (FSDP2's DTensors, DeepSpeed ZeRO-3's partitions), which it gathers only inside each layer's
-        forward."""
-        films = self.__dict__.get("_films_made_together")
-        if films is None:
-            of_table = {id(module.film) for module in self.modules() if isinstance(module, ConditionalAttentionBias)}
-            every = [module for module in self.modules() if isinstance(module, FiLM)]
-            films = self._films_made_together = (tuple(f for f in every if id(f) not in of_table),
-                                                  tuple(f for f in every if id(f) in of_table))
-        if any(isinstance(film.weight, DTensor) or hasattr(film.weight, "ds_id") for group in films for film in group):
+    def _made_together(self) -> tuple[tuple[FiLM, ...], tuple[TaskAttentionBias, ...]]:
+        """The FiLMs applied to each row's task embedding (all but the attention biases'), made in one product once
+        per forward (`many_films`), and the layers' attention biases, made together (`many_biases`, when they share a
+        shape); none while a sharding engine holds the weights (FSDP2's DTensors, DeepSpeed ZeRO-3's partitions),
+        which it gathers only inside each layer's forward."""
+        made = self.__dict__.get("_modules_made_together")
+        if made is None:
+            biases = tuple(module for module in self.modules() if isinstance(module, TaskAttentionBias))
+            of_biases = {id(bias.film) for bias in biases}
+            films = tuple(m for m in self.modules() if isinstance(m, FiLM) and id(m) not in of_biases)
+            if len({(bias.num_blocks, bias.block_size, bias.max_length) for bias in biases}) > 1:
+                biases = ()  # each computes its own
+            params = tuple(p for module in films + biases for p in module.parameters())
+            made = self._modules_made_together = (films, biases, params)
+        if any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in made[2]):
             return (), ()
-        return films
+        return made[:2]
 
     def _context_flags(self, conditioning: Conditioning | None = None, *family_flags) -> dict:
         flags = {} if conditioning is None else {"conditioning": conditioning}
