@@ -127,7 +127,7 @@ class RowGroups(NamedTuple):
     encoder: torch.Tensor  # (batch, d, s) each row's E_g, transposed, in the compute dtype: x E_g^T = bmm(x, encoder)
     decoder: torch.Tensor  # (batch, s, d) each row's D_g, transposed, in the compute dtype
     rows: torch.Tensor  # (batch, groups) each row's position in `groups`, one-hot, in the compute dtype
-    qkv: dict[int, torch.Tensor]  # each PAL layer's (batch, s, 3s): each row's W^Q, W^K, W^V, transposed
+    qkv: dict[int, torch.Tensor]  # each PAL layer's (batch, 3s, s): each row's W^Q, W^K, W^V (not transposed)
 
 
 class ProjectedAttentionLayers(nn.Module):
@@ -195,13 +195,15 @@ class ProjectedAttentionLayers(nn.Module):
     def row_weights(rows: torch.Tensor, linears, per_group: int | None = None) -> torch.Tensor:
         """`(batch, in, out)`: each row's weight among `linears`' (one per group present, in `rows`' column order),
         transposed, in `rows`' dtype: one cast of the stack and one product. With `per_group`: `linears` holds that
-        many weights of each group in turn (group-major), and the result is `(batch, per_group, in, out)`."""
+        many weights of each group in turn (group-major), and the result is `(batch, per_group, out, in)`, not
+        transposed: each layer transposes its own (a view), so the backward stacks the layers' gradients in the
+        product's layout, with no copy of the whole stack to transpose it back."""
         stacked = torch.stack([linear.weight for linear in linears]).to(rows.dtype)  # (groups * per_group, out, in)
         out_features, in_features = stacked.shape[1:]
         product = rows @ stacked.view(rows.shape[1], -1)  # (batch, per_group * out * in)
         if per_group is None:
             return product.view(-1, out_features, in_features).transpose(1, 2)
-        return product.view(-1, per_group, out_features, in_features).transpose(2, 3)
+        return product.view(-1, per_group, out_features, in_features)
 
     def plan(self, group_ids: torch.LongTensor, task_rows: dict | None, task_groups: list[int], dispatch: str):
         """How one model forward runs its PALs, worked out once for every layer. `group_ids` `(batch,)`: each row's
@@ -265,7 +267,7 @@ class ProjectedAttentionLayers(nn.Module):
         # bmm, not einsum: the same products with a third of the operations (einsum adds permutes and reshapes)
         h = torch.bmm(x.to(rows.rows.dtype), rows.encoder)  # (B, T, s): E_g x
         # (B, T, 3s) -> (B, T, s); the groups' attentions share their settings
-        out = attention[0].attend_packed(torch.bmm(h, rows.qkv[layer_idx]), key_mask)  # rows.qkv: (B, s, 3s)
+        out = attention[0].attend_packed(torch.bmm(h, rows.qkv[layer_idx].mT), key_mask)  # rows.qkv: (B, 3s, s)
         return F.gelu(torch.bmm(out, rows.decoder))  # (B, T, d): D_g
 
 
