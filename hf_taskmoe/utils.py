@@ -34,14 +34,16 @@ def compute_dtype(tensor, default=None):
     return tensor.dtype if default is None else default
 
 
-def one_hot(index, n: int, dtype):
+def one_hot(index, n: int, dtype, classes=None):
     """`index` `(...,)` as one-hot rows `(..., n)` of `dtype`, for products that select rows of a table (a task's gate,
     a slot's expert bias, a row's PAL weights): their backward is a product too, where `index_select`'s scatters with
     `index_add_` (contended atomic adds on a GPU, serialised in bf16). A comparison, not `F.one_hot`, which reads the
-    indices' minimum back to the host on a CPU."""
+    indices' minimum back to the host on a CPU. `classes`: `arange(n)` on `index`'s device (best in its dtype), when
+    the caller keeps one (one operation fewer), else made here."""
     import torch
 
-    return (index.unsqueeze(-1) == torch.arange(n, device=index.device)).to(dtype)
+    classes = torch.arange(n, device=index.device) if classes is None else classes
+    return (index.unsqueeze(-1) == classes).to(dtype)
 
 
 def inverse_permutation(order):

@@ -279,11 +279,14 @@ class TaskGate(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_tasks, num_experts, hidden_size))
 
-    def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor, shared=None) -> torch.Tensor:
+        """Router logits `(batch, seq, experts)` fp32. `shared(key, make)`: where the rows' tasks as one-hot rows are
+        kept for the other layers of the forward (`TaskMoE.shared`), which then make none; None: made here."""
         tasks, experts, hidden = self.weight.shape
         if torch.is_grad_enabled() or is_capturing():  # (a traced program: one graph with or without gradients)
             # each row's task gate, selected by a product (whose backward is a product, not a scatter of atomic adds)
-            rows = one_hot(task_ids, tasks, torch.float32)  # (batch, tasks)
+            make = lambda: one_hot(task_ids, tasks, torch.float32)  # noqa: E731
+            rows = make() if shared is None else shared(("task_one_hot", tasks), make)  # (batch, tasks)
             gates = (rows @ self.weight.float().view(tasks, -1)).view(-1, experts, hidden)  # (batch, experts, hidden)
         else:  # no backward: a gather (the same values: a one-hot product adds exact zeros), two kernels, not five
             gates = self.weight.index_select(0, task_ids).float()  # (batch, experts, hidden)
@@ -402,11 +405,19 @@ class TaskMoE(nn.Module):
         if self.router is not None:
             self.router.add_task(init_from, std)
 
+    def shared(self, key, make) -> torch.Tensor:
+        """A tensor every MoE layer of a forward derives alike from the batch or the config (`key` names it, `make()`
+        makes it): the rows' tasks as one-hot rows, `arange(num_experts)`. A layer on its own makes it on each call;
+        in a task model (`BackboneTaskMoE`) the first layer of a forward makes it and the others read it."""
+        return make()
+
     def route(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         """Router logits `(batch, seq, experts)` in fp32."""
         # Softmax and top-k decide which weights a token uses; in fp16/bf16 near-ties flip between experts
         # and the exponent overflows, so the router runs in fp32 with autocast off (as in Switch/Mixtral).
         with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            if isinstance(self.router, TaskGate):
+                return self.router(hidden_states, task_ids, shared=self.shared)
             return self.router(hidden_states, task_ids)
 
     def forward(

@@ -99,6 +99,17 @@ class BackboneTaskMoE(TaskMoE):
         context.reports.append(out)
         return out.hidden_states
 
+    def shared(self, key, make) -> torch.Tensor:
+        """Made once per forward, by the first MoE layer that asks, and kept in the forward's context flags
+        (`moe_shared`, emptied with the forward, restored with the flags when a checkpointed layer is recomputed)."""
+        memo = self.context.flags.get("moe_shared")
+        if memo is None:  # a context filled by other code than `TaskMoEForMultiTask`
+            return make()
+        value = memo.get(key)
+        if value is None:
+            value = memo[key] = make()
+        return value
+
 
 def ffn_experts(layer: torch.nn.Module, backbone: Backbone, num_experts: int) -> ExpertBank | list[torch.nn.Module]:
     """`num_experts` copies of a layer's FFN; a split FFN's output projection becomes an identity in place, its
@@ -204,7 +215,8 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
             module.init_weights(getattr(self.config.dense_config, "initializer_range", 0.02))
 
     def _context_flags(self, output_router_logits=None) -> dict:
-        return {"output_routing": bool(output_router_logits)}
+        # `moe_shared`: what every MoE layer of the forward would derive alike (`BackboneTaskMoE.shared`)
+        return {"output_routing": bool(output_router_logits), "moe_shared": {}}
 
     def _encoder_fields(self, reports, output_router_logits=None) -> dict:
         return moe_encoder_fields(reports, bool(output_router_logits))
