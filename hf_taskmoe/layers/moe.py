@@ -224,10 +224,12 @@ class ExpertBank(nn.Module):
         return x.device.type != "cpu"
 
     def forward(self, x: torch.Tensor, ends: torch.Tensor | None = None, slot_expert: torch.Tensor | None = None,
-                combine: torch.Tensor | None = None) -> torch.Tensor:
+                combine: torch.Tensor | None = None, expert_range: torch.Tensor | None = None) -> torch.Tensor:
         """`x` `(slots, hidden)` sorted by expert, `ends` `(N,)` int32 where each expert's slice ends and
-        `slot_expert` `(slots,)` each slot's expert: every expert on its slice, `(slots, hidden)`. Or, with `combine`
-        `(tokens, N)`: every expert on every token of `x`, weighted by `combine` and summed, `(tokens, hidden)`."""
+        `slot_expert` `(slots,)` each slot's expert (any integer dtype: `TaskMoE` passes its 8-bit sort keys), with
+        `expert_range` `arange(N)` in its dtype when the caller keeps one: every expert on its slice, `(slots,
+        hidden)`. Or, with `combine` `(tokens, N)`: every expert on every token of `x`, weighted by `combine` and
+        summed, `(tokens, hidden)`."""
         if combine is not None:
             h = self.act(torch.einsum("th,eih->tei", x, self.w_in) + self.w_in_bias)  # (tokens, experts, inter)
             y = torch.einsum("tei,ehi->teh", h, self.w_out) + self.w_out_bias  # (tokens, experts, hidden)
@@ -245,12 +247,13 @@ class ExpertBank(nn.Module):
         if torch.is_grad_enabled():
             # each slot's expert as a one-hot row: the biases reach the slots by a product whose backward is a product
             # too (`index_select` of the biases would scatter their gradients back with contended atomic adds)
-            slot_one_hot = one_hot(slot_expert, self.num_experts, dtype)  # (slots, experts)
+            slot_one_hot = one_hot(slot_expert, self.num_experts, dtype, expert_range)  # (slots, experts)
             h = self.act(torch.addmm(h, slot_one_hot, self.w_in_bias.to(dtype)))
             y = F.grouped_mm(h, self.w_out.to(dtype).transpose(1, 2), offs=ends)  # (slots, hidden)
             return torch.addmm(y, slot_one_hot, self.w_out_bias.to(dtype))
         # no gradient: a gather of the biases is the cheaper (a (slots, experts) product with K = experts is not; the
         # H200's replayed bf16 inference of MT-TaG took 4.63 ms with the products against 4.35 with the gathers)
+        slot_expert = slot_expert.long()  # (an index of `index_select`: int64, or int32, not 8-bit)
         h = self.act(h + self.w_in_bias.to(dtype).index_select(0, slot_expert))
         y = F.grouped_mm(h, self.w_out.to(dtype).transpose(1, 2), offs=ends)  # (slots, hidden)
         return y + self.w_out_bias.to(dtype).index_select(0, slot_expert)
@@ -481,12 +484,15 @@ class TaskMoE(nn.Module):
         # slots grouped by expert, and their experts. Sorted on 8-bit keys: a GPU's radix sort makes a pass per few
         # key bits, so int64 keys cost it about eight times the passes (33 us of an H100's 4,096-token step)
         keys = flat_expert.to(torch.uint8) if self.num_experts <= 256 else flat_expert
-        sorted_key, order = torch.sort(keys, stable=True)
-        sorted_expert = sorted_key.long() if sorted_key.dtype != flat_expert.dtype else sorted_key
+        sorted_key, order = torch.sort(keys, stable=True)  # the slots' experts, sorted, in the keys' dtype
         # where each expert's slice ends: a search of the sorted experts, whose size is fixed (no `bincount`, whose
-        # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are
-        experts = torch.arange(self.num_experts, dtype=sorted_expert.dtype, device=x.device)
-        ends = torch.searchsorted(sorted_expert, experts, right=True, out_int32=True)  # (experts,)
+        # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are. The keys
+        # serve as they are (the search, the bias one-hot of the grouped GEMM); `arange(N)` in their dtype is made
+        # once per forward (`shared`)
+        n, device = self.num_experts, x.device
+        experts = self.shared(("experts", n, keys.dtype, device), lambda: torch.arange(n, dtype=keys.dtype,
+                                                                                        device=device))
+        ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)  # (experts,)
         inverse = None
         if self.stacked and x.dtype != compute_dtype(x):
             # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which
@@ -503,7 +509,7 @@ class TaskMoE(nn.Module):
             token_of_slot = order // self.top_k
             x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
         if self.stacked:  # one grouped GEMM per projection, or a loop over the slices
-            y_sorted = self.experts(x_sorted, ends, sorted_expert)  # (tokens*k, hidden)
+            y_sorted = self.experts(x_sorted, ends, sorted_key, expert_range=experts)  # (tokens*k, hidden)
         else:
             y_sorted = _expert_loop(self.experts, x_sorted, ends)
         if self.top_k == 1 and inverse is None:  # (tokens, hidden) back in token order; the straight-through value
