@@ -11,10 +11,10 @@ Equations of the MT-TaG paper (section 3.1), for a token x of task t:
 Dispatch follows `notes/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
 `argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice (or one grouped
 GEMM per projection runs them all: the experts' weights are stored stacked, `ExpertBank`),
-and the outputs are put back with the inverse permutation. Never every expert on every token in training; one
-device-to-host sync per layer for `sorted_loop` (the per-expert token counts), none for `grouped_mm`. A captured
-program (`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert on every token, masked
-by the combine weights (`TaskMoE._masked_experts`).
+and the outputs are put back in token order by a copy to their tokens' rows (`index_copy_`). Never every expert on
+every token in training; one device-to-host sync per layer for `sorted_loop` (the per-expert token counts), none for
+`grouped_mm`. A captured program (`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert
+on every token, masked by the combine weights (`TaskMoE._masked_experts`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch.nn import functional as F
 from transformers.activations import ACT2FN
 
 from ..contract import StackedWeight
-from ..utils import compute_dtype, inverse_permutation, is_capturing, lookup, one_hot
+from ..utils import compute_dtype, is_capturing, lookup, one_hot
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
@@ -48,21 +48,27 @@ def grouped_mm_fits(hidden_size: int, intermediate_size: int) -> bool:
     return HAS_GROUPED_MM and hidden_size % 8 == 0 and intermediate_size % 8 == 0
 
 
+def _put_back(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """`rows` permuted by `order` put back: row `i` to row `order[i]`. A copy (`index_copy_`): a permutation writes
+    each row once, so no atomic adds and no inverse permutation to compute (a gather by it cost a scatter to make)."""
+    return torch.empty_like(rows).index_copy_(0, order, rows)
+
+
 class _PermuteRows(torch.autograd.Function):
-    """`x.index_select(0, order)` for a permutation `order`, whose gradient is a gather by the inverse permutation.
+    """`x.index_select(0, order)` for a permutation `order`, whose gradient is put back by a copy (`_put_back`).
 
     `index_select`'s own backward scatters with `index_add_` (atomic adds on a GPU, serialised in bf16) because it
-    must allow repeated indices; a permutation has none, so a gather does: no atomics, fewer bytes."""
+    must allow repeated indices; a permutation has none, so a copy does: no atomics, fewer bytes."""
 
     @staticmethod
-    def forward(ctx, x, order, inverse):
-        ctx.save_for_backward(inverse)
+    def forward(ctx, x, order):
+        ctx.save_for_backward(order)
         return x.index_select(0, order)
 
     @staticmethod
     def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        return grad.index_select(0, inverse), None, None
+        (order,) = ctx.saved_tensors
+        return _put_back(grad, order), None
 
 
 class _PutBackStraightThrough(torch.autograd.Function):
@@ -74,8 +80,8 @@ class _PutBackStraightThrough(torch.autograd.Function):
     permutation and the gate's is one product and sum, `dL/dg* = <dL/dy, E*(x)>`."""
 
     @staticmethod
-    def forward(ctx, y_sorted, inverse, order, gate):
-        out = y_sorted.index_select(0, inverse)  # (tokens, hidden) in token order
+    def forward(ctx, y_sorted, order, gate):
+        out = _put_back(y_sorted, order)  # (tokens, hidden) in token order
         ctx.save_for_backward(order, out)
         ctx.gate_dtype = gate.dtype
         return out
@@ -83,13 +89,14 @@ class _PutBackStraightThrough(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         order, out = ctx.saved_tensors
-        grad_gate = (grad * out).sum(-1).to(ctx.gate_dtype) if ctx.needs_input_grad[3] else None
-        return grad.index_select(0, order), None, None, grad_gate
+        grad_gate = (grad * out).sum(-1).to(ctx.gate_dtype) if ctx.needs_input_grad[2] else None
+        return grad.index_select(0, order), None, grad_gate
 
 
-def permute_rows(x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
-    """Rows of `x` in the order `order` (a permutation; `inverse` its inverse), differentiable without a scatter."""
-    return _PermuteRows.apply(x, order, inverse)
+def permute_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Rows of `x` in the order `order` (a permutation), differentiable without a scatter of atomic adds: the
+    gradient is put back by a copy."""
+    return _PermuteRows.apply(x, order)
 
 
 @torch.compiler.disable
@@ -493,18 +500,13 @@ class TaskMoE(nn.Module):
         experts = self.shared(("experts", n, keys.dtype, device), lambda: torch.arange(n, dtype=keys.dtype,
                                                                                         device=device))
         ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)  # (experts,)
-        inverse = None
         if self.stacked and x.dtype != compute_dtype(x):
             # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which
             # then moves half the bytes (a cast is elementwise, so the numbers are the same)
             x = x.to(compute_dtype(x))
-        if self.top_k == 1 and not torch.is_grad_enabled():  # no backward: sorted by a gather, put back by a copy
-            token_of_slot = order
-            x_sorted = x.index_select(0, order)  # (tokens, hidden), contiguous per expert
-        elif self.top_k == 1:  # the slots are the tokens permuted: gathered both ways, no scatter in the backward
-            token_of_slot = order
-            inverse = inverse_permutation(order)
-            x_sorted = permute_rows(x, order, inverse)  # (tokens, hidden), contiguous per expert
+        if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back by a copy, and in the
+            token_of_slot = order  # backward the same two the other way round (no scatter of atomic adds)
+            x_sorted = permute_rows(x, order)  # (tokens, hidden), contiguous per expert
         else:
             token_of_slot = order // self.top_k
             x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
@@ -512,12 +514,10 @@ class TaskMoE(nn.Module):
             y_sorted = self.experts(x_sorted, ends, sorted_key, expert_range=experts)  # (tokens*k, hidden)
         else:
             y_sorted = _expert_loop(self.experts, x_sorted, ends)
-        if self.top_k == 1 and inverse is None:  # (tokens, hidden) back in token order; the straight-through value
-            return torch.empty_like(y_sorted).index_copy_(0, order, y_sorted)  # is the expert's output, as here
         if self.top_k == 1:  # (tokens, hidden) back in token order
-            if straight_through is not None:
-                return _PutBackStraightThrough.apply(y_sorted, inverse, order, straight_through)
-            return permute_rows(y_sorted, inverse, order)
+            if straight_through is not None and torch.is_grad_enabled():
+                return _PutBackStraightThrough.apply(y_sorted, order, straight_through)
+            return _put_back(y_sorted, order)  # (no backward, the straight-through value is the expert's output)
         y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
         return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
 
