@@ -39,11 +39,12 @@ def one_hot(index, n: int, dtype, classes=None):
     a slot's expert bias, a row's PAL weights): their backward is a product too, where `index_select`'s scatters with
     `index_add_` (contended atomic adds on a GPU, serialised in bf16). A comparison, not `F.one_hot`, which reads the
     indices' minimum back to the host on a CPU. `classes`: `arange(n)` on `index`'s device (best in its dtype), when
-    the caller keeps one (one operation fewer), else made here."""
+    the caller keeps one (one operation fewer), else made here. The comparison writes `dtype` itself (`out=`: one
+    kernel on an accelerator, which casts as it stores, where a bool result and its cast are two)."""
     import torch
 
     classes = torch.arange(n, device=index.device) if classes is None else classes
-    return (index.unsqueeze(-1) == classes).to(dtype)
+    return torch.eq(index.unsqueeze(-1), classes, out=index.new_empty((*index.shape, n), dtype=dtype))
 
 
 def inverse_permutation(order):
