@@ -243,7 +243,12 @@ class ExpertBank(nn.Module):
             return torch.einsum("teh,te->th", y, combine.to(y.dtype))
         dtype = compute_dtype(x)
         if not self.uses_grouped_mm(x, dtype):
-            w_in, b_in, w_out, b_out = (w.unbind(0) for w in (self.w_in, self.w_in_bias, self.w_out, self.w_out_bias))
+            weights = (self.w_in, self.w_in_bias, self.w_out, self.w_out_bias)
+            if torch.is_autocast_enabled(x.device.type):
+                # cast as stored, once, not each expert's slices in its `F.linear`s: four casts per layer where there
+                # were four per expert, in the forward and in the backward (a cast is elementwise: the same numbers)
+                weights = tuple(w.to(dtype) for w in weights)
+            w_in, b_in, w_out, b_out = (w.unbind(0) for w in weights)
             experts = [
                 lambda chunk, i=i: F.linear(self.act(F.linear(chunk, w_in[i], b_in[i])), w_out[i], b_out[i])
                 for i in range(self.num_experts)
