@@ -212,14 +212,16 @@ def _aten_ops(fn) -> set[str]:
 
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
 def test_top1_training_step_scatters_nothing(dispatch):
-    """A top-1 layer's tokens are a permutation of its slots: sorted and put back by gathers both ways, and the
-    grouped GEMM's biases reach the slots by a product, so neither the forward nor the backward scatters with
-    `index_add_` (atomic adds on a GPU, the put-back's 2.4 ms of a bf16 training step on an H200 before)."""
+    """A top-1 layer's tokens are a permutation of its slots: sorted by a gather and put back by a copy to their rows
+    (`index_copy_`), the backward the same two the other way round, and the grouped GEMM's biases reach the slots by
+    a product, so neither the forward nor the backward scatters with `index_add_` (atomic adds on a GPU, the
+    put-back's 2.4 ms of a bf16 training step on an H200 before), nor builds the inverse permutation (`scatter_`)."""
     x, task_ids = _inputs()
     x.requires_grad_(True)
     moe = _moe(expert_dispatch=dispatch)
     ops = _aten_ops(lambda: moe(x, task_ids).hidden_states.square().sum().backward())
-    assert not ops & {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_"}, ops
+    assert not ops & {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_", "scatter_"}
+    assert "index_copy_" in ops
     assert ("_grouped_mm" in ops) == (dispatch == "grouped_mm")
     assert all(p.grad is not None for p in moe.parameters()) and x.grad is not None
 
@@ -273,3 +275,76 @@ def test_inference_without_gradients_computes_what_training_computes(dispatch, w
         plain = moe(x, task_ids).hidden_states
     differentiable = moe(x.requires_grad_(True), task_ids).hidden_states
     torch.testing.assert_close(plain, differentiable.detach(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
+def test_top2_trains_under_bf16_autocast_summing_a_tokens_experts_in_its_dtype(dispatch):
+    """Under autocast a top-2 layer's experts compute in bf16 and a token's two weighted outputs are summed in the
+    input's dtype (fp32), forward and backward (only a top-1 layer casts its tokens before the permutation, which
+    then sums nothing): the same routes as in fp32 (the router runs in fp32) and its outputs within bf16's rounding."""
+    moe = _moe(top_k=2, expert_dispatch=dispatch)
+    x, task_ids = _inputs()
+    x.requires_grad_(True)
+    fp32 = moe(x, task_ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = moe(x, task_ids)
+    out = mixed.hidden_states
+    assert out.dtype == torch.float32 and torch.equal(mixed.expert_index, fp32.expert_index)
+    torch.testing.assert_close(out, fp32.hidden_states, atol=5e-2, rtol=2e-2)
+    out.square().sum().backward()
+    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in moe.parameters())
+
+
+def test_moe_layers_of_a_forward_share_the_task_one_hot_and_the_expert_range():
+    """The rows' tasks as one-hot rows and `arange(num_experts)` are made once per model forward, by the first MoE
+    layer (`BackboneTaskMoE.shared`): a model of three MoE layers runs as many `arange`s as one of one layer, and the
+    same numbers with activation checkpointing (the recomputed layers read the forward's)."""
+    from hf_taskmoe import BertForTaskMoE
+
+    def step(layers, checkpointing=False):
+        torch.manual_seed(0)
+        config = BertTaskMoEConfig(tasks=[TaskSpec(name=f"t{i}", num_labels=2) for i in range(T)], hidden_size=D,
+                                   intermediate_size=F_, num_hidden_layers=layers, num_attention_heads=2,
+                                   num_experts=N, expert_dispatch="grouped_mm", vocab_size=64)
+        model = BertForTaskMoE(config).train()
+        for name, p in model.named_parameters():
+            if "router" in name:
+                torch.nn.init.normal_(p, std=0.5)
+        if checkpointing:
+            # (transformers 5 renamed it; the task model makes the checkpoint non-reentrant itself)
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        ids = torch.randint(1, 64, (3, 6), generator=torch.Generator().manual_seed(2))
+        ops = []
+
+        def run():
+            torch.manual_seed(1)
+            out = model(input_ids=ids, task_ids=torch.tensor([0, 2, 1]), labels=torch.tensor([0, 1, 1]))
+            out.loss.backward()
+            ops.append(out.loss.detach())
+
+        aranges = _aten_op_calls(run).count("arange")
+        return aranges, ops[0], [p.grad for p in model.parameters()]
+
+    one, _, _ = step(1)
+    three, loss, grads = step(3)
+    assert three == one
+    _, loss_ckpt, grads_ckpt = step(3, checkpointing=True)
+    assert torch.equal(loss, loss_ckpt)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_ckpt, strict=True))
+
+
+def _aten_op_calls(fn) -> list[str]:
+    """Every aten operator call `fn` dispatches, in order, its backward included."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        fn()
+    return calls

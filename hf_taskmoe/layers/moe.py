@@ -505,9 +505,10 @@ class TaskMoE(nn.Module):
         experts = self.shared(("experts", n, keys.dtype, device), lambda: torch.arange(n, dtype=keys.dtype,
                                                                                         device=device))
         ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)  # (experts,)
-        if self.stacked and x.dtype != compute_dtype(x):
+        if self.stacked and self.top_k == 1 and x.dtype != compute_dtype(x):
             # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which
-            # then moves half the bytes (a cast is elementwise, so the numbers are the same)
+            # then moves half the bytes (a cast is elementwise, so the numbers are the same). Top-1 only: with k > 1
+            # a token's slots are summed, in `x`'s dtype (the put-back's sum, the gradient's `index_add_`)
             x = x.to(compute_dtype(x))
         if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back by a copy, and in the
             token_of_slot = order  # backward the same two the other way round (no scatter of atomic adds)
