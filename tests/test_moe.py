@@ -298,8 +298,8 @@ def test_top2_trains_under_bf16_autocast_summing_a_tokens_experts_in_its_dtype(d
 
 def test_moe_layers_of_a_forward_share_the_task_one_hot_and_the_expert_range():
     """The rows' tasks as one-hot rows and `arange(num_experts)` are made once per model forward, by the first MoE
-    layer (`BackboneTaskMoE.shared`): a model of three MoE layers runs as many `arange`s as one of one layer, and the
-    same numbers with activation checkpointing (the recomputed layers read the forward's)."""
+    layer (`BackboneTaskMoE.shared_tensor`): a model of three MoE layers runs as many `arange`s as one of one layer,
+    and the same numbers with activation checkpointing (the recomputed layers read the forward's)."""
     from hf_taskmoe import BertForTaskMoE
 
     def step(layers, checkpointing=False):

@@ -296,7 +296,7 @@ class TaskGate(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, task_ids: torch.Tensor, shared=None) -> torch.Tensor:
         """Router logits `(batch, seq, experts)` fp32. `shared(key, make)`: where the rows' tasks as one-hot rows are
-        kept for the other layers of the forward (`TaskMoE.shared`), which then make none; None: made here."""
+        kept for the other layers of the forward (`TaskMoE.shared_tensor`), which then make none; None: made here."""
         tasks, experts, hidden = self.weight.shape
         if torch.is_grad_enabled() or is_capturing():  # (a traced program: one graph with or without gradients)
             # each row's task gate, selected by a product (whose backward is a product, not a scatter of atomic adds)
@@ -420,7 +420,7 @@ class TaskMoE(nn.Module):
         if self.router is not None:
             self.router.add_task(init_from, std)
 
-    def shared(self, key, make) -> torch.Tensor:
+    def shared_tensor(self, key, make) -> torch.Tensor:
         """A tensor every MoE layer of a forward derives alike from the batch or the config (`key` names it, `make()`
         makes it): the rows' tasks as one-hot rows, `arange(num_experts)`. A layer on its own makes it on each call;
         in a task model (`BackboneTaskMoE`) the first layer of a forward makes it and the others read it."""
@@ -432,7 +432,7 @@ class TaskMoE(nn.Module):
         # and the exponent overflows, so the router runs in fp32 with autocast off (as in Switch/Mixtral).
         with torch.autocast(device_type=hidden_states.device.type, enabled=False):
             if isinstance(self.router, TaskGate):
-                return self.router(hidden_states, task_ids, shared=self.shared)
+                return self.router(hidden_states, task_ids, shared=self.shared_tensor)
             return self.router(hidden_states, task_ids)
 
     def forward(
@@ -500,10 +500,10 @@ class TaskMoE(nn.Module):
         # where each expert's slice ends: a search of the sorted experts, whose size is fixed (no `bincount`, whose
         # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are. The keys
         # serve as they are (the search, the bias one-hot of the grouped GEMM); `arange(N)` in their dtype is made
-        # once per forward (`shared`)
+        # once per forward (`shared_tensor`)
         n, device = self.num_experts, x.device
-        experts = self.shared(("experts", n, keys.dtype, device), lambda: torch.arange(n, dtype=keys.dtype,
-                                                                                        device=device))
+        experts = self.shared_tensor(("experts", n, keys.dtype, device),
+                                     lambda: torch.arange(n, dtype=keys.dtype, device=device))
         ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)  # (experts,)
         if self.stacked and self.top_k == 1 and x.dtype != compute_dtype(x):
             # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which

@@ -99,7 +99,7 @@ class BackboneTaskMoE(TaskMoE):
         context.reports.append(out)
         return out.hidden_states
 
-    def shared(self, key, make) -> torch.Tensor:
+    def shared_tensor(self, key, make) -> torch.Tensor:
         """Made once per forward, by the first MoE layer that asks, and kept in the forward's context flags
         (`moe_shared`, emptied with the forward, restored with the flags when a checkpointed layer is recomputed)."""
         memo = self.context.flags.get("moe_shared")
@@ -215,7 +215,7 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
             module.init_weights(getattr(self.config.dense_config, "initializer_range", 0.02))
 
     def _context_flags(self, output_router_logits=None) -> dict:
-        # `moe_shared`: what every MoE layer of the forward would derive alike (`BackboneTaskMoE.shared`)
+        # `moe_shared`: what every MoE layer of the forward would derive alike (`BackboneTaskMoE.shared_tensor`)
         return {"output_routing": bool(output_router_logits), "moe_shared": {}}
 
     def _encoder_fields(self, reports, output_router_logits=None) -> dict:
