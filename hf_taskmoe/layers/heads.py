@@ -137,12 +137,11 @@ class HeadsOutput:
 class TaskRows(dict):
     """`{task id: the rows of that task}` (`MultiTaskHeads.split_rows`: the rows in batch order, each a view of one
     sort of the batch's task ids), with the sorted task ids, `(batch,)`, in `sorted_task_ids` (row `i` of the
-    concatenated rows belongs to task `sorted_task_ids[i]`) and the batch's own in `task_ids`."""
+    concatenated rows belongs to task `sorted_task_ids[i]`)."""
 
-    def __init__(self, rows: dict, sorted_task_ids: torch.Tensor | None = None, task_ids: torch.Tensor | None = None):
+    def __init__(self, rows: dict, sorted_task_ids: torch.Tensor | None = None):
         super().__init__(rows)
         self.sorted_task_ids = sorted_task_ids
-        self.task_ids = task_ids
         self.stacked_heads = False  # `MultiTaskHeads._stacked_heads`, once worked out (False: not yet)
 
 
@@ -182,8 +181,7 @@ class MultiTaskHeads(nn.ModuleDict):
         sorted_ids, order = torch.sort(task_ids, stable=True)  # argsort's one operation, the sorted ids kept too
         if counts is None:
             counts = torch.bincount(task_ids, minlength=len(self.tasks)).tolist()
-        return TaskRows({t: rows for t, rows in enumerate(order.split(list(counts))) if counts[t]}, sorted_ids,
-                        task_ids)
+        return TaskRows({t: rows for t, rows in enumerate(order.split(list(counts))) if counts[t]}, sorted_ids)
 
     def check_inputs(
         self,
@@ -314,8 +312,8 @@ class MultiTaskHeads(nn.ModuleDict):
     def _forward_stacked(
         self, pooled_output: torch.Tensor, task_rows: dict[int, torch.Tensor], prepared_labels
     ) -> HeadsOutput:
-        """`forward` for heads that stack (`_stackable`): one dropout, one product with the present tasks' classifiers
-        side by side, each row's own task's logits gathered, then grouped by task (`order`) for one cross-entropy and
+        """`forward` for heads that stack (`_stackable`): the rows grouped by task (`order`), one dropout, one product
+        with the present tasks' classifiers side by side, each row's own task's logits gathered, one cross-entropy,
         per-task sums on the device. The tasks absent from the batch take no part (their heads get no gradient), and
         nothing is read back beyond the split's row counts (none when the host counted them)."""
         present = list(task_rows)  # task ids, ascending
@@ -323,24 +321,22 @@ class MultiTaskHeads(nn.ModuleDict):
         width = heads[0].num_labels
         order = _joined([task_rows[t] for t in present])  # (batch,) rows grouped by task, batch order inside
         counts = [len(task_rows[t]) for t in present]
-        x = heads[0].dropout(pooled_output)  # (batch, hidden)
+        x = heads[0].dropout(pooled_output.index_select(0, order))  # (batch, hidden)
         weight = torch.cat([head.classifier.weight for head in heads])  # (present * width, hidden)
         bias = torch.cat([head.classifier.bias for head in heads])
         logits = F.linear(x, weight, bias).view(x.shape[0], len(present), width)  # every present head, every row
-        # each row's task as its position among the present tasks, in task order (`order`) and in batch order: the
-        # (sorted) task ids themselves when the tasks present are the first ones (every task, in a batch that mixes
-        # them all), else filled on the device (no host data to copy)
+        # each row's task as its position among the present tasks: the sorted task ids themselves when the tasks
+        # present are the first ones (every task, in a batch that mixes them all), else filled on the device (no host
+        # data to copy)
         position = getattr(task_rows, "sorted_task_ids", None)
-        in_batch = getattr(task_rows, "task_ids", None)
-        if position is None or in_batch is None or present[-1] != len(present) - 1:
+        if position is None or present[-1] != len(present) - 1:
             position = torch.cat([torch.full_like(task_rows[t], k) for k, t in enumerate(present)])  # (batch,)
-            in_batch = torch.empty_like(position).index_copy(0, order, position)
-        # (batch, width) in batch order; gathered by task after the product, where rows are `width` wide, not `hidden`
-        out = HeadsOutput(logits=logits.gather(1, in_batch.view(-1, 1, 1).expand(-1, 1, width)).squeeze(1))
-        own = out.logits.index_select(0, order)  # (batch, width) grouped by task
+        own = logits.gather(1, position.view(-1, 1, 1).expand(-1, 1, width)).squeeze(1)  # (batch, width)
+        out = HeadsOutput()
         for t, head, task_logits in zip(present, heads, own.split(counts)):
             out.task_logits[head.task_name] = task_logits
             out.task_rows[head.task_name] = task_rows[t]
+        out.logits = own.new_empty(own.shape).index_copy(0, order, own)  # batch order
         if prepared_labels is None:
             return out
         labels = _joined([prepared_labels[t] for t in present])  # (batch,) in `order`
