@@ -32,7 +32,7 @@ from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.utils import ModelOutput
 
 from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone, layer_hidden_input
-from ..compat import checkpointing_enable_with, dense_sub_config, initialize_module_tree, is_exporting
+from ..compat import checkpointing_enable_with, dense_sub_config, initialize_module_tree, is_exporting, is_initialized
 from ..modeling_utils import (
     MultiTaskModelOutput,
     check_batch_dim,
@@ -470,13 +470,14 @@ class TaskEncoderMixin(TaskHeadsMixin):
     def initialize_weights(self):
         """transformers' pass, then this model's `_init_weights` over the modules the family put inside the dense
         model (marked `task_conditioned`): transformers hands a sub-model's whole subtree to that sub-model's own
-        `_init_weights`, which does not know them (a gate would keep `torch.empty`'s values). Modules already
-        initialised (by `_draw_backbone`, or loaded whole) are passed over, and `transformers.initialization` skips
+        `_init_weights`, which does not know them (a gate would keep `torch.empty`'s values). Those `_draw_backbone`
+        already initialised are passed over, and `transformers.initialization` skips
         weights already loaded, so a loaded model keeps its own."""
+        pending = [module for module in self.backbone.modules()
+                   if getattr(module, "task_conditioned", False) and not is_initialized(module)]
         super().initialize_weights()
-        for module in self.backbone.modules():
-            if getattr(module, "task_conditioned", False):
-                initialize_module_tree(self, module)
+        for module in pending:  # transformers' pass marked them, by the dense model's `_init_weights`
+            initialize_module_tree(self, module, again=True)
 
     def get_input_embeddings(self):
         return self.backbone.get_input_embeddings()
