@@ -10,7 +10,10 @@ Private transformers members this package still touches, each checked by a canar
 - `Pipeline._load_tokenizer` / `_load_feature_extractor` / `_load_image_processor` / `_load_processor` and
   `_pipeline_calls_generate` (class flags a custom pipeline sets, as transformers' own pipelines do; the text-to-text
   pipeline sets the last to False and merges generation keywords through `_sanitize_parameters`);
-- `Pipeline._sanitize_parameters` / `_forward` (the documented extension points of a custom pipeline).
+- `Pipeline._sanitize_parameters` / `_forward` (the documented extension points of a custom pipeline);
+- `PreTrainedModel._initialize_weights` (one module's step of `initialize_weights`: skip it when marked initialised,
+  else `_init_weights` and mark it) and the mark it reads, `_is_hf_initialized` (`initialize_module_tree`,
+  `is_initialized`).
 
 One private torch member, also with a canary: `torch.compiler._is_exporting_flag` (`is_exporting` below).
 """
@@ -141,3 +144,29 @@ def enable_fsdp_on_cpu(accelerator, fsdp_plugin) -> bool:
     state.distributed_type = DistributedType.FSDP
     state.fsdp_plugin = fsdp_plugin
     return True
+
+
+def initialize_module_tree(model: PreTrainedModel, root: torch.nn.Module, again: bool = False) -> None:
+    """`model.initialize_weights()` on the subtree `root` only, with `model`'s `_init_weights` for every module of it
+    (a sub-model's own is not dispatched to), children before their parent as transformers orders it: each module not
+    yet marked initialised is initialised and marked, so that the model's own `initialize_weights` (its `post_init`)
+    passes over it later. `again`: first clear the marks in `root` (a sub-model's pass marks modules its
+    `_init_weights` does not know; weights loaded from a checkpoint stay skipped, weight by weight). Under
+    `transformers.initialization.guard_torch_init_functions`, as transformers' pass is.
+    Canary: `tests/test_compat.py::test_canary_initialize_weights_step_marks_the_module`."""
+    from transformers import initialization
+
+    def visit(module):
+        for child in module.children():
+            visit(child)
+        if again:
+            module._is_hf_initialized = False
+        model._initialize_weights(module)
+
+    with torch.no_grad(), initialization.guard_torch_init_functions():
+        visit(root)
+
+
+def is_initialized(module: torch.nn.Module) -> bool:
+    """Whether transformers marked `module` initialised (by its init pass, or as loaded whole from a checkpoint)."""
+    return bool(getattr(module, "_is_hf_initialized", False))

@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import GenerationMixin, Pipeline, Trainer
+from transformers import GenerationMixin, Pipeline, PreTrainedModel, Trainer
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from hf_taskmoe import compat
@@ -179,3 +179,22 @@ def test_canary_accelerate_fsdp_state_attributes():
     init = inspect.getsource(AcceleratorState.__init__)
     assert "self.fsdp_plugin = fsdp_plugin" in init and "DistributedType.MULTI_GPU" in init
     assert DistributedType.MULTI_CPU in list(DistributedType)
+
+
+def test_canary_initialize_weights_step_marks_the_module():
+    """`compat.initialize_module_tree` runs transformers' per-module step (`PreTrainedModel._initialize_weights`) and
+    reads the mark it sets (`compat.is_initialized`): a marked module is passed over, `again=True` clears the mark
+    and initialises it (and marks it again)."""
+    from transformers import BertConfig, BertModel
+
+    assert callable(getattr(PreTrainedModel, "_initialize_weights", None))
+    model = BertModel(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=8))
+    linear = model.pooler.dense
+    assert compat.is_initialized(linear)  # post_init's pass marked it
+    with torch.no_grad():
+        linear.weight.fill_(7.0)
+    compat.initialize_module_tree(model, model.pooler)
+    assert (linear.weight == 7.0).all()
+    compat.initialize_module_tree(model, model.pooler, again=True)
+    assert not (linear.weight == 7.0).any() and compat.is_initialized(linear)

@@ -27,10 +27,12 @@ from typing import Any, ClassVar
 import torch
 from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.utils import ModelOutput
 
 from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone, layer_hidden_input
-from ..compat import checkpointing_enable_with, dense_sub_config, is_exporting
+from ..compat import checkpointing_enable_with, dense_sub_config, initialize_module_tree, is_exporting, is_initialized
 from ..modeling_utils import (
     MultiTaskModelOutput,
     check_batch_dim,
@@ -402,12 +404,14 @@ class TaskEncoderMixin(TaskHeadsMixin):
     encoder_output_class = TaskEncoderOutput
 
     def _build_backbone(self, config: TaskEncoderConfig) -> None:
-        """The dense model (its own modules, initialisation and forward), then the family's surgery."""
+        """The dense model (its own modules, initialisation and forward), then the family's surgery, then the
+        backbone's initial values (`_draw_backbone`), then the heads."""
         backbone = config.backbone
         extra = {}
         if backbone.pooler is not None:  # BertModel & co. build a pooler only where it is read
             extra["add_pooling_layer"] = config.classifier_pooling == "pooler"
-        self.backbone = AutoModel.from_config(config.dense_config, **extra)
+        with init.no_init_weights():  # nothing drawn yet: `_draw_backbone` draws what the surgery leaves
+            self.backbone = AutoModel.from_config(config.dense_config, **extra)
         self.task_context = TaskContext()
         self._no_split_modules = list(getattr(self.backbone, "_no_split_modules", None) or [])
         accepted = inspect.signature(self.backbone.forward).parameters
@@ -415,11 +419,31 @@ class TaskEncoderMixin(TaskHeadsMixin):
         if config.type_vocab_size is None:  # no segment table: a tokenizer's segment ids have nowhere to go
             self._backbone_takes.discard("token_type_ids")
         self._wrap_backbone(config, backbone, backbone.layer_list(self.backbone))
+        self._draw_backbone()
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         from ..layers.heads import MultiTaskHeads
 
         self.heads = MultiTaskHeads(config.task_specs, config.hidden_size, dropout or 0.0,
                                     config.scale_loss_by_num_classes)
+
+    def _draw_backbone(self) -> None:
+        """The backbone's initial values, drawn as if its modules had been built where they are, before the heads:
+        first what torch draws when it builds its own modules (`reset_parameters` of `nn.Embedding`, `nn.Linear`,
+        ...), in module order, then the init pass (this model's `_init_weights`, the family's modules included),
+        children first. The dense model was built drawing nothing (`no_init_weights`), so the random stream -- the
+        values of the family's new modules (gates, PALs, conditional modules), the heads' and the generator's state
+        after the build -- depends on the model's final module tree and the seed, not on the dense modules the surgery
+        replaced: at a seed it is the stream of the BERT-layer classes these replaced (`BertForTaskMoE` upcycled
+        from MiniLM draws the same gates and heads as before the unification). Skipped where transformers skips its
+        own pass (the meta device of `from_pretrained`, DeepSpeed ZeRO-3), which initialises the backbone there."""
+        if is_deepspeed_zero3_enabled() or any(p.device.type == "meta" for p in self.backbone.parameters()):
+            return
+        with torch.no_grad():
+            for module in self.backbone.modules():
+                reset = getattr(type(module), "reset_parameters", None)
+                if reset is not None and reset.__module__.startswith("torch.nn."):  # what torch's __init__ calls
+                    module.reset_parameters()
+        initialize_module_tree(self, self.backbone)
 
     def _wrap_backbone(self, config, backbone: Backbone, layers: torch.nn.ModuleList) -> None:
         """The family's surgery on the dense model's layers (replace or wrap modules found through `backbone`)."""
@@ -446,13 +470,14 @@ class TaskEncoderMixin(TaskHeadsMixin):
     def initialize_weights(self):
         """transformers' pass, then this model's `_init_weights` over the modules the family put inside the dense
         model (marked `task_conditioned`): transformers hands a sub-model's whole subtree to that sub-model's own
-        `_init_weights`, which does not know them (a gate would keep `torch.empty`'s values). `transformers.
-        initialization` skips weights already loaded, so a loaded model keeps its own."""
+        `_init_weights`, which does not know them (a gate would keep `torch.empty`'s values). Those `_draw_backbone`
+        already initialised are passed over, and `transformers.initialization` skips
+        weights already loaded, so a loaded model keeps its own."""
+        pending = [module for module in self.backbone.modules()
+                   if getattr(module, "task_conditioned", False) and not is_initialized(module)]
         super().initialize_weights()
-        for module in self.backbone.modules():
-            if getattr(module, "task_conditioned", False):
-                for inner in module.modules():
-                    self._init_weights(inner)
+        for module in pending:  # transformers' pass marked them, by the dense model's `_init_weights`
+            initialize_module_tree(self, module, again=True)
 
     def get_input_embeddings(self):
         return self.backbone.get_input_embeddings()
