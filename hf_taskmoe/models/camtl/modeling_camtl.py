@@ -306,11 +306,14 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
             films = tuple(m for m in self.modules() if isinstance(m, FiLM) and id(m) not in of_biases)
             if len({(bias.num_blocks, bias.block_size, bias.max_length) for bias in biases}) > 1:
                 biases = ()  # each computes its own
-            params = tuple(p for module in films + biases for p in module.parameters())
-            made = self._modules_made_together = (films, biases, params)
-        if any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in made[2]):
+            made = self._modules_made_together = (films, biases)
+        films, biases = made
+        # the weights as they are now (a sharding engine swaps its own parameters in after the model was built)
+        weights = [w for film in films for w in (film.weight, film.bias)]
+        weights += [w for bias in biases for w in (bias.blocks, bias.film.weight, bias.film.bias)]
+        if any(isinstance(w, DTensor) or hasattr(w, "ds_id") for w in weights):
             return (), ()
-        return made[:2]
+        return made
 
     def _context_flags(self, conditioning: Conditioning | None = None, *family_flags) -> dict:
         flags = {} if conditioning is None else {"conditioning": conditioning}
