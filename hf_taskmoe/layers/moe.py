@@ -512,7 +512,8 @@ class TaskMoE(nn.Module):
             x = x.to(compute_dtype(x))
         if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back by a copy, and in the
             token_of_slot = order  # backward the same two the other way round (no scatter of atomic adds)
-            x_sorted = permute_rows(x, order)  # (tokens, hidden), contiguous per expert
+            # (tokens, hidden), contiguous per expert; without a backward the gather alone, no autograd Function
+            x_sorted = permute_rows(x, order) if torch.is_grad_enabled() else x.index_select(0, order)
         else:
             token_of_slot = order // self.top_k
             x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
