@@ -44,7 +44,8 @@ class Conditioning:
         `biases`: conditional attention biases (of one shape) whose matrices of each row, cropped to `length`
         tokens, are made now, all together."""
         rows = table.index_select(0, task_ids)
-        made = many_biases(biases, table, task_ids, length) if biases and length <= biases[0].max_length else None
+        fits = biases and length is not None and length <= biases[0].max_length  # else each layer's own path (errors)
+        made = many_biases(biases, table, task_ids, length) if fits else None
         return cls(table, task_ids, rows, many_films(films, rows.unsqueeze(1)) if films else None, made)
 
 
@@ -66,7 +67,7 @@ class FiLM(nn.Linear):
 
 def many_films(films, z: torch.Tensor) -> dict:
     """Each FiLM's `(gamma(z), beta(z))`, `(..., features)` each, for many FiLMs in one product of the task embeddings
-    `z` (`(..., task_dim)`: each row's, or the table) with their weights side by side: one cast and one matrix product
+    `z` (`(..., task_dim)`) with their weights side by side: one cast and one matrix product
     (and one of each in the backward) instead of one per FiLM, what a model's dozens of small FiLMs cost a GPU in
     launches."""
     weight = torch.cat([film.weight for film in films])  # (sum of 2 features, task_dim)
