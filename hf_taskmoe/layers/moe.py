@@ -8,7 +8,7 @@ Equations of the MT-TaG paper (section 3.1), for a token x of task t:
     g*, E*   = top-1 of G_t(x)                             (5)
     h(x)     = g* E*(x)                                    (6)   `expert_weighting="gate"`
 
-Dispatch follows `notes/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
+Dispatch follows `docs/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
 `argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice (or one grouped
 GEMM per projection runs them all: the experts' weights are stored stacked, `ExpertBank`),
 and the outputs are put back in token order by a copy to their tokens' rows (`index_copy_`). Never every expert on
@@ -487,7 +487,7 @@ class TaskMoE(nn.Module):
         self, x: torch.Tensor, flat_expert: torch.Tensor, flat_weight: torch.Tensor | None,
         straight_through: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Each expert on the tokens routed to it (`notes/moe-dispatch.md`): slots sorted by expert, one `F.linear`
+        """Each expert on the tokens routed to it (`docs/moe-dispatch.md`): slots sorted by expert, one `F.linear`
         pair per expert's slice (`sorted_loop`) or one grouped GEMM per projection (`grouped_mm`), outputs put back
         in token order. `flat_expert` / `flat_weight` `(tokens*k,)`: slot s = token s//k, its (s%k)-th choice.
         Top-1: `flat_weight` None, the outputs come back unscaled, for the caller to scale in token order; or
