@@ -224,11 +224,15 @@ class _UpcyclingCheck(TorchDispatchMode):
 
 def _cpu_branches_as_on_a_gpu():
     """The models' own CPU-only paths switched to what they run on an accelerator (fake tensors are CPU tensors)."""
-    from hf_taskmoe.layers import pals
+    from hf_taskmoe.layers import moe, pals
 
-    saved = pals.explicit_attention_wins
+    saved = pals.explicit_attention_wins, moe.copy_puts_back
     pals.explicit_attention_wins = lambda query, dropout: False  # sdpa, as on a GPU
-    return lambda: setattr(pals, "explicit_attention_wins", saved)
+    moe.copy_puts_back = lambda rows: True  # MT-TaG's top-1 put-back by a copy, as on a GPU
+
+    def restore():
+        pals.explicit_attention_wins, moe.copy_puts_back = saved
+    return restore
 
 
 def device_work(args, shapes: dict, families: list[str]) -> dict:

@@ -210,20 +210,33 @@ def _aten_ops(fn) -> set[str]:
     return seen.ops
 
 
+@pytest.mark.parametrize("copy", [True, False], ids=["copy_as_on_a_gpu", "gather_as_on_a_cpu"])
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
-def test_top1_training_step_scatters_nothing(dispatch):
+def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):
     """A top-1 layer's tokens are a permutation of its slots: sorted by a gather and put back by a copy to their rows
-    (`index_copy_`), the backward the same two the other way round, and the grouped GEMM's biases reach the slots by
-    a product, so neither the forward nor the backward scatters with `index_add_` (atomic adds on a GPU, the
-    put-back's 2.4 ms of a bf16 training step on an H200 before), nor builds the inverse permutation (`scatter_`)."""
+    (`index_copy_`, off the CPU) or a gather by the inverse permutation (on a CPU, where the copy is the slower), the
+    backward the same two the other way round, and the grouped GEMM's biases reach the slots by a product, so neither
+    the forward nor the backward scatters with `index_add_` (atomic adds on a GPU, the put-back's 2.4 ms of a bf16
+    training step on an H200 before); the copy builds no inverse permutation (`scatter_`). Both give the same
+    numbers."""
+    from hf_taskmoe.layers import moe as moe_module
+
+    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: copy)
     x, task_ids = _inputs()
     x.requires_grad_(True)
     moe = _moe(expert_dispatch=dispatch)
     ops = _aten_ops(lambda: moe(x, task_ids).hidden_states.square().sum().backward())
-    assert not ops & {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_", "scatter_"}
-    assert "index_copy_" in ops
+    assert not ops & {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_"}
+    assert ("index_copy_" in ops) == copy and ("scatter_" in ops) != copy
     assert ("_grouped_mm" in ops) == (dispatch == "grouped_mm")
     assert all(p.grad is not None for p in moe.parameters()) and x.grad is not None
+    grads = [x.grad] + [p.grad for p in moe.parameters()]
+    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: not copy)
+    x.grad = None
+    moe.zero_grad(set_to_none=True)
+    moe(x, task_ids).hidden_states.square().sum().backward()
+    for a, b in zip(grads, [x.grad] + [p.grad for p in moe.parameters()], strict=True):
+        assert torch.equal(a, b)
 
 
 def test_auto_dispatch_is_the_loop_on_a_cpu_and_the_grouped_gemm_compiled_in_bf16():
@@ -296,11 +309,15 @@ def test_top2_trains_under_bf16_autocast_summing_a_tokens_experts_in_its_dtype(d
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in moe.parameters())
 
 
-def test_moe_layers_of_a_forward_share_the_task_one_hot_and_the_expert_range():
+def test_moe_layers_of_a_forward_share_the_task_one_hot_and_the_expert_range(monkeypatch):
     """The rows' tasks as one-hot rows and `arange(num_experts)` are made once per model forward, by the first MoE
-    layer (`BackboneTaskMoE.shared_tensor`): a model of three MoE layers runs as many `arange`s as one of one layer,
-    and the same numbers with activation checkpointing (the recomputed layers read the forward's)."""
+    layer (`BackboneTaskMoE.shared_tensor`): a model of three MoE layers runs as many `arange`s as one of one layer
+    (with the put-back of an accelerator, which builds no inverse permutation), and the same numbers with activation
+    checkpointing (the recomputed layers read the forward's)."""
     from hf_taskmoe import BertForTaskMoE
+    from hf_taskmoe.layers import moe as moe_module
+
+    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: True)
 
     def step(layers, checkpointing=False):
         torch.manual_seed(0)
