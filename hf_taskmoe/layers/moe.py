@@ -11,10 +11,11 @@ Equations of the MT-TaG paper (section 3.1), for a token x of task t:
 Dispatch follows `docs/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
 `argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice (or one grouped
 GEMM per projection runs them all: the experts' weights are stored stacked, `ExpertBank`),
-and the outputs are put back in token order by a copy to their tokens' rows (`index_copy_`). Never every expert on
-every token in training; one device-to-host sync per layer for `sorted_loop` (the per-expert token counts), none for
-`grouped_mm`. A captured program (`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert
-on every token, masked by the combine weights (`TaskMoE._masked_experts`).
+and the outputs are put back in token order without atomic adds (`put_back_rows`: a copy to their tokens' rows off the
+CPU, a gather by the inverse permutation on a CPU). Never every expert on every token in training; one device-to-host
+sync per layer for `sorted_loop` (the per-expert token counts), none for `grouped_mm`. A captured program
+(`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert on every token, masked by the
+combine weights (`TaskMoE._masked_experts`).
 """
 
 from __future__ import annotations
@@ -119,8 +120,14 @@ class _PutBackStraightThrough(torch.autograd.Function):
 
 def permute_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     """Rows of `x` in the order `order` (a permutation), differentiable without a scatter of atomic adds: the
-    gradient is put back by a copy."""
-    return _PermuteRows.apply(x, order)
+    gradient is put back (`_put_back`). Without a backward to record, the gather alone (no autograd Function call)."""
+    return _PermuteRows.apply(x, order) if torch.is_grad_enabled() else x.index_select(0, order)
+
+
+def put_back_rows(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """`rows` permuted by `order` put back (`_put_back`), differentiable with a gather for its gradient (`_PutBack`);
+    without a backward to record, `_put_back` alone."""
+    return _PutBack.apply(rows, order) if torch.is_grad_enabled() else _put_back(rows, order)
 
 
 @torch.compiler.disable
@@ -534,10 +541,9 @@ class TaskMoE(nn.Module):
             # then moves half the bytes (a cast is elementwise, so the numbers are the same). Top-1 only: with k > 1
             # a token's slots are summed, in `x`'s dtype (the put-back's sum, the gradient's `index_add_`)
             x = x.to(compute_dtype(x))
-        if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back by a copy, and in the
-            token_of_slot = order  # backward the same two the other way round (no scatter of atomic adds)
-            # (tokens, hidden), contiguous per expert; without a backward the gather alone, no autograd Function
-            x_sorted = permute_rows(x, order) if torch.is_grad_enabled() else x.index_select(0, order)
+        if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back (`put_back_rows`), and
+            token_of_slot = order  # in the backward the same two the other way round (no scatter of atomic adds)
+            x_sorted = permute_rows(x, order)  # (tokens, hidden), contiguous per expert
         else:
             token_of_slot = order // self.top_k
             x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
@@ -548,9 +554,9 @@ class TaskMoE(nn.Module):
         if self.top_k == 1:  # (tokens, hidden) back in token order
             if straight_through is not None and torch.is_grad_enabled():
                 return _PutBackStraightThrough.apply(y_sorted, order, straight_through)
-            if torch.is_grad_enabled():  # (the gate's weights scale the outputs after, in token order)
-                return _PutBack.apply(y_sorted, order)
-            return _put_back(y_sorted, order)  # (no backward: the straight-through value is the expert's output)
+            # (without a backward the straight-through value is the expert's output; the other weightings scale the
+            # outputs after, in token order)
+            return put_back_rows(y_sorted, order)
         y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
         return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
 
