@@ -219,9 +219,9 @@ def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):
     the forward nor the backward scatters with `index_add_` (atomic adds on a GPU, the put-back's 2.4 ms of a bf16
     training step on an H200 before); the copy builds no inverse permutation (`scatter_`). Both give the same
     numbers."""
-    from hf_taskmoe.layers import moe as moe_module
+    from hf_taskmoe.layers import rows as rows_module
 
-    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: copy)
+    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: copy)
     x, task_ids = _inputs()
     x.requires_grad_(True)
     moe = _moe(expert_dispatch=dispatch)
@@ -231,7 +231,7 @@ def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):
     assert ("_grouped_mm" in ops) == (dispatch == "grouped_mm")
     assert all(p.grad is not None for p in moe.parameters()) and x.grad is not None
     grads = [x.grad] + [p.grad for p in moe.parameters()]
-    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: not copy)
+    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: not copy)
     x.grad = None
     moe.zero_grad(set_to_none=True)
     moe(x, task_ids).hidden_states.square().sum().backward()
@@ -315,9 +315,9 @@ def test_moe_layers_of_a_forward_share_the_task_one_hot_and_the_expert_range(mon
     (with the put-back of an accelerator, which builds no inverse permutation), and the same numbers with activation
     checkpointing (the recomputed layers read the forward's)."""
     from hf_taskmoe import BertForTaskMoE
-    from hf_taskmoe.layers import moe as moe_module
+    from hf_taskmoe.layers import rows as rows_module
 
-    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: True)
+    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: True)
 
     def step(layers, checkpointing=False):
         torch.manual_seed(0)
