@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .rows import permute_rows
 from .task_head import IGNORE_INDEX, TaskHead, bad_rows  # noqa: F401 (part of this module's API)
 
 if TYPE_CHECKING:
@@ -321,7 +322,7 @@ class MultiTaskHeads(nn.ModuleDict):
         width = heads[0].num_labels
         order = _joined([task_rows[t] for t in present])  # (batch,) rows grouped by task, batch order inside
         counts = [len(task_rows[t]) for t in present]
-        x = heads[0].dropout(pooled_output.index_select(0, order))  # (batch, hidden)
+        x = heads[0].dropout(permute_rows(pooled_output, order))  # (batch, hidden); its gradient put back, no atomics
         weight = torch.cat([head.classifier.weight for head in heads])  # (present * width, hidden)
         bias = torch.cat([head.classifier.bias for head in heads])
         logits = F.linear(x, weight, bias).view(x.shape[0], len(present), width)  # every present head, every row
