@@ -136,6 +136,18 @@ def _is_view(func) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
+#: in-place operators that write their destination (`self`) without reading it
+OVERWRITE_IN_PLACE = {"copy_", "index_copy_", "fill_", "zero_"}
+
+
+def _read(name: str, args: tuple, kwargs: dict) -> tuple:
+    """The operands an operator reads: all but a destination it only writes, an `out=` tensor or `self` of
+    `OVERWRITE_IN_PLACE` (`index_copy_` of a permutation writes every row; of fewer rows the write is over-counted)."""
+    if name in OVERWRITE_IN_PLACE:
+        args = args[1:]
+    return args, {k: v for k, v in kwargs.items() if k != "out"}
+
+
 class WorkCounter(TorchDispatchMode):
     """Per aten operator below autograd (forward and backward): calls, kernels, FLOPs, bytes read + written.
 
@@ -169,7 +181,7 @@ class WorkCounter(TorchDispatchMode):
         if name in NO_KERNEL or _is_view(func):
             return out
         flops = _flops(func, args, kwargs, out)
-        moved = sum(_bytes(t) for t in _tensors((args, kwargs))) + sum(_bytes(t) for t in _tensors(out))
+        moved = sum(_bytes(t) for t in _tensors(_read(name, args, kwargs))) + sum(_bytes(t) for t in _tensors(out))
         self.kernels[name] += 1
         self.flops[name] += flops
         self.bytes[name] += moved

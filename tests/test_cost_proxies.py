@@ -60,6 +60,26 @@ def test_counter_on_fake_tensors(cost_proxies):
     assert planned == [16, 32, 48, 64]
 
 
+def test_counter_counts_a_destination_only_written_once(cost_proxies):
+    """A copy into a fresh tensor, a put-back by `index_copy_` and an `out=` result write their destination without
+    reading it: each counts it once; an in-place add reads it and writes it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    counter = cost_proxies.WorkCounter()
+    with FakeTensorMode():
+        x, order = torch.empty(64, 8), torch.empty(64, dtype=torch.long)
+        with counter:
+            torch.empty_like(x).copy_(x)
+            torch.empty_like(x).index_copy_(0, order, x)
+            torch.eq(order, 3, out=torch.empty(64, dtype=torch.bool))
+            x.add_(x)
+    size = 64 * 8 * 4
+    assert counter.bytes["copy_"] == 2 * size
+    assert counter.bytes["index_copy_"] == 2 * size + 64 * 8
+    assert counter.bytes["eq"] == 64 * 8 + 64
+    assert counter.bytes["add_"] == 3 * size
+
+
 def test_spearman(cost_proxies):
     assert cost_proxies.spearman({"a": 1, "b": 2, "c": 3}, {"a": 10, "b": 20, "c": 30}) == 1.0
     assert cost_proxies.spearman({"a": 1, "b": 2, "c": 3}, {"a": 3, "b": 2, "c": 1}) == -1.0
