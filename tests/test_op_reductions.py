@@ -441,6 +441,54 @@ def test_stacked_heads_put_the_pooled_gradient_back_without_atomic_adds(copy, mo
         assert torch.equal(now_grads[name], before_grads[name]), name
 
 
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
+def test_stacked_heads_cast_their_weights_and_biases_as_one_tensor(autocast, monkeypatch):
+    """The stacked heads put the present heads' weights and biases in one flat tensor and cast it once (one `cat` and
+    one cast in the forward, where autocast cast the weights and the biases apart), with the numbers of each head
+    run on its own rows (no dropout: the split path draws its masks per task)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    model = BertWithPALs(BertPALsConfig(tasks=[TaskSpec(name=n, num_labels=3) for n in "abc"], pal_size=12,
+                                        pal_num_heads=3, **TINY)).eval()
+    batch = {"task_ids": torch.tensor([2, 0, 1, 2, 0]), "labels": torch.tensor([1, 0, 2, 1, 1])}
+    runs = []
+    for stacked in (True, False):
+        if not stacked:
+            monkeypatch.setattr(type(model.heads), "_stackable", lambda self, rows, labels: False)
+        pooled = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(4),
+                             requires_grad=True)
+        task_rows = model.heads.split_rows(batch["task_ids"])
+        prepared = model.heads.check_inputs(task_rows, 6, batch["labels"], None, check_values=False)
+        model.zero_grad(set_to_none=True)
+        seen = Seen()
+        sequence = torch.zeros(5, 6, model.config.hidden_size)  # read by the split path for the batch's size only
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), seen:
+            out = model.heads(sequence, pooled, task_rows, prepared)
+        out.loss.backward()
+        runs.append((out, pooled.grad, {n: p.grad for n, p in model.heads.named_parameters()}, seen.ops))
+    (stacked, stacked_grad, stacked_grads, ops), (split, split_grad, split_grads, _) = runs
+    assert ops["cat"] == 1 and ops["_to_copy"] == (3 if autocast else 0)  # + the rows and the logits for the loss
+    tolerance = {"atol": 1e-2, "rtol": 1e-2} if autocast else {"atol": 1e-6, "rtol": 1e-6}
+    torch.testing.assert_close(stacked.loss, split.loss, **tolerance)
+    for name in "abc":
+        torch.testing.assert_close(stacked.task_logits[name], split.task_logits[name], **tolerance)
+        torch.testing.assert_close(stacked.task_losses[name], split.task_losses[name], **tolerance)
+    torch.testing.assert_close(stacked_grad, split_grad, **tolerance)
+    for name, grad in split_grads.items():
+        assert stacked_grads[name].dtype == grad.dtype == torch.float32
+        torch.testing.assert_close(stacked_grads[name], grad, **tolerance, msg=name)
+
+
 def test_task_context_casts_the_mask_only_when_read():
     from hf_taskmoe.backbones import TaskContext
 
