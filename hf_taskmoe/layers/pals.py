@@ -212,10 +212,12 @@ class ProjectedAttentionLayers(nn.Module):
         rows = one_hot(index, len(groups), compute_dtype(self.encoders[0].weight))  # (batch, groups)
         # every layer's attention weights in one product (one stack, cast and product a forward, not one a layer), cut
         # by `unbind`, whose backward is one `stack` of the layers' gradients
-        attention = [self.attention[str(layer)] for layer in self.layers]
+        # the modules as Python lists: indexing a list, not an `nn.ModuleList` (a few Python calls each)
+        attention = [list(self.attention[str(layer)]) for layer in self.layers]
+        encoders, decoders = list(self.encoders), list(self.decoders)
         qkv = self.row_weights(rows, [per_layer[g].qkv for g in groups for per_layer in attention], len(attention))
-        return RowGroups(groups, index, self.row_weights(rows, [self.encoders[g] for g in groups]),
-                         self.row_weights(rows, [self.decoders[g] for g in groups]), rows,
+        return RowGroups(groups, index, self.row_weights(rows, [encoders[g] for g in groups]),
+                         self.row_weights(rows, [decoders[g] for g in groups]), rows,
                          dict(zip(self.layers, qkv.unbind(1))))
 
     @staticmethod
