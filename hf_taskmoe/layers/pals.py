@@ -93,8 +93,9 @@ def explicit_attention(
     """`scaled_dot_product_attention(query, key, value, key_mask, dropout)` of `(B, h, T, s/h)` heads, written as
     sdpa's math fallback computes it but with 3-D products: the heads flattened into `bmm`'s batch (no broadcast,
     expand and copy of a 4-D matmul), the key mask and the scale applied by one `add`, `_safe_softmax` (as sdpa: a
-    row whose keys are all masked attends to nothing, zeros and no NaN), `F.dropout` on the probabilities (sdpa's
-    draws), `bmm` with the values. `key_mask`: `(B, 1, 1, T)` bool (True = attend) or additive (`pal_key_mask`)."""
+    row whose keys are all masked attends to nothing, zeros and no NaN; `softmax` without a mask, where no row is),
+    `F.dropout` on the probabilities (sdpa's draws), `bmm` with the values. `key_mask`: `(B, 1, 1, T)` bool
+    (True = attend) or additive (`pal_key_mask`)."""
     batch, heads, seq, head_size = query.shape
     flat = (batch * heads, seq, head_size)
     out = _explicit_heads(query.reshape(flat), key.reshape(flat), value.reshape(flat), batch, key_mask, dropout)
