@@ -321,3 +321,31 @@ def test_a_checkpoint_with_separate_query_key_value_loads_into_the_fused_project
     batch = random_batch(model.config)
     with torch.no_grad():
         torch.testing.assert_close(loaded.eval()(**batch).loss, model(**batch).loss, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dispatch", ["batched", "per_group"])
+def test_gradient_checkpointing_gives_the_same_step_on_a_mixed_batch(dispatch):
+    """With activation checkpointing a mixed batch's training step is the one without, bit for bit: the batched
+    path's rows and gathered weights are made once before the first layer (`PALsForMultiTask._plan_pals`), not inside
+    the first checkpointed layer, whose recomputation would not make them again (torch.utils.checkpoint raised
+    `CheckpointError` there)."""
+    from hf_taskmoe.modeling_utils import BatchChecker
+
+    tasks = [*THREE, TaskSpec(name="absent", num_labels=2)]
+    batch = random_batch(pals_config(tasks=tasks), task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
+    batch["labels"] = torch.tensor([[1.0], [0.0], [0.5], [3.0], [1.0], [-0.2]])
+    batch = {**batch, **BatchChecker.for_model(_model(pals_config(tasks=tasks))).check(batch)}  # the collator's marks
+    results = []
+    for checkpointing in (False, True):
+        model = _model(pals_config(tasks=tasks, pal_dispatch=dispatch, pal_decoder_init="normal")).train()
+        if checkpointing:
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
+        torch.manual_seed(5)  # the same dropout masks
+        out = model(**batch)
+        out.loss.backward()
+        results.append((out.loss, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss, grads), (checkpointed_loss, checkpointed_grads) = results
+    assert torch.equal(checkpointed_loss, loss) and set(checkpointed_grads) == set(grads)
+    assert any(n.startswith("pals.attention.") for n in grads) and not any("pals.encoders.3" in n for n in grads)
+    for name, grad in grads.items():
+        assert torch.equal(checkpointed_grads[name], grad), name

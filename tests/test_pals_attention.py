@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from hf_taskmoe.layers import pals
-from hf_taskmoe.layers.pals import PALAttention, explicit_attention, explicit_attention_wins, pal_key_mask
+from hf_taskmoe.layers.pals import (
+    PALAttention,
+    explicit_attention,
+    explicit_attention_wins,
+    explicit_packed_attention,
+    pal_key_mask,
+)
 
 BATCH, HEADS, SEQ, HEAD = 3, 2, 5, 4
 
@@ -138,3 +144,32 @@ def test_it_compiles_in_one_graph_with_the_eager_draws():
     (eager, eager_grad), (out, grad) = runs
     assert torch.allclose(out, eager, atol=1e-6, rtol=0) and (eager == 0).any()
     assert torch.allclose(grad, eager_grad, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask", ["none", "bool", "additive", "all_padded_row"])
+def test_packed_heads_give_the_written_out_attention_bit_for_bit(mask, dtype):
+    """`explicit_packed_attention` (what `attend_packed` runs on a CPU in training: the heads copied out of the
+    packed `(B, T, 3s)` projection at once, and `softmax` where no key is masked) against `explicit_attention` of the
+    heads split, viewed and transposed one by one (what it ran before): the same output, dropout draws and gradient
+    of the packed projection, bit for bit."""
+    masks = _masks(all_padded_row=mask == "all_padded_row")
+    key_mask = masks["additive" if mask == "all_padded_row" else mask]
+    if key_mask is not None and key_mask.dtype != torch.bool:
+        key_mask = key_mask.to(dtype)
+    g = torch.Generator().manual_seed(8)
+    qkv = torch.randn(BATCH, SEQ, 3 * HEADS * HEAD, generator=g).to(dtype).requires_grad_()
+    runs = []
+    for packed in (True, False):
+        torch.manual_seed(9)
+        if packed:
+            out = explicit_packed_attention(qkv, HEADS, key_mask, 0.3)
+        else:
+            heads = [part.view(BATCH, SEQ, HEADS, HEAD).transpose(1, 2) for part in qkv.split(HEADS * HEAD, -1)]
+            out = explicit_attention(*heads, key_mask, 0.3).transpose(1, 2).reshape(BATCH, SEQ, HEADS * HEAD)
+        runs.append((out, torch.autograd.grad(out.float().square().sum(), qkv)[0]))
+    (out, grad), (expected, expected_grad) = runs
+    assert out.shape == (BATCH, SEQ, HEADS * HEAD) and out.dtype == dtype
+    assert not torch.equal(out, explicit_packed_attention(qkv, HEADS, key_mask, 0.0))  # dropout did drop
+    assert torch.equal(out, expected) and torch.equal(grad, expected_grad)
+    assert not out.isnan().any() and grad.abs().sum() > 0

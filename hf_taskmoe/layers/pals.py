@@ -40,7 +40,13 @@ class PALAttention(nn.Module):
 
     def attend_packed(self, qkv: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """The attention of the projected queries, keys and values side by side in one `(B, T, 3s)` tensor; heads
-        concatenated, no W^O. The three split into `(B, h, T, s/h)` heads by one view and one permute."""
+        concatenated, no W^O. For sdpa the three split into `(B, h, T, s/h)` views of `qkv` (no copy); written out
+        (`explicit_attention_wins`) they are copied into the heads' layout at once (`explicit_packed_attention`)."""
+        dropout = self.dropout if self.training else 0.0
+        if explicit_attention_wins(qkv, dropout):
+            if key_mask is not None and key_mask.dtype != torch.bool and key_mask.dtype != qkv.dtype:
+                key_mask = key_mask.to(qkv.dtype)  # as `_attention` does
+            return explicit_packed_attention(qkv, self.num_heads, key_mask, dropout)
         batch, seq, size = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         # split, then each viewed as heads: the backward joins the three gradients with one `cat` (a view and permute
         # of the packed tensor would stack them and copy the permuted stack back: two copies)
@@ -87,21 +93,43 @@ def explicit_attention(
     """`scaled_dot_product_attention(query, key, value, key_mask, dropout)` of `(B, h, T, s/h)` heads, written as
     sdpa's math fallback computes it but with 3-D products: the heads flattened into `bmm`'s batch (no broadcast,
     expand and copy of a 4-D matmul), the key mask and the scale applied by one `add`, `_safe_softmax` (as sdpa: a
-    row whose keys are all masked attends to nothing, zeros and no NaN), `F.dropout` on the probabilities (sdpa's
-    draws), `bmm` with the values. `key_mask`: `(B, 1, 1, T)` bool (True = attend) or additive (`pal_key_mask`)."""
+    row whose keys are all masked attends to nothing, zeros and no NaN; `softmax` without a mask, where no row is),
+    `F.dropout` on the probabilities (sdpa's draws), `bmm` with the values. `key_mask`: `(B, 1, 1, T)` bool
+    (True = attend) or additive (`pal_key_mask`)."""
     batch, heads, seq, head_size = query.shape
-    scores = torch.bmm(query.reshape(batch * heads, seq, head_size),
-                       key.reshape(batch * heads, seq, head_size).transpose(1, 2)).view(batch, heads, seq, seq)
+    flat = (batch * heads, seq, head_size)
+    out = _explicit_heads(query.reshape(flat), key.reshape(flat), value.reshape(flat), batch, key_mask, dropout)
+    return out.view(batch, heads, seq, head_size)
+
+
+def explicit_packed_attention(qkv: torch.Tensor, heads: int, key_mask: torch.Tensor | None, dropout: float):
+    """`explicit_attention` of the queries, keys and values side by side in one `(B, T, 3s)` tensor (`PALAttention`'s
+    projection), heads concatenated: `(B, T, s)`. The three are copied into the heads' layout `(3, B h, T, s/h)` by
+    one `reshape` and cut by `unbind` (split, view, transpose and a reshape of each, ten operations more, would make
+    the same three tensors); the backward stacks their gradients back with one `stack` and one copy."""
+    batch, seq, size = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    head_size = size // heads
+    query, key, value = (qkv.view(batch, seq, 3, heads, head_size).permute(2, 0, 3, 1, 4)
+                         .reshape(3, batch * heads, seq, head_size).unbind(0))
+    out = _explicit_heads(query, key, value, batch, key_mask, dropout)  # (B h, T, s/h)
+    return out.view(batch, heads, seq, head_size).transpose(1, 2).reshape(batch, seq, size)
+
+
+def _explicit_heads(query, key, value, batch: int, key_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
+    """The written-out attention of `(B h, T, s/h)` heads (contiguous), `(B h, T, s/h)`."""
+    flat, seq, head_size = query.shape
+    scores = torch.bmm(query, key.transpose(1, 2))  # (B h, T, T)
     if key_mask is None:
-        scores = scores * head_size ** -0.5
+        # no key masked: no row without a key to attend, so `softmax` is `_safe_softmax` (which also looks for them)
+        probs = (scores * head_size ** -0.5).softmax(-1)
     else:
         if key_mask.dtype == torch.bool:  # the additive mask sdpa makes of it (a (B, 1, 1, T) tensor: cheap)
             key_mask = torch.full_like(key_mask, float("-inf"), dtype=scores.dtype).masked_fill_(key_mask, 0.0)
-        scores = torch.add(key_mask, scores, alpha=head_size ** -0.5)  # mask + q k^T / sqrt(s/h), one operation
-    # torch.ops.aten: `torch._safe_softmax` cannot be traced by torch.compile
-    probs = F.dropout(torch.ops.aten._safe_softmax(scores, -1), dropout)
-    out = torch.bmm(probs.view(batch * heads, seq, seq), value.reshape(batch * heads, seq, head_size))
-    return out.view(batch, heads, seq, head_size)
+        # mask + q k^T / sqrt(s/h), one operation
+        scores = torch.add(key_mask, scores.view(batch, flat // batch, seq, seq), alpha=head_size ** -0.5)
+        # torch.ops.aten: `torch._safe_softmax` cannot be traced by torch.compile
+        probs = torch.ops.aten._safe_softmax(scores, -1).view(flat, seq, seq)
+    return torch.bmm(torch.dropout(probs, dropout, True), value)  # `F.dropout(probs, dropout)` without its checks
 
 
 #: checkpoints of releases that kept `query` / `key` / `value` as three `(s, s)` projections load into the fused
@@ -185,10 +213,12 @@ class ProjectedAttentionLayers(nn.Module):
         rows = one_hot(index, len(groups), compute_dtype(self.encoders[0].weight))  # (batch, groups)
         # every layer's attention weights in one product (one stack, cast and product a forward, not one a layer), cut
         # by `unbind`, whose backward is one `stack` of the layers' gradients
-        attention = [self.attention[str(layer)] for layer in self.layers]
+        # the modules as Python lists: indexing a list, not an `nn.ModuleList` (a few Python calls each)
+        attention = [list(self.attention[str(layer)]) for layer in self.layers]
+        encoders, decoders = list(self.encoders), list(self.decoders)
         qkv = self.row_weights(rows, [per_layer[g].qkv for g in groups for per_layer in attention], len(attention))
-        return RowGroups(groups, index, self.row_weights(rows, [self.encoders[g] for g in groups]),
-                         self.row_weights(rows, [self.decoders[g] for g in groups]), rows,
+        return RowGroups(groups, index, self.row_weights(rows, [encoders[g] for g in groups]),
+                         self.row_weights(rows, [decoders[g] for g in groups]), rows,
                          dict(zip(self.layers, qkv.unbind(1))))
 
     @staticmethod

@@ -178,6 +178,15 @@ class PALsForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         for index in config.pal_layer_indices:
             attach_pal(layers[index], PALSite(index, self.task_context, self.pals, config.pal_site), backbone,
                        config.pal_site)
+        self.backbone.register_forward_pre_hook(self._plan_pals)
+
+    def _plan_pals(self, module, args) -> None:
+        """Forward pre-hook on the dense model: each row's PAL group (`BackbonePALs.rows`) worked out before its
+        first layer runs, for every layer. Under activation checkpointing that is outside every checkpointed layer:
+        the rows with their gathered weights (the batched path) are made once and kept, not made inside the first
+        layer and missing when that layer is run again in the backward (which `torch.utils.checkpoint` refuses)."""
+        if self.task_context.task_ids is not None:  # the model's forward (not the dense model called on its own)
+            self.pals.rows(self.task_context)
 
     @torch.no_grad()
     def _init_weights(self, module):
