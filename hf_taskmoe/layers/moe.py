@@ -402,11 +402,18 @@ class TaskMoE(nn.Module):
     def route(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         """Router logits `(batch, seq, experts)` in fp32."""
         # Softmax and top-k decide which weights a token uses; in fp16/bf16 near-ties flip between experts
-        # and the exponent overflows, so the router runs in fp32 with autocast off (as in Switch/Mixtral).
-        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
-            if isinstance(self.router, TaskGate):
-                return self.router(hidden_states, task_ids, shared=self.shared_tensor)
-            return self.router(hidden_states, task_ids)
+        # and the exponent overflows, so the router runs in fp32 with autocast off (as in Switch/Mixtral). Where
+        # autocast is off already, no context to enter and leave (a dozen Python calls a layer)
+        device = hidden_states.device.type
+        if not torch.is_autocast_enabled(device):
+            return self._gate(hidden_states, task_ids)
+        with torch.autocast(device_type=device, enabled=False):
+            return self._gate(hidden_states, task_ids)
+
+    def _gate(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.router, TaskGate):
+            return self.router(hidden_states, task_ids, shared=self.shared_tensor)
+        return self.router(hidden_states, task_ids)
 
     def forward(
         self,
@@ -478,11 +485,13 @@ class TaskMoE(nn.Module):
         experts = self.shared_tensor(("experts", n, keys.dtype, device),
                                      lambda: torch.arange(n, dtype=keys.dtype, device=device))
         ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)  # (experts,)
-        if self.stacked and self.top_k == 1 and x.dtype != compute_dtype(x):
+        if self.stacked and self.top_k == 1:
             # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which
             # then moves half the bytes (a cast is elementwise, so the numbers are the same). Top-1 only: with k > 1
             # a token's slots are summed, in `x`'s dtype (the put-back's sum, the gradient's `index_add_`)
-            x = x.to(compute_dtype(x))
+            dtype = compute_dtype(x)
+            if x.dtype != dtype:
+                x = x.to(dtype)
         if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back (`put_back_rows`), and
             token_of_slot = order  # in the backward the same two the other way round (no scatter of atomic adds)
             x_sorted = permute_rows(x, order)  # (tokens, hidden), contiguous per expert
