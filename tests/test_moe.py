@@ -117,12 +117,28 @@ def test_dense_layer_has_no_router():
     torch.testing.assert_close(moe(x, task_ids).hidden_states, moe.experts[0](x))
 
 
-def test_router_runs_in_fp32_under_bf16_autocast():
-    moe = _moe()
+@pytest.mark.parametrize("gating", ["task", "shared"])
+def test_router_runs_in_fp32_under_bf16_autocast(gating, monkeypatch):
+    """Under autocast the router turns it off around itself and computes what it computes in fp32, bit for bit;
+    where autocast is off it enters no context at all (a dozen Python calls a layer of host time)."""
+    autocast = torch.autocast
+    entered = []
+
+    class Counting(autocast):
+        def __enter__(self):
+            entered.append(self.device)
+            return super().__enter__()
+
+    monkeypatch.setattr(torch, "autocast", Counting)
+    moe = _moe(gating=gating)
     x, task_ids = _inputs()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    fp32 = moe(x, task_ids)
+    assert entered == []
+    with autocast("cpu", dtype=torch.bfloat16):
         out = moe(x, task_ids)
+    assert entered == ["cpu"]
     assert out.router_logits.dtype == torch.float32
+    assert torch.equal(out.router_logits, fp32.router_logits) and torch.equal(out.expert_index, fp32.expert_index)
     assert out.hidden_states.shape == (B, S, D)
 
 

@@ -56,19 +56,22 @@ class _PutBackStraightThrough(torch.autograd.Function):
 
     The same numbers as multiplying by `(g* - sg(g*)) + 1` (the other weightings' path) without the multiplication:
     no (tokens, hidden) product in the forward, and in the backward the outputs' gradient is a gather by the
-    permutation and the gate's is one product and sum, `dL/dg* = <dL/dy, E*(x)>`."""
+    permutation and the gate's is one product and sum, `dL/dg* = <dL/dy, E*(x)>`. The gate comes as top-k gave it,
+    `(batch, seq, 1)`, and its gradient goes back so shaped: no view of it (an autograd node) to flatten it."""
 
     @staticmethod
     def forward(ctx, y_sorted, order, gate):
         out = _put_back(y_sorted, order)  # (tokens, hidden) in token order
         ctx.save_for_backward(order, out)
-        ctx.gate_dtype = gate.dtype
+        ctx.gate_dtype, ctx.gate_shape = gate.dtype, gate.shape
         return out
 
     @staticmethod
     def backward(ctx, grad):
         order, out = ctx.saved_tensors
-        grad_gate = (grad * out).sum(-1).to(ctx.gate_dtype) if ctx.needs_input_grad[2] else None
+        grad_gate = None
+        if ctx.needs_input_grad[2]:
+            grad_gate = (grad * out).sum(-1).to(ctx.gate_dtype).view(ctx.gate_shape)
         return grad.index_select(0, order), None, grad_gate
 
 
@@ -402,11 +405,18 @@ class TaskMoE(nn.Module):
     def route(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
         """Router logits `(batch, seq, experts)` in fp32."""
         # Softmax and top-k decide which weights a token uses; in fp16/bf16 near-ties flip between experts
-        # and the exponent overflows, so the router runs in fp32 with autocast off (as in Switch/Mixtral).
-        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
-            if isinstance(self.router, TaskGate):
-                return self.router(hidden_states, task_ids, shared=self.shared_tensor)
-            return self.router(hidden_states, task_ids)
+        # and the exponent overflows, so the router runs in fp32 with autocast off (as in Switch/Mixtral). Where
+        # autocast is off already, no context to enter and leave (a dozen Python calls a layer)
+        device = hidden_states.device.type
+        if not torch.is_autocast_enabled(device):
+            return self._gate(hidden_states, task_ids)
+        with torch.autocast(device_type=device, enabled=False):
+            return self._gate(hidden_states, task_ids)
+
+    def _gate(self, hidden_states: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.router, TaskGate):
+            return self.router(hidden_states, task_ids, shared=self.shared_tensor)
+        return self.router(hidden_states, task_ids)
 
     def forward(
         self,
@@ -436,7 +446,7 @@ class TaskMoE(nn.Module):
             y = self._masked_experts(x, top_e.reshape(-1, self.top_k), weights.reshape(-1, self.top_k))
             y = y.view(batch, seq, hidden)
         elif self.top_k == 1 and self.expert_weighting == "straight_through":  # the value is the expert's output
-            y = self._sorted_experts(x, top_e.reshape(-1), None, straight_through=top_p.reshape(-1))
+            y = self._sorted_experts(x, top_e.reshape(-1), None, straight_through=top_p)
             y = y.view(batch, seq, hidden)
         elif self.top_k == 1:  # each token's one output, put back in token order, scaled there: no gather of weights
             y = self._sorted_experts(x, top_e.reshape(-1), None).view(batch, seq, hidden)
@@ -464,7 +474,7 @@ class TaskMoE(nn.Module):
         pair per expert's slice (`sorted_loop`) or one grouped GEMM per projection (`grouped_mm`), outputs put back
         in token order. `flat_expert` / `flat_weight` `(tokens*k,)`: slot s = token s//k, its (s%k)-th choice.
         Top-1: `flat_weight` None, the outputs come back unscaled, for the caller to scale in token order; or
-        `straight_through` `(tokens,)` the chosen experts' gate probabilities, whose gradient is eq. 6's while the
+        `straight_through` `(batch, seq, 1)` the chosen experts' gate probabilities, whose gradient is eq. 6's while the
         value is the expert's output (`expert_weighting="straight_through"`, `_PutBackStraightThrough`)."""
         # slots grouped by expert, and their experts. Sorted on 8-bit keys: a GPU's radix sort makes a pass per few
         # key bits, so int64 keys cost it about eight times the passes (33 us of an H100's 4,096-token step)
@@ -478,11 +488,13 @@ class TaskMoE(nn.Module):
         experts = self.shared_tensor(("experts", n, keys.dtype, device),
                                      lambda: torch.arange(n, dtype=keys.dtype, device=device))
         ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)  # (experts,)
-        if self.stacked and self.top_k == 1 and x.dtype != compute_dtype(x):
+        if self.stacked and self.top_k == 1:
             # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which
             # then moves half the bytes (a cast is elementwise, so the numbers are the same). Top-1 only: with k > 1
             # a token's slots are summed, in `x`'s dtype (the put-back's sum, the gradient's `index_add_`)
-            x = x.to(compute_dtype(x))
+            dtype = compute_dtype(x)
+            if x.dtype != dtype:
+                x = x.to(dtype)
         if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back (`put_back_rows`), and
             token_of_slot = order  # in the backward the same two the other way round (no scatter of atomic adds)
             x_sorted = permute_rows(x, order)  # (tokens, hidden), contiguous per expert
