@@ -226,6 +226,23 @@ def _aten_ops(fn) -> set[str]:
     return seen.ops
 
 
+def test_put_back_off_the_cpu_is_the_copy_with_its_own_gather_backward(monkeypatch):
+    """Off the CPU, `put_back_rows` is the copy to the rows alone: `index_copy_`'s own backward is the gather by the
+    permutation, so no autograd Function (Python on every step) runs; the same gradient as the Function's."""
+    from hf_taskmoe.layers import rows as rows_module
+
+    rows, order = torch.randn(6, 4, requires_grad=True), torch.tensor([3, 0, 5, 1, 4, 2])
+    target = torch.randn(6, 4)
+    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: True)
+    out = rows_module.put_back_rows(rows, order)
+    assert type(out.grad_fn).__name__.startswith("IndexCopy")
+    (grad,) = torch.autograd.grad((out * target).sum(), rows)
+    function = rows_module._PutBack.apply(rows, order)
+    (expected,) = torch.autograd.grad((function * target).sum(), rows)
+    assert torch.equal(out, function) and torch.equal(grad, expected)
+    assert torch.equal(grad, target.index_select(0, order))
+
+
 @pytest.mark.parametrize("copy", [True, False], ids=["copy_as_on_a_gpu", "gather_as_on_a_cpu"])
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
 def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):

@@ -42,8 +42,8 @@ class _PermuteRows(torch.autograd.Function):
 
 
 class _PutBack(torch.autograd.Function):
-    """`_put_back` differentiable: its gradient is a gather by the permutation (the gather by the inverse that
-    `_put_back` runs on a CPU would scatter its gradient with `index_add_`)."""
+    """`_put_back` on a CPU differentiable with a gather by the permutation for its gradient (the gather by the
+    inverse would scatter its gradient with `index_add_`)."""
 
     @staticmethod
     def forward(ctx, rows, order):
@@ -63,6 +63,9 @@ def permute_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 def put_back_rows(rows: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """`rows` permuted by `order` put back (`_put_back`), differentiable with a gather for its gradient (`_PutBack`);
-    without a backward to record, `_put_back` alone."""
-    return _PutBack.apply(rows, order) if torch.is_grad_enabled() else _put_back(rows, order)
+    """`rows` permuted by `order` put back (`_put_back`), differentiable with a gather for its gradient. Off the CPU
+    the copy's own backward is that gather, so no autograd Function runs (host time on a launch-bound step); on a CPU
+    the gather by the inverse takes `_PutBack` for it. Without a backward to record, `_put_back` alone."""
+    if torch.is_grad_enabled() and not copy_puts_back(rows):
+        return _PutBack.apply(rows, order)
+    return _put_back(rows, order)
