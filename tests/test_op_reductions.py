@@ -4,8 +4,6 @@ beside the layer and compares values and gradients."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 from torch.nn import functional as F
@@ -387,106 +385,6 @@ def test_stacked_heads_take_each_rows_position_from_the_sorted_task_ids(task_ids
     for name in now[1]:
         assert torch.equal(now[1][name], before[1][name]), name
     assert torch.equal(now[2], before[2])
-
-
-@pytest.mark.parametrize("copy", [True, False], ids=["copy_put_back", "gather_put_back"])
-def test_stacked_heads_put_the_pooled_gradient_back_without_atomic_adds(copy, monkeypatch):
-    """The stacked heads group the pooled rows by task with a permutation (`permute_rows`), whose backward puts the
-    rows' gradients back (a copy off the CPU, a gather on a CPU) instead of `index_select`'s scatter of atomic adds
-    into zeros (`index_add`): the same numbers as the plain gather, a kernel fewer off the CPU."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from hf_taskmoe.layers import heads as heads_module
-    from hf_taskmoe.layers import rows as rows_module
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
-    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: copy)
-    torch.manual_seed(0)
-    model = BertWithPALs(BertPALsConfig(tasks=[TaskSpec(name=n, num_labels=2) for n in "abc"], pal_size=12,
-                                        pal_num_heads=3, **TINY)).train()
-    batch = {"task_ids": torch.tensor([2, 0, 1, 2, 0]), "labels": torch.tensor([1, 0, 0, 1, 1])}
-    runs = []
-    for permute in (heads_module.permute_rows, lambda x, order: x.index_select(0, order)):  # now, before
-        monkeypatch.setattr(heads_module, "permute_rows", permute)
-        torch.manual_seed(3)
-        pooled = torch.randn(5, model.config.hidden_size, requires_grad=True)
-        task_rows = model.heads.split_rows(batch["task_ids"])
-        prepared = model.heads.check_inputs(task_rows, 6, batch["labels"], None, check_values=False)
-        model.zero_grad(set_to_none=True)
-        out = model.heads(None, pooled, task_rows, prepared)
-        seen = Seen()
-        with seen:
-            out.loss.backward()
-        runs.append((out, pooled.grad, {n: p.grad.clone() for n, p in model.heads.named_parameters()
-                                        if p.grad is not None}, seen.ops))
-    (now, now_grad, now_grads, now_ops), (before, before_grad, before_grads, before_ops) = runs
-    assert "index_add" in before_ops and "index_add" not in now_ops
-    assert ("index_copy_" in now_ops) == copy
-    if copy:  # a fill of zeros and a scatter of atomic adds -> one copy into an empty tensor (no fill)
-        removed, added = Counter(before_ops) - Counter(now_ops), Counter(now_ops) - Counter(before_ops)
-        assert removed == Counter(["index_add", "new_zeros"]) or removed == Counter(["index_add", "zeros"]), removed
-        assert added == Counter(["empty_like", "index_copy_"]), added
-    assert torch.equal(now.loss, before.loss) and torch.equal(now.logits, before.logits)
-    assert torch.equal(now_grad, before_grad)
-    assert now_grads.keys() == before_grads.keys()
-    for name in now_grads:
-        assert torch.equal(now_grads[name], before_grads[name]), name
-
-
-@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16_autocast"])
-def test_stacked_heads_cast_their_weights_and_biases_as_one_tensor(autocast, monkeypatch):
-    """The stacked heads put the present heads' weights and biases in one flat tensor and cast it once (one `cat` and
-    one cast in the forward, where autocast cast the weights and the biases apart), with the numbers of each head
-    run on its own rows (no dropout: the split path draws its masks per task)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
-    torch.manual_seed(0)
-    model = BertWithPALs(BertPALsConfig(tasks=[TaskSpec(name=n, num_labels=3) for n in "abc"], pal_size=12,
-                                        pal_num_heads=3, **TINY)).eval()
-    batch = {"task_ids": torch.tensor([2, 0, 1, 2, 0]), "labels": torch.tensor([1, 0, 2, 1, 1])}
-    runs = []
-    for stacked in (True, False):
-        if not stacked:
-            monkeypatch.setattr(type(model.heads), "_stackable", lambda self, rows, labels: False)
-        pooled = torch.randn(5, model.config.hidden_size, generator=torch.Generator().manual_seed(4),
-                             requires_grad=True)
-        task_rows = model.heads.split_rows(batch["task_ids"])
-        prepared = model.heads.check_inputs(task_rows, 6, batch["labels"], None, check_values=False)
-        model.zero_grad(set_to_none=True)
-        seen = Seen()
-        sequence = torch.zeros(5, 6, model.config.hidden_size)  # read by the split path for the batch's size only
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), seen:
-            out = model.heads(sequence, pooled, task_rows, prepared)
-        out.loss.backward()
-        runs.append((out, pooled.grad, {n: p.grad for n, p in model.heads.named_parameters()}, seen.ops))
-    (stacked, stacked_grad, stacked_grads, ops), (split, split_grad, split_grads, _) = runs
-    assert ops["cat"] == 1 and ops["_to_copy"] == (3 if autocast else 0)  # + the rows and the logits for the loss
-    tolerance = {"atol": 1e-2, "rtol": 1e-2} if autocast else {"atol": 1e-6, "rtol": 1e-6}
-    torch.testing.assert_close(stacked.loss, split.loss, **tolerance)
-    for name in "abc":
-        torch.testing.assert_close(stacked.task_logits[name], split.task_logits[name], **tolerance)
-        torch.testing.assert_close(stacked.task_losses[name], split.task_losses[name], **tolerance)
-    torch.testing.assert_close(stacked_grad, split_grad, **tolerance)
-    for name, grad in split_grads.items():
-        assert stacked_grads[name].dtype == grad.dtype == torch.float32
-        torch.testing.assert_close(stacked_grads[name], grad, **tolerance, msg=name)
 
 
 def test_task_context_casts_the_mask_only_when_read():

@@ -36,8 +36,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..utils import compute_dtype
-from .rows import permute_rows
 from .task_head import IGNORE_INDEX, TaskHead, bad_rows  # noqa: F401 (part of this module's API)
 
 if TYPE_CHECKING:
@@ -323,14 +321,10 @@ class MultiTaskHeads(nn.ModuleDict):
         width = heads[0].num_labels
         order = _joined([task_rows[t] for t in present])  # (batch,) rows grouped by task, batch order inside
         counts = [len(task_rows[t]) for t in present]
-        x = heads[0].dropout(permute_rows(pooled_output, order))  # (batch, hidden); its gradient put back, no atomics
-        # the present heads' weights and biases side by side in one flat tensor, cast to the compute dtype once (one
-        # `cat` and one cast each way, where autocast casts the weights and the biases apart), split in two views
-        # (whose backward is one `cat`): each head's gradient is a contiguous slice of the flat one's
-        params = [head.classifier.weight.view(-1) for head in heads] + [head.classifier.bias for head in heads]
-        flat = torch.cat(params).to(compute_dtype(x, default=params[0].dtype))
-        weight, bias = flat.split([len(present) * width * x.shape[-1], len(present) * width])
-        logits = F.linear(x, weight.view(-1, x.shape[-1]), bias).view(x.shape[0], len(present), width)  # every row
+        x = heads[0].dropout(pooled_output.index_select(0, order))  # (batch, hidden)
+        weight = torch.cat([head.classifier.weight for head in heads])  # (present * width, hidden)
+        bias = torch.cat([head.classifier.bias for head in heads])
+        logits = F.linear(x, weight, bias).view(x.shape[0], len(present), width)  # every present head, every row
         # each row's task as its position among the present tasks: the sorted task ids themselves when the tasks
         # present are the first ones (every task, in a batch that mixes them all), else filled on the device (no host
         # data to copy)
