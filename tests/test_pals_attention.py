@@ -173,3 +173,18 @@ def test_packed_heads_give_the_written_out_attention_bit_for_bit(mask, dtype):
     assert not torch.equal(out, explicit_packed_attention(qkv, HEADS, key_mask, 0.0))  # dropout did drop
     assert torch.equal(out, expected) and torch.equal(grad, expected_grad)
     assert not out.isnan().any() and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
+def test_written_out_attention_of_a_group_without_rows(mask):
+    """A group with no rows (ZeRO-3's every-group forward runs each group's PALs, an absent one on zero rows) goes
+    through the written-out attention with a padding mask of zero rows: an empty output, and a zero gradient."""
+    key_mask = _masks()[mask]
+    key_mask = None if key_mask is None else key_mask[:0]
+    qkv = torch.randn(0, SEQ, 3 * HEADS * HEAD, requires_grad=True)
+    out = explicit_packed_attention(qkv, HEADS, key_mask, 0.3)
+    assert out.shape == (0, SEQ, HEADS * HEAD)
+    heads = [part.view(0, SEQ, HEADS, HEAD).transpose(1, 2) for part in qkv.split(HEADS * HEAD, -1)]
+    assert explicit_attention(*heads, key_mask, 0.3).shape == (0, HEADS, SEQ, HEAD)
+    (grad,) = torch.autograd.grad(out.sum(), qkv)
+    assert grad.shape == qkv.shape

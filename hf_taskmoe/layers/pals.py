@@ -98,7 +98,7 @@ def explicit_attention(
     (True = attend) or additive (`pal_key_mask`)."""
     batch, heads, seq, head_size = query.shape
     flat = (batch * heads, seq, head_size)
-    out = _explicit_heads(query.reshape(flat), key.reshape(flat), value.reshape(flat), batch, key_mask, dropout)
+    out = _explicit_heads(query.reshape(flat), key.reshape(flat), value.reshape(flat), heads, key_mask, dropout)
     return out.view(batch, heads, seq, head_size)
 
 
@@ -111,12 +111,13 @@ def explicit_packed_attention(qkv: torch.Tensor, heads: int, key_mask: torch.Ten
     head_size = size // heads
     query, key, value = (qkv.view(batch, seq, 3, heads, head_size).permute(2, 0, 3, 1, 4)
                          .reshape(3, batch * heads, seq, head_size).unbind(0))
-    out = _explicit_heads(query, key, value, batch, key_mask, dropout)  # (B h, T, s/h)
+    out = _explicit_heads(query, key, value, heads, key_mask, dropout)  # (B h, T, s/h)
     return out.view(batch, heads, seq, head_size).transpose(1, 2).reshape(batch, seq, size)
 
 
-def _explicit_heads(query, key, value, batch: int, key_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
-    """The written-out attention of `(B h, T, s/h)` heads (contiguous), `(B h, T, s/h)`."""
+def _explicit_heads(query, key, value, heads: int, key_mask: torch.Tensor | None, dropout: float) -> torch.Tensor:
+    """The written-out attention of `(B h, T, s/h)` heads (contiguous), `(B h, T, s/h)`; B may be 0 (a group with no
+    rows, which ZeRO-3's every-group forward runs)."""
     flat, seq, head_size = query.shape
     scores = torch.bmm(query, key.transpose(1, 2))  # (B h, T, T)
     if key_mask is None:
@@ -126,7 +127,7 @@ def _explicit_heads(query, key, value, batch: int, key_mask: torch.Tensor | None
         if key_mask.dtype == torch.bool:  # the additive mask sdpa makes of it (a (B, 1, 1, T) tensor: cheap)
             key_mask = torch.full_like(key_mask, float("-inf"), dtype=scores.dtype).masked_fill_(key_mask, 0.0)
         # mask + q k^T / sqrt(s/h), one operation
-        scores = torch.add(key_mask, scores.view(batch, flat // batch, seq, seq), alpha=head_size ** -0.5)
+        scores = torch.add(key_mask, scores.view(flat // heads, heads, seq, seq), alpha=head_size ** -0.5)
         # torch.ops.aten: `torch._safe_softmax` cannot be traced by torch.compile
         probs = torch.ops.aten._safe_softmax(scores, -1).view(flat, seq, seq)
     return torch.bmm(torch.dropout(probs, dropout, True), value)  # `F.dropout(probs, dropout)` without its checks
