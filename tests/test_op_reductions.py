@@ -17,7 +17,7 @@ from hf_taskmoe.layers.conditional import (
     Conditioning,
 )
 from hf_taskmoe.layers.moe import TaskMoE
-from hf_taskmoe.layers.pals import PALAttention, pal_key_mask
+from hf_taskmoe.layers.pals import PALAttention, explicit_attention, explicit_attention_wins, pal_key_mask
 from hf_taskmoe.models.pals import modeling_pals
 
 from .conftest import TINY, random_batch
@@ -276,7 +276,12 @@ def test_packed_heads_and_the_additive_mask_give_the_same_attention(training):
     torch.manual_seed(0)
     # what the separate query / key / value path did: each split into heads by a view and a transpose
     heads = [part.view(3, 7, 3, 4).transpose(1, 2) for part in qkv.chunk(3, dim=-1)]  # (B, h, T, s/h)
-    before = attention._attention(*heads, keep)
+    dropout = 0.2 if training else 0.0
+    if explicit_attention_wins(heads[0], dropout):  # the written-out attention of the heads, or sdpa's
+        before = explicit_attention(*heads, keep, dropout)
+    else:
+        before = F.scaled_dot_product_attention(*heads, attn_mask=keep, dropout_p=dropout)
+    before = before.transpose(1, 2).reshape(3, 7, 12)
     torch.manual_seed(0)
     now = attention.attend_packed(qkv, additive)
     assert torch.equal(before, now)

@@ -42,36 +42,26 @@ class PALAttention(nn.Module):
         """The attention of the projected queries, keys and values side by side in one `(B, T, 3s)` tensor; heads
         concatenated, no W^O. For sdpa the three split into `(B, h, T, s/h)` views of `qkv` (no copy); written out
         (`explicit_attention_wins`) they are copied into the heads' layout at once (`explicit_packed_attention`)."""
+        if key_mask is not None and key_mask.dtype != torch.bool and key_mask.dtype != qkv.dtype:
+            key_mask = key_mask.to(qkv.dtype)  # an additive mask made for another dtype (0 and -inf stay exact)
         dropout = self.dropout if self.training else 0.0
         if explicit_attention_wins(qkv, dropout):
-            if key_mask is not None and key_mask.dtype != torch.bool and key_mask.dtype != qkv.dtype:
-                key_mask = key_mask.to(qkv.dtype)  # as `_attention` does
             return explicit_packed_attention(qkv, self.num_heads, key_mask, dropout)
         batch, seq, size = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         # split, then each viewed as heads: the backward joins the three gradients with one `cat` (a view and permute
         # of the packed tensor would stack them and copy the permuted stack back: two copies)
         heads = (batch, seq, self.num_heads, size // self.num_heads)
         query, key, value = (part.view(heads).transpose(1, 2) for part in qkv.split(size, -1))
-        return self._attention(query, key, value, key_mask)
-
-    def _attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None):
-        batch, heads, seq, head_size = query.shape
-        if key_mask is not None and key_mask.dtype != torch.bool and key_mask.dtype != query.dtype:
-            key_mask = key_mask.to(query.dtype)  # an additive mask made for another dtype (0 and -inf stay exact)
-        dropout = self.dropout if self.training else 0.0
-        if explicit_attention_wins(query, dropout):
-            out = explicit_attention(query, key, value, key_mask, dropout)
-        else:
-            out = F.scaled_dot_product_attention(
-                query, key, value,
-                attn_mask=key_mask,  # (B, 1, 1, T) bool (True = attend) or additive (`pal_key_mask`)
-                dropout_p=dropout,
-            )  # (B, h, T, s/h)
-        return out.transpose(1, 2).reshape(batch, seq, heads * head_size)
+        out = F.scaled_dot_product_attention(
+            query, key, value,
+            attn_mask=key_mask,  # (B, 1, 1, T) bool (True = attend) or additive (`pal_key_mask`)
+            dropout_p=dropout,
+        )  # (B, h, T, s/h)
+        return out.transpose(1, 2).reshape(batch, seq, size)
 
 
 def explicit_attention_wins(query: torch.Tensor, dropout: float) -> bool:
-    """Whether `PALAttention` writes its attention out (`explicit_attention`) instead of calling
+    """Whether `PALAttention` writes its attention out (`explicit_packed_attention`) instead of calling
     `scaled_dot_product_attention`: on a CPU, with dropout on the probabilities (training), when not captured for
     export. There sdpa has no fused kernel and runs its composite math fallback, whose 4-D matmuls expand and copy
     their operands; the explicit form is the same attention (the same dropout draws, `_safe_softmax`) with fewer
