@@ -236,18 +236,14 @@ class _UpcyclingCheck(TorchDispatchMode):
 
 def _cpu_branches_as_on_a_gpu():
     """The models' own CPU-only paths switched to what they run on an accelerator (fake tensors are CPU tensors)."""
-    from hf_taskmoe.layers import pals
+    from hf_taskmoe.layers import moe, pals
 
-    try:
-        from hf_taskmoe.layers import rows
-    except ImportError:  # a checkout from before layers/rows.py (an A/B against older code)
-        from hf_taskmoe.layers import moe as rows
-    saved = pals.explicit_attention_wins, rows.copy_puts_back
+    saved = pals.explicit_attention_wins, moe.copy_puts_back
     pals.explicit_attention_wins = lambda query, dropout: False  # sdpa, as on a GPU
-    rows.copy_puts_back = lambda rows: True  # rows put back by a copy (MT-TaG's top-1, the heads), as on a GPU
+    moe.copy_puts_back = lambda rows: True  # MT-TaG's top-1 put-back by a copy, as on a GPU
 
     def restore():
-        pals.explicit_attention_wins, rows.copy_puts_back = saved
+        pals.explicit_attention_wins, moe.copy_puts_back = saved
     return restore
 
 

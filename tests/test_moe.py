@@ -229,15 +229,15 @@ def _aten_ops(fn) -> set[str]:
 def test_put_back_off_the_cpu_is_the_copy_with_its_own_gather_backward(monkeypatch):
     """Off the CPU, `put_back_rows` is the copy to the rows alone: `index_copy_`'s own backward is the gather by the
     permutation, so no autograd Function (Python on every step) runs; the same gradient as the Function's."""
-    from hf_taskmoe.layers import rows as rows_module
+    from hf_taskmoe.layers import moe as moe_module
 
     rows, order = torch.randn(6, 4, requires_grad=True), torch.tensor([3, 0, 5, 1, 4, 2])
     target = torch.randn(6, 4)
-    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: True)
-    out = rows_module.put_back_rows(rows, order)
+    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: True)
+    out = moe_module.put_back_rows(rows, order)
     assert type(out.grad_fn).__name__.startswith("IndexCopy")
     (grad,) = torch.autograd.grad((out * target).sum(), rows)
-    function = rows_module._PutBack.apply(rows, order)
+    function = moe_module._PutBack.apply(rows, order)
     (expected,) = torch.autograd.grad((function * target).sum(), rows)
     assert torch.equal(out, function) and torch.equal(grad, expected)
     assert torch.equal(grad, target.index_select(0, order))
@@ -252,9 +252,9 @@ def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):
     the forward nor the backward scatters with `index_add_` (atomic adds on a GPU, the put-back's 2.4 ms of a bf16
     training step on an H200 before); the copy builds no inverse permutation (`scatter_`). Both give the same
     numbers."""
-    from hf_taskmoe.layers import rows as rows_module
+    from hf_taskmoe.layers import moe as moe_module
 
-    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: copy)
+    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: copy)
     x, task_ids = _inputs()
     x.requires_grad_(True)
     moe = _moe(expert_dispatch=dispatch)
@@ -264,7 +264,7 @@ def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):
     assert ("_grouped_mm" in ops) == (dispatch == "grouped_mm")
     assert all(p.grad is not None for p in moe.parameters()) and x.grad is not None
     grads = [x.grad] + [p.grad for p in moe.parameters()]
-    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: not copy)
+    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: not copy)
     x.grad = None
     moe.zero_grad(set_to_none=True)
     moe(x, task_ids).hidden_states.square().sum().backward()
@@ -348,9 +348,9 @@ def test_moe_layers_of_a_forward_share_the_task_one_hot_and_the_expert_range(mon
     (with the put-back of an accelerator, which builds no inverse permutation), and the same numbers with activation
     checkpointing (the recomputed layers read the forward's)."""
     from hf_taskmoe import BertForTaskMoE
-    from hf_taskmoe.layers import rows as rows_module
+    from hf_taskmoe.layers import moe as moe_module
 
-    monkeypatch.setattr(rows_module, "copy_puts_back", lambda rows: True)
+    monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: True)
 
     def step(layers, checkpointing=False):
         torch.manual_seed(0)
