@@ -256,7 +256,7 @@ def device_work(args, shapes: dict, families: list[str]) -> dict:
                                     pal_size=args.pal_size, camtl_max_length=args.seq, pal_dispatch="batched")
     bench = types.SimpleNamespace(device=torch.device("cpu"), args=args)
     cpu_batch = encoder_batch(bench, args.batch, args.seq, 1000)
-    fields = ("kernels", "gflops", "gbytes", "roofline_ms", "host_reads", "atomic", "top", "errors")
+    fields = ("kernels", "gflops", "gbytes", "roofline_ms", "host_reads", "atomic", "top", "errors", "exact")
     result = {field: {} for field in fields}
     restore = _cpu_branches_as_on_a_gpu()
     try:
@@ -278,6 +278,8 @@ def device_work(args, shapes: dict, families: list[str]) -> dict:
             result["gbytes"][name] = round(sum(counter.bytes.values()) / 1e9, 3)
             result["roofline_ms"][name] = round(1000 * counter.roofline_s, 3)
             result["host_reads"][name] = counter.host_reads
+            result["exact"][name] = {"kernels": result["kernels"][name], "gbytes": sum(counter.bytes.values()) / 1e9,
+                                     "roofline_ms": 1000 * counter.roofline_s}  # unrounded
             result["atomic"][name] = {op: counter.kernels[op] for op in sorted(ATOMIC) if counter.kernels.get(op)}
             top = sorted(counter.bytes.items(), key=lambda item: -item[1])[: args.top]
             result["top"][name] = [{"op": op, "MB": round(b / 1e6, 1), "kernels": counter.kernels[op],
@@ -289,6 +291,33 @@ def device_work(args, shapes: dict, families: list[str]) -> dict:
     for field in ("kernels", "gflops", "gbytes", "roofline_ms"):
         result[f"{field}_ratio"] = ratios(result[field])
     return result
+
+
+def experts_floor(args, shapes: dict, families: list[str], work: dict) -> dict:
+    """What no implementation of MT-TaG's routing can go below: the device work its experts' parameters alone add.
+
+    Each MoE family is counted again with one expert fewer; the difference is one expert's work per step (under
+    autocast its weights cast to bf16 and read by the products, its gradients written and cast back to fp32, each
+    in proportion to its parameters). The floor is the dense model's count plus `num_experts - 1` such experts: the
+    step of a router that cost nothing. What a family counts above its floor is its routing. The sorted loop's
+    difference also holds its per-expert launches: its floor is that dispatch's, the grouped one's the method's."""
+    moe = [f for f in families if f.startswith("mt_tag") and f in work["gbytes"]]
+    if not moe or args.num_experts < 2:
+        return {}
+    fewer = device_work(argparse.Namespace(**{**vars(args), "num_experts": args.num_experts - 1}), shapes, moe)
+    floor = {}
+    for family in moe:
+        if family not in fewer["exact"]:
+            continue
+        row = {}
+        exact, fewer_exact = work["exact"], fewer["exact"][family]
+        for field in ("kernels", "gbytes", "roofline_ms"):
+            dense, per_expert = exact[DENSE][field], exact[family][field] - fewer_exact[field]
+            row[f"per_expert_{field}"] = round(per_expert, 6)
+            row[f"{field}_floor_ratio"] = round((dense + (args.num_experts - 1) * per_expert) / dense, 3)
+        floor[family] = row
+        log(f"experts' floor: {family} {row}")
+    return floor
 
 
 # ---------------------------------------------------------------------------------------------- (b) host overhead
@@ -365,6 +394,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--proxies", default="device,host", help="Of device,host.")
     parser.add_argument("--smoke", action="store_true", help="Tiny shapes, 2 rounds: every path, nothing measured.")
+    parser.add_argument("--floor", action="store_true",
+                        help="Device work: also MT-TaG's experts' floor (counted again with one expert fewer).")
     args = parser.parse_args()
     families = [f for f in args.families.split(",") if f]
     unknown = sorted(set(families) - set(FAMILIES))
@@ -386,6 +417,8 @@ def main():
         result["device_work"] = work
         proxies.update({"device_kernels": work["kernels_ratio"], "device_gflops": work["gflops_ratio"],
                         "device_bytes": work["gbytes_ratio"], "device_roofline": work["roofline_ms_ratio"]})
+        if args.floor:
+            work["experts_floor"] = experts_floor(args, device_shapes, families, work)
     if "host" in args.proxies:
         result["host"] = host_overhead(args, host_shapes, families)
         proxies["host_time"] = result["host"]["ratio"]
@@ -401,6 +434,11 @@ def main():
     if result["device_work"] and args.top:
         for family, rows in result["device_work"]["top"].items():
             print(f"{family}: " + ", ".join(f"{r['op']} {r['MB']} MB/{r['kernels']}" for r in rows))
+    for family, row in ((result["device_work"] or {}).get("experts_floor") or {}).items():
+        print(f"{family}: experts' floor (a router that cost nothing): bytes {row.get('gbytes_floor_ratio')}, "
+              f"roofline {row.get('roofline_ms_floor_ratio')}, kernels {row.get('kernels_floor_ratio')}; one expert "
+              f"{row.get('per_expert_gbytes')} GB, {row.get('per_expert_roofline_ms')} ms, "
+              f"{row.get('per_expert_kernels')} kernels")
     if result["device_work"]:
         for family, ops in result["device_work"]["atomic"].items():
             if ops:

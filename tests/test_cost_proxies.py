@@ -26,7 +26,7 @@ def cost_proxies():
 
 
 def test_smoke_run_prints_every_proxy():
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "cost_proxies.py"), "--smoke", "--top", "3"],
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "cost_proxies.py"), "--smoke", "--top", "3", "--floor"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -39,6 +39,13 @@ def test_smoke_run_prints_every_proxy():
     # the sorted loop's one host read per MoE layer is answered by the planned even split, and counted
     assert result["device_work"]["host_reads"]["mt_tag_sorted_loop"] > 0
     assert result["device_work"]["host_reads"]["mt_tag_grouped_mm"] == 0
+    # the experts' floor: one expert more adds work but, grouped, no kernel; the floor lies below the family's count
+    floor = result["device_work"]["experts_floor"]
+    assert set(floor) == {"mt_tag_grouped_mm", "mt_tag_sorted_loop"}
+    assert floor["mt_tag_grouped_mm"]["per_expert_kernels"] == 0 < floor["mt_tag_sorted_loop"]["per_expert_kernels"]
+    for family, row in floor.items():
+        assert row["per_expert_gbytes"] > 0
+        assert 1 < row["gbytes_floor_ratio"] <= result["device_work"]["gbytes_ratio"][family]
 
 
 def test_counter_on_fake_tensors(cost_proxies):
