@@ -52,6 +52,7 @@ from hf_taskmoe.modeling_utils import BatchChecker
 
 SECTIONS = ("train", "infer", "profile", "compile", "backbones", "generate", "peft")
 DENSE = "bert_seq_cls"
+FEWER_EXPERTS = "mt_tag_grouped_mm_one_expert_fewer"
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
 BERT_TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
@@ -113,6 +114,16 @@ def bert_models(bench: Bench) -> dict[str, torch.nn.Module]:
     return {name: m.to(bench.device) for name, m in models.items()}
 
 
+def fewer_experts(bench: Bench, models: dict) -> dict[str, torch.nn.Module]:
+    """MT-TaG (grouped GEMM) with one expert fewer, for the profile's experts' floor, when the run has MT-TaG."""
+    if "mt_tag_grouped_mm" not in models or FEWER_EXPERTS in models or bench.args.num_experts < 2:
+        return {}
+    made = bert_family_models(BERT_TINY if bench.tiny else BERT_BASE, bench.args.num_tasks, bench.args.num_experts,
+                              FEWER_EXPERTS, pal_size=204 if not bench.tiny else 12,
+                              camtl_max_length=128 if not bench.tiny else 16)
+    return {FEWER_EXPERTS: made[FEWER_EXPERTS].to(bench.device)}
+
+
 def bert_family_models(shapes: dict, num_tasks: int, num_experts: int, families: str = "", pal_size: int = 204,
                        camtl_max_length: int = 128, pal_dispatch: str = "auto") -> dict[str, torch.nn.Module]:
     """`bert_models` of any `shapes` (a `BertConfig`'s sizes), where they are made (also under a `FakeTensorMode`:
@@ -132,10 +143,13 @@ def bert_family_models(shapes: dict, num_tasks: int, num_experts: int, families:
                                                                gating="task", expert_dispatch="grouped_mm"),
         "mt_tag_sorted_loop": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts,
                                                                 gating="task", expert_dispatch="sorted_loop"),
+        # one expert fewer: the profile's experts' floor (`section_profile`); built only when named
+        FEWER_EXPERTS: lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts - 1,
+                                                         gating="task", expert_dispatch="grouped_mm"),
         "pals": lambda: BertWithPALs.from_dense(dense, tasks=tasks, pal_size=pal_size, pal_dispatch=pal_dispatch),
         "camtl": lambda: CAMTLModel.from_dense(dense, tasks=tasks, conditional_attention_max_length=camtl_max_length),
     }
-    keep = set(families.split(",")) | {DENSE} if families else set(build)
+    keep = set(families.split(",")) | {DENSE} if families else set(build) - {FEWER_EXPERTS}
     return {name: make() for name, make in build.items() if name in keep}
 
 
@@ -287,8 +301,25 @@ def section_profile(bench: Bench, models: dict, batches: dict) -> dict:
     for field in ("kernels", "kernel_ms", "step_MiB", "activations_MiB"):
         if out.get(field):
             out[f"{field}_ratio"] = ratios(out[field])
+    out["experts_floor"] = experts_floor(out, bench.args.num_experts)
     log(f"profile: { {k: v for k, v in out.items() if k != 'top_kernels_us_calls'} }")
     return out
+
+
+def experts_floor(profile: dict, num_experts: int) -> dict:
+    """MT-TaG's experts' floor from the profile of the grouped GEMM with `num_experts` and with one expert fewer: one
+    expert's kernel time (and kernels) per step, and the dense model's plus `num_experts - 1` experts', as a ratio to
+    the dense model's: the step of a router that cost nothing (`benchmarks/cost_proxies.py --floor` counts the same
+    on a CPU). Empty unless both were profiled."""
+    floor = {}
+    for field in ("kernel_ms", "kernels"):
+        values = profile.get(field) or {}
+        if not all(name in values for name in (DENSE, "mt_tag_grouped_mm", FEWER_EXPERTS)) or not values[DENSE]:
+            continue
+        per_expert = values["mt_tag_grouped_mm"] - values[FEWER_EXPERTS]
+        floor[f"per_expert_{field}"] = round(per_expert, 3)
+        floor[f"{field}_floor_ratio"] = round((values[DENSE] + (num_experts - 1) * per_expert) / values[DENSE], 3)
+    return floor
 
 
 def section_compile(bench: Bench, models: dict, make_batches) -> dict:
@@ -584,7 +615,9 @@ def main():
             elif section == "infer":
                 out = section_infer(bench, models, make_batches)
             elif section == "profile":
-                out = section_profile(bench, models, make_batches(args.batch, args.seq, models))
+                profiled = {**models, **fewer_experts(bench, models)}
+                out = section_profile(bench, profiled, make_batches(args.batch, args.seq, profiled))
+                del profiled
             elif section == "compile":
                 out = section_compile(bench, models, make_batches)
             elif section == "backbones":

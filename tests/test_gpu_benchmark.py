@@ -37,3 +37,18 @@ def test_gpu_benchmark_smoke_run_on_the_cpu(tmp_path):
                            text=True, timeout=120)
     assert table.returncode == 0, table.stderr
     assert "| train: train_bf16 | mt_tag |" in table.stdout
+
+
+def test_profile_gives_mt_tag_experts_floor(tmp_path):
+    """The profile of MT-TaG's grouped GEMM profiles it again with one expert fewer (`experts_floor`): on the CPU its
+    figure is the aten operations, which an expert more does not add to (one grouped product over every expert)."""
+    run = subprocess.run(
+        [sys.executable, "gpu.py", "--device", "cpu", "--sections", "profile", "--families", "mt_tag_grouped_mm"],
+        cwd=BENCHMARKS, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    profile = json.loads(run.stdout.strip().splitlines()[-1])["sections"]["profile"]
+    assert set(profile["kernels"]) == {"bert_seq_cls", "mt_tag_grouped_mm", "mt_tag_grouped_mm_one_expert_fewer"}
+    assert profile["params_M"]["mt_tag_grouped_mm_one_expert_fewer"] < profile["params_M"]["mt_tag_grouped_mm"]
+    assert profile["experts_floor"] == {"per_expert_kernels": 0, "kernels_floor_ratio": 1.0}
+    assert profile["kernels_ratio"]["mt_tag_grouped_mm"] > 1.0
