@@ -39,7 +39,7 @@ def test_gpu_benchmark_smoke_run_on_the_cpu(tmp_path):
     assert "| train: train_bf16 | mt_tag |" in table.stdout
 
 
-def test_profile_gives_mt_tag_experts_floor(tmp_path):
+def test_profile_gives_mt_tag_experts_floor():
     """The profile of MT-TaG's grouped GEMM profiles it again with one expert fewer (`experts_floor`): on the CPU its
     figure is the aten operations, which an expert more does not add to (one grouped product over every expert)."""
     run = subprocess.run(
