@@ -105,10 +105,12 @@ def encoder_tasks(n: int) -> list[TaskSpec]:
     return [TaskSpec(name=f"task{i}", num_labels=2) for i in range(n)]
 
 
-def bert_models(bench: Bench) -> dict[str, torch.nn.Module]:
-    """The dense reference and every BERT family upcycled from the same dense weights (random), on the device."""
+def bert_models(bench: Bench, families: str | None = None) -> dict[str, torch.nn.Module]:
+    """The dense reference and every BERT family upcycled from the same dense weights (random), on the device;
+    `families` (comma-separated) instead of the run's `--families`."""
     shapes = BERT_TINY if bench.tiny else BERT_BASE
-    models = bert_family_models(shapes, bench.args.num_tasks, bench.args.num_experts, bench.args.families,
+    families = bench.args.families if families is None else families
+    models = bert_family_models(shapes, bench.args.num_tasks, bench.args.num_experts, families,
                                 pal_size=204 if not bench.tiny else 12,
                                 camtl_max_length=128 if not bench.tiny else 16)
     return {name: m.to(bench.device) for name, m in models.items()}
@@ -118,10 +120,7 @@ def fewer_experts(bench: Bench, models: dict) -> dict[str, torch.nn.Module]:
     """MT-TaG (grouped GEMM) with one expert fewer, for the profile's experts' floor, when the run has MT-TaG."""
     if "mt_tag_grouped_mm" not in models or FEWER_EXPERTS in models or bench.args.num_experts < 2:
         return {}
-    made = bert_family_models(BERT_TINY if bench.tiny else BERT_BASE, bench.args.num_tasks, bench.args.num_experts,
-                              FEWER_EXPERTS, pal_size=204 if not bench.tiny else 12,
-                              camtl_max_length=128 if not bench.tiny else 16)
-    return {FEWER_EXPERTS: made[FEWER_EXPERTS].to(bench.device)}
+    return {FEWER_EXPERTS: bert_models(bench, FEWER_EXPERTS)[FEWER_EXPERTS]}
 
 
 def bert_family_models(shapes: dict, num_tasks: int, num_experts: int, families: str = "", pal_size: int = 204,
