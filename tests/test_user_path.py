@@ -208,14 +208,14 @@ def test_the_script_prints_baselines_and_task_names_on_evaluation_bars(tmp_path,
     captured = capsys.readouterr()
     header = next(line for line in captured.out.splitlines() if line.startswith("task "))
     assert "baseline" in header
-    for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"):
+    for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "newsgroups"):
         assert f"Evaluation [{task}]" in captured.err
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
-    assert set(summary["baselines"]) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"}
+    assert set(summary["baselines"]) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "newsgroups"}
     saved = json.loads(
         (tmp_path / "out" / "eval_results.json").read_text()
     )  # the metrics file: each score's baseline too
-    assert saved["eval_boolq_accuracy_baseline"] == summary["baselines"]["boolq"]["accuracy"]
+    assert saved["eval_newsgroups_accuracy_baseline"] == summary["baselines"]["newsgroups"]["accuracy"]
     printed = captured.out[captured.out.index("eval metrics"):].splitlines()
     at = next(i for i, line in enumerate(printed) if line.split()[0] == "eval_trec_accuracy")
     assert printed[at + 1].split()[0] == "eval_trec_accuracy_baseline"  # beside it in transformers' metrics print
