@@ -45,7 +45,9 @@ def _upcycling(model_class) -> UpcyclingRules:
     """Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
     weight of the dense model (embeddings, positions, final norms, LM head) under its own name; the router is new.
     Names are relative to `backbone.` (the dense model), whatever the architecture calls its layers."""
-    return UpcyclingRules(rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
+    # a linear holding low-rank experts keeps the dense one as its `base_layer`
+    return UpcyclingRules(rename=((r"(.+)\.experts\.\d+\.(.+)\.base_layer\.(weight|bias)", r"\1.\2.\3"),
+                                  (r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
                           new=model_class.parameter_roles.new_patterns)
 
 
