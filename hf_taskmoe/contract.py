@@ -127,9 +127,9 @@ def parameter_roles_of(model: nn.Module) -> ParameterRoles:
     """The `ParameterRoles` of `model`, through the wrappers users put around it (peft's `get_base_model`,
     DDP / DataParallel's `module`); `UNDECLARED` for a module of no family."""
     for _ in range(4):
-        roles = getattr(model, "parameter_roles", None)  # the instance's: a family's may depend on its config
+        roles = getattr(type(model), "parameter_roles", None)  # declared by the class (not a wrapper's forwarding)
         if isinstance(roles, ParameterRoles):
-            return roles
+            return model.parameter_roles  # the instance's: a family's may depend on its config (`expert_rank`)
         if hasattr(model, "get_base_model"):
             model = model.get_base_model()
         elif isinstance(getattr(model, "module", None), nn.Module):

@@ -318,3 +318,26 @@ def test_the_low_rank_export_refuses_the_svd_options(tmp_path):
         model.export_task_adapters(tmp_path / "a", rank=8)
     with pytest.raises(ValueError, match="`base` and `svd`"):
         model.export_task_adapters(tmp_path / "b", base="majority")
+
+
+def test_the_model_card_names_the_rank_and_the_trainable_share():
+    from hf_taskmoe.hub import render_model_card
+
+    model = low_rank("llama")
+    report = hf_taskmoe.parameter_report(model)
+    text = str(render_model_card(model))
+    assert "LoRA delta of rank 4" in text and "dense weights frozen" in text
+    assert f"trainable {report.trainable:,} ({100 * report.trainable / report.total:.2f}%" in text
+
+
+def test_bf16_forward_keeps_the_dense_outputs_and_both_paths_agree():
+    model = low_rank("llama", selection="hard").to(torch.bfloat16)
+    batch = inputs("llama", model)
+    with torch.no_grad():
+        reference = dense("llama").to(torch.bfloat16)(**batch).logits
+        out = model(**batch, task_ids=MIXED, output_router_logits=True)
+        assert out.logits.dtype == torch.bfloat16 and torch.equal(out.logits, reference)
+        move_apart(model)
+        one = model(**batch, task_ids=MIXED, output_router_logits=True)
+        mixed = model(**batch, task_ids=MIXED, routing_weights=one.routing_decisions).logits
+    torch.testing.assert_close(one.logits.float(), mixed.float(), rtol=0.05, atol=0.05)

@@ -20,9 +20,15 @@ from .modeling_seq2seq import BartTaskRouted, T5RoutedBlock, TaskRoutedForSeq2Se
 
 
 def _routing(c) -> str:
-    """What every task-routed model's card says of its router."""
+    """What every task-routed model's card says of its router (and of low-rank experts)."""
     frozen = " (frozen)" if c.freeze_task_embeddings else ""
-    return f"{c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    text = f"{c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    if c.low_rank:
+        targets = ", ".join(c.expert_targets) if c.expert_targets else "every linear of the layer"
+        base = "trained" if c.train_base else "frozen"
+        text += (f"; low-rank experts: one copy of each routed layer plus each expert's LoRA delta of rank "
+                 f"{c.expert_rank} (`lora_alpha` {c.lora_alpha:g}) on {targets}, dense weights {base}")
+    return text
 
 
 def describe(c: TaskRoutedLMConfig) -> str:
