@@ -341,3 +341,45 @@ def test_bf16_forward_keeps_the_dense_outputs_and_both_paths_agree():
         one = model(**batch, task_ids=MIXED, output_router_logits=True)
         mixed = model(**batch, task_ids=MIXED, routing_weights=one.routing_decisions).logits
     torch.testing.assert_close(one.logits.float(), mixed.float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("arch", ["llama", "bart"])
+def test_beam_search_of_a_mixed_batch_equals_each_row_alone(arch):
+    model = move_apart(low_rank(arch, selection="hard"), scale=1.0)
+    ids = inputs(arch, model)["input_ids"]
+    tasks = torch.tensor([2, 0, 1, 2])
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=3)
+    with torch.no_grad():
+        together = model.generate(ids, task_ids=tasks, **kwargs)
+        for row in range(ids.shape[0]):
+            alone = model.generate(ids[row:row + 1], task_ids=tasks[row:row + 1], **kwargs)
+            assert torch.equal(together[row], alone[0]), row
+
+
+def test_run_multitask_builds_low_rank_experts_and_leaves_the_base_alone(tmp_path, minilm):
+    """`run_multitask.py --expert_rank 4 --expert_targets q_proj v_proj` (options read from the config's fields):
+    the saved model has the rank and the targets, and its dense weights are the checkpoint's, untouched."""
+    from .test_run_multitask_lm import _save_dense, _tasks, run_multitask
+
+    folder = _save_dense("llama", tmp_path / "dense", minilm)
+    out = tmp_path / "out"
+    run_multitask.main([
+        "--model_family", "bart_routed", "--model_name_or_path", str(folder), "--tasks", str(_tasks(tmp_path)),
+        "--output_dir", str(out), "--do_train", "--max_steps", "2", "--per_device_train_batch_size", "4",
+        "--max_train_samples", "4", "--max_seq_length", "24", "--max_target_length", "4", "--num_experts", "2",
+        "--expert_rank", "4", "--expert_targets", "q_proj", "v_proj", "--learning_rate", "1e-2", "--use_cpu",
+        "--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true",
+    ])
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.expert_rank == 4 and model.config.expert_targets == ["q_proj", "v_proj"]
+    assert {n.rsplit(".", 1)[-1] for n in model.low_rank_modules()} == {"q_proj", "v_proj"}
+    dense_state = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    for name, tensor in model.backbone.state_dict().items():
+        if name.endswith((".lora_A", ".lora_B")):
+            continue
+        source = name.replace(".experts.0.", ".").replace(".base_layer.", ".")
+        if source in dense_state:  # the vocabulary may have grown with the tokenizer's special tokens
+            if tensor.shape == dense_state[source].shape:
+                assert torch.equal(tensor, dense_state[source]), name
+    assert any(m.lora_B.abs().sum() > 0 for m in model.low_rank_modules().values())
+    assert "LoRA delta of rank 4" in (out / "README.md").read_text()

@@ -28,6 +28,11 @@ method's).
 
 Weights: `backbone.<the dense model's own names>`, a routed layer's `<layers>.<i>.experts.<j>.*` (a plain layer is
 `experts.0`), the router under `router.*`.
+
+Low-rank experts (`config.expert_rank`): a routed layer is not forked but kept as `experts.0`, its linears wrapped
+(`hf_taskmoe.layers.low_rank.LowRankExperts`: `<linear>.base_layer.*` the dense weights, `<linear>.lora_A` /
+`lora_B` every expert's delta); the cache is the dense model's own (`DynamicCache`, one slot per layer), and
+generation runs each layer once on every row, each row adding its own expert's delta (docs/task-routing-lm.md).
 """
 
 from __future__ import annotations
