@@ -383,3 +383,17 @@ def test_run_multitask_builds_low_rank_experts_and_leaves_the_base_alone(tmp_pat
                 assert torch.equal(tensor, dense_state[source]), name
     assert any(m.lora_B.abs().sum() > 0 for m in model.low_rank_modules().values())
     assert "LoRA delta of rank 4" in (out / "README.md").read_text()
+
+
+def test_only_the_routed_layers_get_deltas(tmp_path):
+    model = move_apart(low_rank("llama", selection="hard", routed_layers=[1]))
+    assert model.low_rank_modules() and all(".layers.1." in n for n in model.low_rank_modules())
+    batch = inputs("llama", model)
+    with torch.no_grad():
+        routed = model(**batch, task_ids=torch.full((4,), 2)).logits
+        torch.testing.assert_close(model.export_task("z")(**batch).logits, routed, rtol=1e-5, atol=1e-5)
+    result = model.export_task_adapters(tmp_path / "out", tasks=["z"])
+    assert all(".layers.1." in n for n in result.target_modules)
+    peft_model = _load_exported(tmp_path / "out", "llama", ["z"])
+    with torch.no_grad():
+        torch.testing.assert_close(peft_model(**batch).logits, routed, rtol=1e-5, atol=1e-5)
