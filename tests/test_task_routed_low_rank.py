@@ -397,3 +397,22 @@ def test_only_the_routed_layers_get_deltas(tmp_path):
     peft_model = _load_exported(tmp_path / "out", "llama", ["z"])
     with torch.no_grad():
         torch.testing.assert_close(peft_model(**batch).logits, routed, rtol=1e-5, atol=1e-5)
+
+
+def test_the_hard_routed_forward_exports_with_torch_export():
+    """No host read and no data-dependent shape: `torch.export` traces the forward of a mixed batch."""
+    model = move_apart(low_rank("llama", selection="hard"))
+    ids = inputs("llama", model)["input_ids"]
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, task_ids):
+            return self.inner(input_ids=input_ids, task_ids=task_ids, values_checked=True, use_cache=False).logits
+
+    wrapper = Logits(model).eval()
+    program = torch.export.export(wrapper, (ids, MIXED))
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(ids, MIXED), wrapper(ids, MIXED), rtol=1e-6, atol=1e-6)
