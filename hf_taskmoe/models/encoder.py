@@ -45,7 +45,7 @@ from ..modeling_utils import (
 )
 from ..pipelines import PIPELINE_TASK
 from ..problem_types import ENCODER
-from ..tasks import TaskConfigMixin, TaskSpec
+from ..tasks import TaskConfigMixin, TaskSpec, check_config_options
 from ..upcycling import UpcyclingRules
 from ..utils import check_choice, check_int, check_layer_list
 from .registry import Family
@@ -340,6 +340,10 @@ class FlatDenseFields:
             cls._flat_dense_fields = cached
         return cached
 
+    @classmethod
+    def accepted_options(cls) -> frozenset[str]:
+        return super().accepted_options() | cls.flat_dense_fields()
+
     def __post_init__(self, **kwargs):
         flat = {name: kwargs.pop(name) for name in list(kwargs) if name in self.flat_dense_fields()}
         try:
@@ -579,6 +583,9 @@ class TaskEncoderMixin(TaskHeadsMixin):
         with `output_loading_info=True`)."""
         from ..upcycling import load_dense_model, upcycle
 
+        # a misspelt option is refused before the checkpoint loads (`num_expert=8` must not build 4 experts)
+        check_config_options(cls.config_class, config_kwargs, inspect.signature(cls.from_dense).parameters,
+                             where=f"{cls.__name__}.from_dense")
         dense_model = load_dense_model(dense, **(hub_kwargs or {}))
         config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
         model = cls(config)

@@ -33,7 +33,7 @@ from ...layers.routing import (
 )
 from ...modeling_utils import check_kwargs, check_token_ids, grow_embedding, resolve_task_ids, token_table_sizes
 from ...problem_types.seq2seq import Seq2Seq
-from ...tasks import TaskSpec
+from ...tasks import TaskSpec, check_config_options
 from ...utils import is_capturing
 
 
@@ -335,6 +335,9 @@ class TaskRoutingMixin:
         `(model, UpcyclingReport)`."""
         from ...upcycling import DenseCheckpoint, upcycle
 
+        # a misspelt option is refused before the checkpoint loads
+        check_config_options(cls.config_class, config_kwargs, inspect.signature(cls.from_dense).parameters,
+                             where=f"{cls.__name__}.from_dense")
         if isinstance(dense, PreTrainedModel):
             source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
             checkpoint = DenseCheckpoint(dense, source)
