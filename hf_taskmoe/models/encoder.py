@@ -191,7 +191,8 @@ class TaskHeadsMixin:
                 heads_out.task_logits = None
             return task_ids, encoded, heads_out
         if not values_checked:  # else `BatchChecker` checked them on the host
-            check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids)
+            check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids,
+                            position_ids=position_ids)
         task_ids, task_rows, prepared = self._prepare_task_batch(
             task_ids, batch, seq, labels, span_positions, check_values=not values_checked, task_counts=task_counts
         )
@@ -486,6 +487,14 @@ class TaskEncoderMixin(TaskHeadsMixin):
     def get_input_embeddings(self):
         return self.backbone.get_input_embeddings()
 
+    def position_table_size(self) -> int | None:
+        """The rows `position_ids` index (`max_position_embeddings`) where the dense model adds an absolute position
+        table to its embeddings (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT); None where positions are rotary
+        (ModernBERT) or relative (DeBERTa-v3), which have no table for an id to fall outside."""
+        embeddings = self.backbone.get_submodule(self.config.backbone.embeddings)
+        table = getattr(embeddings, "position_embeddings", None)
+        return self.config.max_position_embeddings if isinstance(table, torch.nn.Embedding) else None
+
     def set_input_embeddings(self, value):
         self.backbone.set_input_embeddings(value)
 
@@ -534,6 +543,8 @@ class TaskEncoderMixin(TaskHeadsMixin):
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids,
+                        position_ids=position_ids)
         output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
                                    *flags, **kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
