@@ -44,6 +44,7 @@ from hf_taskmoe.training.errors import PushFailed, UsageError, run_command
 from hf_taskmoe.training.family_options import config_kwargs, config_options, options_dataclass
 from hf_taskmoe.training.loading import (
     check_continued_tasks,
+    check_family_tasks,
     check_token_ids,
     fit_tokenizer,
     is_task_model_config,
@@ -446,6 +447,7 @@ def build_model(model_args, tasks, max_seq_length: int | None = None):
                     f"({family.model_class.__name__})")
     if not family.buildable_from_dense:
         raise UsageError(f"--model_family {family.name}: this family is not built from a dense checkpoint.")
+    check_family_tasks(family, tasks, f"--model_family {model_args.model_family}")  # before any weights load
     if init_from is not None:
         raise UsageError(
             f"--init_from {init_from}: applies when continuing a saved hf_taskmoe model with new tasks (their task-"

@@ -3,6 +3,7 @@ non-zero, seq2seq scores come from generated text, every score sits beside its b
 user's and ours, cards name data and models truthfully and escape what users wrote, eval-only and resumed runs say
 what they did."""
 
+import dataclasses
 import json
 import os
 import re
@@ -523,3 +524,28 @@ def test_an_output_folder_named_with_html_gives_an_escaped_card_title(tmp_path, 
     assert "\n# &lt;img src=x onerror=alert(1)&gt;\n" in card.content
     code = card.content.split("```python\n", 1)[1].split("```", 1)[0]  # a Python string literal there
     assert "<img" not in card.content.replace(code, "")
+
+
+# ------------------------------------------------------------------------------------------- issue 59 item 5
+def test_a_family_that_cannot_take_the_tasks_is_refused_before_the_checkpoint_loads(
+    tmp_path, tiny_dense, monkeypatch, capsys
+):
+    """`--model_family task-routing` on the demo's classification tasks: one paragraph naming the tasks, their problem
+    types and the methods that take them, before the BERT is warm-started into a BART or loaded (no load report)."""
+    from hf_taskmoe.models.registry import FAMILIES
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was prepared or loaded before the refusal")
+
+    family = FAMILIES["bart_routed"]
+    monkeypatch.setitem(FAMILIES, "bart_routed", dataclasses.replace(family, prepare_dense=never))
+    monkeypatch.setattr(family.model_class, "from_dense", never)
+    code = run_multitask.cli(_argv(tmp_path / "r", tiny_dense, "--model_family", "task-routing"))
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    assert re.search(r"--model_family task-routing: bart_routed \(BartTaskRouted\) cannot train task '\w+' "
+                     r"\(single_label_classification\)", captured.err)
+    assert "it supports the problem types ['seq2seq']" in captured.err
+    assert "Methods that take those tasks: ca-mtl, mt-tag, pals." in captured.err
+    assert len(captured.err.strip().splitlines()) == 2  # the paragraph and the --debug pointer
+    assert "MISSING" not in captured.out + captured.err and not list(tmp_path.rglob("*.safetensors"))

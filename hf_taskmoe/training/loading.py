@@ -173,6 +173,24 @@ def text_representations(model, task_data, tokenizer, source: str, max_length: i
     set_text_representations(model, task_data, tokenizer, recipe["base"], added, max_length, examples, cache_dir)
 
 
+def check_family_tasks(family, tasks, option: str = "--model_family") -> None:
+    """Refuse tasks whose problem type `family` (a `Family`) does not take (`Family.supported_problem_types`), in one
+    paragraph, before its checkpoint is loaded or prepared (task-level routing is text-to-text only: a classification
+    task would otherwise be refused by the config after the weights loaded, below transformers' load report)."""
+    supported = family.supported_problem_types
+    refused = [t for t in tasks if supported and t.problem_type not in supported]
+    if not refused:
+        return
+    takes = sorted({f.method or f.name for f in FAMILIES.values() if f.buildable_from_dense
+                    and all(t.problem_type in f.supported_problem_types for t in refused)})
+    raise UsageError(
+        f"{option}: {family.name} ({family.model_class.__name__}) cannot train "
+        + ", ".join(f"task {t.name!r} ({t.problem_type})" for t in refused)
+        + f": it supports the problem types {list(supported)}. "
+        + (f"Methods that take those tasks: {', '.join(takes)}." if takes else "No method takes all of them.")
+    )
+
+
 def is_task_model_config(config) -> bool:
     """Whether a checkpoint's config is a saved hf_taskmoe model (continued) rather than a dense one (upcycled)."""
     return any(f.model_type == config.model_type for f in FAMILIES.values())
