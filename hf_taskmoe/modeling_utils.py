@@ -519,7 +519,7 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         missing, unexpected = info.get("missing_keys"), info.get("unexpected_keys")
         if not (self.stacked_weights and missing and unexpected):
             return
-        found, partial, on_file = {}, {}, set(unexpected)
+        found, partial, present, on_file = {}, {}, {}, set(unexpected)
         for name in missing:
             for stacked in self.stacked_weights:
                 if re.fullmatch(stacked.pattern, name):
@@ -529,13 +529,16 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
                         found[name] = old
                     elif old and any(key in on_file for key in old):  # some experts' tensors on file, not all
                         partial[name] = [key for key in old if key not in on_file]
+                        present[name] = [key for key in old if key in on_file]
                     break
         if partial and not kwargs.get("ignore_mismatched_sizes", False):
             absent = [key for keys in partial.values() for key in keys]
+            # the file(s) holding the other experts' tensors of those weights: where the missing ones belong
+            files = _weights_file_names(source, kwargs, [key for keys in present.values() for key in keys])
             raise ValueError(
                 f"Cannot load {type(self).__name__} from {source}: the checkpoint keeps one tensor per expert, and "
                 f"{len(absent)} of them {'is' if len(absent) == 1 else 'are'} not on file ({', '.join(absent[:6])}"
-                f"{' ...' if len(absent) > 6 else ''}), "
+                f"{' ...' if len(absent) > 6 else ''}: not in {', '.join(files)}), "
                 f"so {', '.join(sorted(partial)[:4])}{' ...' if len(partial) > 4 else ''} cannot be stacked (a weights "
                 "file cut short, or a config.json whose `num_experts` is not the checkpoint's). Restore the weights "
                 "saved with this config.json; to load anyway with those weights freshly initialised, pass "
@@ -740,6 +743,26 @@ def _renamed(name: str, key_mapping: dict[str, str] | None) -> str:
     for pattern, replacement in (key_mapping or {}).items():
         name = re.sub(pattern, replacement, name, count=1)
     return name
+
+
+def _weights_file_names(source, kwargs: dict, names: list[str]) -> list[str]:
+    """The names of checkpoint `source`'s safetensors files that hold `names` (the model's names, after
+    `key_mapping`), for a message: the shards its index assigns them to, else its one weights file."""
+    import json
+    from pathlib import Path
+
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
+
+    hub = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
+    try:
+        index = cached_file(str(source), SAFE_WEIGHTS_INDEX_NAME, **hub)
+    except OSError:
+        index = None
+    if not index:
+        return [SAFE_WEIGHTS_NAME]
+    with open(index) as f:
+        weight_map = {_renamed(k, kwargs.get("key_mapping")): v for k, v in json.load(f)["weight_map"].items()}
+    return sorted({Path(weight_map[n]).name for n in names if n in weight_map}) or [SAFE_WEIGHTS_INDEX_NAME]
 
 
 def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, torch.Tensor]:

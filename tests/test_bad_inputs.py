@@ -314,8 +314,11 @@ def test_a_checkpoint_missing_one_experts_tensor_is_refused_by_name(tmp_path, ti
         weight_map.update(dict.fromkeys(part, file))
     weight_map[gone] = "model-00001-of-00002.safetensors"  # the index still names it
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    for folder in (single, sharded):
-        with pytest.raises(ValueError, match=rf"1 of them is not on file \({re.escape(gone)}\)"):
+    # the tensor and the file it belongs in are named (issue 59 item 9): the single file, or the shard that holds the
+    # other experts' tensors of that weight
+    shard = weight_map["backbone.encoder.layer.0.intermediate.experts.0.w_in.weight"]
+    for folder, file in ((single, "model.safetensors"), (sharded, shard)):
+        with pytest.raises(ValueError, match=rf"1 of them is not on file \({re.escape(gone)}: not in {file}\)"):
             BertForTaskMoE.from_pretrained(folder)
 
 

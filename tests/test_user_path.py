@@ -252,8 +252,23 @@ def test_an_offline_preset_fails_in_one_paragraph_that_says_presets_download(tmp
     )  # the tests run with HF_DATASETS_OFFLINE=1
     captured = capsys.readouterr()
     assert code == 2 and "downloading from the Hugging Face Hub" in captured.out
-    assert "Could not download the preset task data" in captured.err and "Traceback" not in captured.err
+    # the task and its Hub dataset are named (issue 59 item 9)
+    assert "Could not download the data of preset task 'rte' (Hub dataset nyu-mll/glue (rte))" in captured.err
+    assert "Traceback" not in captured.err
     assert len(captured.err.strip().splitlines()) == 2  # the paragraph and the --debug pointer
+
+
+def test_an_offline_preset_in_a_task_config_names_its_task_and_dataset(tmp_path):
+    """The preset's name and Hub dataset, whichever task of a mixture failed (not "the preset task data")."""
+    import json
+
+    from hf_taskmoe.training.loading import load_task_data
+
+    config = tmp_path / "tasks.json"
+    config.write_text(json.dumps({"tasks": [{"preset": "boolq"}]}))
+    with pytest.raises(run_multitask.UsageError) as caught:
+        load_task_data([str(config)], ["train"], str(tmp_path / "cache"))
+    assert "preset task 'boolq' (Hub dataset aps/super_glue (boolq))" in str(caught.value)
 
 
 # ------------------------------------------------------------------------------------------- help

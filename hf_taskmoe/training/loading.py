@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ..modeling_utils import token_table_sizes
 from ..models.registry import FAMILIES
-from .data import TASK_PRESETS, DataError, load_tasks
+from .data import TASK_PRESETS, DataError, PresetLoadError, load_tasks
 from .errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,11 @@ def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
         if cause is None:
             raise
         reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        preset = err if isinstance(err, PresetLoadError) else None
+        what = (f"the data of preset task {preset.task!r} (Hub dataset {preset.dataset_id})" if preset is not None
+                else "the preset task data")
         raise UsageError(
-            f"Could not download the preset task data from the Hugging Face Hub ({type(cause).__name__}: {reason}). "
+            f"Could not download {what} from the Hugging Face Hub ({type(cause).__name__}: {reason}). "
             "Presets (and task-config entries with \"preset\") need the network on their first use, or a copy in the "
             "datasets cache (then set HF_DATASETS_OFFLINE=1). For data on disk, write a task-config file (see "
             "docs/task-config.md)."
