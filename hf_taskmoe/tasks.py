@@ -10,6 +10,10 @@ is a class in `hf_taskmoe.problem_types` (head, loss, label format, metrics): `P
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
+import inspect
 import json
 import re
 import weakref
@@ -256,11 +260,104 @@ def parse_tasks(tasks, field_name: str = "tasks") -> list[TaskSpec]:
 _SPEC_CACHE: dict[int, tuple[str, tuple[TaskSpec, ...]]] = {}
 
 
+#: keys transformers writes into a config.json from outside `PreTrainedConfig` (`auto_map`, `custom_pipelines`:
+#: `transformers.dynamic_module_utils.custom_object_save`; `quantization_config`: the quantizers) or pops from one
+#: for compatibility with earlier releases (`_commit_hash`, `rope_theta`)
+_TRANSFORMERS_WRITTEN_KEYS = frozenset({"auto_map", "custom_pipelines", "quantization_config", "_commit_hash",
+                                        "rope_theta"})
+
+
+@functools.cache
+def transformers_config_keys() -> frozenset[str]:
+    """The keyword arguments transformers' own `PreTrainedConfig` takes, read from the class: its fields, its
+    properties (`num_labels`, `name_or_path`, `torch_dtype`, `_attn_implementation`, ...) and the attributes it
+    sets, each also without its leading underscore (`attn_implementation`), the keys it writes to a config.json
+    (`model_type`, `_name_or_path`, `transformers_version`, ...), the generation settings it moves to the generation
+    config (every `GenerationConfig` key), and `_TRANSFORMERS_WRITTEN_KEYS`."""
+    from transformers import GenerationConfig, PreTrainedConfig
+
+    bare = PreTrainedConfig()
+    names = {f.name for f in dataclasses.fields(PreTrainedConfig)} | set(vars(bare))
+    names |= {name for name, _ in inspect.getmembers(PreTrainedConfig, lambda v: isinstance(v, property))}
+    names |= {name.lstrip("_") for name in names}
+    names |= set(bare.to_dict()) | set(GenerationConfig().to_dict())
+    return frozenset(names | _TRANSFORMERS_WRITTEN_KEYS)
+
+
+def _own_options(config_class: type) -> list[str]:
+    """The fields `config_class` adds to transformers' configs (its options)."""
+    from .training.family_options import own_config_fields
+
+    return [f.name for f in own_config_fields(config_class)]
+
+
+def _option_owners(name: str) -> dict[str, list[str]]:
+    """`{method: [config class names]}` of the registered families whose config or `from_dense` has option `name`."""
+    from .models.registry import FAMILIES
+
+    owners: dict[str, list[str]] = {}
+    for family in FAMILIES.values():
+        takes = set(_own_options(family.config_class))
+        from_dense = getattr(family.model_class, "from_dense", None)
+        if from_dense is not None:
+            takes |= set(inspect.signature(from_dense).parameters) - {"cls", "dense", "tasks", "config_kwargs"}
+        if name in takes:
+            owners.setdefault(family.method or family.name, []).append(family.config_class.__name__)
+    return owners
+
+
+def check_config_options(config_class: type, given, also=(), where: str | None = None) -> None:
+    """Refuse the names in `given` that are neither options of `config_class` (its fields, its properties, the
+    dense-config fields it takes flat: `accepted_options`), nor transformers' own config keywords
+    (`transformers_config_keys`), nor in `also` (a `from_dense`'s own parameters): a misspelt `num_expert=8` must not
+    build the default 4 experts. One paragraph naming the option, the closest valid one, and the family that takes
+    it when it is another family's option (`pal_size` given to MT-TaG)."""
+    accepted = transformers_config_keys() | config_class.accepted_options() | set(also)
+    accepted |= {f.name for f in dataclasses.fields(config_class)}
+    unknown = [name for name in given if name not in accepted and not isinstance(
+        getattr(config_class, name, None), property)]
+    if not unknown:
+        return
+    own = _own_options(config_class)
+    views = {name for name, _ in inspect.getmembers(config_class, lambda v: isinstance(v, property))}
+    valid = sorted((set(own) | set(also) | config_class.accepted_options() | views)
+                   - {"self", "cls", "config_kwargs", "kwargs"})
+    where = where or config_class.__name__
+    parts = []
+    for name in unknown:
+        owners = {method: names for method, names in _option_owners(name).items()
+                  if config_class.__name__ not in names}
+        close = difflib.get_close_matches(name, valid, n=1)
+        text = f"`{name}`"
+        if owners:
+            text += " is an option of " + " and of ".join(
+                f"the {method} family ({', '.join(f'`{n}`' for n in names)})" for method, names in owners.items()
+            ) + ", not of this one"
+        elif close:
+            text += f" (did you mean `{close[0]}`?)"
+        parts.append(text)
+    raise ValueError(
+        f"{where} got unknown option(s): {'; '.join(parts)}. {config_class.__name__}'s own options are {own} "
+        f"(besides transformers' config keywords); nothing was built."
+    )
+
+
 class TaskConfigMixin:
     """For the families' `PreTrainedConfig` subclasses, which hold `tasks`: field errors as `ValueError`, the
-    task list checked and stored as JSON dicts, and the views every family reads."""
+    task list checked and stored as JSON dicts, and the views every family reads. An unknown keyword (a misspelt
+    option, another family's) is refused by name (`check_config_options`)."""
 
     tasks: list | None
+
+    def __post_init__(self, **kwargs):
+        check_config_options(type(self), kwargs)
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def accepted_options(cls) -> frozenset[str]:
+        """Keywords the config takes besides its fields and properties (the dense config's fields given flat, where
+        the config takes them: `FlatDenseFields`)."""
+        return frozenset()
 
     def __setattr__(self, key, value):
         if self._set_dense_view(key, value):

@@ -392,6 +392,10 @@ class BartTaskRoutedConfig(TaskRoutedSeq2SeqConfig):
     method_name: ClassVar[str] = "Task-level routing (BartTaskRouted)"
     dense_config_default: ClassVar[str] = "bart"
 
+    @classmethod
+    def accepted_options(cls) -> frozenset[str]:
+        return super().accepted_options() | BART_FIELDS
+
     def __post_init__(self, **kwargs):
         if self.dense_config is None:
             flat = {name: kwargs.pop(name) for name in list(kwargs) if name in BART_FIELDS}

@@ -35,7 +35,7 @@ from ...layers.routing import (
 )
 from ...modeling_utils import check_kwargs, check_token_ids, grow_embedding, resolve_task_ids, token_table_sizes
 from ...problem_types.seq2seq import Seq2Seq
-from ...tasks import TaskSpec
+from ...tasks import TaskSpec, check_config_options
 from ...utils import is_capturing
 
 
@@ -172,6 +172,27 @@ class _RoutingRoles:
 
 #: how many tokens a task-routed model generates unless told (`generation_config.max_new_tokens`)
 DEFAULT_MAX_NEW_TOKENS = 64
+
+
+def check_cache_rows(cache, batch: int) -> None:
+    """A key/value cache continues the batch it was filled with: a filled slot that holds every row (one an expert
+    keeps only its own rows in, `SlotRows.slot_rows`, is the generation plan's, checked with it) must hold `batch`.
+    One of another batch size, passed by hand, is refused by name here (a `RuntimeError` on tensor sizes inside the
+    attention otherwise). Reads the slots' shapes only (no host sync)."""
+    halves = [getattr(cache, "self_attention_cache", None), getattr(cache, "cross_attention_cache", None)]
+    halves = [h for h in halves if h is not None] or [cache]
+    own_rows = getattr(cache, "slot_rows", None) or {}
+    for half in halves:
+        for slot, layer in enumerate(getattr(half, "layers", ())):
+            keys = getattr(layer, "keys", None)
+            if slot in own_rows or not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[-2] == 0:
+                continue
+            if keys.shape[0] != batch:
+                raise ValueError(
+                    f"`cache` (`past_key_values`) was filled for {keys.shape[0]} rows (slot {slot}), but the inputs "
+                    f"have {batch} rows: a key/value cache continues only the batch it was filled with (the same rows "
+                    "and task ids, in order). Pass no cache (or `model.new_cache()`) to start another batch."
+                )
 
 
 class TaskRoutingMixin:
@@ -401,6 +422,9 @@ class TaskRoutingMixin:
         unless `train_base=True`."""
         from ...upcycling import DenseCheckpoint, upcycle
 
+        # a misspelt option is refused before the checkpoint loads
+        check_config_options(cls.config_class, config_kwargs, inspect.signature(cls.from_dense).parameters,
+                             where=f"{cls.__name__}.from_dense")
         if isinstance(dense, PreTrainedModel):
             source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
             checkpoint = DenseCheckpoint(dense, source)
@@ -458,6 +482,8 @@ class TaskRoutingMixin:
         if use_cache is None:
             use_cache = getattr(self.config.dense_config, "use_cache", True) and not self.training
         cache = self._routed_cache(cache) if use_cache else None
+        if cache is not None:
+            check_cache_rows(cache, batch)
         hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
         flags = self._routing_flags(routing_weights, cache, router_logits)
