@@ -3,6 +3,8 @@ closest valid one, in every config and every `from_dense`; transformers' own con
 
 import json
 
+import dataclasses
+
 import pytest
 from transformers import AutoConfig, PreTrainedConfig
 
@@ -41,12 +43,19 @@ def test_a_misspelt_config_option_is_refused_with_the_closest_one(config_class, 
     assert "\n" not in message
 
 
-def test_every_registered_family_config_refuses_an_unknown_option():
-    """`expert_rank` is no family's option today: refused everywhere, naming none as its owner."""
+def test_expert_rank_is_refused_where_it_does_not_apply_naming_the_family_that_takes_it():
+    """`expert_rank` (low-rank experts) is task-level routing's option: every other family refuses it by name and
+    says which family takes it; the task-routing configs keep it."""
+    owners = [f for f in FAMILIES.values() if "expert_rank" in {x.name for x in dataclasses.fields(f.config_class)}]
+    assert {f.method for f in owners} == {"task-routing"}
     for family in FAMILIES.values():
-        with pytest.raises(ValueError, match=r"unknown option\(s\): `expert_rank`") as caught:
+        if family in owners:
+            assert family.config_class(expert_rank=8).expert_rank == 8
+            continue
+        with pytest.raises(ValueError, match=r"unknown option\(s\): `expert_rank` is an option of the task-routing "
+                                             r"family") as caught:
             family.config_class(expert_rank=8)
-        assert "is an option of" not in str(caught.value)
+        assert family.config_class.__name__ in str(caught.value)
 
 
 @pytest.mark.parametrize("config_class, option, owner", [
