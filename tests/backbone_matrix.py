@@ -68,6 +68,24 @@ NEW_CONFIGS: dict[str, Callable[[], transformers.PreTrainedConfig]] = {
     "xlm-roberta-xl": lambda: transformers.XLMRobertaXLConfig(**_BERT_LIKE, pad_token_id=1),
     "mpnet": lambda: transformers.MPNetConfig(**_BERT_LIKE, pad_token_id=1),
     "albert": lambda: transformers.AlbertConfig(**_BERT_LIKE, embedding_size=8, classifier_dropout_prob=0.0),
+    # decoders
+    "qwen3": lambda: transformers.Qwen3Config(**_DEC, head_dim=8),
+    "granite": lambda: transformers.GraniteConfig(**_DEC, residual_multiplier=0.5, embedding_multiplier=2.0),
+    "smollm3": lambda: transformers.SmolLM3Config(**_DEC, no_rope_layers=[1, 0]),
+    "phi3": lambda: transformers.Phi3Config(**_DEC, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+    "stablelm": lambda: transformers.StableLmConfig(**_DEC, hidden_dropout=0.0, attention_dropout=0.0),
+    "gemma2": lambda: transformers.Gemma2Config(**_DEC, **_SLIDING),
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(**_DEC, **_SLIDING),
+    "olmo2": lambda: transformers.Olmo2Config(**_DEC),
+    "starcoder2": lambda: transformers.Starcoder2Config(**_DEC, residual_dropout=0.0, embedding_dropout=0.0),
+    "cohere": lambda: transformers.CohereConfig(**_DEC),
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(
+        **{k: v for k, v in _DEC.items() if k != "num_key_value_heads"}, hidden_dropout=0.0, attention_dropout=0.0
+    ),
+    "falcon": lambda: transformers.FalconConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB, hidden_dropout=0.0,
+        attention_dropout=0.0, **SPECIAL,
+    ),
 }
 NEW_ARCHS = list(NEW_CONFIGS)
 TASKS = [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression")]

@@ -195,6 +195,15 @@ def test_a_refused_pair_is_refused_naming_the_architecture_the_method_and_the_re
     assert not declared.supports(method)
 
 
+def test_an_unknown_architecture_is_pointed_to_the_backbones_the_method_takes_not_those_it_refuses():
+    from transformers import BertConfig
+
+    with pytest.raises(ValueError, match="does not support model_type 'bert'") as info:
+        TaskRoutedForCausalLM.config_class(dense_config=BertConfig(), tasks=S2S_TASKS)
+    listed = str(info.value)
+    assert "'llama'" in listed and "'gemma2'" in listed and "'falcon'" not in listed
+
+
 # ---------------------------------------------------------------------------------------------- the smoke path
 @pytest.mark.parametrize(("arch", "method"), PAIRS, ids=[f"{a}-{m}" for a, m in PAIRS])
 def test_smoke(arch, method, tmp_path):

@@ -19,7 +19,26 @@ from .base import (
 )
 
 # importing the declarations registers them (named imports: the remote-code bundler takes no `from . import x`)
-from .decoders import GPT2, LLAMA, MISTRAL, MT5, QWEN2, T5  # noqa: F401
+from .decoders import (  # noqa: F401
+    COHERE,
+    FALCON,
+    GEMMA2,
+    GEMMA3_TEXT,
+    GPT2,
+    GPT_NEOX,
+    GRANITE,
+    LLAMA,
+    MISTRAL,
+    MT5,
+    OLMO2,
+    PHI3,
+    QWEN2,
+    QWEN3,
+    SMOLLM3,
+    STABLELM,
+    STARCODER2,
+    T5,
+)
 from .encoders import (  # noqa: F401
     ALBERT,
     BERT,
