@@ -86,6 +86,18 @@ NEW_CONFIGS: dict[str, Callable[[], transformers.PreTrainedConfig]] = {
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB, hidden_dropout=0.0,
         attention_dropout=0.0, **SPECIAL,
     ),
+    # encoder-decoders
+    "mbart": lambda: transformers.MBartConfig(**_S2S),
+    "pegasus": lambda: transformers.PegasusConfig(**_S2S),
+    "marian": lambda: transformers.MarianConfig(**_S2S),
+    "longt5": lambda: transformers.LongT5Config(
+        d_model=32, d_ff=48, num_layers=2, num_heads=2, d_kv=8, vocab_size=VOCAB, dropout_rate=0.0, local_radius=2,
+        global_block_size=2, decoder_start_token_id=0, **SPECIAL,
+    ),
+    "umt5": lambda: transformers.UMT5Config(
+        d_model=32, d_ff=48, num_layers=2, num_heads=2, d_kv=8, vocab_size=VOCAB, dropout_rate=0.0,
+        decoder_start_token_id=0, **SPECIAL,
+    ),
 }
 NEW_ARCHS = list(NEW_CONFIGS)
 TASKS = [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression")]

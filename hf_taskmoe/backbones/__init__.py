@@ -20,6 +20,7 @@ from .base import (
 
 # importing the declarations registers them (named imports: the remote-code bundler takes no `from . import x`)
 from .decoders import (  # noqa: F401
+    BART,
     COHERE,
     FALCON,
     GEMMA2,
@@ -28,9 +29,13 @@ from .decoders import (  # noqa: F401
     GPT_NEOX,
     GRANITE,
     LLAMA,
+    LONGT5,
+    MARIAN,
+    MBART,
     MISTRAL,
     MT5,
     OLMO2,
+    PEGASUS,
     PHI3,
     QWEN2,
     QWEN3,
@@ -38,6 +43,7 @@ from .decoders import (  # noqa: F401
     STABLELM,
     STARCODER2,
     T5,
+    UMT5,
 )
 from .encoders import (  # noqa: F401
     ALBERT,

@@ -11,6 +11,8 @@ module whose `layer_idx` names the layer's key/value cache slot (each expert cop
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .base import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, Backbone, FFNSite, register_backbone
 
 
@@ -127,10 +129,14 @@ def _t5_like(model_type: str) -> Backbone:
 
 T5 = register_backbone(_t5_like("t5"))
 MT5 = register_backbone(_t5_like("mt5"))
-#: BART: post-norm `layers` of `self_attn` (decoder: `encoder_attn`) and `fc1` / `fc2`, learned positions
-BART = register_backbone(
-    Backbone(
-        model_type="bart",
+#: UMT5: T5's blocks, each with its own relative-position table (no bias passed from block to block)
+UMT5 = register_backbone(_t5_like("umt5"))
+
+
+def _bart_like(model_type: str, post_norm: bool = True) -> Backbone:
+    """BART and its descendants: `layers` of `self_attn` (decoder: `encoder_attn`) and `fc1` / `fc2`."""
+    return Backbone(
+        model_type=model_type,
         kind=ENCODER_DECODER_BACKBONE,
         layers="encoder.layers",
         decoder_layers="decoder.layers",
@@ -140,7 +146,7 @@ BART = register_backbone(
         attention_output="self_attn.out_proj",
         norms=("self_attn_layer_norm", "final_layer_norm"),
         embeddings="shared",
-        post_norm=True,
+        post_norm=post_norm,
         segment_ids=False,
         config_fields={
             "hidden_size": "d_model", "num_hidden_layers": "encoder_layers", "num_decoder_layers": "decoder_layers",
@@ -148,4 +154,24 @@ BART = register_backbone(
             "hidden_dropout_prob": "dropout",
         },
     )
-)
+
+
+#: BART: post-norm layers, learned positions
+BART = register_backbone(_bart_like("bart"))
+#: mBART and Pegasus: BART's layers made pre-norm (each norm before its sub-layer); Marian (Opus-MT): BART's post-norm
+#: layers with sinusoidal positions
+MBART = register_backbone(_bart_like("mbart", post_norm=False))
+PEGASUS = register_backbone(_bart_like("pegasus", post_norm=False))
+MARIAN = register_backbone(_bart_like("marian"))
+#: LongT5: T5's blocks with local or transient-global attention in the encoder, declared so that a checkpoint is
+#: refused with the reason
+#: (its encoder's self-attention is `LocalSelfAttention`, or `TransientGlobalSelfAttention` with
+#: `encoder_attention_type="transient-global"`; its decoder's is T5's `SelfAttention`)
+LONGT5 = register_backbone(replace(
+    _t5_like("longt5"), attention="layer.0.LocalSelfAttention", attention_output="layer.0.LocalSelfAttention.o",
+    unsupported={"task-routing": (
+    "LongT5's blocks return a tuple (hidden states, then the relative-position bias of its local / transient-global "
+    "attention, which the first block computes and the later ones reuse), and the routed block that carries such a "
+    "bias from block to block knows T5's full attention only (T5RoutedBlock, for t5 / mt5): mixing the experts' "
+    "outputs would mix tuples. Use a T5, mT5 or UMT5 checkpoint."
+)}))
