@@ -78,7 +78,8 @@ NEW_CONFIGS: dict[str, Callable[[], transformers.PreTrainedConfig]] = {
     "gemma3_text": lambda: transformers.Gemma3TextConfig(**_DEC, **_SLIDING),
     "olmo2": lambda: transformers.Olmo2Config(**_DEC),
     "starcoder2": lambda: transformers.Starcoder2Config(**_DEC, residual_dropout=0.0, embedding_dropout=0.0),
-    "cohere": lambda: transformers.CohereConfig(**_DEC),
+    # logits unscaled (Command-R scales them by 1/16): the contract's "learns a few examples" in 40 steps
+    "cohere": lambda: transformers.CohereConfig(**_DEC, logit_scale=1.0),
     "gpt_neox": lambda: transformers.GPTNeoXConfig(
         **{k: v for k, v in _DEC.items() if k != "num_key_value_heads"}, hidden_dropout=0.0, attention_dropout=0.0
     ),
