@@ -1,17 +1,16 @@
 """An option a family does not have (misspelt, another family's, a future release's) is refused by name with the
 closest valid one, in every config and every `from_dense`; transformers' own config keywords keep passing."""
 
-import json
-
 import dataclasses
+import json
 
 import pytest
 from transformers import AutoConfig, PreTrainedConfig
 
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
+from hf_taskmoe.models.configuration import transformers_config_keys
 from hf_taskmoe.models.registry import FAMILIES
-from hf_taskmoe.tasks import transformers_config_keys
 
 from .conftest import TINY
 

@@ -45,9 +45,10 @@ from ..modeling_utils import (
 )
 from ..pipelines import PIPELINE_TASK
 from ..problem_types import ENCODER
-from ..tasks import TaskConfigMixin, TaskSpec, check_config_options
+from ..tasks import TaskSpec
 from ..upcycling import UpcyclingRules
 from ..utils import check_choice, check_int, check_layer_list
+from .configuration import TaskConfigMixin, check_config_options
 from .registry import Family
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")

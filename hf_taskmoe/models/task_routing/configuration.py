@@ -14,8 +14,9 @@ from ...compat import dense_sub_config
 from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
 from ...problem_types import TEXT_TO_TEXT
 from ...problem_types.seq2seq import ENCODER_DECODER_LAYOUT
-from ...tasks import TaskConfigMixin, TaskSpec
+from ...tasks import TaskSpec
 from ...utils import check_choice, check_float, check_int, check_layer_list
+from ..configuration import TaskConfigMixin
 
 __all__ = ["BartTaskRoutedConfig", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig"]
 

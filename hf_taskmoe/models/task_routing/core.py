@@ -35,8 +35,9 @@ from ...layers.routing import (
 )
 from ...modeling_utils import check_kwargs, check_token_ids, grow_embedding, resolve_task_ids, token_table_sizes
 from ...problem_types.seq2seq import Seq2Seq
-from ...tasks import TaskSpec, check_config_options
+from ...tasks import TaskSpec
 from ...utils import is_capturing
+from ..configuration import check_config_options
 
 
 @dataclass
