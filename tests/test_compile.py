@@ -73,6 +73,7 @@ def _train(model, batches):
     return losses
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_compiled_training_over_mixed_batches(family):
     torch._dynamo.reset()

@@ -25,6 +25,7 @@ def cost_proxies():
         sys.path.remove(str(BENCHMARKS))
 
 
+@pytest.mark.ci
 def test_smoke_run_prints_every_proxy():
     done = subprocess.run([sys.executable, str(BENCHMARKS / "cost_proxies.py"), "--smoke", "--top", "3", "--floor"],
                           capture_output=True, text=True, timeout=120)

@@ -92,6 +92,7 @@ def zero2_runs(tmp_path_factory):
     return out, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("family", ["bert_taskmoe", "bart_routed"])
 def test_deepspeed_zero2_on_a_task_mixture(zero2_runs, family):
     """ZeRO-2 through the Trainer (`deepspeed=examples/deepspeed/zero2.json`) on CPU, each rank a different task per
@@ -155,8 +156,8 @@ def _killed_and_resumed_equals_uninterrupted(tmp_path, family, engine):
 
 
 @pytest.mark.parametrize("family, unit, count", [
-    ("task_moe", "FSDPBertLayer", 2),
-    # (three 2-process runs take about 100 s on a busy 2-core machine: one family in the default run)
+    # (three 2-process runs take about 100 s on a busy 2-core machine: .ci/run's own steps run both families)
+    pytest.param("task_moe", "FSDPBertLayer", 2, marks=pytest.mark.ci),
     pytest.param("routed_llama", "FSDPContextRoutedLayer", 2, marks=pytest.mark.slow),
 ])
 def test_fsdp2_sharded_checkpoint_kill_and_resume(tmp_path, family, unit, count):

@@ -81,6 +81,7 @@ def _run(path: Path, tmp_path: Path, *extra: str) -> int:
     )
 
 
+@pytest.mark.ci
 def test_two_methods_two_seeds_restart_and_report(tmp_path, tiny_dense):
     path = _experiment(tmp_path, tiny_dense, [
         {"name": "mt_dense", "args": {"num_experts": 1}},
@@ -119,6 +120,7 @@ def test_two_methods_two_seeds_restart_and_report(tmp_path, tiny_dense):
     assert "tiny_routes.png" in markdown and report.plot_routes(tmp_path / "r.png", records) == ["mt_tag"]
 
 
+@pytest.mark.ci
 def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, tiny_dense):
     path = _experiment(tmp_path, tiny_dense, [
         {"name": "broken", "args": {"gating": "no_such_gating", "num_experts": 2}},
@@ -134,6 +136,7 @@ def test_a_failing_cell_is_recorded_and_the_others_run(tmp_path, tiny_dense):
     assert [r["method"] for r in records] == ["broken", "mt_dense", "broken"]
 
 
+@pytest.mark.ci
 def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_dense, capsys):
     path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
     _, cells = runner.load_experiment(path, tmp_path / "runs")
@@ -179,6 +182,7 @@ def test_a_cell_another_runner_holds_or_finished_is_left_to_it(tmp_path, tiny_de
     assert runner.lock_holder(cells[0]) is None
 
 
+@pytest.mark.ci
 def test_an_interrupted_cell_resumes_from_its_checkpoint_to_the_scores_of_an_uninterrupted_one(
     tmp_path, tiny_dense, capsys
 ):
@@ -236,6 +240,7 @@ def _with(argv: list[str], option: str, value: str) -> list[str]:
     return [*argv[: i + 1], value, *argv[i + 2:]]
 
 
+@pytest.mark.ci
 def test_a_cell_whose_options_changed_since_it_ran_is_stale_and_runs_again(tmp_path, tiny_dense, capsys):
     path = _experiment(tmp_path, tiny_dense, [{"name": "mt_dense", "args": {"num_experts": 1}}])
     _, cells = runner.load_experiment(path, tmp_path / "runs")
@@ -279,6 +284,7 @@ def test_a_cell_whose_options_changed_since_it_ran_is_stale_and_runs_again(tmp_p
     assert latest["mt_dense/seed1"] == records[0]  # not trained again
 
 
+@pytest.mark.ci
 def test_single_task_method_trains_one_task_alone(tmp_path, tiny_dense):
     path = _experiment(tmp_path, tiny_dense, [{"name": "single_task", "single_task": True, "args": {"num_experts": 1}}])
     assert _run(path, tmp_path, "--seeds", "1") == 0
@@ -472,6 +478,7 @@ def test_experiment_files_in_the_repository_are_valid():
             assert tasks.exists(), (path, tasks)
 
 
+@pytest.mark.ci
 def test_a_same_as_method_reuses_the_other_experiments_cell_and_refuses_another_command(tmp_path, tiny_dense):
     path = _experiment(tmp_path, tiny_dense, [{"name": "dense_grid_point", "same_as": "main/mt_dense",
                                                "args": {"num_experts": 1}}])
