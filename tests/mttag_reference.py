@@ -7,7 +7,6 @@ which a model builds its modules, nor on the random draws of its `__init__`."""
 
 from __future__ import annotations
 
-import re
 import zlib
 
 import torch
@@ -37,12 +36,6 @@ TASK_IDS = torch.tensor([0, 1, 2, 1, 0, 2])  # a batch mixing the three tasks
 SEQ = 7
 
 
-def current(name: str) -> str:
-    """Today's names (until the experts move onto transformers' interface: `w_in` -> `up_proj`, ...)."""
-    renames = {"w_in": "up_proj", "w_in_bias": "up_proj_bias", "w_out": "down_proj", "w_out_bias": "down_proj_bias"}
-    return re.sub(r"\.experts\.(w_in|w_out)(_bias)?$", lambda m: f".experts.{renames[m[1] + (m[2] or '')]}", name)
-
-
 def draw(name: str, shape, g: torch.Generator) -> torch.Tensor:
     """A parameter's values: layer norms near the identity (so the tokens, not the norms' biases, steer the gates),
     everything else N(0, 0.5)."""
@@ -57,8 +50,8 @@ def model(case: str, **kwargs) -> TaskMoEForMultiTask:
     model = TaskMoEForMultiTask(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            g = torch.Generator().manual_seed(zlib.crc32(current(name).encode()))
-            parameter.copy_(draw(current(name), parameter.shape, g))
+            g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            parameter.copy_(draw(name, parameter.shape, g))
     return model
 
 
@@ -82,5 +75,5 @@ def training_step(model: TaskMoEForMultiTask) -> dict[str, torch.Tensor]:
     out.loss.backward()
     results = {"loss": out.loss.detach()}
     results |= {f"logits.{task}": logits.detach() for task, logits in out.task_logits.items()}
-    results |= {f"grad.{current(name)}": p.grad for name, p in model.named_parameters() if p.grad is not None}
+    results |= {f"grad.{name}": p.grad for name, p in model.named_parameters() if p.grad is not None}
     return results
