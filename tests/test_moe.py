@@ -75,9 +75,9 @@ def test_top1_routes_each_token_to_one_expert_and_each_expert_sees_only_its_toke
     moe = _moe()
     seen = {}
     slices = moe_module._experts_on_slices
-    def spy(bank, x, ends, *args):
+    def spy(bank, x, ends, *args, **kwargs):
         seen.update(x=x, ends=ends.tolist())
-        return slices(bank, x, ends, *args)
+        return slices(bank, x, ends, *args, **kwargs)
 
     monkeypatch.setattr(moe_module, "_experts_on_slices", spy)
     x, task_ids = _inputs()

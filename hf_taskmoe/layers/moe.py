@@ -38,10 +38,16 @@ from ..utils import compute_dtype, inverse_permutation, is_capturing, lookup, on
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: MT-TaG's own implementations in transformers' experts registry (`ALL_EXPERTS_FUNCTIONS`), chosen by name like
 #: transformers' `eager`, `batched_mm` and `grouped_mm` (`config.experts_implementation`): the sorted dispatch
-#: (`sorted_experts_forward`), and the default, which picks an implementation per call by device and dtype
-#: (`default_experts_implementation`)
+#: (`sorted_experts_forward`) with its per-expert loop in eager code on a CPU and grouped GEMMs elsewhere, or with
+#: one of the two everywhere (the loop reads the slice sizes back and is a graph break under torch.compile; the
+#: grouped GEMMs are the slower on a CPU), and the default, which picks an implementation per call by device and
+#: dtype (`default_experts_implementation`)
 SORTED = "taskmoe_sorted"
+SORTED_LOOP = "taskmoe_sorted_loop"
+SORTED_GROUPED = "taskmoe_sorted_grouped"
 AUTO = "taskmoe_auto"
+#: the names whose calls take `sorted_experts_forward`'s keywords (`TaskMoE`)
+SORTED_IMPLEMENTATIONS = (SORTED, SORTED_LOOP, SORTED_GROUPED)
 HAS_GROUPED_MM = hasattr(F, "grouped_mm")
 GROUPED_MM_FALLBACK = grouped_mm_fallback_op()
 
@@ -306,7 +312,7 @@ def every_expert_forward(bank: ExpertBank, hidden_states: torch.Tensor, top_k_in
 
 def sorted_experts_forward(bank: ExpertBank, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                            top_k_weights: torch.Tensor, straight_through: bool = False,
-                           expert_range: torch.Tensor | None = None) -> torch.Tensor:
+                           expert_range: torch.Tensor | None = None, loop: bool | None = None) -> torch.Tensor:
     """MT-TaG's experts implementation, `"taskmoe_sorted"` in transformers' registry (`docs/moe-dispatch.md`): the
     slots (token, choice) sorted by expert with one sort on 8-bit keys, the tokens gathered in that order
     (`permute_rows`: no scatter of atomic adds in the backward), each expert on its contiguous slice -- a loop of
@@ -318,14 +324,16 @@ def sorted_experts_forward(bank: ExpertBank, hidden_states: torch.Tensor, top_k_
     The arguments of `TaskMoE`'s calls: `straight_through` (top-1): `top_k_weights` are the chosen experts' gate
     probabilities and the value is the experts' outputs unscaled, with the gradient of `g* E*(x)` reaching the gate
     (`_PutBackStraightThrough`; the other implementations are given weights `(g* - sg(g*)) + 1` to multiply in: the
-    same numbers); `expert_range`: `arange(num_experts)` in 8-bit when the caller keeps one for every layer. In a
-    captured program (`torch.export`, ONNX) every expert runs on every token (`every_expert_forward`)."""
+    same numbers); `expert_range`: `arange(num_experts)` in 8-bit when the caller keeps one for every layer. `loop`:
+    the loop (True: `"taskmoe_sorted_loop"`) or the grouped GEMMs (False: `"taskmoe_sorted_grouped"`) everywhere;
+    None (`"taskmoe_sorted"`): `loops_over_experts`. In a captured program (`torch.export`, ONNX) every expert runs
+    on every token (`every_expert_forward`)."""
     if is_capturing():  # no shape may depend on the routes
         if straight_through:
             top_k_weights = (top_k_weights - top_k_weights.detach()) + 1.0
         return every_expert_forward(bank, hidden_states, top_k_index, top_k_weights)
     return _sorted_dispatch(hidden_states, top_k_index, top_k_weights, bank.num_experts,
-                            partial(_experts_on_slices, bank), straight_through, expert_range, cast=True)
+                            partial(_experts_on_slices, bank, loop=loop), straight_through, expert_range, cast=True)
 
 
 def _sorted_dispatch(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, n: int, on_slices,
@@ -369,13 +377,13 @@ def _sorted_dispatch(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: 
 
 
 def _experts_on_slices(bank: ExpertBank, x: torch.Tensor, ends: torch.Tensor, slot_expert: torch.Tensor,
-                       expert_range: torch.Tensor) -> torch.Tensor:
+                       expert_range: torch.Tensor, loop: bool | None = None) -> torch.Tensor:
     """Each expert on its slice of `x` `(slots, hidden)`, sorted by expert: `ends` `(N,)` int32 where each expert's
     slice ends, `slot_expert` `(slots,)` each slot's expert (the 8-bit sort keys), `expert_range` `arange(N)` in their
     dtype. A loop of `F.linear`s in eager code on a CPU (where it is the faster), else one grouped GEMM per
-    projection."""
+    projection (`loop`: either one everywhere)."""
     dtype = compute_dtype(x)
-    if loops_over_experts(x):
+    if loops_over_experts(x) if loop is None else loop:
         weights = (bank.up_proj, bank.up_proj_bias, bank.down_proj, bank.down_proj_bias)
         if torch.is_autocast_enabled(x.device.type):
             # cast as stored, once, not each expert's slices in its `F.linear`s: four casts per layer where there
@@ -434,6 +442,8 @@ def auto_experts_forward(bank: ExpertBank, hidden_states: torch.Tensor, top_k_in
 
 
 ALL_EXPERTS_FUNCTIONS.register(SORTED, sorted_experts_forward)
+ALL_EXPERTS_FUNCTIONS.register(SORTED_LOOP, partial(sorted_experts_forward, loop=True))
+ALL_EXPERTS_FUNCTIONS.register(SORTED_GROUPED, partial(sorted_experts_forward, loop=False))
 ALL_EXPERTS_FUNCTIONS.register(AUTO, auto_experts_forward)
 
 
@@ -629,7 +639,8 @@ class TaskMoE(nn.Module):
         # in are 1.0 in value (`_combine_weights`): the same numbers
         straight_through = self.top_k == 1 and self.expert_weighting == "straight_through" and not is_capturing()
         ours = not self.stacked or (
-            resolve_experts_implementation(self.config._experts_implementation, x, self.num_experts) == SORTED
+            resolve_experts_implementation(self.config._experts_implementation, x, self.num_experts)
+            in SORTED_IMPLEMENTATIONS
         )
         if ours and straight_through:
             weights = top_p.view(-1, 1)  # (tokens, 1)

@@ -39,12 +39,14 @@ class TaskMoEConfig(TaskEncoderConfig):
             `model.set_experts_implementation(...)`; not saved in config.json): which implementation of transformers'
             experts registry runs the stacked experts (`hf_taskmoe.layers.moe.ExpertBank`). transformers' `"eager"`
             (every expert on every token, mixed by the gates), `"batched_mm"`, `"grouped_mm"` or a kernel registered
-            there; MT-TaG's `"taskmoe_sorted"` (tokens sorted by expert, a loop of `F.linear`s per expert on a CPU,
-            one grouped GEMM per projection elsewhere, outputs put back without atomic adds); or `"taskmoe_auto"`, which
+            there; MT-TaG's `"taskmoe_sorted"` (tokens sorted by expert, a loop of `F.linear`s per expert in eager code
+            on a CPU, one grouped GEMM per projection elsewhere and under torch.compile, outputs put back without atomic
+            adds), `"taskmoe_sorted_loop"` / `"taskmoe_sorted_grouped"` (the same with the loop / the grouped GEMMs
+            everywhere: the loop reads the slice sizes back and is a graph break under torch.compile); or
+            `"taskmoe_auto"`, which
             picks per call by device and dtype (`hf_taskmoe.layers.moe.default_experts_implementation`). The same
             values within fp32 rounding. Experts that are whole FFN modules (DistilBERT's `ffn`, ModernBERT's gated
-            `mlp`) always run MT-TaG's loop over the sorted tokens; they take `"taskmoe_auto"` and
-            `"taskmoe_sorted"` only.
+            `mlp`) always run MT-TaG's loop over the sorted tokens; they take MT-TaG's names only.
         router_init_std (`float`, *optional*, defaults to 0.001):
             Standard deviation of the normal initialisation of the gates (paper section 4.4).
         router_aux_loss_coef (`float`, *optional*, defaults to 0.0):

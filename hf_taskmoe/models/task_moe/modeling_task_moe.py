@@ -26,6 +26,7 @@ from ...layers.moe import (
     AUTO,
     EXPERT_BANK_WEIGHTS,
     SORTED,
+    SORTED_IMPLEMENTATIONS,
     ExpertBank,
     ExpertFFN,
     MoEOutput,
@@ -210,7 +211,7 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
         """transformers' check of `experts_implementation`, and MT-TaG's: experts that are whole FFN modules
         (DistilBERT, ModernBERT) run MT-TaG's own loop only."""
-        if (requested_experts not in (None, AUTO, SORTED) and self.config.num_experts > 1
+        if (requested_experts not in (None, AUTO, *SORTED_IMPLEMENTATIONS) and self.config.num_experts > 1
                 and not self.config.backbone.ffn.split):
             raise ValueError(
                 f"`experts_implementation={requested_experts!r}` runs stacked two-projection experts; a "
