@@ -8,14 +8,16 @@ Equations of the MT-TaG paper (section 3.1), for a token x of task t:
     g*, E*   = top-1 of G_t(x)                             (5)
     h(x)     = g* E*(x)                                    (6)   `expert_weighting="gate"`
 
-Dispatch follows `docs/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
-`argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice (or one grouped
-GEMM per projection runs them all: the experts' weights are stored stacked, `ExpertBank`),
-and the outputs are put back in token order without atomic adds (`put_back_rows`: a copy to their tokens' rows off the
-CPU, a gather by the inverse permutation on a CPU). Never every expert on every token in training; one device-to-host
-sync per layer for `sorted_loop` (the per-expert token counts), none for `grouped_mm`. A captured program
-(`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert on every token, masked by the
-combine weights (`TaskMoE._masked_experts`).
+The experts of a layer are an `ExpertBank` on transformers' experts interface (`use_experts_implementation`, stacked
+`up_proj` / `down_proj` weights); `config.experts_implementation` picks the implementation from transformers' registry,
+where MT-TaG registers its own, `"taskmoe_sorted"`, the dispatch `docs/moe-dispatch.md` measured on this CPU: tokens
+sorted by expert with one sort on 8-bit keys, gathered with `index_select`, each expert's `F.linear`s run once on its
+contiguous slice (or one grouped GEMM per projection runs them all), and the outputs put back in token order without
+atomic adds (`put_back_rows`: a copy to their tokens' rows off the CPU, a gather by the inverse permutation on a CPU).
+Never every expert on every token in training, except where chosen (transformers' `eager`, the default in fp16 on an
+accelerator: `default_experts_implementation`); one device-to-host sync per layer for the loop (the per-expert token
+counts), none for the grouped GEMMs. A captured program (`torch.export`, ONNX) has no shape that depends on the
+routes: it runs every expert on every token, masked by the combine weights (`every_expert_forward`).
 """
 
 from __future__ import annotations
