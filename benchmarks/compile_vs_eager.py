@@ -1,13 +1,14 @@
 """torch.compile (inductor) vs eager: training steps (forward + backward) of each BERT family upcycled from
 MiniLM-L6-H384, over batches whose task composition changes from step to step.
 
-- "mt_tag": MT-TaG (4 experts, top-1, task gates) with the sorted expert loop, which is a graph break by design
-  (`hf_taskmoe.layers.moe._expert_loop`); the rest of each layer is compiled. Plain batches, as a user calls it.
-- "mt_tag_grouped_mm", "pals", "camtl": MT-TaG with the grouped-GEMM dispatch, PALs (s = 204) and CA-MTL compiled
+- "mt_tag": MT-TaG (4 experts, top-1, task gates) with its default experts implementation (under torch.compile its
+  grouped GEMMs), compiled without `fullgraph`. Plain batches, as a user calls it.
+- "mt_tag_grouped_mm", "pals", "camtl": MT-TaG with its grouped GEMMs (`taskmoe_sorted_grouped`), PALs (s = 204) and
+  CA-MTL compiled
   with `fullgraph=True` (one graph: no break, which CUDA graphs need) on the batches as `MultiTaskTrainer`'s collator
   hands them over (checked on the host: `values_checked=True` and `task_counts`). The compiled forward runs every
-  head on every row; eager splits the batch by task. MT-TaG's grouped GEMM runs under bf16 autocast in both (torch
-  2.13 traces `F.grouped_mm` in bf16 only; `tests/test_compile.py`).
+  head on every row; eager splits the batch by task. MT-TaG's grouped GEMM runs under bf16 autocast in both (in other
+  dtypes it compiles through transformers' grouped product, a loop behind a custom op; `tests/test_compile.py`).
 
 The compiled model first runs every distinct batch once (`--batches` of them: the compile cost, reported as
 `compile_s`; dynamo's recompile limit is 1 for the fullgraph families and hitting it is an error, so a second graph
@@ -37,7 +38,8 @@ FAMILIES = {
     "mt_tag": (lambda source, tasks: BertForTaskMoE.from_dense(source, tasks=tasks, num_experts=4, gating="task"),
                False, None),
     "mt_tag_grouped_mm": (lambda source, tasks: BertForTaskMoE.from_dense(
-        source, tasks=tasks, num_experts=4, gating="task", expert_dispatch="grouped_mm"), True, torch.bfloat16),
+        source, tasks=tasks, num_experts=4, gating="task", experts_implementation="taskmoe_sorted_grouped"), True,
+        torch.bfloat16),
     "pals": (lambda source, tasks: BertWithPALs.from_dense(source, tasks=tasks, pal_size=204,
                                                            pal_decoder_init="normal"), True, None),
     "camtl": (lambda source, tasks: CAMTLModel.from_dense(source, tasks=tasks, conditional_attention_max_length=128),

@@ -138,13 +138,15 @@ def bert_family_models(shapes: dict, num_tasks: int, num_experts: int, families:
         DENSE: lambda: reference,
         "mt_dense": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=1),
         "mt_tag": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts, gating="task"),
-        "mt_tag_grouped_mm": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts,
-                                                               gating="task", expert_dispatch="grouped_mm"),
-        "mt_tag_sorted_loop": lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts,
-                                                                gating="task", expert_dispatch="sorted_loop"),
+        "mt_tag_grouped_mm": lambda: BertForTaskMoE.from_dense(
+            dense, tasks=tasks, num_experts=num_experts, gating="task",
+            experts_implementation="taskmoe_sorted_grouped"),
+        "mt_tag_sorted_loop": lambda: BertForTaskMoE.from_dense(
+            dense, tasks=tasks, num_experts=num_experts, gating="task", experts_implementation="taskmoe_sorted_loop"),
         # one expert fewer: the profile's experts' floor (`section_profile`); built only when named
-        FEWER_EXPERTS: lambda: BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=num_experts - 1,
-                                                         gating="task", expert_dispatch="grouped_mm"),
+        FEWER_EXPERTS: lambda: BertForTaskMoE.from_dense(
+            dense, tasks=tasks, num_experts=num_experts - 1, gating="task",
+            experts_implementation="taskmoe_sorted_grouped"),
         "pals": lambda: BertWithPALs.from_dense(dense, tasks=tasks, pal_size=pal_size, pal_dispatch=pal_dispatch),
         "camtl": lambda: CAMTLModel.from_dense(dense, tasks=tasks, conditional_attention_max_length=camtl_max_length),
     }

@@ -57,7 +57,7 @@ def build_models(num_tasks: int) -> dict[str, torch.nn.Module]:
         "mt_dense": BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=1),
         "mt_tag_sorted_loop": BertForTaskMoE.from_dense(dense, tasks=tasks, num_experts=4, gating="task"),
         "mt_tag_grouped_mm": BertForTaskMoE.from_dense(
-            dense, tasks=tasks, num_experts=4, gating="task", expert_dispatch="grouped_mm"
+            dense, tasks=tasks, num_experts=4, gating="task", experts_implementation="taskmoe_sorted_grouped"
         ),
         # what an accelerator runs ("auto" takes the per-group path on a CPU, where it is faster)
         "pals": BertWithPALs.from_dense(dense, tasks=tasks, pal_size=204, pal_dispatch="batched"),

@@ -15,6 +15,12 @@ Private transformers members this package still touches, each checked by a canar
   else `_init_weights` and mark it) and the mark it reads, `_is_hf_initialized` (`initialize_module_tree`,
   `is_initialized`).
 
+- `PreTrainedModel._can_set_experts_implementation` (overridden by `experts_class_elsewhere`) and
+  `PreTrainedConfig._experts_implementation` / `_experts_implementation_internal` (the property and its storage
+  behind the public `experts_implementation` key, overridden by `own_experts_implementation`);
+- `torch.ops.transformers.grouped_mm_fallback` (`GROUPED_MM_FALLBACK`: transformers' grouped product as a custom
+  op with a fake kernel, registered by `transformers.integrations.moe`).
+
 One private torch member, also with a canary: `torch.compiler._is_exporting_flag` (`is_exporting` below).
 """
 
@@ -170,3 +176,42 @@ def initialize_module_tree(model: PreTrainedModel, root: torch.nn.Module, again:
 def is_initialized(module: torch.nn.Module) -> bool:
     """Whether transformers marked `module` initialised (by its init pass, or as loaded whole from a checkpoint)."""
     return bool(getattr(module, "_is_hf_initialized", False))
+
+
+def grouped_mm_fallback_op():
+    """transformers' grouped product `(slots, in) x (groups, in, out) -> (slots, out)` over slices ending at `offs`
+    (`torch.ops.transformers.grouped_mm_fallback`): a loop of products behind a custom op whose fake kernel lets
+    torch.compile trace it in every dtype (torch's own `grouped_mm` traces in bf16 only: torch 2.13's meta kernel).
+    Registered when `transformers.integrations.moe` is imported. Canary:
+    `tests/test_compat.py::test_canary_transformers_grouped_mm_fallback_op`."""
+    import transformers.integrations.moe  # noqa: F401  (registers the op)
+
+    return torch.ops.transformers.grouped_mm_fallback
+
+
+def experts_class_elsewhere() -> classmethod:
+    """The `_can_set_experts_implementation` of a model whose experts class (declared with transformers'
+    `use_experts_implementation`) lives in another module than the model's: transformers decides whether
+    `experts_implementation` may be set (`from_pretrained`, `set_experts_implementation`, the `grouped_mm` check)
+    by looking for the decorator's text in the source of the model class's own module. Canary:
+    `tests/test_compat.py::test_canary_experts_implementation_settable_by_class`."""
+    return classmethod(lambda cls: True)
+
+
+def own_experts_implementation(default: str) -> property:
+    """A config property for transformers' `_experts_implementation` (the public `experts_implementation` key: the
+    config's argument, `from_pretrained(..., experts_implementation=...)`, `set_experts_implementation`) that keeps the
+    choice to this config: transformers' setter copies it into every sub-config too, and a composite config's dense
+    model (`dense_config`: a BERT has no experts) then refuses `"grouped_mm"` when it is built. Unset, it reads
+    `default`. Stored where transformers keeps it (`_experts_implementation_internal`, left out of config.json).
+    Canary: `tests/test_compat.py::test_canary_experts_implementation_settable_by_class`."""
+
+    def get(self):
+        return getattr(self, "_experts_implementation_internal", None) or default
+
+    def set(self, value):
+        if isinstance(value, dict):
+            value = value.get("", getattr(self, "_experts_implementation_internal", None))
+        self._experts_implementation_internal = value
+
+    return property(get, set)

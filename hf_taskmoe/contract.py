@@ -142,20 +142,20 @@ def parameter_roles_of(model: nn.Module) -> ParameterRoles:
 @dataclass(frozen=True)
 class StackedWeight:
     """Parameters stored with a leading axis of slices (one per expert): `pattern` (`re.fullmatch` on a parameter's
-    name) names them; `legacy` is the template of slice `i`'s own name in checkpoints of releases that kept one module
-    per slice (the pattern's groups as in `re.Match.expand`, then `{index}`): MT-TaG's `EXPERT_BANK_WEIGHTS`
-    (`hf_taskmoe.layers.moe`) map `<layer>.experts.w_in` to `<layer>.experts.<i>.w_in.weight`."""
+    name) names them; `legacy`, where there is one, is the template of slice `i`'s own name in checkpoints of
+    releases that kept one module per slice (the pattern's groups as in `re.Match.expand`, then `{index}`): PALs'
+    `PAL_WEIGHTS` (`hf_taskmoe.layers.pals`) map a fused `qkv` to its `query`, `key` and `value`."""
 
     pattern: str
-    legacy: str
+    legacy: str | None = None
     #: the slices' own names in the old layout, in order (`{index}` then takes these instead of 0, 1, ...), e.g. a
     #: fused projection's `("query", "key", "value")`, whose parameter may hold them concatenated on its first axis
     #: (`(3s, s)`: the stack of three `(s, s)` viewed)
     slice_names: tuple[str, ...] | None = None
 
     def legacy_names(self, name: str, slices: int) -> list[str] | None:
-        """The old names of `name`'s slices, or None when `name` is not one of these parameters."""
-        match = re.fullmatch(self.pattern, name)
+        """The old names of `name`'s slices, or None when `name` is not one of these parameters or they had none."""
+        match = re.fullmatch(self.pattern, name) if self.legacy is not None else None
         if match is None:
             return None
         template = match.expand(self.legacy)

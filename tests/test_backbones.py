@@ -82,12 +82,13 @@ def test_upcycling_report_names_what_was_copied_and_what_is_new(arch):
 @pytest.mark.parametrize("arch", ["roberta", "modernbert"])
 def test_grouped_mm_is_refused_for_a_whole_module_ffn_and_equal_for_a_split_one(arch):
     if not get_backbone(arch).ffn.split:
-        with pytest.raises(ValueError, match="use 'sorted_loop'"):
-            TaskMoEConfig(dense_config=dense_config(arch), tasks=TASKS, expert_dispatch="grouped_mm")
+        with pytest.raises(ValueError, match="use 'taskmoe_auto'"):
+            TaskMoEForMultiTask(TaskMoEConfig(dense_config=dense_config(arch), tasks=TASKS,
+                                              experts_implementation="grouped_mm"))
         return
     dense = dense_model(arch)
     loop = TaskMoEForMultiTask.from_dense(dense, TASKS, num_experts=2).eval()
-    grouped = TaskMoEForMultiTask.from_dense(dense, TASKS, num_experts=2, expert_dispatch="grouped_mm").eval()
+    grouped = TaskMoEForMultiTask.from_dense(dense, TASKS, num_experts=2, experts_implementation="grouped_mm").eval()
     grouped.load_state_dict(loop.state_dict())
     batch = token_batch(arch, 60, torch.tensor([0, 1, 1]))
     with torch.no_grad():
@@ -145,20 +146,3 @@ def test_activation_checkpointing_restores_the_task_ids_of_each_recomputed_layer
             torch.testing.assert_close(param.grad, expected[name].grad, atol=1e-6, rtol=1e-5, msg=name)
     with pytest.raises(ValueError, match="use_reentrant=False"):
         getattr(model, CHECKPOINTING_ENABLE)({"use_reentrant": True})
-
-
-def test_a_per_expert_checkpoint_of_a_backbone_generic_model_loads_stacked(tmp_path):
-    """The backbone-generic MT-TaG stores a split FFN's experts stacked too; a checkpoint of the earlier layout (one
-    `ExpertFFN` per expert) loads into it, expert by expert."""
-    from .conftest import load_exactly
-    from .test_bert_taskmoe import _as_per_expert_layout
-
-    model = TaskMoEForMultiTask.from_dense(dense_model("roberta"), TASKS, num_experts=3)
-    assert any(name.endswith(".experts.w_in") for name in model.state_dict())  # stacked in memory
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if ".experts." in name:
-                parameter.normal_()  # experts that differ: a wrong order would show
-    model.save_pretrained(tmp_path)
-    _as_per_expert_layout(tmp_path)
-    load_exactly(model, tmp_path)

@@ -283,45 +283,6 @@ def test_a_static_cache_on_a_routed_causal_lm_is_refused_by_name_and_why():
         lm.generate(ids, attention_mask=mask, task_ids=MIXED, max_new_tokens=2)
 
 
-def test_a_checkpoint_missing_one_experts_tensor_is_refused_by_name(tmp_path, tiny_dense):
-    """A checkpoint of the per-expert layout (an earlier release's) missing one expert's tensor: a ValueError naming
-    the tensor, not a KeyError in the stacked-expert loader; sharded the same."""
-    import json
-    import re
-
-    from safetensors.torch import save_file
-
-    saved = BertForTaskMoE.from_dense(tiny_dense, [TaskSpec(name="a", num_labels=2)], num_experts=2)
-    per_expert = {}
-    for name, tensor in saved.state_dict().items():
-        match = re.fullmatch(r"(.+\.experts)\.(w_in|w_out)(_bias)?", name)
-        for i in range(tensor.shape[0] if match else 0):
-            kind = "bias" if match.group(3) else "weight"
-            per_expert[f"{match.group(1)}.{i}.{match.group(2)}.{kind}"] = tensor[i].contiguous()
-        if not match:
-            per_expert[name] = tensor.contiguous()
-    gone = "backbone.encoder.layer.0.intermediate.experts.1.w_in.weight"
-    del per_expert[gone]
-    single, sharded = tmp_path / "single", tmp_path / "sharded"
-    for folder in (single, sharded):
-        saved.config.save_pretrained(folder)
-    save_file(per_expert, str(single / "model.safetensors"), metadata={"format": "pt"})
-    names = sorted(per_expert)
-    weight_map = {}
-    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
-        file = f"model-0000{i + 1}-of-00002.safetensors"
-        save_file({n: per_expert[n] for n in part}, str(sharded / file), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(part, file))
-    weight_map[gone] = "model-00001-of-00002.safetensors"  # the index still names it
-    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    # the tensor and the file it belongs in are named (issue 59 item 9): the single file, or the shard that holds the
-    # other experts' tensors of that weight
-    shard = weight_map["backbone.encoder.layer.0.intermediate.experts.0.w_in.weight"]
-    for folder, file in ((single, "model.safetensors"), (sharded, shard)):
-        with pytest.raises(ValueError, match=rf"1 of them is not on file \({re.escape(gone)}: not in {file}\)"):
-            BertForTaskMoE.from_pretrained(folder)
-
-
 def test_pipeline_refuses_a_list_as_a_text_pair_and_a_batch_size_of_zero(model, minilm_tokenizer):
     from transformers import pipeline
 

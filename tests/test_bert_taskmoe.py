@@ -1,5 +1,4 @@
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ from transformers import AutoConfig, AutoModel, BertConfig, BertModel
 import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel, TaskSpec
 
-from .conftest import ALL_KINDS, TINY, load_exactly, random_batch, tiny_config
+from .conftest import ALL_KINDS, TINY, random_batch, tiny_config
 
 
 def _model(config=None, seed=0):
@@ -252,92 +251,6 @@ def test_registration_uses_prefixed_model_type():
     assert BertTaskMoEConfig.model_type.startswith("taskmoe_")
     assert isinstance(AutoConfig.for_model("taskmoe_bert", tasks=[{"name": "x", "num_labels": 2}]), BertTaskMoEConfig)
     assert hf_taskmoe.models.FAMILIES["bert_taskmoe"].model_class is BertForTaskMoE
-
-
-def _as_per_expert_layout(folder):
-    """Rewrite a saved model's weights as releases before the stacked experts saved them: one `ExpertFFN` per expert,
-    `mlp.experts.<i>.w_in.weight` `(intermediate, hidden)` and so on, in every shard."""
-    import json
-
-    from safetensors.torch import load_file, save_file
-
-    weight_map = {}
-    for path in folder.glob("*.safetensors"):
-        old = {}
-        for name, tensor in load_file(path).items():
-            stem, _, kind = name.rpartition(".experts.")
-            if not stem or kind[0].isdigit():
-                old[name] = tensor
-                continue
-            proj, bias = kind.removesuffix("_bias"), kind.endswith("_bias")
-            for i, part in enumerate(tensor.unbind(0)):
-                old[f"{stem}.experts.{i}.{proj}.{'bias' if bias else 'weight'}"] = part.clone()
-        save_file(old, path, metadata={"format": "pt"})
-        weight_map |= dict.fromkeys(old, path.name)
-    index = folder / "model.safetensors.index.json"
-    if index.exists():
-        index.write_text(json.dumps({**json.loads(index.read_text()), "weight_map": weight_map}))
-
-
-@pytest.mark.parametrize("shard", [None, "20KB"])
-def test_a_checkpoint_of_the_per_expert_layout_loads_into_the_stacked_experts(tmp_path, shard):
-    """Checkpoints saved before the experts were stored stacked (`ExpertBank`) keep one module per expert: they
-    load, each expert's weights stacked into its slice, and the model computes what the saved one did."""
-    model = _model(tiny_config(moe_layers=[1], num_experts=3))
-    with torch.no_grad():
-        # experts that differ: a wrong order would show
-        model.backbone.encoder.layer[1].intermediate.experts.w_in.normal_()
-    model.save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
-    assert (tmp_path / "model.safetensors.index.json").exists() == bool(shard)
-    _as_per_expert_layout(tmp_path)
-    from safetensors import safe_open
-
-    on_file = set()
-    for path in tmp_path.glob("*.safetensors"):
-        with safe_open(path, framework="pt") as f:
-            on_file |= set(f.keys())
-    assert "backbone.encoder.layer.1.intermediate.experts.2.w_in.weight" in on_file
-    assert "backbone.encoder.layer.1.intermediate.experts.w_in" not in on_file
-    assert "backbone.encoder.layer.0.intermediate.dense.weight" in on_file  # a dense layer keeps BERT's FFN
-
-    loaded = load_exactly(model, tmp_path)
-    batch = random_batch(model.config)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded.eval()(**batch).loss, model.eval()(**batch).loss, atol=0, rtol=0)
-
-
-LEGACY = Path(__file__).parent / "fixtures" / "legacy" / "bert_taskmoe"
-
-
-def test_the_checkpoint_key_mapping_renames_no_current_name():
-    """`BertForTaskMoE.checkpoint_key_mapping` is applied to every checkpoint it loads: on a model saved now it
-    must be a
-    no-op, else a reload would misplace weights."""
-    import re
-
-    for config in (tiny_config(), tiny_config(num_experts=1), tiny_config(moe_layers=[1], classifier_pooling="cls")):
-        for name in BertForTaskMoE(config).state_dict():
-            assert not any(re.search(p, name) for p in BertForTaskMoE.checkpoint_key_mapping), name
-
-
-def test_a_legacy_checkpoint_saved_again_is_in_the_current_layout_and_reloads(tmp_path):
-    """Loaded through the key mapping, saved again: the file holds today's names (not the mapping reversed, which
-    transformers' `save_original_format` would write) and a flat-field-free config, and loads back bit for bit."""
-    import json
-
-    from safetensors.torch import load_file
-
-    model = BertForTaskMoE.from_pretrained(LEGACY)
-    model.save_pretrained(tmp_path)
-    on_file = load_file(tmp_path / "model.safetensors")
-    assert set(on_file) == set(model.state_dict())
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["model_type"] == "taskmoe_bert" and saved["dense_config"]["hidden_size"] == 16
-    assert "hidden_size" not in saved and "num_hidden_layers" not in saved
-    for loaded in (BertForTaskMoE.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
-        assert type(loaded) is BertForTaskMoE
-        state = loaded.state_dict()
-        assert all(torch.equal(state[k], v) for k, v in on_file.items())
 
 
 def test_flat_bert_fields_live_in_the_dense_config(tmp_path):

@@ -198,3 +198,30 @@ def test_canary_initialize_weights_step_marks_the_module():
     assert (linear.weight == 7.0).all()
     compat.initialize_module_tree(model, model.pooler, again=True)
     assert not (linear.weight == 7.0).any() and compat.is_initialized(linear)
+
+
+def test_canary_experts_implementation_settable_by_class():
+    """transformers decides whether `experts_implementation` may be set from `_can_set_experts_implementation` (the
+    decorator's text in the model class's module), and keeps the choice in `_experts_implementation_internal` behind
+    the `_experts_implementation` property, whose setter copies it into sub-configs (`compat.experts_class_elsewhere`,
+    `compat.own_experts_implementation`)."""
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    assert isinstance(inspect.getattr_static(PreTrainedModel, "_can_set_experts_implementation"), classmethod)
+    assert isinstance(inspect.getattr_static(PretrainedConfig, "_experts_implementation"), property)
+    config = PretrainedConfig(experts_implementation="batched_mm")
+    assert config._experts_implementation_internal == "batched_mm"
+    assert "_experts_implementation_internal" not in config.to_dict()
+
+
+def test_canary_transformers_grouped_mm_fallback_op():
+    """`torch.ops.transformers.grouped_mm_fallback(input, weight, offs)`: each group's rows times its weight, traced by
+    torch.compile with fullgraph in fp32 (its fake kernel)."""
+    from hf_taskmoe.compat import grouped_mm_fallback_op
+
+    op = grouped_mm_fallback_op()
+    x, w = torch.randn(5, 3), torch.randn(2, 3, 4)
+    ends = torch.tensor([2, 5], dtype=torch.int32)
+    expected = torch.cat([x[:2] @ w[0], x[2:] @ w[1]])
+    torch.testing.assert_close(op(x, w, ends), expected)
+    torch.testing.assert_close(torch.compile(op, fullgraph=True, backend="aot_eager")(x, w, ends), expected)

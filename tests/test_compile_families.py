@@ -23,8 +23,6 @@ import pytest
 import torch
 
 from hf_taskmoe import (
-    BertForTaskMoE,
-    BertTaskMoEConfig,
     CAMTLBackboneConfig,
     CAMTLForMultiTask,
     MMoEModel,
@@ -68,10 +66,10 @@ def _t5():
 
 #: name -> (build, batches(model), autocast dtype)
 CASES = {
-    # F.grouped_mm traces only in bf16 (torch 2.13's meta kernel: `test_compile.test_fullgraph_grouped_mm_in_fp32`)
-    "mt_tag_grouped_mm-roberta": (lambda: TaskMoEForMultiTask(TaskMoEConfig(
-        dense_config=dense_config("roberta"), tasks=TASKS, num_experts=4, expert_dispatch="grouped_mm")),
-        _encoder_batches, torch.bfloat16),
+    # MT-TaG's default under torch.compile: its grouped GEMMs (F.grouped_mm in bf16, transformers' traceable grouped
+    # product in fp32: `test_compile.py`)
+    "mt_tag-roberta": (lambda: TaskMoEForMultiTask(TaskMoEConfig(
+        dense_config=dense_config("roberta"), tasks=TASKS, num_experts=4)), _encoder_batches, torch.bfloat16),
     **{f"pals-{arch}": (lambda arch=arch: PALsForMultiTask(PALsConfig(
         dense_config=dense_config(arch), tasks=TASKS, pal_size=8, pal_num_heads=2)), _encoder_batches, None)
        for arch in ("roberta", "distilbert", "modernbert")},
@@ -175,10 +173,8 @@ def test_fullgraph_eval_forward_one_graph_over_task_mixes(name):
 
 # -- the sorted expert loop: a graph break by design -----------------------------------------------------------------
 SORTED_LOOP = {
-    "bert": lambda: BertForTaskMoE(BertTaskMoEConfig(
-        tasks=TASKS, num_experts=4, vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=32)),
-    # DistilBERT and ModernBERT keep whole FFN modules: grouped GEMM is refused by name, the loop is their dispatch
+    # DistilBERT and ModernBERT keep whole FFN modules: the loop over the sorted tokens is their dispatch (the stacked
+    # experts of the other encoders run grouped GEMMs under torch.compile: `tests/test_compile.py`)
     **{arch: lambda arch=arch: TaskMoEForMultiTask(TaskMoEConfig(
         dense_config=dense_config(arch), tasks=TASKS, num_experts=4)) for arch in ("distilbert", "modernbert")},
 }
@@ -186,9 +182,9 @@ SORTED_LOOP = {
 
 @pytest.mark.parametrize("arch", sorted(SORTED_LOOP))
 def test_the_sorted_expert_loop_is_a_graph_break(arch):
-    """`expert_dispatch="sorted_loop"` is `torch.compiler.disable`d (`layers/moe.py: _expert_loop`): traced, its
-    per-expert slice sizes were specialised and every new task mix recompiled. `fullgraph=True` refuses it by name;
-    without it, the layers around the loop compile (`tests/test_compile.py`)."""
+    """The loop over experts that are whole modules is `torch.compiler.disable`d (`layers/moe.py: _expert_loop`):
+    traced, its per-expert slice sizes were specialised and every new task mix recompiled. `fullgraph=True` refuses
+    it by name; without it, the layers around the loop compile (`tests/test_compile.py`)."""
     torch._dynamo.reset()
     model = SORTED_LOOP[arch]().train()
     batch = checked(model, labelled_batch(model, torch.tensor(MIXES[0])) if arch != "bert" else

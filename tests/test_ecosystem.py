@@ -18,17 +18,17 @@ from .test_mmoe import config as mmoe_config
 # family -> (build a tiny model, a batch, the LoRA target modules documented in docs/deployment.md, or LoraConfig's
 # targeting keywords)
 FAMILIES = {
-    # the experts' weights are stacked parameters (`ExpertBank`): LoRA reaches them by `target_parameters`, in
-    # either dispatch (the grouped GEMM reads the adapted weights too)
+    # the experts' weights are stacked parameters (`ExpertBank`, transformers' experts layout): LoRA reaches them by
+    # `target_parameters`, in MT-TaG's implementation and in transformers' (each reads the adapted weights)
     **{
-        f"bert_taskmoe_{dispatch}": (
-            lambda dispatch=dispatch: BertForTaskMoE(
-                tiny_config(num_experts=3, expert_dispatch=dispatch, intermediate_size=40)  # grouped GEMM: 8 | 40
+        f"bert_taskmoe_{implementation}": (
+            lambda implementation=implementation: BertForTaskMoE(
+                tiny_config(num_experts=3, experts_implementation=implementation, intermediate_size=40)  # 8 | 40
             ),
             lambda m: random_batch(m.config),
-            {"target_modules": ["query", "value"], "target_parameters": ["experts.w_in", "experts.w_out"]},
+            {"target_modules": ["query", "value"], "target_parameters": ["experts.up_proj", "experts.down_proj"]},
         )
-        for dispatch in ("sorted_loop", "grouped_mm")
+        for implementation in ("taskmoe_sorted", "grouped_mm")
     },
     "bert_pals": (
         lambda: BertWithPALs(pals_config(pal_decoder_init="normal")),

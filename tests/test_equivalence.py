@@ -68,7 +68,7 @@ from .test_bart_routed import routed
 
 TASKS = [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression"),
          TaskSpec(name="c", num_labels=2)]
-# hidden and intermediate sizes divisible by 8: `expert_dispatch="grouped_mm"` needs them
+# hidden and intermediate sizes divisible by 8: `experts_implementation="grouped_mm"` needs them
 DENSE = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
              max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 MIXED = torch.tensor([0, 1, 2, 1, 0, 2])  # the first row is padded (`labelled_batch`)
@@ -96,15 +96,16 @@ def pair(reference_cls, reference_config_cls, model_cls, config_cls, keys, pooli
 MOE_KEYS = list(BertForTaskMoE.checkpoint_key_mapping.items())
 MOE_CASES = {
     "mt-tag-top1-sorted": dict(num_experts=4),
-    "mt-tag-top1-grouped": dict(num_experts=4, expert_dispatch="grouped_mm"),
+    "mt-tag-top1-grouped": dict(num_experts=4, experts_implementation="grouped_mm"),
     "mt-switch-top1-sorted": dict(num_experts=4, gating="shared"),
-    "mt-switch-top1-grouped": dict(num_experts=4, gating="shared", expert_dispatch="grouped_mm"),
+    "mt-switch-top1-grouped": dict(num_experts=4, gating="shared", experts_implementation="grouped_mm"),
     "mt-tag-top2-sorted": dict(num_experts=4, top_k=2),
-    "mt-tag-top2-grouped-gate": dict(num_experts=4, top_k=2, expert_dispatch="grouped_mm", expert_weighting="gate"),
+    "mt-tag-top2-grouped-gate": dict(num_experts=4, top_k=2, experts_implementation="grouped_mm",
+                                     expert_weighting="gate"),
     "mt-tag-router-losses": dict(num_experts=3, router_aux_loss_coef=0.05, router_z_loss_coef=0.01),
     "mt-tag-moe-layer-1-only-cls": dict(num_experts=4, moe_layers=[1], pooling="cls"),
     "mt-dense-mean": dict(num_experts=1, pooling="mean"),
-    "mt-dense-grouped": dict(num_experts=1, expert_dispatch="grouped_mm"),
+    "mt-dense-grouped": dict(num_experts=1, experts_implementation="grouped_mm"),
 }
 ROUTING_FIELDS = ("router_logits", "expert_indices", "routing_counts")
 

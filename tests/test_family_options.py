@@ -34,7 +34,6 @@ EARLIER = [
     ("top_k", ["2"], "bert_taskmoe", 2),
     ("expert_weighting", ["gate"], "bert_taskmoe", "gate"),
     ("moe_layers", ["0", "1"], "bert_taskmoe", [0, 1]),
-    ("expert_dispatch", ["sorted_loop"], "bert_taskmoe", "sorted_loop"),
     ("router_aux_loss_coef", ["0.01"], "bert_taskmoe", 0.01),
     ("router_z_loss_coef", ["0.001"], "bert_taskmoe", 0.001),
     ("scale_loss_by_num_classes", [], "bert_taskmoe", True),

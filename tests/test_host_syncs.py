@@ -41,7 +41,8 @@ TASKS = [
 ]
 FAMILIES = {  # (build, host reads of a training step on a batch the collator checked and counted)
     "mt_tag_grouped_mm": (
-        lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, expert_dispatch="grouped_mm", **SIZES)),
+        lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4,
+                                                 experts_implementation="taskmoe_sorted_grouped", **SIZES)),
         0,
     ),
     # one read per MoE layer (2 layers): the sizes of the experts' slices

@@ -28,7 +28,8 @@ DENSE_LAYERS = 2  # every tiny dense model of the matrix has two layers, each an
 METHODS = {
     # (build, host reads of a checked and counted training step): one per MoE layer for the sorted loop, else none
     "mt_tag_grouped_mm": (lambda arch: TaskMoEForMultiTask(TaskMoEConfig(
-        dense_config=dense_config(arch), tasks=TASKS, num_experts=4, expert_dispatch="grouped_mm")), 0),
+        dense_config=dense_config(arch), tasks=TASKS, num_experts=4,
+        experts_implementation="taskmoe_sorted_grouped")), 0),
     "mt_tag_sorted_loop": (lambda arch: TaskMoEForMultiTask(TaskMoEConfig(
         dense_config=dense_config(arch), tasks=TASKS, num_experts=4)), DENSE_LAYERS),
     "pals": (lambda arch: PALsForMultiTask(PALsConfig(

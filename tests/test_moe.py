@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from hf_taskmoe import BertTaskMoEConfig, TaskSpec
+from hf_taskmoe.layers import moe as moe_module
 from hf_taskmoe.layers.moe import EXPERT_WEIGHTINGS, TaskMoE
 
 B, S, D, F_, N, T = 3, 5, 16, 24, 4, 3
@@ -29,6 +30,13 @@ def _moe(seed=0, **kwargs):
     for p in moe.parameters():
         torch.nn.init.normal_(p, std=0.3)
     return moe
+
+
+def _dispatch(monkeypatch, dispatch):
+    """MT-TaG's sorted implementation (`"taskmoe_sorted"`, the default on a CPU) on this CPU as it runs here, with its
+    loop over the experts (`"sorted_loop"`), or as it runs off the CPU and under torch.compile, with one grouped GEMM
+    per projection (`"grouped_mm"`)."""
+    monkeypatch.setattr(moe_module, "loops_over_experts", lambda x: dispatch == "sorted_loop")
 
 
 def _inputs(seed=1):
@@ -62,10 +70,16 @@ def test_dispatch_matches_reference(gating, top_k):
 
 
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
-def test_top1_routes_each_token_to_one_expert_and_each_expert_sees_only_its_tokens(dispatch):
-    moe = _moe(expert_dispatch=dispatch)
+def test_top1_routes_each_token_to_one_expert_and_each_expert_sees_only_its_tokens(dispatch, monkeypatch):
+    _dispatch(monkeypatch, dispatch)
+    moe = _moe()
     seen = {}
-    moe.experts.register_forward_hook(lambda bank, args, out: seen.update(x=args[0], ends=args[1].tolist()))
+    slices = moe_module._experts_on_slices
+    def spy(bank, x, ends, *args, **kwargs):
+        seen.update(x=x, ends=ends.tolist())
+        return slices(bank, x, ends, *args, **kwargs)
+
+    monkeypatch.setattr(moe_module, "_experts_on_slices", spy)
     x, task_ids = _inputs()
     out = moe(x, task_ids)
     assert out.expert_index.shape == (B, S, 1)
@@ -91,9 +105,10 @@ def test_task_gates_route_differently_and_shared_gate_ignores_task():
 
 
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
-def test_straight_through_value_is_the_expert_and_gradient_is_the_gates(dispatch):
-    gate = _moe(expert_weighting="gate", expert_dispatch=dispatch)
-    st = _moe(expert_weighting="straight_through", expert_dispatch=dispatch)
+def test_straight_through_value_is_the_expert_and_gradient_is_the_gates(dispatch, monkeypatch):
+    _dispatch(monkeypatch, dispatch)
+    gate = _moe(expert_weighting="gate")
+    st = _moe(expert_weighting="straight_through")
     x, task_ids = _inputs()
     out = st(x, task_ids)
     experts_only = torch.stack(
@@ -190,17 +205,19 @@ def test_bad_top_k():
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_grouped_gemm_dispatch_computes_what_the_sorted_loop_computes(top_k):
-    """`expert_dispatch="grouped_mm"` (one grouped GEMM per projection, no host sync) gives the sorted loop's outputs
-    and gradients, with experts that get no token too."""
+def test_grouped_gemm_dispatch_computes_what_the_sorted_loop_computes(top_k, monkeypatch):
+    """MT-TaG's sorted implementation with one grouped GEMM per projection (no host sync: off the CPU and under
+    torch.compile) gives its loop's outputs and gradients, with experts that get no token too."""
     x, task_ids = _inputs()
     loop = _moe(top_k=top_k)
-    grouped = _moe(top_k=top_k, expert_dispatch="grouped_mm")
+    grouped = _moe(top_k=top_k)
     grouped.load_state_dict(loop.state_dict())
     for moe in (loop, grouped):
         with torch.no_grad():
             moe.router.weight[:, 3] = -50.0  # expert 3 gets no token
-    a, b = loop(x, task_ids), grouped(x, task_ids)
+    a = loop(x, task_ids)
+    _dispatch(monkeypatch, "grouped_mm")
+    b = grouped(x, task_ids)
     torch.testing.assert_close(a.hidden_states, b.hidden_states, atol=1e-5, rtol=1e-5)
     a.hidden_states.square().sum().backward()
     b.hidden_states.square().sum().backward()
@@ -229,8 +246,6 @@ def _aten_ops(fn) -> set[str]:
 def test_put_back_off_the_cpu_is_the_copy_with_its_own_gather_backward(monkeypatch):
     """Off the CPU, `put_back_rows` is the copy to the rows alone: `index_copy_`'s own backward is the gather by the
     permutation, so no autograd Function (Python on every step) runs; the same gradient as the Function's."""
-    from hf_taskmoe.layers import moe as moe_module
-
     rows, order = torch.randn(6, 4, requires_grad=True), torch.tensor([3, 0, 5, 1, 4, 2])
     target = torch.randn(6, 4)
     monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: True)
@@ -252,12 +267,11 @@ def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):
     the forward nor the backward scatters with `index_add_` (atomic adds on a GPU, the put-back's 2.4 ms of a bf16
     training step on an H200 before); the copy builds no inverse permutation (`scatter_`). Both give the same
     numbers."""
-    from hf_taskmoe.layers import moe as moe_module
-
     monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: copy)
+    _dispatch(monkeypatch, dispatch)
     x, task_ids = _inputs()
     x.requires_grad_(True)
-    moe = _moe(expert_dispatch=dispatch)
+    moe = _moe()
     ops = _aten_ops(lambda: moe(x, task_ids).hidden_states.square().sum().backward())
     assert not ops & {"index_add", "index_add_", "scatter_add", "scatter_add_", "index_put", "index_put_"}
     assert ("index_copy_" in ops) == copy and ("scatter_" in ops) != copy
@@ -272,50 +286,44 @@ def test_top1_training_step_scatters_nothing(dispatch, copy, monkeypatch):
         assert torch.equal(a, b)
 
 
-def test_auto_dispatch_is_the_loop_on_a_cpu_and_the_grouped_gemm_compiled_in_bf16():
-    """`expert_dispatch="auto"` (the default): the sorted loop in eager code on a CPU (the faster there), the grouped
-    GEMM under torch.compile in bf16 (no graph break), the loop where the grouped GEMM cannot run (fp32 under
-    compile; widths not divisible by 8); same values as an explicit dispatch."""
-    from hf_taskmoe.layers.moe import ExpertBank
+def test_the_default_implementation_per_device_and_dtype():
+    """`"taskmoe_auto"` (the default): MT-TaG's sorted implementation on a CPU in every dtype and on an accelerator in
+    bf16 and fp32 (its grouped GEMMs there); on an accelerator in fp16 with at most 4 experts transformers' `eager`
+    (every expert on every token: torch's grouped GEMM has no fast fp16 kernel and reads its offsets back)."""
+    from hf_taskmoe.layers.moe import default_experts_implementation as default
 
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert default("cpu", dtype, 4) == default(torch.device("cpu"), dtype, 64) == "taskmoe_sorted"
+    for device in ("cuda", torch.device("cuda", 1), "xpu"):
+        assert default(device, torch.bfloat16, 4) == default(device, torch.float32, 4) == "taskmoe_sorted"
+        assert default(device, torch.float16, 4) == default(device, torch.float16, 2) == "eager"
+        assert default(device, torch.float16, 8) == "taskmoe_sorted"
+
+
+def test_the_default_runs_the_sorted_loop_on_a_cpu_and_grouped_gemms_under_compile():
+    """On a CPU the default is MT-TaG's sorted implementation with its loop in eager code and its grouped GEMMs
+    under torch.compile (no graph break); the same values as naming it."""
     moe = _moe()
-    assert moe.dispatch == "auto" and isinstance(moe.experts, ExpertBank)
+    assert moe.config._experts_implementation == "taskmoe_auto"
     x, task_ids = _inputs()
-    assert not moe.experts.uses_grouped_mm(x, torch.float32)
-    loop = _moe(expert_dispatch="sorted_loop")
-    torch.testing.assert_close(moe(x, task_ids).hidden_states, loop(x, task_ids).hidden_states, atol=0, rtol=0)
-
+    assert moe_module.loops_over_experts(x)
+    named = _moe(experts_implementation="taskmoe_sorted")
+    torch.testing.assert_close(moe(x, task_ids).hidden_states, named(x, task_ids).hidden_states, atol=0, rtol=0)
     decisions = []
-
-    def record(x):
-        bank = moe.experts
-        decisions.append((bank.uses_grouped_mm(x, torch.bfloat16), bank.uses_grouped_mm(x, torch.float32)))
-        return x
-
-    torch.compile(record, fullgraph=True, backend="eager")(x)
-    assert decisions == [(True, False)]
-    odd = ExpertBank(2, 12, 20, grouped="auto")  # 12 % 8 != 0
-    torch.compile(lambda x: decisions.append(odd.uses_grouped_mm(x, torch.bfloat16)) or x, backend="eager")(x)
-    assert decisions[-1] is False
-
-
-def test_grouped_mm_is_refused_by_name_where_torch_lacks_it(monkeypatch):
-    import hf_taskmoe.models.task_moe.configuration_task_moe as configuration
-
-    monkeypatch.setattr(configuration, "HAS_GROUPED_MM", False)
-    with pytest.raises(ValueError, match=r"`expert_dispatch='grouped_mm'` needs `torch.nn.functional.grouped_mm`"):
-        _config(num_experts=2, expert_dispatch="grouped_mm")
-    assert _config(num_experts=2).expert_dispatch == "auto"  # the default still builds
+    torch.compile(lambda x: decisions.append(moe_module.loops_over_experts(x)) or x, fullgraph=True,
+                  backend="eager")(x)
+    assert decisions == [False]
 
 
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
 @pytest.mark.parametrize("weighting", EXPERT_WEIGHTINGS)
 @pytest.mark.parametrize("gating", ["task", "shared"])
-def test_inference_without_gradients_computes_what_training_computes(dispatch, weighting, gating):
+def test_inference_without_gradients_computes_what_training_computes(dispatch, weighting, gating, monkeypatch):
     """Without gradients a top-1 layer sorts by a gather and puts back by a copy, with the biases and the task gates
     gathered (the cheaper ops when nothing is differentiated); with them, gathers both ways and one-hot products: the
     same values."""
-    moe = _moe(expert_dispatch=dispatch, expert_weighting=weighting, gating=gating).eval()
+    _dispatch(monkeypatch, dispatch)
+    moe = _moe(expert_weighting=weighting, gating=gating).eval()
     x, task_ids = _inputs()
     with torch.no_grad():
         plain = moe(x, task_ids).hidden_states
@@ -324,11 +332,12 @@ def test_inference_without_gradients_computes_what_training_computes(dispatch, w
 
 
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
-def test_top2_trains_under_bf16_autocast_summing_a_tokens_experts_in_its_dtype(dispatch):
+def test_top2_trains_under_bf16_autocast_summing_a_tokens_experts_in_its_dtype(dispatch, monkeypatch):
     """Under autocast a top-2 layer's experts compute in bf16 and a token's two weighted outputs are summed in the
     input's dtype (fp32), forward and backward (only a top-1 layer casts its tokens before the permutation, which
     then sums nothing): the same routes as in fp32 (the router runs in fp32) and its outputs within bf16's rounding."""
-    moe = _moe(top_k=2, expert_dispatch=dispatch)
+    _dispatch(monkeypatch, dispatch)
+    moe = _moe(top_k=2)
     x, task_ids = _inputs()
     x.requires_grad_(True)
     fp32 = moe(x, task_ids)
@@ -348,15 +357,14 @@ def test_moe_layers_of_a_forward_share_the_task_one_hot_and_the_expert_range(mon
     (with the put-back of an accelerator, which builds no inverse permutation), and the same numbers with activation
     checkpointing (the recomputed layers read the forward's)."""
     from hf_taskmoe import BertForTaskMoE
-    from hf_taskmoe.layers import moe as moe_module
-
     monkeypatch.setattr(moe_module, "copy_puts_back", lambda rows: True)
+    _dispatch(monkeypatch, "grouped_mm")
 
     def step(layers, checkpointing=False):
         torch.manual_seed(0)
         config = BertTaskMoEConfig(tasks=[TaskSpec(name=f"t{i}", num_labels=2) for i in range(T)], hidden_size=D,
                                    intermediate_size=F_, num_hidden_layers=layers, num_attention_heads=2,
-                                   num_experts=N, expert_dispatch="grouped_mm", vocab_size=64)
+                                   num_experts=N, vocab_size=64)
         model = BertForTaskMoE(config).train()
         for name, p in model.named_parameters():
             if "router" in name:

@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from hf_taskmoe import BertPALsConfig, BertTaskMoEConfig, BertWithPALs, CAMTLConfig, CAMTLModel, TaskSpec
+from hf_taskmoe.layers import moe as moe_module
 from hf_taskmoe.layers.conditional import (
     ConditionalAlignment,
     ConditionalAttentionBias,
@@ -28,12 +29,11 @@ B, S, D, F_, N, T = 3, 5, 16, 24, 4, 3
 # ----------------------------------------------------------------------------------------------------- MT-TaG
 
 
-def _moe(top_k, weighting, dispatch, seed=0):
+def _moe(top_k, weighting, seed=0):
     torch.manual_seed(seed)
     config = BertTaskMoEConfig(
         tasks=[TaskSpec(name=f"t{i}", num_labels=2) for i in range(T)], hidden_size=D, intermediate_size=F_,
         num_hidden_layers=1, num_attention_heads=2, num_experts=N, top_k=top_k, expert_weighting=weighting,
-        expert_dispatch=dispatch,
     )
     moe = TaskMoE(config)
     for p in moe.parameters():
@@ -43,7 +43,7 @@ def _moe(top_k, weighting, dispatch, seed=0):
     return moe
 
 
-def _earlier_forward(moe: TaskMoE, hidden: torch.Tensor, task_ids: torch.Tensor) -> torch.Tensor:
+def _earlier_forward(moe: TaskMoE, hidden: torch.Tensor, task_ids: torch.Tensor, dispatch: str) -> torch.Tensor:
     """`TaskMoE.forward`'s output as the layer computed it before the reductions: counts by `scatter_add_`, their
     `cumsum` as the grouped GEMM's offsets, the experts' ids gathered by the sort order, the weights gathered in
     sorted order, the top-1 straight-through weight as `renormalised + (p - sg(p))`."""
@@ -59,14 +59,14 @@ def _earlier_forward(moe: TaskMoE, hidden: torch.Tensor, task_ids: torch.Tensor)
     counts = torch.zeros(moe.num_experts, dtype=torch.long).scatter_add_(0, flat_expert, torch.ones_like(flat_expert))
     token_of_slot = order // moe.top_k if moe.top_k > 1 else order
     x_sorted = x.index_select(0, token_of_slot)
-    if moe.dispatch == "grouped_mm":
+    if dispatch == "grouped_mm":
         ends = counts.cumsum(0).to(torch.int32)
         sorted_expert = flat_expert.index_select(0, order)
         bank = moe.experts  # the experts' weights, stacked (they were stacked for the call before)
-        h = F.grouped_mm(x_sorted, bank.w_in.transpose(1, 2), offs=ends)
-        h = bank.act(h + bank.w_in_bias.index_select(0, sorted_expert))
-        y_sorted = F.grouped_mm(h, bank.w_out.transpose(1, 2), offs=ends)
-        y_sorted = y_sorted + bank.w_out_bias.index_select(0, sorted_expert)
+        h = F.grouped_mm(x_sorted, bank.up_proj.transpose(1, 2), offs=ends)
+        h = bank.act_fn(h + bank.up_proj_bias.index_select(0, sorted_expert))
+        y_sorted = F.grouped_mm(h, bank.down_proj.transpose(1, 2), offs=ends)
+        y_sorted = y_sorted + bank.down_proj_bias.index_select(0, sorted_expert)
     else:
         chunks = x_sorted.split(counts.tolist())
         y_sorted = torch.cat([expert(chunk) for expert, chunk in zip(moe.experts, chunks)])
@@ -81,13 +81,15 @@ def _earlier_forward(moe: TaskMoE, hidden: torch.Tensor, task_ids: torch.Tensor)
 @pytest.mark.parametrize("dispatch", ["sorted_loop", "grouped_mm"])
 @pytest.mark.parametrize("weighting", ["gate", "straight_through"])
 @pytest.mark.parametrize("top_k", [1, 2])
-def test_moe_dispatch_computes_what_it_computed_before(top_k, weighting, dispatch):
+def test_moe_dispatch_computes_what_it_computed_before(top_k, weighting, dispatch, monkeypatch):
+    # MT-TaG's sorted implementation with its loop (this CPU's) or its grouped GEMMs (off the CPU, under compile)
+    monkeypatch.setattr(moe_module, "loops_over_experts", lambda x: dispatch == "sorted_loop")
     g = torch.Generator().manual_seed(1)
     hidden, task_ids = torch.randn(B, S, D, generator=g), torch.tensor([0, 2, 1])
     target = torch.randn(B, S, D, generator=g)
-    now, before = _moe(top_k, weighting, dispatch), _moe(top_k, weighting, dispatch)
+    now, before = _moe(top_k, weighting), _moe(top_k, weighting)
     out = now(hidden, task_ids).hidden_states
-    expected = _earlier_forward(before, hidden, task_ids)
+    expected = _earlier_forward(before, hidden, task_ids, dispatch)
     assert torch.equal(out, expected)  # the same operations on the same values: bit for bit
     (out * target).sum().backward()
     (expected * target).sum().backward()
@@ -99,7 +101,7 @@ def test_moe_dispatch_computes_what_it_computed_before(top_k, weighting, dispatc
 
 
 def test_top1_straight_through_weight_is_exactly_one_with_the_gate_gradient():
-    moe = _moe(1, "straight_through", "sorted_loop")
+    moe = _moe(1, "straight_through")
     top_p = (torch.rand(B, S, 1) + 0.25).requires_grad_()
     weights = moe._combine_weights(top_p)
     assert torch.equal(weights, torch.ones_like(weights))

@@ -418,11 +418,11 @@ def test_a_config_object_that_does_not_describe_a_saved_model_is_refused_too(tmp
     model = BertForTaskMoE.from_dense(tiny_dense, [TaskSpec(name="a", num_labels=2)], num_experts=2)
     model.save_pretrained(tmp_path / "saved")
     other = BertForTaskMoE.from_dense(tiny_dense, [TaskSpec(name="a", num_labels=2)], num_experts=3).config
-    with pytest.raises(ValueError, match=r"Cannot load BertForTaskMoE .*experts\.w_in \(2, .*\) on file, \(3, "):
+    with pytest.raises(ValueError, match=r"Cannot load BertForTaskMoE .*experts\.up_proj \(2, .*\) on file, \(3, "):
         BertForTaskMoE.from_pretrained(tmp_path / "saved", config=other)
     loaded, info = BertForTaskMoE.from_pretrained(tmp_path / "saved", config=other, ignore_mismatched_sizes=True,
                                                   output_loading_info=True)
-    assert loaded.config.num_experts == 3 and any("experts.w_in" in m[0] for m in info["mismatched_keys"])
+    assert loaded.config.num_experts == 3 and any("experts.up_proj" in m[0] for m in info["mismatched_keys"])
 
 
 def test_an_unreadable_file_or_a_full_disk_is_a_refusal_not_an_internal_error(

@@ -28,8 +28,8 @@ SIZES = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_h
 TASKS = [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression")]
 FAMILIES = {
     "mt_tag_sorted_loop": lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, top_k=1, **SIZES)),
-    "mt_tag_grouped_mm": lambda: BertForTaskMoE(BertTaskMoEConfig(tasks=TASKS, num_experts=4, top_k=2,
-                                                                  expert_dispatch="grouped_mm", **SIZES)),
+    "mt_tag_grouped_mm": lambda: BertForTaskMoE(BertTaskMoEConfig(
+        tasks=TASKS, num_experts=4, top_k=2, experts_implementation="taskmoe_sorted_grouped", **SIZES)),
     "pals": lambda: BertWithPALs(BertPALsConfig(tasks=TASKS, pal_size=8, pal_num_heads=2, **SIZES)),
     "camtl": lambda: CAMTLModel(CAMTLConfig(tasks=TASKS, conditional_attention_max_length=16, **SIZES)),
 }

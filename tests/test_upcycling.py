@@ -29,12 +29,12 @@ def test_report_lists_copied_and_new_weights_and_every_expert_is_the_ffn():
     assert not report.unused
     for i, layer in enumerate(bert.encoder.layer):
         experts = f"backbone.encoder.layer.{i}.intermediate.experts"
-        assert names[f"{experts}.w_in"].shape == (3, *layer.intermediate.dense.weight.shape)  # one slice per expert
+        assert names[f"{experts}.up_proj"].shape == (3, *layer.intermediate.dense.weight.shape)  # one slice per expert
         for e in range(3):
-            assert torch.equal(names[f"{experts}.w_in"][e], layer.intermediate.dense.weight)
-            assert torch.equal(names[f"{experts}.w_in_bias"][e], layer.intermediate.dense.bias)
-            assert torch.equal(names[f"{experts}.w_out"][e], layer.output.dense.weight)
-            assert torch.equal(names[f"{experts}.w_out_bias"][e], layer.output.dense.bias)
+            assert torch.equal(names[f"{experts}.up_proj"][e], layer.intermediate.dense.weight)
+            assert torch.equal(names[f"{experts}.up_proj_bias"][e], layer.intermediate.dense.bias)
+            assert torch.equal(names[f"{experts}.down_proj"][e], layer.output.dense.weight)
+            assert torch.equal(names[f"{experts}.down_proj_bias"][e], layer.output.dense.bias)
         assert torch.equal(names[f"backbone.encoder.layer.{i}.output.LayerNorm.weight"], layer.output.LayerNorm.weight)
     assert "copied" in report.summary() and model.config.upcycled_from
 

@@ -8,39 +8,77 @@ Equations of the MT-TaG paper (section 3.1), for a token x of task t:
     g*, E*   = top-1 of G_t(x)                             (5)
     h(x)     = g* E*(x)                                    (6)   `expert_weighting="gate"`
 
-Dispatch follows `docs/moe-dispatch.md` (measured on this CPU): tokens are sorted by expert with one
-`argsort`, gathered with `index_select`, each expert's `F.linear`s run once on its contiguous slice (or one grouped
-GEMM per projection runs them all: the experts' weights are stored stacked, `ExpertBank`),
-and the outputs are put back in token order without atomic adds (`put_back_rows`: a copy to their tokens' rows off the
-CPU, a gather by the inverse permutation on a CPU). Never every expert on every token in training; one device-to-host
-sync per layer for `sorted_loop` (the per-expert token counts), none for `grouped_mm`. A captured program
-(`torch.export`, ONNX) has no shape that depends on the routes: it runs every expert on every token, masked by the
-combine weights (`TaskMoE._masked_experts`).
+The experts of a layer are an `ExpertBank` on transformers' experts interface (`use_experts_implementation`, stacked
+`up_proj` / `down_proj` weights); `config.experts_implementation` picks the implementation from transformers' registry,
+where MT-TaG registers its own, `"taskmoe_sorted"`, the dispatch `docs/moe-dispatch.md` measured on this CPU: tokens
+sorted by expert with one sort on 8-bit keys, gathered with `index_select`, each expert's `F.linear`s run once on its
+contiguous slice (or one grouped GEMM per projection runs them all), and the outputs put back in token order without
+atomic adds (`put_back_rows`: a copy to their tokens' rows off the CPU, a gather by the inverse permutation on a CPU).
+Never every expert on every token in training, except where chosen (transformers' `eager`, the default in fp16 on an
+accelerator: `default_experts_implementation`); one device-to-host sync per layer for the loop (the per-expert token
+counts), none for the grouped GEMMs. A captured program (`torch.export`, ONNX) has no shape that depends on the
+routes: it runs every expert on every token, masked by the combine weights (`every_expert_forward`).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from functools import partial
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers.activations import ACT2FN
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, use_experts_implementation
 
+from ..compat import grouped_mm_fallback_op
 from ..contract import StackedWeight
 from ..utils import compute_dtype, inverse_permutation, is_capturing, lookup, one_hot
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
-#: how the tokens reach their experts: one `F.linear` per expert on its sorted slice (one host sync per layer), or
-#: one grouped GEMM per projection over all slices (`F.grouped_mm`, no host sync), or `auto`: the grouped GEMM on an
-#: accelerator and under torch.compile in bf16 (a host sync per layer costs a GPU more than the loop saves: 2.7x
-#: dense's bf16 training step on an H200 against 1.3x, `benchmarks/gpu.py`), the loop on a CPU (where it is the faster,
-#: `benchmarks/moe_vs_dense.py`) and wherever the grouped GEMM cannot run (no `F.grouped_mm`, experts that are whole
-#: FFN modules, widths not divisible by 8)
-EXPERT_DISPATCHES = ("auto", "sorted_loop", "grouped_mm")
+#: MT-TaG's own implementations in transformers' experts registry (`ALL_EXPERTS_FUNCTIONS`), chosen by name like
+#: transformers' `eager`, `batched_mm` and `grouped_mm` (`config.experts_implementation`): the sorted dispatch
+#: (`sorted_experts_forward`) with its per-expert loop in eager code on a CPU and grouped GEMMs elsewhere, or with
+#: one of the two everywhere (the loop reads the slice sizes back and is a graph break under torch.compile; the
+#: grouped GEMMs are the slower on a CPU), and the default, which picks an implementation per call by device and
+#: dtype (`default_experts_implementation`)
+SORTED = "taskmoe_sorted"
+SORTED_LOOP = "taskmoe_sorted_loop"
+SORTED_GROUPED = "taskmoe_sorted_grouped"
+AUTO = "taskmoe_auto"
+#: the names whose calls take `sorted_experts_forward`'s keywords (`TaskMoE`)
+SORTED_IMPLEMENTATIONS = (SORTED, SORTED_LOOP, SORTED_GROUPED)
 HAS_GROUPED_MM = hasattr(F, "grouped_mm")
+GROUPED_MM_FALLBACK = grouped_mm_fallback_op()
+
+
+def default_experts_implementation(device: torch.device | str, dtype: torch.dtype, num_experts: int) -> str:
+    """The experts implementation MT-TaG runs where none was chosen (`experts_implementation="taskmoe_auto"`, the
+    default), for experts on `device` computing in `dtype` (autocast's where it is on):
+
+    - on a CPU, `"taskmoe_sorted"`: its per-expert loop on the sorted tokens, the faster there
+      (`benchmarks/moe_vs_dense.py`);
+    - on an accelerator in fp16 with at most 4 experts, `"eager"`: every expert on every token, mixed by the combine
+      weights. torch's grouped GEMM has no fast fp16 kernel and reads its offsets back to the host (an H200 measured
+      MT-TaG's fp16 training step at 2.5-2.7x dense's with it, and at 3.1x with the per-expert loop, which reads the
+      slice sizes back): four dense fp16 GEMMs per projection, nothing read back, cost less (docs/mt-tag.md says what a
+      GPU run must confirm);
+    - elsewhere (bf16, fp32, fp16 with more experts), `"taskmoe_sorted"`: one grouped GEMM per projection, no host
+      read (under torch.compile too, through transformers' traceable grouped product in other dtypes than bf16)."""
+    device_type = device if isinstance(device, str) else device.type
+    if device_type != "cpu" and dtype == torch.float16 and num_experts <= 4:
+        return "eager"
+    return SORTED
+
+
+def resolve_experts_implementation(name: str | None, x: torch.Tensor, num_experts: int) -> str:
+    """The implementation a call on `x` runs: `name` (a config's `experts_implementation`), the default's choice
+    for `x`'s device and compute dtype where `name` is `"taskmoe_auto"` (or unset)."""
+    if name is None or name == AUTO:
+        return default_experts_implementation(x.device, compute_dtype(x), num_experts)
+    return name
 
 
 def grouped_mm_fits(hidden_size: int, intermediate_size: int) -> bool:
@@ -100,10 +138,9 @@ class _PutBackStraightThrough(torch.autograd.Function):
     """A top-1 layer's outputs put back in token order, `y = E*(x)` in value with the gradient of `g* E*(x)` (eq. 6)
     reaching the gate probability `g*`: `TaskMoE`'s straight-through weighting, whose weight is exactly 1.0 in value.
 
-    The same numbers as multiplying by `(g* - sg(g*)) + 1` (the other weightings' path) without the multiplication:
-    no (tokens, hidden) product in the forward, and in the backward the outputs' gradient is a gather by the
-    permutation and the gate's is one product and sum, `dL/dg* = <dL/dy, E*(x)>`. The gate comes as top-k gave it,
-    `(batch, seq, 1)`, and its gradient goes back so shaped: no view of it (an autograd node) to flatten it."""
+    The same numbers as multiplying by `(g* - sg(g*)) + 1` (what the other implementations are given) without the
+    multiplication: no (tokens, hidden) product in the forward, and in the backward the outputs' gradient is a gather
+    by the permutation and the gate's is one product and sum, `dL/dg* = <dL/dy, E*(x)>`."""
 
     @staticmethod
     def forward(ctx, y_sorted, order, gate):
@@ -144,16 +181,16 @@ def _expert_loop(experts: Sequence, x_sorted: torch.Tensor, ends: torch.Tensor) 
     The one host sync of the layer (`ends.tolist()`). Experts with no tokens still run on their empty slice so
     that every parameter takes part in the graph. Kept out of torch.compile's graphs: traced, the slice sizes
     would be specialised (0 and 1 are special) and every new batch composition would recompile until dynamo's
-    recompile limit; as a graph break the loop runs eagerly and the rest of the layer stays compiled."""
+    recompile limit; as a graph break the loop runs eagerly and the rest of the layer stays compiled. (The stacked
+    experts never reach it under torch.compile: `sorted_experts_forward` runs grouped GEMMs there.)"""
     ends = ends.tolist()
     chunks = x_sorted.split([end - start for start, end in zip([0, *ends[:-1]], ends)])
     return torch.cat([expert(chunk) for expert, chunk in zip(experts, chunks)])
 
 
 class ExpertFFN(nn.Module):
-    """One expert: BERT's intermediate and output projections, `w_out(act(w_in(x)))` (eq. 1).
-
-    Plain `nn.Linear`s, so peft's LoRA can target `w_in` / `w_out` like any projection.
+    """One expert: BERT's intermediate and output projections, `w_out(act(w_in(x)))` (eq. 1): the FFN of a layer
+    with one expert (MT-Dense, a layer outside `moe_layers`), kept as the dense model's own `nn.Linear`s.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "gelu"):
@@ -175,59 +212,59 @@ class ExpertFFN(nn.Module):
         return expert
 
 
-#: an `ExpertBank`'s stacked weights, and their names in checkpoints of releases that kept one `ExpertFFN` per expert
-#: (`experts.<i>.w_in.weight`): a model holding expert banks declares these as its `stacked_weights`
-EXPERT_BANK_WEIGHTS = (
-    StackedWeight(r"(.+\.experts)\.(w_in|w_out)", r"\1.{index}.\2.weight"),
-    StackedWeight(r"(.+\.experts)\.(w_in|w_out)_bias", r"\1.{index}.\2.bias"),
-)
+#: an `ExpertBank`'s stacked weights: a model holding expert banks declares these as its `stacked_weights` (upcycling
+#: copies a dense projection into every slice)
+EXPERT_BANK_WEIGHTS = (StackedWeight(r".+\.experts\.(up_proj|down_proj)(_bias)?"),)
 
 
+@use_experts_implementation(has_gate=False, has_bias=True)
 class ExpertBank(nn.Module):
-    """The `N` experts of one MoE layer, each `w_out_i act(w_in_i x)` (eq. 1), stored stacked: one tensor per kind of
-    weight, `w_in` `(N, intermediate, hidden)` and `w_in_bias` `(N, intermediate)`, `w_out` `(N, hidden, intermediate)`
-    and `w_out_bias` `(N, hidden)`; slice `i` holds what expert `i`'s `nn.Linear`s would (so a dense FFN's weights
-    broadcast into every slice when upcycling, and checkpoints of earlier releases, one module per expert, stack on
-    load: `TaskMoE.legacy_stacking`).
+    """The `N` experts of one MoE layer, each `down_i act(up_i x)` (eq. 1), stored stacked in transformers' experts
+    layout: `up_proj` `(N, intermediate, hidden)` and `up_proj_bias` `(N, intermediate)`, `down_proj` `(N, hidden,
+    intermediate)` and `down_proj_bias` `(N, hidden)`, `act_fn`; slice `i` holds what expert `i`'s `nn.Linear`s would
+    (so a dense FFN's weights broadcast into every slice when upcycling).
 
-    Why stacked: the grouped GEMM takes one tensor per projection, so a training step neither stacks the experts'
-    weights in the forward nor unbinds their gradients in the backward (`benchmarks/op_count.py`). peft's LoRA
-    reaches the experts through `target_parameters=["experts.w_in", "experts.w_out"]` (a `ParamWrapper` on this
-    module: the weights are read in `forward` only, where its parametrization is active).
+    Declared with transformers' `use_experts_implementation` (no gate projection, biases): `forward(hidden_states
+    (tokens, hidden), top_k_index (tokens, k), top_k_weights (tokens, k)) -> (tokens, hidden)` runs the implementation
+    `config.experts_implementation` names in transformers' registry: transformers' `eager` (this class's own forward:
+    every expert on every token, mixed by the weights; what a captured program runs), `batched_mm`, `grouped_mm`, any
+    kernel registered there, or MT-TaG's `"taskmoe_sorted"` (`sorted_experts_forward`) and the default
+    `"taskmoe_auto"` (`default_experts_implementation`). peft's LoRA reaches the experts through
+    `target_parameters=["experts.up_proj", "experts.down_proj"]` (a `ParamWrapper` on this module: the weights are
+    read in `forward` only, where its parametrization is active).
 
-    `forward(x_sorted, ends, slot_expert)` runs each expert on its contiguous slice of expert-sorted slots;
-    `forward(x, combine=weights)` runs every expert on every token and mixes them by `combine` `(tokens, N)` (the
-    dispatch of a captured program). Indexing (`bank[i]`) and iteration give each expert as a callable, for analyses.
-    `grouped`: the layer's `expert_dispatch` (`"auto"`, `"sorted_loop"` or `"grouped_mm"`, or a bool for the last
-    two), resolved on each call by `uses_grouped_mm`.
+    `config`: the model's config (its `experts_implementation` is read on each call; `hidden_size`,
+    `intermediate_size`, `hidden_act` and `num_experts` are the defaults of the other arguments). Indexing (`bank[i]`)
+    and iteration give each expert as a callable, for analyses.
     """
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, hidden_act: str | nn.Module = "gelu",
-                 grouped: bool | str = False):
+    def __init__(self, config, num_experts: int | None = None, hidden_size: int | None = None,
+                 intermediate_size: int | None = None, hidden_act: str | nn.Module | None = None):
         super().__init__()
-        self.num_experts = num_experts
-        self.grouped = grouped  # the dispatch: "auto", "sorted_loop"/False, "grouped_mm"/True
-        self.w_in = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
-        self.w_in_bias = nn.Parameter(torch.zeros(num_experts, intermediate_size))
-        self.act = ACT2FN[hidden_act] if isinstance(hidden_act, str) else hidden_act
-        self.w_out = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        self.w_out_bias = nn.Parameter(torch.zeros(num_experts, hidden_size))
-        for weight in (self.w_in, self.w_out):  # as `nn.Linear` draws each (the model's `_init_weights` redraws)
+        self.num_experts = config.num_experts if num_experts is None else num_experts
+        hidden = config.hidden_size if hidden_size is None else hidden_size
+        inter = config.intermediate_size if intermediate_size is None else intermediate_size
+        act = config.hidden_act if hidden_act is None else hidden_act
+        self.up_proj = nn.Parameter(torch.empty(self.num_experts, inter, hidden))
+        self.up_proj_bias = nn.Parameter(torch.zeros(self.num_experts, inter))
+        self.down_proj = nn.Parameter(torch.empty(self.num_experts, hidden, inter))
+        self.down_proj_bias = nn.Parameter(torch.zeros(self.num_experts, hidden))
+        self.act_fn = ACT2FN[act] if isinstance(act, str) else act
+        for weight in (self.up_proj, self.down_proj):  # as `nn.Linear` draws each (the model's `_init_weights` redraws)
             for expert in weight.detach():
                 nn.init.kaiming_uniform_(expert, a=5**0.5)
 
     @classmethod
-    def copy_of(cls, w_in: nn.Linear, act: nn.Module, w_out: nn.Linear, num_experts: int,
-                grouped: bool | str = False) -> ExpertBank:
+    def copy_of(cls, config, w_in: nn.Linear, act: nn.Module, w_out: nn.Linear, num_experts: int) -> ExpertBank:
         """`num_experts` experts, each a copy of a dense FFN (`w_in`, `act`, `w_out`: the dense model's own modules,
-        e.g. BERT's `intermediate.dense`, `intermediate.intermediate_act_fn`, `output.dense`)."""
-        bank = cls(num_experts, w_in.in_features, w_in.out_features, act, grouped)
+        e.g. BERT's `intermediate.dense`, `intermediate.intermediate_act_fn`, `output.dense`); `config` the model's."""
+        bank = cls(config, num_experts, w_in.in_features, w_in.out_features, act)
         with torch.no_grad():
-            for mine, dense in ((bank.w_in, w_in.weight), (bank.w_in_bias, w_in.bias), (bank.w_out, w_out.weight),
-                                (bank.w_out_bias, w_out.bias)):
+            for mine, dense in ((bank.up_proj, w_in.weight), (bank.up_proj_bias, w_in.bias),
+                                (bank.down_proj, w_out.weight), (bank.down_proj_bias, w_out.bias)):
                 mine.copy_(dense.expand_as(mine) if dense is not None else torch.zeros_like(mine))
         # (no `.to` when the dtype is already the dense model's: a module moved under FakeTensorMode cannot swap)
-        return bank if bank.w_in.dtype == w_in.weight.dtype else bank.to(w_in.weight.dtype)
+        return bank if bank.up_proj.dtype == w_in.weight.dtype else bank.to(w_in.weight.dtype)
 
     @torch.no_grad()
     def init_weights(self, std: float) -> None:
@@ -235,10 +272,10 @@ class ExpertBank(nn.Module):
         initialization`, which leaves weights a checkpoint loaded alone."""
         from transformers import initialization as init
 
-        init.normal_(self.w_in, mean=0.0, std=std)
-        init.normal_(self.w_out, mean=0.0, std=std)
-        init.zeros_(self.w_in_bias)
-        init.zeros_(self.w_out_bias)
+        init.normal_(self.up_proj, mean=0.0, std=std)
+        init.normal_(self.down_proj, mean=0.0, std=std)
+        init.zeros_(self.up_proj_bias)
+        init.zeros_(self.down_proj_bias)
 
     def __len__(self) -> int:
         return self.num_experts
@@ -252,64 +289,164 @@ class ExpertBank(nn.Module):
     def __iter__(self):
         return (self[i] for i in range(self.num_experts))
 
-    def uses_grouped_mm(self, x: torch.Tensor, dtype: torch.dtype) -> bool:
-        """Whether a call on `x` computing in `dtype` runs the grouped GEMM: `"grouped_mm"` always; `"auto"` where
-        `F.grouped_mm` fits the widths, off the CPU in eager code, and under torch.compile in bf16 (the loop's slice
-        sizes would be a graph break; `aten._grouped_mm` traces in bf16 only, torch 2.13's meta kernel)."""
-        if self.grouped in (True, "grouped_mm"):
-            return True
-        if self.grouped != "auto":
-            return False
-        inter, hidden = self.w_in.shape[1:]
-        if not grouped_mm_fits(hidden, inter):
-            return False
-        if torch.compiler.is_compiling():
-            return dtype == torch.bfloat16
-        return x.device.type != "cpu"
-
-    def forward(self, x: torch.Tensor, ends: torch.Tensor | None = None, slot_expert: torch.Tensor | None = None,
-                combine: torch.Tensor | None = None, expert_range: torch.Tensor | None = None) -> torch.Tensor:
-        """`x` `(slots, hidden)` sorted by expert, `ends` `(N,)` int32 where each expert's slice ends and
-        `slot_expert` `(slots,)` each slot's expert (any integer dtype: `TaskMoE` passes its 8-bit sort keys), with
-        `expert_range` `arange(N)` in its dtype when the caller keeps one: every expert on its slice, `(slots,
-        hidden)`. Or, with `combine` `(tokens, N)`: every expert on every token of `x`, weighted by `combine` and
-        summed, `(tokens, hidden)`."""
-        if combine is not None:
-            h = self.act(torch.einsum("th,eih->tei", x, self.w_in) + self.w_in_bias)  # (tokens, experts, inter)
-            y = torch.einsum("tei,ehi->teh", h, self.w_out) + self.w_out_bias  # (tokens, experts, hidden)
-            return torch.einsum("teh,te->th", y, combine.to(y.dtype))
-        dtype = compute_dtype(x)
-        if not self.uses_grouped_mm(x, dtype):
-            weights = (self.w_in, self.w_in_bias, self.w_out, self.w_out_bias)
-            if torch.is_autocast_enabled(x.device.type):
-                # cast as stored, once, not each expert's slices in its `F.linear`s: four casts per layer where there
-                # were four per expert, in the forward and in the backward (a cast is elementwise: the same numbers)
-                weights = tuple(w.to(dtype) for w in weights)
-            w_in, b_in, w_out, b_out = (w.unbind(0) for w in weights)
-            experts = [
-                lambda chunk, i=i: F.linear(self.act(F.linear(chunk, w_in[i], b_in[i])), w_out[i], b_out[i])
-                for i in range(self.num_experts)
-            ]
-            return _expert_loop(experts, x, ends)
-        # the grouped GEMM takes (experts, in, out): the stored weights transposed, a view
-        h = F.grouped_mm(x.to(dtype), self.w_in.to(dtype).transpose(1, 2), offs=ends)  # (slots, inter)
-        if torch.is_grad_enabled():
-            # each slot's expert as a one-hot row: the biases reach the slots by a product whose backward is a product
-            # too (`index_select` of the biases would scatter their gradients back with contended atomic adds)
-            slot_one_hot = one_hot(slot_expert, self.num_experts, dtype, expert_range)  # (slots, experts)
-            h = self.act(torch.addmm(h, slot_one_hot, self.w_in_bias.to(dtype)))
-            y = F.grouped_mm(h, self.w_out.to(dtype).transpose(1, 2), offs=ends)  # (slots, hidden)
-            return torch.addmm(y, slot_one_hot, self.w_out_bias.to(dtype))
-        # no gradient: a gather of the biases is the cheaper (a (slots, experts) product with K = experts is not; the
-        # H200's replayed bf16 inference of MT-TaG took 4.63 ms with the products against 4.35 with the gathers)
-        slot_expert = slot_expert.long()  # (an index of `index_select`: int64, or int32, not 8-bit)
-        h = self.act(h + self.w_in_bias.to(dtype).index_select(0, slot_expert))
-        y = F.grouped_mm(h, self.w_out.to(dtype).transpose(1, 2), offs=ends)  # (slots, hidden)
-        return y + self.w_out_bias.to(dtype).index_select(0, slot_expert)
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        """transformers' `eager`: every expert on every token, `(tokens, hidden)`, each output scaled by the token's
+        weight for that expert (its `top_k_weights` entry where chosen, 0 otherwise) and summed. No shape depends on
+        the routes (a captured program runs it: `torch.export`, ONNX); `num_experts` times the FFN compute."""
+        return every_expert_forward(self, hidden_states, top_k_index, top_k_weights)
 
     def extra_repr(self) -> str:
-        inter, hidden = self.w_in.shape[1:]
-        return f"num_experts={self.num_experts}, hidden={hidden}, intermediate={inter}, grouped={self.grouped}"
+        inter, hidden = self.up_proj.shape[1:]
+        return f"num_experts={self.num_experts}, hidden={hidden}, intermediate={inter}"
+
+
+def every_expert_forward(bank: ExpertBank, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                         top_k_weights: torch.Tensor) -> torch.Tensor:
+    """`ExpertBank`'s own forward (transformers' `eager`): every expert on every token, mixed by the weights."""
+    # (tokens, experts): each token's weight for each expert, 0 where not chosen
+    combine = top_k_weights.new_zeros(hidden_states.shape[0], bank.num_experts).scatter_add(1, top_k_index,
+                                                                                            top_k_weights)
+    h = bank.act_fn(torch.einsum("th,eih->tei", hidden_states, bank.up_proj) + bank.up_proj_bias)  # (tokens, E, inter)
+    y = torch.einsum("tei,ehi->teh", h, bank.down_proj) + bank.down_proj_bias  # (tokens, experts, hidden)
+    return torch.einsum("teh,te->th", y, combine.to(y.dtype))  # (tokens, hidden)
+
+
+def sorted_experts_forward(bank: ExpertBank, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor, straight_through: bool = False,
+                           expert_range: torch.Tensor | None = None, loop: bool | None = None) -> torch.Tensor:
+    """MT-TaG's experts implementation, `"taskmoe_sorted"` in transformers' registry (`docs/moe-dispatch.md`): the
+    slots (token, choice) sorted by expert with one sort on 8-bit keys, the tokens gathered in that order
+    (`permute_rows`: no scatter of atomic adds in the backward), each expert on its contiguous slice -- a loop of
+    `F.linear`s in eager code on a CPU (one host read per layer, the slice sizes), else one grouped GEMM per
+    projection (`_grouped_product`: no host read; traceable by torch.compile in every dtype) -- and the outputs put
+    back in token order (`put_back_rows`, a copy or a gather, not an `index_add_`). Top-1 scales in token order,
+    after the put-back; top-k sums each token's slots.
+
+    The arguments of `TaskMoE`'s calls: `straight_through` (top-1): `top_k_weights` are the chosen experts' gate
+    probabilities and the value is the experts' outputs unscaled, with the gradient of `g* E*(x)` reaching the gate
+    (`_PutBackStraightThrough`; the other implementations are given weights `(g* - sg(g*)) + 1` to multiply in: the
+    same numbers); `expert_range`: `arange(num_experts)` in 8-bit when the caller keeps one for every layer. `loop`:
+    the loop (True: `"taskmoe_sorted_loop"`) or the grouped GEMMs (False: `"taskmoe_sorted_grouped"`) everywhere;
+    None (`"taskmoe_sorted"`): `loops_over_experts`. In a captured program (`torch.export`, ONNX) every expert runs
+    on every token (`every_expert_forward`)."""
+    if is_capturing():  # no shape may depend on the routes
+        if straight_through:
+            top_k_weights = (top_k_weights - top_k_weights.detach()) + 1.0
+        return every_expert_forward(bank, hidden_states, top_k_index, top_k_weights)
+    return _sorted_dispatch(hidden_states, top_k_index, top_k_weights, bank.num_experts,
+                            partial(_experts_on_slices, bank, loop=loop), straight_through, expert_range, cast=True)
+
+
+def _sorted_dispatch(x: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, n: int, on_slices,
+                     straight_through: bool = False, expert_range: torch.Tensor | None = None,
+                     cast: bool = False) -> torch.Tensor:
+    """`sorted_experts_forward`'s dispatch around `on_slices(x_sorted, ends, sorted_expert, expert_range)`, which
+    runs each of the `n` experts on its slice of the sorted slots; `cast`: cast `x` to autocast's dtype before the
+    permutation (experts that compute in it). Also the dispatch of experts that are whole modules (`TaskMoE`)."""
+    k = top_k_index.shape[-1]
+    flat_expert = top_k_index.reshape(-1)  # (tokens*k,): slot s = token s//k, its (s%k)-th choice
+    # slots grouped by expert, and their experts. Sorted on 8-bit keys: a GPU's radix sort makes a pass per few
+    # key bits, so int64 keys cost it about eight times the passes (33 us of an H100's 4,096-token step)
+    keys = flat_expert.to(torch.uint8) if n <= 256 else flat_expert
+    sorted_key, order = torch.sort(keys, stable=True)  # the slots' experts, sorted, in the keys' dtype
+    # where each expert's slice ends: a search of the sorted experts, whose size is fixed (no `bincount`, whose
+    # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are
+    if expert_range is None or expert_range.dtype != keys.dtype:
+        expert_range = torch.arange(n, dtype=keys.dtype, device=x.device)
+    ends = torch.searchsorted(sorted_key, expert_range, right=True, out_int32=True)  # (experts,)
+    if k == 1:
+        # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which
+        # then moves half the bytes (a cast is elementwise, so the numbers are the same). Top-1 only: with k > 1
+        # a token's slots are summed, in `x`'s dtype (the put-back's sum, the gradient's `index_add_`)
+        dtype = compute_dtype(x) if cast else x.dtype
+        if x.dtype != dtype:
+            x = x.to(dtype)
+        x_sorted = permute_rows(x, order)  # (tokens, hidden), contiguous per expert
+    else:
+        token_of_slot = order // k
+        x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
+    y_sorted = on_slices(x_sorted, ends, sorted_key, expert_range)  # (tokens*k, hidden)
+    if k == 1:  # (tokens, hidden) back in token order
+        if straight_through and torch.is_grad_enabled():
+            return _PutBackStraightThrough.apply(y_sorted, order, top_k_weights)
+        y = put_back_rows(y_sorted, order)
+        # (without a backward the straight-through value is the expert's output; the gate's weights scale the
+        # outputs after, in token order: no gather of the weights)
+        return y if straight_through else y * top_k_weights
+    y_sorted = y_sorted * top_k_weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+    return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
+
+
+def _experts_on_slices(bank: ExpertBank, x: torch.Tensor, ends: torch.Tensor, slot_expert: torch.Tensor,
+                       expert_range: torch.Tensor, loop: bool | None = None) -> torch.Tensor:
+    """Each expert on its slice of `x` `(slots, hidden)`, sorted by expert: `ends` `(N,)` int32 where each expert's
+    slice ends, `slot_expert` `(slots,)` each slot's expert (the 8-bit sort keys), `expert_range` `arange(N)` in their
+    dtype. A loop of `F.linear`s in eager code on a CPU (where it is the faster), else one grouped GEMM per
+    projection (`loop`: either one everywhere)."""
+    dtype = compute_dtype(x)
+    if loops_over_experts(x) if loop is None else loop:
+        weights = (bank.up_proj, bank.up_proj_bias, bank.down_proj, bank.down_proj_bias)
+        if torch.is_autocast_enabled(x.device.type):
+            # cast as stored, once, not each expert's slices in its `F.linear`s: four casts per layer where there
+            # were four per expert, in the forward and in the backward (a cast is elementwise: the same numbers)
+            weights = tuple(w.to(dtype) for w in weights)
+        w_in, b_in, w_out, b_out = (w.unbind(0) for w in weights)
+        act = bank.act_fn
+        experts = [
+            lambda chunk, i=i: F.linear(act(F.linear(chunk, w_in[i], b_in[i])), w_out[i], b_out[i])
+            for i in range(bank.num_experts)
+        ]
+        return _expert_loop(experts, x, ends)
+    # the grouped GEMM takes (experts, in, out): the stored weights transposed, a view
+    h = _grouped_product(x.to(dtype), bank.up_proj.to(dtype).transpose(1, 2), ends)  # (slots, inter)
+    if torch.is_grad_enabled():
+        # each slot's expert as a one-hot row: the biases reach the slots by a product whose backward is a product
+        # too (`index_select` of the biases would scatter their gradients back with contended atomic adds)
+        slot_one_hot = one_hot(slot_expert, bank.num_experts, dtype, expert_range)  # (slots, experts)
+        h = bank.act_fn(torch.addmm(h, slot_one_hot, bank.up_proj_bias.to(dtype)))
+        y = _grouped_product(h, bank.down_proj.to(dtype).transpose(1, 2), ends)  # (slots, hidden)
+        return torch.addmm(y, slot_one_hot, bank.down_proj_bias.to(dtype))
+    # no gradient: a gather of the biases is the cheaper (a (slots, experts) product with K = experts is not; the
+    # H200's replayed bf16 inference of MT-TaG took 4.63 ms with the products against 4.35 with the gathers)
+    slot_expert = slot_expert.long()  # (an index of `index_select`: int64, or int32, not 8-bit)
+    h = bank.act_fn(h + bank.up_proj_bias.to(dtype).index_select(0, slot_expert))
+    y = _grouped_product(h, bank.down_proj.to(dtype).transpose(1, 2), ends)  # (slots, hidden)
+    return y + bank.down_proj_bias.to(dtype).index_select(0, slot_expert)
+
+
+def loops_over_experts(x: torch.Tensor) -> bool:
+    """Whether `sorted_experts_forward` runs its experts on `x` by a loop of `F.linear`s (eager code on a CPU, where
+    it is the faster) or by grouped GEMMs (elsewhere, and under torch.compile: no graph break)."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def _grouped_product(x: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """`x` `(slots, in)` sorted by group times each group's `weight` `(groups, in, out)`, `(slots, out)`: torch's
+    `F.grouped_mm` where it runs (the widths 16-byte aligned; under torch.compile in bf16 only: torch 2.13's meta
+    kernel takes no other dtype), else transformers' grouped product (`transformers::grouped_mm_fallback`: a loop
+    of products behind a custom op with a fake kernel, which torch.compile traces in every dtype)."""
+    if grouped_mm_fits(x.shape[1], weight.shape[2]) and (
+        x.dtype == torch.bfloat16 or not torch.compiler.is_compiling()
+    ):
+        return F.grouped_mm(x, weight, offs=ends)
+    return GROUPED_MM_FALLBACK(x, weight, ends)
+
+
+def auto_experts_forward(bank: ExpertBank, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                         top_k_weights: torch.Tensor, **kwargs) -> torch.Tensor:
+    """`"taskmoe_auto"` (the default): the implementation `default_experts_implementation` picks for this call's
+    device and compute dtype; `kwargs` (`sorted_experts_forward`'s) go to MT-TaG's own only."""
+    name = default_experts_implementation(hidden_states.device, compute_dtype(hidden_states), bank.num_experts)
+    if name == SORTED:
+        return sorted_experts_forward(bank, hidden_states, top_k_index, top_k_weights, **kwargs)
+    return every_expert_forward(bank, hidden_states, top_k_index, top_k_weights)  # "eager"
+
+
+ALL_EXPERTS_FUNCTIONS.register(SORTED, sorted_experts_forward)
+ALL_EXPERTS_FUNCTIONS.register(SORTED_LOOP, partial(sorted_experts_forward, loop=True))
+ALL_EXPERTS_FUNCTIONS.register(SORTED_GROUPED, partial(sorted_experts_forward, loop=False))
+ALL_EXPERTS_FUNCTIONS.register(AUTO, auto_experts_forward)
 
 
 class _Expert:
@@ -320,7 +457,8 @@ class _Expert:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         bank, i = self.bank, self.index
-        return F.linear(bank.act(F.linear(x, bank.w_in[i], bank.w_in_bias[i])), bank.w_out[i], bank.w_out_bias[i])
+        hidden = F.linear(x, bank.up_proj[i], bank.up_proj_bias[i])
+        return F.linear(bank.act_fn(hidden), bank.down_proj[i], bank.down_proj_bias[i])
 
 
 class TaskGate(nn.Module):
@@ -414,14 +552,17 @@ class TaskMoE(nn.Module):
 
     def __init__(self, config, layer_idx: int | None = None, experts: ExpertBank | Sequence[nn.Module] | None = None):
         """`config`: a `TaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
-        `top_k`, `expert_weighting`, `expert_dispatch`, the auxiliary-loss coefficients, the tasks). A layer outside
-        `config.moe_layer_indices` (`layer_idx`) is dense: one expert, no gate. `experts`: the experts themselves,
-        e.g. copies of a dense model's FFN (`hf_taskmoe.models.task_moe`), instead of fresh ones: an `ExpertBank`
-        (stacked two-projection experts, either dispatch), or modules mapping `(..., hidden)` to `(..., hidden)`
-        (e.g. a gated FFN; the sorted loop). Fresh experts are an `ExpertBank`; a one-expert (dense) layer is one
-        `ExpertFFN` in `experts.0`, the dense FFN as it was, at no cost for stacking."""
+        `top_k`, `expert_weighting`, `experts_implementation`, the auxiliary-loss coefficients, the tasks), read on
+        each call for its `experts_implementation`. A layer outside `config.moe_layer_indices` (`layer_idx`) is dense:
+        one expert, no gate. `experts`: the experts themselves, e.g. copies of a dense model's FFN
+        (`hf_taskmoe.models.task_moe`), instead of fresh ones: an `ExpertBank` (stacked two-projection experts on
+        transformers' experts interface), or modules mapping `(..., hidden)` to `(..., hidden)` (e.g. a gated FFN,
+        run by a loop over the sorted tokens whatever the implementation). Fresh experts are an `ExpertBank`; a
+        one-expert (dense) layer is one `ExpertFFN` in `experts.0`, the dense FFN as it was, at no cost for
+        stacking."""
         super().__init__()
         moe_layer = layer_idx is None or layer_idx in config.moe_layer_indices
+        self.config = config
         self.num_experts = config.num_experts if moe_layer else 1
         self.num_tasks = config.num_tasks
         self.top_k = config.top_k if self.num_experts > 1 else 1
@@ -429,20 +570,12 @@ class TaskMoE(nn.Module):
         self.expert_weighting = config.expert_weighting
         self.compute_aux_loss = config.router_aux_loss_coef > 0
         self.compute_z_loss = config.router_z_loss_coef > 0
-        self.dispatch = config.expert_dispatch
         if experts is not None and len(experts) != self.num_experts:
             raise ValueError(f"TaskMoE of layer {layer_idx} takes {self.num_experts} experts, got {len(experts)}.")
         if experts is None and self.num_experts > 1:
-            experts = ExpertBank(config.num_experts, config.hidden_size, config.intermediate_size, config.hidden_act)
+            experts = ExpertBank(config)
         elif experts is None:
             experts = [ExpertFFN(config.hidden_size, config.intermediate_size, config.hidden_act)]
-        if isinstance(experts, ExpertBank):
-            experts.grouped = self.dispatch
-        elif self.dispatch == "grouped_mm" and self.num_experts > 1:
-            raise ValueError(
-                f"`expert_dispatch='grouped_mm'` needs two-projection experts (an `ExpertBank`); layer {layer_idx}'s "
-                f"experts are {type(experts[0]).__name__} modules: use `expert_dispatch='sorted_loop'`."
-            )
         # decided here: peft's LoRA on the stacked weights puts a wrapper in the bank's place
         self.stacked = isinstance(experts, ExpertBank)
         self.experts = experts if self.stacked else nn.ModuleList(experts)
@@ -502,19 +635,27 @@ class TaskMoE(nn.Module):
         probs = logits.softmax(dim=-1)
         top_p, top_e = probs.topk(self.top_k, dim=-1)  # (batch, seq, k)
         x = hidden_states.reshape(-1, hidden)  # (tokens, hidden)
-        if is_capturing():  # torch.export / ONNX / jit.trace: no shape may depend on the routes
-            weights = self._combine_weights(top_p).to(hidden_states.dtype)  # (batch, seq, k)
-            y = self._masked_experts(x, top_e.reshape(-1, self.top_k), weights.reshape(-1, self.top_k))
-            y = y.view(batch, seq, hidden)
-        elif self.top_k == 1 and self.expert_weighting == "straight_through":  # the value is the expert's output
-            y = self._sorted_experts(x, top_e.reshape(-1), None, straight_through=top_p)
-            y = y.view(batch, seq, hidden)
-        elif self.top_k == 1:  # each token's one output, put back in token order, scaled there: no gather of weights
-            y = self._sorted_experts(x, top_e.reshape(-1), None).view(batch, seq, hidden)
-            y = y * self._combine_weights(top_p).to(hidden_states.dtype)
+        top_k_index = top_e.view(-1, self.top_k)  # (tokens, k)
+        # top-1 straight-through in MT-TaG's own dispatch: the value is the expert's output, the gate's gradient that
+        # of eq. 6, without a (tokens, hidden) product (`_PutBackStraightThrough`); elsewhere the weights multiplied
+        # in are 1.0 in value (`_combine_weights`): the same numbers
+        straight_through = self.top_k == 1 and self.expert_weighting == "straight_through" and not is_capturing()
+        ours = not self.stacked or (
+            resolve_experts_implementation(self.config._experts_implementation, x, self.num_experts)
+            in SORTED_IMPLEMENTATIONS
+        )
+        if ours and straight_through:
+            weights = top_p.view(-1, 1)  # (tokens, 1)
         else:
-            weights = self._combine_weights(top_p).to(hidden_states.dtype)
-            y = self._sorted_experts(x, top_e.reshape(-1), weights.reshape(-1)).view(batch, seq, hidden)
+            weights = self._combine_weights(top_p).to(hidden_states.dtype).view(-1, self.top_k)  # (tokens, k)
+        if not self.stacked:  # whole FFN modules: the loop over the sorted tokens
+            y = self._module_experts(x, top_k_index, weights, straight_through)
+        elif ours:
+            y = self.experts(x, top_k_index, weights, straight_through=straight_through,
+                             expert_range=self._expert_range(x.device))
+        else:  # an implementation of transformers' registry
+            y = self.experts(x, top_k_index, weights)
+        y = y.view(batch, seq, hidden)
 
         needs_mask = token_mask is not None and (self.compute_aux_loss or self.compute_z_loss)
         mask = token_mask.reshape(-1) if needs_mask else None
@@ -527,64 +668,25 @@ class TaskMoE(nn.Module):
             z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
         )
 
-    def _sorted_experts(
-        self, x: torch.Tensor, flat_expert: torch.Tensor, flat_weight: torch.Tensor | None,
-        straight_through: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Each expert on the tokens routed to it (`docs/moe-dispatch.md`): slots sorted by expert, one `F.linear`
-        pair per expert's slice (`sorted_loop`) or one grouped GEMM per projection (`grouped_mm`), outputs put back
-        in token order. `flat_expert` / `flat_weight` `(tokens*k,)`: slot s = token s//k, its (s%k)-th choice.
-        Top-1: `flat_weight` None, the outputs come back unscaled, for the caller to scale in token order; or
-        `straight_through` `(batch, seq, 1)` the chosen experts' gate probabilities, whose gradient is eq. 6's while the
-        value is the expert's output (`expert_weighting="straight_through"`, `_PutBackStraightThrough`)."""
-        # slots grouped by expert, and their experts. Sorted on 8-bit keys: a GPU's radix sort makes a pass per few
-        # key bits, so int64 keys cost it about eight times the passes (33 us of an H100's 4,096-token step)
-        keys = flat_expert.to(torch.uint8) if self.num_experts <= 256 else flat_expert
-        sorted_key, order = torch.sort(keys, stable=True)  # the slots' experts, sorted, in the keys' dtype
-        # where each expert's slice ends: a search of the sorted experts, whose size is fixed (no `bincount`, whose
-        # output size is read back from the device on a GPU), in int32 as the grouped GEMM's offsets are. The keys
-        # serve as they are (the search, the bias one-hot of the grouped GEMM); `arange(N)` in their dtype is made
-        # once per forward (`shared_tensor`)
-        n, device = self.num_experts, x.device
-        experts = self.shared_tensor(("experts", n, keys.dtype, device),
-                                     lambda: torch.arange(n, dtype=keys.dtype, device=device))
-        ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)  # (experts,)
-        if self.stacked and self.top_k == 1:
-            # under autocast the experts compute in its dtype: cast before the permutation (and its backward), which
-            # then moves half the bytes (a cast is elementwise, so the numbers are the same). Top-1 only: with k > 1
-            # a token's slots are summed, in `x`'s dtype (the put-back's sum, the gradient's `index_add_`)
-            dtype = compute_dtype(x)
-            if x.dtype != dtype:
-                x = x.to(dtype)
-        if self.top_k == 1:  # the slots are the tokens permuted: sorted by a gather, put back (`put_back_rows`), and
-            token_of_slot = order  # in the backward the same two the other way round (no scatter of atomic adds)
-            x_sorted = permute_rows(x, order)  # (tokens, hidden), contiguous per expert
-        else:
-            token_of_slot = order // self.top_k
-            x_sorted = x.index_select(0, token_of_slot)  # (tokens*k, hidden), contiguous per expert
-        if self.stacked:  # one grouped GEMM per projection, or a loop over the slices
-            y_sorted = self.experts(x_sorted, ends, sorted_key, expert_range=experts)  # (tokens*k, hidden)
-        else:
-            y_sorted = _expert_loop(self.experts, x_sorted, ends)
-        if self.top_k == 1:  # (tokens, hidden) back in token order
-            if straight_through is not None and torch.is_grad_enabled():
-                return _PutBackStraightThrough.apply(y_sorted, order, straight_through)
-            # (without a backward the straight-through value is the expert's output; the other weightings scale the
-            # outputs after, in token order)
-            return put_back_rows(y_sorted, order)
-        y_sorted = y_sorted * flat_weight.index_select(0, order).unsqueeze(-1)
-        return torch.zeros_like(x).index_add_(0, token_of_slot, y_sorted)  # sum of a token's k experts
+    def _expert_range(self, device) -> torch.Tensor:
+        """`arange(num_experts)` in 8-bit (the sort keys' dtype), made once per forward for every layer
+        (`shared_tensor`)."""
+        n = self.num_experts
+        return self.shared_tensor(("experts", n, device), lambda: torch.arange(n, dtype=torch.uint8, device=device))
 
-    def _masked_experts(self, x: torch.Tensor, top_e: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The dispatch of a captured program (`torch.export`, ONNX): every expert on every token, each output
-        scaled by the token's weight for that expert (its combine weight when chosen, 0 otherwise), so no shape
-        depends on the routes. The same sum as the sorted dispatch, at `num_experts` times the FFN compute: for
-        serving, never for training. `top_e` / `weights` `(tokens, k)`."""
-        combine = weights.new_zeros(x.shape[0], self.num_experts).scatter_add(1, top_e, weights)  # (tokens, experts)
-        if self.stacked:
-            return self.experts(x, combine=combine)
-        outputs = torch.stack([expert(x) for expert in self.experts], dim=1)  # (tokens, experts, hidden)
-        return torch.einsum("teh,te->th", outputs, combine.to(outputs.dtype))  # (tokens, hidden)
+    def _module_experts(self, x: torch.Tensor, top_k_index: torch.Tensor, weights: torch.Tensor,
+                        straight_through: bool) -> torch.Tensor:
+        """Experts that are whole FFN modules (DistilBERT's `ffn`, ModernBERT's gated `mlp`), on `x` `(tokens,
+        hidden)`: MT-TaG's sorted dispatch (`_sorted_dispatch`) with a loop over the experts' slices
+        (`_expert_loop`), whatever `experts_implementation` says; in a captured program (`torch.export`, ONNX) every
+        expert on every token, masked by the weights."""
+        if is_capturing():  # no shape may depend on the routes
+            combine = weights.new_zeros(x.shape[0], self.num_experts).scatter_add(1, top_k_index, weights)
+            outputs = torch.stack([expert(x) for expert in self.experts], dim=1)  # (tokens, experts, hidden)
+            return torch.einsum("teh,te->th", outputs, combine.to(outputs.dtype))  # (tokens, hidden)
+        return _sorted_dispatch(x, top_k_index, weights, self.num_experts,
+                                lambda x_sorted, ends, *_: _expert_loop(self.experts, x_sorted, ends),
+                                straight_through, self._expert_range(x.device))
 
     def _combine_weights(self, top_p: torch.Tensor) -> torch.Tensor:
         if self.expert_weighting == "gate":

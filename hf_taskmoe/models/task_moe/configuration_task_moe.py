@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ...layers.moe import EXPERT_DISPATCHES, EXPERT_WEIGHTINGS, GATING_TYPES, HAS_GROUPED_MM
+from ...compat import own_experts_implementation
+from ...layers.moe import AUTO, EXPERT_WEIGHTINGS, GATING_TYPES
 from ...utils import check_choice, check_float, check_int
 from ..encoder import TaskEncoderConfig
 
@@ -33,13 +34,19 @@ class TaskMoEConfig(TaskEncoderConfig):
             FFN output by about 1/N at an upcycled start. The default everywhere (config, `from_dense`, the example
             script) since straight-through scored higher on every demo task but BoolQ (docs/mt-tag.md, "Upcycling").
             See `hf_taskmoe.layers.moe.TaskMoE`.
-        expert_dispatch (`str`, *optional*, defaults to `"auto"`):
-            How tokens reach their experts: `"sorted_loop"` (one `F.linear` per expert on its slice of the sorted
-            tokens; one host sync per layer for the slice sizes), `"grouped_mm"` (`torch.nn.functional.grouped_mm`
-            over all slices at once, no host sync; the fast path of recent GPUs in bf16; plain two-projection FFNs
-            only: not DistilBERT's or ModernBERT's, whose experts are whole FFN modules) or `"auto"`: the grouped
-            GEMM on an accelerator and under torch.compile where the FFN allows, the loop on a CPU (the faster there).
-            Same values either way; `benchmarks/gpu.py` and `benchmarks/moe_vs_dense.py` measure both.
+        experts_implementation (`str`, *optional*, defaults to `"taskmoe_auto"`):
+            transformers' own key (`from_pretrained(..., experts_implementation=...)`,
+            `model.set_experts_implementation(...)`; not saved in config.json): which implementation of transformers'
+            experts registry runs the stacked experts (`hf_taskmoe.layers.moe.ExpertBank`). transformers' `"eager"`
+            (every expert on every token, mixed by the gates), `"batched_mm"`, `"grouped_mm"` or a kernel registered
+            there; MT-TaG's `"taskmoe_sorted"` (tokens sorted by expert, a loop of `F.linear`s per expert in eager code
+            on a CPU, one grouped GEMM per projection elsewhere and under torch.compile, outputs put back without atomic
+            adds), `"taskmoe_sorted_loop"` / `"taskmoe_sorted_grouped"` (the same with the loop / the grouped GEMMs
+            everywhere: the loop reads the slice sizes back and is a graph break under torch.compile); or
+            `"taskmoe_auto"`, which
+            picks per call by device and dtype (`hf_taskmoe.layers.moe.default_experts_implementation`). The same
+            values within fp32 rounding. Experts that are whole FFN modules (DistilBERT's `ffn`, ModernBERT's gated
+            `mlp`) always run MT-TaG's loop over the sorted tokens; they take MT-TaG's names only.
         router_init_std (`float`, *optional*, defaults to 0.001):
             Standard deviation of the normal initialisation of the gates (paper section 4.4).
         router_aux_loss_coef (`float`, *optional*, defaults to 0.0):
@@ -56,10 +63,12 @@ class TaskMoEConfig(TaskEncoderConfig):
     top_k: int = 1
     moe_layers: list | None = None
     expert_weighting: str = "straight_through"
-    expert_dispatch: str = "auto"
     router_init_std: float = 0.001
     router_aux_loss_coef: float = 0.0
     router_z_loss_coef: float = 0.0
+    # (transformers' `experts_implementation`, MT-TaG's default where unset, kept off `dense_config`: its dense model
+    # has no experts and would refuse "grouped_mm" when built)
+    _experts_implementation = own_experts_implementation(default=AUTO)
 
     def _validate(self) -> None:
         super()._validate()
@@ -67,27 +76,6 @@ class TaskMoEConfig(TaskEncoderConfig):
         check_choice(self.gating, GATING_TYPES, "gating")
         check_int(self.top_k, "top_k", minimum=1, maximum=self.num_experts)
         check_choice(self.expert_weighting, EXPERT_WEIGHTINGS, "expert_weighting")
-        check_choice(self.expert_dispatch, EXPERT_DISPATCHES, "expert_dispatch")
-        if self.expert_dispatch == "grouped_mm":
-            if not HAS_GROUPED_MM:
-                import torch
-
-                raise ValueError(
-                    f"`expert_dispatch='grouped_mm'` needs `torch.nn.functional.grouped_mm`, which torch "
-                    f"{torch.__version__} lacks; use 'auto' or 'sorted_loop', or a newer torch."
-                )
-            if self.hidden_size % 8 or self.intermediate_size % 8:
-                raise ValueError(
-                    "`expert_dispatch='grouped_mm'` needs `hidden_size` and `intermediate_size` divisible by 8 "
-                    f"(grouped GEMM strides are 16-byte aligned), got {self.hidden_size} and "
-                    f"{self.intermediate_size}; use 'sorted_loop'."
-                )
-            if not self.backbone.ffn.split:
-                raise ValueError(
-                    f"`expert_dispatch='grouped_mm'` stacks two plain projections per expert; a "
-                    f"{self.backbone.model_type} FFN is a whole module{' (gated)' if self.backbone.ffn.gated else ''},"
-                    " whose experts are copies of it: use 'sorted_loop'."
-                )
         check_float(self.router_init_std, "router_init_std", minimum=0.0)
         check_float(self.router_aux_loss_coef, "router_aux_loss_coef", minimum=0.0)
         check_float(self.router_z_loss_coef, "router_z_loss_coef", minimum=0.0)

@@ -3,10 +3,7 @@
 - `BertTaskMoEConfig` (model type `taskmoe_bert`): a `TaskMoEConfig` that also takes `BertConfig`'s fields flat, as
   the BERT-only class did (`hidden_size=...`, a config.json of an earlier release), and keeps them in `dense_config`,
   a `BertConfig`; read and set through it under the same names. `classifier_pooling` defaults to `"pooler"`.
-- `BertForTaskMoE`: `TaskMoEForMultiTask` with that config. Checkpoints saved by the BERT-only class (BERT's modules
-  under `bert.`, the MoE under `mlp.`, its layer norm `ffn_norm`) load through `from_pretrained` and
-  `AutoModel.from_pretrained`, renamed by `LEGACY_KEY_MAPPING` (transformers' `key_mapping`); the model saves the
-  current layout, which that mapping leaves as it is.
+- `BertForTaskMoE`: `TaskMoEForMultiTask` with that config.
 - `BertTaskMoEModel`: the same model whose forward returns the encoder's output (`TaskMoEEncoderOutput`), as the
   bare encoder of the BERT-only class did.
 """
@@ -20,21 +17,7 @@ from ..encoder import FlatDenseFields
 from .configuration_task_moe import TaskMoEConfig
 from .modeling_task_moe import TaskMoEEncoderOutput, TaskMoEForMultiTask
 
-__all__ = ["LEGACY_KEY_MAPPING", "BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]
-
-#: weight names of the BERT-only class -> `TaskMoEForMultiTask`'s on BERT, applied in turn (transformers'
-#: `key_mapping`: `re.search`, the match replaced). BERT's modules move from `bert.` to `backbone.`; the MoE (`mlp`)
-#: sits in the place of `intermediate`, whose output projection is an identity, so `ffn_norm` is `output.LayerNorm`;
-#: a dense layer (one expert, `experts.0`) is BERT's own `intermediate.dense` / `output.dense`. No pattern matches a
-#: current name (none has `bert.`, `.mlp.` or `.ffn_norm.`), so a model saved now loads unchanged.
-LEGACY_KEY_MAPPING = {
-    r"\.mlp\.experts\.0\.w_in\.": ".intermediate.dense.",
-    r"\.mlp\.experts\.0\.w_out\.": ".output.dense.",
-    r"^bert\.": "backbone.",
-    r"\.mlp\.": ".intermediate.",
-    r"\.ffn_norm\.": ".output.LayerNorm.",
-}
-
+__all__ = ["BertForTaskMoE", "BertTaskMoEConfig", "BertTaskMoEModel"]
 
 class BertTaskMoEConfig(FlatDenseFields, TaskMoEConfig):
     r"""
@@ -64,12 +47,9 @@ class BertTaskMoEConfig(FlatDenseFields, TaskMoEConfig):
 
 class BertForTaskMoE(TaskMoEForMultiTask):
     """MT-TaG on BERT under the name of earlier releases: `TaskMoEForMultiTask` with a `BertTaskMoEConfig`
-    (`BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)`). It loads the checkpoints of
-    the BERT-only class (`LEGACY_KEY_MAPPING`) and saves the current layout."""
+    (`BertForTaskMoE.from_dense("path/or/repo-of-a-bert", tasks=tasks, num_experts=4)`)."""
 
     config_class = BertTaskMoEConfig
-    #: old weight name pattern -> the current name's part, applied in turn (`from_pretrained`)
-    checkpoint_key_mapping = LEGACY_KEY_MAPPING
 
 
 class BertTaskMoEModel(BertForTaskMoE):

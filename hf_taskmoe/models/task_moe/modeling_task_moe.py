@@ -2,10 +2,12 @@
 
 The dense model (`AutoModel.from_config(config.dense_config)`) keeps every module but the feed-forward block of each
 MoE layer, which becomes a `BackboneTaskMoE`: `num_experts` copies of that very FFN behind a task-aware or shared
-gate. A split FFN (BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2) becomes an `ExpertBank` whose stacked projections are
-copies of `intermediate.dense` and `output.dense` (the latter then an identity inside `output`, which still adds the
-residual and normalises; one expert: an `ExpertFFN` in `experts.0`); a whole FFN module (DistilBERT's `ffn`,
-ModernBERT's gated `mlp`) is copied whole into each expert.
+gate. A split FFN (BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2) becomes an `ExpertBank` (transformers' experts layout
+and interface: `up_proj`, `down_proj` and their biases, `config.experts_implementation` picks the implementation)
+whose stacked projections are copies of `intermediate.dense` and `output.dense` (the latter then an identity inside
+`output`, which still adds the residual and normalises; one expert: an `ExpertFFN` in `experts.0`); a whole FFN
+module (DistilBERT's `ffn`, ModernBERT's gated `mlp`) is copied whole into each expert, and its experts run MT-TaG's
+loop over the sorted tokens.
 """
 
 from __future__ import annotations
@@ -18,8 +20,20 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...backbones import Backbone, TaskContext, replace_module
+from ...compat import experts_class_elsewhere
 from ...contract import ParameterRoles
-from ...layers.moe import EXPERT_BANK_WEIGHTS, ExpertBank, ExpertFFN, MoEOutput, SharedGate, TaskGate, TaskMoE
+from ...layers.moe import (
+    AUTO,
+    EXPERT_BANK_WEIGHTS,
+    SORTED,
+    SORTED_IMPLEMENTATIONS,
+    ExpertBank,
+    ExpertFFN,
+    MoEOutput,
+    SharedGate,
+    TaskGate,
+    TaskMoE,
+)
 from ...modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, heads_to_output_fields
 from ..encoder import TaskEncoderMixin, layer_rule
 from .configuration_task_moe import TaskMoEConfig
@@ -111,16 +125,17 @@ class BackboneTaskMoE(TaskMoE):
         return value
 
 
-def ffn_experts(layer: torch.nn.Module, backbone: Backbone, num_experts: int) -> ExpertBank | list[torch.nn.Module]:
-    """`num_experts` copies of a layer's FFN; a split FFN's output projection becomes an identity in place, its
-    experts an `ExpertBank` (one expert: an `ExpertFFN`)."""
-    site = backbone.ffn
+def ffn_experts(layer: torch.nn.Module, backbone: Backbone,
+                config: TaskMoEConfig) -> ExpertBank | list[torch.nn.Module]:
+    """`config.num_experts` copies of a layer's FFN; a split FFN's output projection becomes an identity in place,
+    its experts an `ExpertBank` (one expert: an `ExpertFFN`)."""
+    site, num_experts = backbone.ffn, config.num_experts
     if site.split:
         w_in, act, w_out = (layer.get_submodule(p) for p in (site.w_in, site.act, site.w_out))
         replace_module(layer, site.w_out, torch.nn.Identity())
         if num_experts == 1:
             return [ExpertFFN.copy_of(w_in, act, w_out)]
-        return ExpertBank.copy_of(w_in, act, w_out, num_experts)
+        return ExpertBank.copy_of(config, w_in, act, w_out, num_experts)
     ffn = layer.get_submodule(site.module)
     return [copy.deepcopy(ffn) for _ in range(num_experts)]
 
@@ -152,6 +167,9 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         roles={"expert": r"\.experts\.", "gating": r"\.router\."}, task_specific=("gating",), new=("gating",)
     )
     stacked_weights = EXPERT_BANK_WEIGHTS
+    # `config.experts_implementation` is settable (`from_pretrained`, `set_experts_implementation`): the experts class
+    # declared with `use_experts_implementation` is `hf_taskmoe.layers.moe.ExpertBank`
+    _can_set_experts_implementation = experts_class_elsewhere()
 
     def __init__(self, config: TaskMoEConfig):
         super().__init__(config)
@@ -187,18 +205,31 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     def _wrap_backbone(self, config: TaskMoEConfig, backbone: Backbone, layers) -> None:
         for index in config.moe_layer_indices:
             layer = layers[index]
-            experts = ffn_experts(layer, backbone, config.num_experts)
+            experts = ffn_experts(layer, backbone, config)
             replace_module(layer, backbone.ffn.module, BackboneTaskMoE(config, index, experts, self.task_context))
+
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        """transformers' check of `experts_implementation`, and MT-TaG's: experts that are whole FFN modules
+        (DistilBERT, ModernBERT) run MT-TaG's own loop only."""
+        if (requested_experts not in (None, AUTO, *SORTED_IMPLEMENTATIONS) and self.config.num_experts > 1
+                and not self.config.backbone.ffn.split):
+            raise ValueError(
+                f"`experts_implementation={requested_experts!r}` runs stacked two-projection experts; a "
+                f"{self.config.backbone.model_type} FFN is a whole module, whose experts are copies of it and run "
+                f"MT-TaG's loop over the sorted tokens: use '{AUTO}' (the default) or '{SORTED}'."
+            )
+        return super().get_correct_experts_implementation(requested_experts)
 
     def _dense_rules(self):
         backbone = self.config.backbone
         site = backbone.ffn
         if site.split:
             return (
-                # stacked experts (`experts.w_in`, `experts.w_in_bias`: every slice a copy) or one (`experts.0.w_in.*`)
+                # stacked experts (`experts.up_proj`, `experts.up_proj_bias`: every slice a copy) or one
+                # (`experts.0.w_in.*`)
                 *(
                     layer_rule(backbone, rf"{site.module}\.experts\.{proj}{suffix}", f"{path}.{kind}")
-                    for proj, path in (("w_in", site.w_in), ("w_out", site.w_out))
+                    for proj, path in (("up_proj", site.w_in), ("down_proj", site.w_out))
                     for suffix, kind in (("", "weight"), ("_bias", "bias"))
                 ),
                 layer_rule(backbone, rf"{site.module}\.experts\.0\.w_in\.(.+)", rf"{site.w_in}.\2"),
