@@ -88,6 +88,33 @@ def test_collator_pads_a_mixed_batch():
     assert single["labels"].dtype == torch.long and single["labels"].shape == (2,)
 
 
+def test_collator_gives_a_mixture_with_a_multi_label_task_one_labels_shape():
+    """Issue 59 item 3: with the mixture's widest label (`mixture_label_width`: the multi-label task's 4 values) every
+    batch's labels are `(rows, 4)`, padded with -100, whether it holds a multi-label row or not (a compiled step's
+    graph keys on the shape); without it they followed the batch, 1-D for a batch of class indices."""
+    from hf_taskmoe.problem_types.base import mixture_label_width
+
+    mixture = [SST2, STSB, TAGS]
+    assert mixture_label_width(mixture) == 4
+    assert mixture_label_width([SST2, STSB, COPA, WIC]) is None  # one value per row: 1-D labels, as before
+    assert mixture_label_width([SST2, TAGS, NER]) is None  # a label per token: as wide as the batch, as before
+    collate = MultiTaskCollator(float_labels=True, label_width=mixture_label_width(mixture))
+    sst2 = {"input_ids": [101, 5, 102], "attention_mask": [1, 1, 1], "labels": 1, "task_ids": 0}
+    stsb = {"input_ids": [101, 6, 102], "attention_mask": [1, 1, 1], "labels": 0.5, "task_ids": 1}
+    tags = {"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1], "labels": [0, 1, 1, 0], "task_ids": 2}
+    with_tags, without = collate([sst2, tags, stsb]), collate([sst2, stsb, sst2])
+    assert with_tags["labels"].shape == without["labels"].shape == (3, 4)
+    assert with_tags["labels"].dtype == without["labels"].dtype == torch.float32
+    assert without["labels"].tolist() == [[1, -100, -100, -100], [0.5, -100, -100, -100], [1, -100, -100, -100]]
+    assert with_tags["labels"][1].tolist() == [0, 1, 1, 0]
+    # the evaluation reads each task's own columns back (`ProblemType.own_labels`)
+    from hf_taskmoe.problem_types import problem_type_of
+
+    assert problem_type_of(SST2).own_labels(SST2, without["labels"]).tolist() == [1, 0.5, 1]
+    assert problem_type_of(TAGS).own_labels(TAGS, with_tags["labels"]).shape == (3, 4)
+    assert MultiTaskCollator()([sst2, sst2])["labels"].shape == (2,)  # no width given: as before
+
+
 def test_multitask_dataset_indexes_tasks_in_order():
     a, b = _ds(x=[0, 1, 2]), _ds(x=[10, 11])
     data = MultiTaskDataset([a, b], ["a", "b"])

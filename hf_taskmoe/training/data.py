@@ -695,14 +695,19 @@ class MultiTaskCollator:
     Labels: a 1-D tensor when every row has one label, else a 2-D one padded with -100; float when any
     label is a float (regression) or `float_labels` (a mixture holding a task with real-valued labels: then every
     batch's labels are float, whatever its mix, so that a compiled step sees one dtype), long otherwise.
+    `label_width` (the mixture's widest label, `mixture_label_width(tasks)`: a multi-label task's `num_labels`):
+    every batch's labels are 2-D and at least that wide, padded with -100, also a batch without a row of the wide
+    task, so that their shape does not follow the batch's mix either; each head reads its own columns.
     """
 
     model_keys = ("input_ids", "attention_mask", "token_type_ids")
 
-    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, float_labels: bool = False):
+    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, float_labels: bool = False,
+                 label_width: int | None = None):
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
         self.float_labels = float_labels
+        self.label_width = label_width
 
     def _rows(self, features: list[dict]) -> list[dict]:
         rows = []
@@ -736,7 +741,7 @@ class MultiTaskCollator:
             batch["token_type_ids"] = token_type_ids
         batch["task_ids"] = torch.tensor([int(r["task_ids"]) for r in rows], dtype=torch.long)
         if "labels" in rows[0]:
-            batch["labels"] = self._labels([r["labels"] for r in rows], self.float_labels)
+            batch["labels"] = self._labels([r["labels"] for r in rows], self.float_labels, self.label_width)
         if any("span_positions" in r for r in rows):
             num_spans = max(len(r.get("span_positions") or []) for r in rows)
             spans = torch.zeros((n, num_spans, 2), dtype=torch.long)
@@ -747,14 +752,15 @@ class MultiTaskCollator:
         return batch
 
     @staticmethod
-    def _labels(labels: list, float_labels: bool = False) -> torch.Tensor:
+    def _labels(labels: list, float_labels: bool = False, label_width: int | None = None) -> torch.Tensor:
         is_float = float_labels or any(
             isinstance(v, float) or (isinstance(v, list) and any(isinstance(x, float) for x in v)) for v in labels
         )
         dtype = torch.float32 if is_float else torch.long
-        if not any(isinstance(v, (list, tuple)) for v in labels):
+        if not label_width and not any(isinstance(v, (list, tuple)) for v in labels):
             return torch.tensor(labels, dtype=dtype)
-        width = max(len(v) if isinstance(v, (list, tuple)) else 1 for v in labels)
+        # (batch, width): the widest row, at least the mixture's widest label (one shape for every mix)
+        width = max([label_width or 1] + [len(v) if isinstance(v, (list, tuple)) else 1 for v in labels])
         out = torch.full((len(labels), width), IGNORE_INDEX, dtype=dtype)
         for i, v in enumerate(labels):
             values = v if isinstance(v, (list, tuple)) else [v]
