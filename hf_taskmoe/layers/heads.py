@@ -215,7 +215,7 @@ class MultiTaskHeads(nn.ModuleDict):
                                                   check_values=check_values)
         return prepared
 
-    def label_width(self) -> int | None:
+    def _mixture_label_width(self) -> int | None:
         """The width of the mixture's collated labels (`problem_types.base.mixture_label_width`, from the heads): the
         widest task's when every task's is fixed and one is wider than 1, else None."""
         widths = [self[task.name].label_width() for task in self.tasks]
@@ -224,9 +224,10 @@ class MultiTaskHeads(nn.ModuleDict):
         return max(widths)
 
     def _mixture_padded(self, labels: torch.Tensor, own: int | None) -> bool:
-        """Whether `labels` have the shape the collator gives every batch of the mixture (`label_width` columns), wider
-        than a task's `own`: then columns beyond its own are the collator's -100 padding (a value check)."""
-        width = self.label_width()
+        """Whether `labels` have the shape the collator gives every batch of the mixture (`_mixture_label_width`
+        columns), wider than a task's `own`: then columns beyond its own are the collator's -100 padding (a value
+        check)."""
+        width = self._mixture_label_width()
         return own is not None and width is not None and width > own and labels.dim() == 2 and labels.shape[1] == width
 
     def forward(
