@@ -1,4 +1,5 @@
 import json
+import re
 
 import datasets
 import pytest
@@ -311,6 +312,42 @@ def test_json_array_rows_are_named_by_their_line(tmp_path):
 def test_labels_and_texts_of_the_wrong_kind_are_refused_by_file_and_line(tmp_path, rows, match):
     with pytest.raises(DataError, match=match):
         _load(_task_file(tmp_path, "m.jsonl", "\n".join(rows) + "\n"))
+
+
+@pytest.mark.parametrize(
+    "rows, spec, expected",
+    [
+        (  # a class outside the set, then a list where one class belongs, then a number where names are written
+            ['{"text": "a", "label": "pos"}', '{"text": "b", "label": "maybe"}', '{"text": "c", "label": ["neg"]}',
+             '{"text": "d", "label": 1}', '{"text": "e", "label": "neg"}'],
+            {},
+            [r"line 2: label 'maybe' is not one of the task's labels \['neg', 'pos'\]",
+             r"line 3, field 'label': \['neg'\] is a list of text, but line 1 writes 'pos' \(text\)",
+             r"line 4, field 'label': 1 is a number, but line 1 writes 'pos' \(text\)"],
+        ),
+        (  # regression: text where a number belongs, then a target that is not finite, an empty text, a bad line
+            ['{"text": "a", "label": 0.5}', '{"text": "b", "label": "high"}', '{"text": "c", "label": NaN}',
+             '{"text": "", "label": 1.0}', '{"text": "e", "label"'],
+            dict(problem_type="regression", label_names=None),
+            [r"line 2, field 'label': 'high' is text, but line 1 writes 0.5 \(a number\)",
+             r"line 3: regression label nan is not finite",
+             r"line 4: field 'text' is empty",
+             r"line 5: not a JSON object"],
+        ),
+    ],
+    ids=["out-of-set-then-other-kinds", "regression"],
+)
+def test_every_bad_row_of_a_file_is_listed_at_once(tmp_path, rows, spec, expected):
+    """Issue 59 item 4: a file whose label column mixes kinds (refused before Arrow can store it) still has every
+    other row's values checked: the out-of-set label, the empty text and the malformed line are listed beside the
+    rows of another kind, in line order, in one error."""
+    with pytest.raises(DataError) as caught:
+        _load(_task_file(tmp_path, "m.jsonl", "\n".join(rows) + "\n", **spec))
+    problems = caught.value.problems
+    assert len(problems) == len(expected), problems
+    for problem, pattern in zip(problems, expected):
+        assert "m.jsonl" in problem and re.search(pattern, problem), (pattern, problem)
+    assert all(str(p) in str(caught.value) for p in problems)
 
 
 def test_regression_targets_are_plain_numbers_of_the_task_width(tmp_path):
