@@ -22,7 +22,8 @@ Label format per row (the collator pads a mixed batch's labels to one 2-D tensor
 
 A label shaped for another task is refused, never read in part: a one-hot row for a single-label task, three
 targets for a one-output regression. Columns beyond a task's own are allowed only as the -100 padding of a
-mixed batch with wider tasks (`TaskHead.label_width`).
+mixed batch with wider tasks (`TaskHead.label_width`), or of labels as wide as the mixture's widest task, which the
+Trainer's collator gives every batch of a mixture with a multi-label task (one labels shape for a compiled step).
 """
 
 from __future__ import annotations
