@@ -32,9 +32,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 #: the weight files a save writes and replaces whole (`model.safetensors`, `model-00001-of-00002.safetensors`, their
-#: index, a variant's, the `.bin` ones): an old one the new save did not write is dropped, never kept beside new
-#: shards. Every other file of the folder is the user's and survives a save into it.
-WEIGHTS_FILE = re.compile(r"(model|pytorch_model)(\.[\w-]+)?(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index\.json)?")
+#: index, a variant's, the `.bin` ones): an old one of a kind the new save wrote but under another name (another
+#: sharding) is dropped, never kept beside the new ones. Every other file of the folder survives a save into it.
+WEIGHTS_FILE = re.compile(r"(model|pytorch_model)(\.\w+)?(-\d{5}-of-\d{5})?\.(safetensors|bin)(\.index(\.\w+)?\.json)?")
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
@@ -127,14 +127,23 @@ def _link_tree(source: Path, destination: Path) -> None:
             shutil.copy2(source, destination)
 
 
+def _weights_kind(name: str) -> tuple | None:
+    """`(stem, variant)` of a weight file's name (`("model", None)` for `model-00001-of-00002.safetensors`)."""
+    found = WEIGHTS_FILE.fullmatch(name)
+    return (found.group(1), found.group(2) or found.group(6)) if found else None  # the index names its variant last
+
+
 def carry_over(old: Path, new: Path) -> None:
-    """Every item of the old folder that the new one lacks, except old weight files (`WEIGHTS_FILE`), linked into
-    the new one: a tokenizer, a model card, checkpoints written there before the save survive it."""
+    """Every item of the old folder that the new one lacks linked into the new one (a tokenizer, a model card,
+    checkpoints written there before the save survive it), except the old model's weight files of a kind the new
+    save wrote (`model*.safetensors` and its index, of one variant): another sharding of the old weights, which would
+    otherwise sit beside the new ones."""
+    written = {_weights_kind(item.name) for item in new.iterdir()} - {None}
     for item in old.iterdir():
         if (new / item.name).exists() or (new / item.name).is_symlink():
             continue  # written by the new save: the new one
-        if WEIGHTS_FILE.fullmatch(item.name) and not item.is_dir():
-            continue  # weights of the old model the new save does not have (another sharding)
+        if not item.is_dir() and _weights_kind(item.name) in written:
+            continue  # weights of the old model the new save replaced (in another sharding)
         _link_tree(item, new / item.name)
 
 

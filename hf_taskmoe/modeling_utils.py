@@ -465,10 +465,11 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         Atomic: the model is written into a temporary folder beside `save_directory` and swapped in once complete
         (`hf_taskmoe.folder_swap`), so a process killed at any moment of the save leaves the earlier model or the new
         one at the path, never a mix. The folder's other files (a tokenizer, a model card, checkpoints) survive, as
-        they do in transformers; weight files of the earlier model that the new save does not write (another
-        sharding) are dropped. Written in place as transformers does: a folder that cannot be swapped by renames (a
-        mount point, the working folder, a symlink, a parent folder we cannot write in), a save by a process that is
-        not the main one (`is_main_process=False`) and `distributed_checkpoint=True` (every rank writes)."""
+        they do in transformers; weight files of the earlier model of the kind the new save writes, under other names
+        (another sharding), are dropped. Written in place as transformers does: a folder that cannot be swapped by
+        renames (a mount point, the working folder, a symlink, a parent folder we cannot write in), a save by a
+        process that is not the main one (`is_main_process=False`) and `distributed_checkpoint=True` (every rank
+        writes)."""
         from .folder_swap import write_then_swap
 
         if self.checkpoint_key_mapping:

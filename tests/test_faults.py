@@ -276,9 +276,11 @@ def test_a_save_over_a_model_keeps_the_folders_other_files_and_drops_only_old_we
     (folder / "tokenizer_config.json").write_text("{}")
     (folder / "checkpoint-4").mkdir()
     (folder / "checkpoint-4" / "optimizer.pt").write_bytes(b"state")
+    (folder / "adapter_model.safetensors").write_bytes(b"an adapter's weights, not the model's: kept")
     _tiny_mt_tag(0.002).save_pretrained(folder)
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["checkpoint-4", "config.json", "model.safetensors", "notes.txt", "tokenizer_config.json"]
+    assert names == ["adapter_model.safetensors", "checkpoint-4", "config.json", "model.safetensors", "notes.txt",
+                     "tokenizer_config.json"]
     assert (folder / "checkpoint-4" / "optimizer.pt").read_bytes() == b"state"
     assert _version(BertForTaskMoE.from_pretrained(folder)) == 2
     _tiny_mt_tag(0.003).save_pretrained(folder, max_shard_size="10KB")
