@@ -24,9 +24,7 @@ import torch
 
 from hf_taskmoe import (
     BertForTaskMoE,
-    BertPALsConfig,
     BertTaskMoEConfig,
-    BertWithPALs,
     CAMTLBackboneConfig,
     CAMTLConfig,
     CAMTLForMultiTask,
@@ -265,8 +263,7 @@ def _features(ids: list[int], seed: int) -> list[dict]:
              "task_ids": t, "labels": labels[t]()} for t in ids]
 
 
-@pytest.mark.parametrize("family", ["pals", "camtl"])
-def test_a_mixture_with_a_multi_label_task_trains_in_one_graph(family, tmp_path):
+def test_a_mixture_with_a_multi_label_task_trains_in_one_graph(tmp_path):
     """The Trainer's collator pads every batch's labels to the mixture's widest task (the multi-label task's 3 values),
     also a batch without a multi-label row: one labels shape, so a compiled training step (`fullgraph=True`, recompile
     limit 1, hitting it an error) runs one graph over batches with and without a multi-label row; before, a batch of
@@ -279,15 +276,11 @@ def test_a_mixture_with_a_multi_label_task_trains_in_one_graph(family, tmp_path)
 
     from .test_compile import SIZES
 
-    build = {
-        "pals": lambda: BertWithPALs(BertPALsConfig(tasks=MULTI_LABEL_MIXTURE, pal_size=8, pal_num_heads=2, **SIZES)),
-        "camtl": lambda: CAMTLModel(CAMTLConfig(tasks=MULTI_LABEL_MIXTURE, conditional_attention_max_length=8,
-                                                **SIZES)),
-    }[family]
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    eager = build().train()
+    # CA-MTL (one family: the labels are read by the heads every encoder family shares, `MultiTaskHeads`)
+    eager = CAMTLModel(CAMTLConfig(tasks=MULTI_LABEL_MIXTURE, conditional_attention_max_length=8, **SIZES)).train()
     args = MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", save_strategy="no")
     collate = MultiTaskTrainer(model=eager, args=args).data_collator  # what training batches are made with
     features = [_features(ids, seed) for seed, ids in enumerate(MULTI_LABEL_MIXES)]
