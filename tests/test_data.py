@@ -334,13 +334,21 @@ def test_labels_and_texts_of_the_wrong_kind_are_refused_by_file_and_line(tmp_pat
              r"line 4: field 'text' is empty",
              r"line 5: not a JSON object"],
         ),
+        (  # token classification: a tag outside the set, one tag of another kind, a row with a tag too few
+            ['{"text": ["a", "b"], "label": ["pos", "neg"]}', '{"text": ["c"], "label": ["maybe"]}',
+             '{"text": ["d", "e"], "label": "pos"}', '{"text": ["f", "g"], "label": ["neg"]}'],
+            dict(problem_type="token_classification"),
+            [r"line 2: label 'maybe' is not one of the task's labels",
+             r"line 3, field 'label': 'pos' is text, but line 1 writes \['pos', 'neg'\] \(a list of text\)",
+             r"line 4: 1 label\(s\) \(field 'label'\) for 2 word\(s\)"],
+        ),
     ],
-    ids=["out-of-set-then-other-kinds", "regression"],
+    ids=["out-of-set-then-other-kinds", "regression", "token-classification"],
 )
 def test_every_bad_row_of_a_file_is_listed_at_once(tmp_path, rows, spec, expected):
     """Issue 59 item 4: a file whose label column mixes kinds (refused before Arrow can store it) still has every
-    other row's values checked: the out-of-set label, the empty text and the malformed line are listed beside the
-    rows of another kind, in line order, in one error."""
+    other row's values checked: the out-of-set label, the empty text, the malformed line and a row whose tags do not
+    match its words are listed beside the rows of another kind, in line order, in one error."""
     with pytest.raises(DataError) as caught:
         _load(_task_file(tmp_path, "m.jsonl", "\n".join(rows) + "\n", **spec))
     problems = caught.value.problems

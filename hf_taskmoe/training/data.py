@@ -342,7 +342,8 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
     if len(problems) > count:
         # the file cannot become a dataset; the values of its other rows are still checked (a label outside the
         # task's set on one line, a label of another kind on the next: both reported at once)
-        columns = {name: [row.get(name) for row in rows] for name in wanted}
+        names = dict.fromkeys([*wanted, *problem_type_of(spec).text_fields(spec), spec.label_field])
+        columns = {name: [row.get(name) for row in rows] for name in names}
         problems.extend(_row_problems(
             spec, columns, split, with_labels=any(spec.label_field in row for row in rows),
             where=lambda row: f"{split} file {path}, line {lines[row]}",
@@ -629,11 +630,12 @@ def _row_problems(spec: TaskSpec, columns: dict[str, list], split: str, with_lab
             except ValueError as err:
                 problems.append(str(err))
                 labels.append(None)
-        if not problems:  # what a row's label and inputs say together (token classification: one tag per word)
-            for row, label in enumerate(labels):
-                if label is not None:  # None: a label the file's checks reported
-                    problems.extend(kind.check_row(spec, {k: columns[k][row] for k in kind.text_fields(spec)}, label,
-                                                   where(row)))
+        # what a row's label and inputs say together (token classification: one tag per word), on every row whose
+        # label was read (None: a label reported above or by the file's checks)
+        for row, label in enumerate(labels):
+            if label is not None:
+                problems.extend(kind.check_row(spec, {k: columns[k][row] for k in kind.text_fields(spec)}, label,
+                                               where(row)))
     return problems, labels
 
 
