@@ -10,7 +10,10 @@ other files into it (a tokenizer, a model card, checkpoints: everything but the 
 - where the file system cannot exchange (not Linux, NFS): the target is renamed to `.<name>.save-backup`, then the
   new folder to the target, then the backup is removed. A kill between the two renames leaves no folder at the path
   and the old model in the backup: `from_pretrained` of the families loads the backup then (`loadable_path`), and
-  the next save of that path moves it back first (`recover`).
+  the next save of that path moves it back first (`recover`);
+- where the target cannot be renamed at all (another user's folder under a sticky-bit parent, a folder held open):
+  its files are replaced one by one, each atomically (`hub.install_staged`): no file is ever half-written, but a
+  kill in the middle may leave the new config beside the old weights.
 
 Leftovers of a killed save (a temporary folder, a backup beside a complete target) are removed by the next save of
 the same path. The promise is about a killed process: the files are not fsynced, so a power failure may still lose
@@ -133,18 +136,21 @@ def _weights_kind(name: str) -> tuple | None:
     return (found.group(1), found.group(2) or found.group(6)) if found else None  # the index names its variant last
 
 
-def carry_over(old: Path, new: Path) -> None:
+def carry_over(old: Path, new: Path) -> list[str]:
     """Every item of the old folder that the new one lacks linked into the new one (a tokenizer, a model card,
     checkpoints written there before the save survive it), except the old model's weight files of a kind the new
     save wrote (`model*.safetensors` and its index, of one variant): another sharding of the old weights, which would
     otherwise sit beside the new ones."""
     written = {_weights_kind(item.name) for item in new.iterdir()} - {None}
+    carried = []
     for item in old.iterdir():
         if (new / item.name).exists() or (new / item.name).is_symlink():
             continue  # written by the new save: the new one
         if not item.is_dir() and _weights_kind(item.name) in written:
             continue  # weights of the old model the new save replaced (in another sharding)
         _link_tree(item, new / item.name)
+        carried.append(item.name)
+    return carried
 
 
 def swap_in(new: Path, target: Path) -> None:
@@ -173,8 +179,11 @@ def swappable(target: Path) -> bool:
         return False
     if target.exists() and os.path.ismount(target):
         return False
-    cwd = Path.cwd().resolve()
-    if target == cwd or target in cwd.parents:
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:  # a working folder removed under us: nothing to protect
+        cwd = None
+    if cwd is not None and (target == cwd or target in cwd.parents):
         return False
     return os.access(target.parent, os.W_OK | os.X_OK)
 
@@ -194,12 +203,28 @@ def write_then_swap(target, write: Callable[[Path], None]) -> bool:
     # created as `makedirs` would create the folder (the umask's mode), then given the old folder's mode
     temporary = target.parent / f"{_temporary_prefix(target)}{os.getpid()}-{secrets.token_hex(4)}"
     os.mkdir(temporary)
+    carried = []
     try:
         write(temporary)
         if target.is_dir():
-            carry_over(target, temporary)
+            carried = carry_over(target, temporary)
             shutil.copymode(target, temporary)
-        swap_in(temporary, target)
+        try:
+            swap_in(temporary, target)
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.EACCES, errno.EBUSY, errno.EXDEV):
+                raise
+            # the folder cannot be renamed (another user's folder under a sticky-bit parent, a folder held open):
+            # its files are replaced one by one, each atomically, the old weights last (`install_staged`)
+            from .hub import install_staged
+
+            for name in carried:  # already there (a rename onto another link of the same file does nothing)
+                item = temporary / name
+                shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()
+            written = {_weights_kind(item.name) for item in temporary.iterdir()} - {None}
+            stale = [item.name for item in target.iterdir() if _weights_kind(item.name) in written]
+            install_staged(temporary, target, stale=stale)
+            shutil.rmtree(temporary, ignore_errors=True)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise

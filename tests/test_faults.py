@@ -320,6 +320,29 @@ def test_where_folders_cannot_be_exchanged_a_kill_between_the_two_renames_loses_
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
+def test_a_folder_that_cannot_be_renamed_has_its_files_replaced_one_by_one(tmp_path, monkeypatch):
+    """Another user's folder under a sticky-bit parent cannot be renamed (EPERM): the save still succeeds, its files
+    replaced one by one (`hub.install_staged`), the old shards removed, the folder's other files kept."""
+    import errno
+
+    from hf_taskmoe import BertForTaskMoE, folder_swap
+
+    folder = tmp_path / "model"
+    _tiny_mt_tag(0.001).save_pretrained(folder, max_shard_size="10KB")
+    (folder / "notes.txt").write_text("mine")
+
+    def refused(*args):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(folder_swap, "exchange", refused)
+    monkeypatch.setattr(folder_swap.os, "rename", refused)
+    _tiny_mt_tag(0.002).save_pretrained(folder)
+    monkeypatch.undo()
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert _version(BertForTaskMoE.from_pretrained(folder)) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
 def test_exchange_swaps_two_folders_in_one_step(tmp_path):
     """This system's exchange (Linux: `renameat2(RENAME_EXCHANGE)`), what keeps a complete model at the path through
     a save; where it is missing it says so (False) and moves nothing."""
