@@ -12,7 +12,7 @@ other files into it (a tokenizer, a model card, checkpoints: everything but the 
   and the old model in the backup: `from_pretrained` of the families loads the backup then (`loadable_path`), and
   the next save of that path moves it back first (`recover`);
 - where the target cannot be renamed at all (another user's folder under a sticky-bit parent, a folder held open):
-  its files are replaced one by one, each atomically (`hub.install_staged`): no file is ever half-written, but a
+  its files are replaced one by one, each atomically (`install_staged`): no file is ever half-written, but a
   kill in the middle may leave the new config beside the old weights.
 
 Leftovers of a killed save (a temporary folder, a backup beside a complete target) are removed by the next save of
@@ -188,6 +188,45 @@ def swappable(target: Path) -> bool:
     return os.access(target.parent, os.W_OK | os.X_OK)
 
 
+def install_staged(staging: Path, folder: Path, stale=()) -> None:
+    """Move every item of `staging` into `folder`, replacing same-named ones, and remove the items of `folder` named
+    in `stale`; the previous content stays whole until the new one is complete on `folder`'s own device.
+
+    Each item is first moved (or, across devices -- `folder` a mount point, a Docker volume -- copied) into `folder`
+    under a hidden temporary name; only when all are there are the stale items removed and the new ones renamed
+    into place (renames within one folder: atomic per file). A failure before that (a full disk) removes the
+    temporaries and leaves `folder` as it was."""
+    folder.mkdir(parents=True, exist_ok=True)
+    incoming: list[tuple[Path, Path]] = []
+    try:
+        for item in sorted(staging.iterdir()):
+            temporary = folder / f".{item.name}.incoming-{os.getpid()}"
+            try:
+                os.replace(item, temporary)
+            except OSError as err:
+                if err.errno not in (errno.EXDEV, errno.EBUSY, errno.EPERM, errno.EACCES, errno.ENOTSUP):
+                    raise
+                if item.is_dir():  # another device: copy, the original stays in staging until all is done
+                    shutil.copytree(item, temporary)
+                else:
+                    shutil.copy2(item, temporary)
+            incoming.append((temporary, folder / item.name))
+    except BaseException:
+        for temporary, _ in incoming:
+            shutil.rmtree(temporary, ignore_errors=True) if temporary.is_dir() else temporary.unlink(missing_ok=True)
+        raise
+    new_names = {target.name for _, target in incoming}
+    for name in stale:
+        path = folder / name
+        if name in new_names or not (path.exists() or path.is_symlink()):
+            continue
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    for temporary, target in incoming:
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(temporary, target)
+
+
 def write_then_swap(target, write: Callable[[Path], None]) -> bool:
     """Run `write(folder)` on a new temporary folder beside `target`, then carry the old folder's other files over and
     swap it in. False (nothing done) where `target` cannot be swapped (`swappable`): the caller writes in place."""
@@ -216,8 +255,6 @@ def write_then_swap(target, write: Callable[[Path], None]) -> bool:
                 raise
             # the folder cannot be renamed (another user's folder under a sticky-bit parent, a folder held open):
             # its files are replaced one by one, each atomically, the old weights last (`install_staged`)
-            from .hub import install_staged
-
             for name in carried:  # already there (a rename onto another link of the same file does nothing)
                 item = temporary / name
                 shutil.rmtree(item) if item.is_dir() and not item.is_symlink() else item.unlink()

@@ -322,7 +322,7 @@ def test_where_folders_cannot_be_exchanged_a_kill_between_the_two_renames_loses_
 
 def test_a_folder_that_cannot_be_renamed_has_its_files_replaced_one_by_one(tmp_path, monkeypatch):
     """Another user's folder under a sticky-bit parent cannot be renamed (EPERM): the save still succeeds, its files
-    replaced one by one (`hub.install_staged`), the old shards removed, the folder's other files kept."""
+    replaced one by one (`folder_swap.install_staged`), the old shards removed, the folder's other files kept."""
     import errno
 
     from hf_taskmoe import BertForTaskMoE, folder_swap

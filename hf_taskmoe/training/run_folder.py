@@ -159,9 +159,8 @@ def replace_output_dir(staging: Path, out: Path) -> None:
     """Swap the complete new run in `staging` for the earlier run in `out`: one exchange of the two folders where the
     system has it (Linux `renameat2(RENAME_EXCHANGE)`, `hf_taskmoe.folder_swap.exchange`: `out` always holds one
     complete run), else two renames; where `out` cannot be renamed (a mount point), the new files are copied onto its
-    device first, then the old ones removed (`hf_taskmoe.hub.install_staged`)."""
-    from hf_taskmoe.folder_swap import exchange
-    from hf_taskmoe.hub import install_staged
+    device first, then the old ones removed (`hf_taskmoe.folder_swap.install_staged`)."""
+    from hf_taskmoe.folder_swap import exchange, install_staged
 
     try:
         exchanged = exchange(staging, out)
