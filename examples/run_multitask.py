@@ -44,6 +44,7 @@ from hf_taskmoe.training.errors import PushFailed, UsageError, run_command
 from hf_taskmoe.training.family_options import config_kwargs, config_options, options_dataclass
 from hf_taskmoe.training.loading import (
     check_continued_tasks,
+    check_family_tasks,
     check_token_ids,
     fit_tokenizer,
     is_task_model_config,
@@ -185,6 +186,19 @@ class ScriptModelArguments:
         check_positive(self, "task_representation_examples")
         if self.task_representation not in (None, "learned", "text"):
             raise ValueError(f"`task_representation` must be 'learned' or 'text', got {self.task_representation!r}.")
+        # a method setting given for another method is refused (set: not None, its unset default)
+        named = FAMILIES.get(self.model_family)
+        method = (named.method or named.name) if named is not None else self.model_family
+        foreign = {name: option.methods for name, option in family_settings().items()
+                   if getattr(self, name, None) is not None and method not in option.methods}
+        if foreign:
+            raise ValueError(
+                f"--model_family {self.model_family}" + (f" ({method})" if method != self.model_family else "")
+                + " has no setting "
+                + "; ".join(f"--{name} (a setting of {', '.join(methods)})" for name, methods in foreign.items())
+                + ": leave it out, or choose a family of the method that takes it (--help lists the settings by "
+                "method)."
+            )
 
 
 def family_settings():
@@ -433,15 +447,21 @@ def build_model(model_args, tasks, max_seq_length: int | None = None):
                     f"({family.model_class.__name__})")
     if not family.buildable_from_dense:
         raise UsageError(f"--model_family {family.name}: this family is not built from a dense checkpoint.")
+    check_family_tasks(family, tasks, f"--model_family {model_args.model_family}")  # before any weights load
     if init_from is not None:
         raise UsageError(
             f"--init_from {init_from}: applies when continuing a saved hf_taskmoe model with new tasks (their task-"
             f"specific weights copied from a saved task); {path} is a dense {config.model_type} checkpoint, on which "
             "every task starts fresh. Leave --init_from out."
         )
-    settings, ignored = config_kwargs(model_args, family, family_settings())
-    if ignored:
-        logger.warning(f"{family.name} has no setting {', '.join('--' + n for n in ignored)}: ignored.")
+    options = family_settings()
+    settings, ignored = config_kwargs(model_args, family, options)
+    if ignored:  # set on the command line (an unset option is None) for a family that would not use it
+        raise UsageError(
+            f"--model_family {model_args.model_family} builds {family.name} ({family.method or family.name}), which "
+            f"has no setting " + "; ".join(f"--{n} (a setting of {', '.join(options[n].methods)})" for n in ignored)
+            + ": leave it out, or choose a family of the method that takes it (--help lists the settings by method)."
+        )
     if family.script_defaults is not None:  # values the family derives from the script's own (CA-MTL's length)
         for name, value in family.script_defaults({"max_seq_length": max_seq_length}).items():
             settings.setdefault(name, value)

@@ -127,9 +127,9 @@ def parameter_roles_of(model: nn.Module) -> ParameterRoles:
     """The `ParameterRoles` of `model`, through the wrappers users put around it (peft's `get_base_model`,
     DDP / DataParallel's `module`); `UNDECLARED` for a module of no family."""
     for _ in range(4):
-        roles = getattr(type(model), "parameter_roles", None)
+        roles = getattr(type(model), "parameter_roles", None)  # declared by the class (not a wrapper's forwarding)
         if isinstance(roles, ParameterRoles):
-            return roles
+            return model.parameter_roles  # the instance's: a family's may depend on its config (`expert_rank`)
         if hasattr(model, "get_base_model"):
             model = model.get_base_model()
         elif isinstance(getattr(model, "module", None), nn.Module):
@@ -178,5 +178,16 @@ TASK_ROUTING_ROLES = ParameterRoles(
     task_specific=("task_embedding",),
     possibly_idle=("task_embedding", "expert"),
     new=("router", "task_embedding"),
+    also_new=(r"\.lora_[AB]$",),  # low-rank experts' deltas (`expert_rank`): new on upcycling
+    heads=False,
+)
+
+#: the roles of a task-routed model with low-rank experts (`expert_rank`): each routed layer is one shared copy of the
+#: dense layer, and its linears' LoRA deltas (`lora_A`, `lora_B`: one slice per expert) are the experts
+LOW_RANK_ROUTING_ROLES = ParameterRoles(
+    roles={"router": r"^router\.net\.", "task_embedding": r"^router\.task_embeddings\.", "expert": r"\.lora_[AB]$"},
+    task_specific=("task_embedding",),
+    possibly_idle=("task_embedding", "expert"),
+    new=("router", "task_embedding", "expert"),
     heads=False,
 )

@@ -312,7 +312,9 @@ def render_model_card(
         model_class=type(model).__name__,
         method=method,
         base_model=describe_source(source),
-        parameters=", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}",
+        parameters=", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}"
+        + (f"; trainable {report.trainable:,} ({100 * report.trainable / report.total:.2f}%: the dense weights are "
+           "frozen)" if getattr(config, "low_rank", False) and not config.train_base else ""),
         tasks=task_rows(tasks, train_sizes, label_ranges, local_files),
         results=results,
         results_header="| task | "

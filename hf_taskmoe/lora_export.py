@@ -62,6 +62,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
+from .layers.low_rank import LowRankExperts
+
 __all__ = ["AdapterExport", "BASES", "export_task_adapters", "routed_layer_experts"]
 
 #: the base choices `export_task_adapters(base=...)` takes by name
@@ -173,6 +175,9 @@ class AdapterExport:
     force_argmax: bool = False
     svd: str = "exact"
     svd_iterations: dict[str, int] = field(default_factory=dict)
+    #: how the adapters were made: `"svd"` (the truncated differences of whole experts) or `"low_rank_experts"` (a
+    #: model with `expert_rank`: each adapter is its route's deltas, copied: no SVD, nothing lost)
+    method: str = "svd"
 
     @property
     def exact(self) -> bool:
@@ -588,9 +593,17 @@ def export_task_adapters(
             matrices on a GPU). `"exact"`: the float64 SVD everywhere; `"subspace"`: the iteration on any device.
             At full rank every path is exact. docs/serving-adapters.md gives the iteration's measured error.
 
+    A model with low-rank experts (`expert_rank`) exports exactly, with no SVD (`_export_low_rank_experts`): the base
+    is the dense (shared) weights and task `t`'s adapter, on every linear holding deltas, is its route's expert's
+    `lora_A` / `lora_B` at rank `expert_rank` with `lora_alpha = expert_alpha`; `rank` may then be `"full"` or that
+    rank, `base` and `svd` their defaults.
+
     Returns an `AdapterExport` (also written to `path/hf_taskmoe_adapters.json`)."""
     from peft import LoraConfig, get_peft_model
 
+    if getattr(getattr(model, "config", None), "low_rank", False):
+        return _export_low_rank_experts(model, path, rank, tasks, base, force_argmax=force_argmax,
+                                        overwrite=overwrite, tokenizer=tokenizer, svd=svd)
     layers = routed_layer_experts(model)
     requested = _check_rank(rank)
     tasks = _check_tasks(model, tasks)
@@ -693,14 +706,85 @@ def export_task_adapters(
     return result
 
 
+def _export_low_rank_experts(model, path, rank, tasks, base, *, force_argmax: bool, overwrite: bool, tokenizer,
+                             svd: str) -> AdapterExport:
+    """`export_task_adapters` of a model with low-rank experts: the dense base, and per task its route's deltas as a
+    peft LoRA adapter (built with peft's `get_peft_model` and `LoraConfig`, the factors copied into its
+    `lora_A.<task>` / `lora_B.<task>`, written by its `save_pretrained`): exact."""
+    from peft import LoraConfig, get_peft_model
+
+    config = model.config
+    r = config.expert_rank
+    if rank not in ("full", r):
+        raise ValueError(
+            f"`rank` must be 'full' or {r} (the model's `expert_rank`) for a model with low-rank experts, whose "
+            f"adapters are its deltas as they are, got {rank!r}."
+        )
+    if not (isinstance(base, str) and base == "mean") or svd != "auto":
+        raise ValueError(
+            "`base` and `svd` choose how whole experts are turned into adapters; a model with low-rank experts exports "
+            f"its dense weights as the base and its deltas as the adapters: leave them unset, got base={base!r}, "
+            f"svd={svd!r}."
+        )
+    for flag, value in (("force_argmax", force_argmax), ("overwrite", overwrite)):
+        if not isinstance(value, bool):
+            raise ValueError(f"`{flag}` must be a bool, got {value!r}.")
+    tasks = _check_tasks(model, tasks)
+    layers = routed_layer_experts(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no routed layer: export_task(task) gives its dense model.")
+    path = _check_path(path, overwrite)
+    routes = _routes(model, tasks, force_argmax)
+    # each wrapped linear: (its name in the dense model, the router's layer index, the module holding the deltas)
+    wrapped = [(f"{name}.{n}", index, m) for name, index, experts in layers
+               for n, m in experts[0].named_modules() if isinstance(m, LowRankExperts)]
+    base_model = model._dense_export(None, None)  # the dense weights, no delta merged
+    path = _check_path(path, overwrite, clear=True)
+    path.mkdir(parents=True, exist_ok=True)
+    base_model.save_pretrained(path / BASE_FOLDER)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path / BASE_FOLDER)
+    targets = [name for name, _, _ in wrapped]
+    conv = any(m.fan_in_fan_out for _, _, m in wrapped)
+    task_type = "SEQ_2_SEQ_LM" if base_model.config.is_encoder_decoder else "CAUSAL_LM"
+    work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
+    for task in tasks:
+        lora_config = LoraConfig(r=r, lora_alpha=config.lora_alpha, lora_dropout=config.expert_dropout,
+                                 target_modules=targets, fan_in_fan_out=conv, task_type=task_type, bias="none")
+        peft_model = get_peft_model(work, lora_config, adapter_name=task)
+        with torch.no_grad():
+            for name, index, module in wrapped:
+                expert = routes[task][index]
+                lora = peft_model.base_model.model.get_submodule(name)
+                lora.lora_A[task].weight.copy_(module.lora_A[expert])  # (r, in)
+                lora.lora_B[task].weight.copy_(module.lora_B[expert])  # (out, r)
+        peft_model.save_pretrained(str(path), selected_adapters=[task])
+        work = peft_model.unload()
+    del work
+    result = AdapterExport(
+        path=str(path), base="dense", rank=r, requested_rank=rank, tasks=tasks, routes=routes,
+        base_experts={}, target_modules=targets, force_argmax=force_argmax, svd="none",
+        method="low_rank_experts",
+    )
+    manifest = {**asdict(result), "exact": True, "lora_alpha": config.lora_alpha}
+    (path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (path / "README.md").write_text(_readme(result, type(base_model).__name__))
+    return result
+
+
 def _readme(result: AdapterExport, dense_class: str) -> str:
     first, rest = result.tasks[0], result.tasks[1:]
     loads = "".join(f'model.load_adapter("{t}", adapter_name="{t}")\n' for t in rest)
     exact = "exact up to the rank" if result.exact else "approximate beyond the rank: see `dropped`"
+    if result.method == "low_rank_experts":
+        exact = "exact: each adapter is its route's low-rank experts, copied (no SVD)"
+    alpha = "`lora_alpha` = rank" if result.method == "svd" else "`lora_alpha` = the model's `expert_alpha`"
     return (
         f"# Task adapters (hf_taskmoe.export_task_adapters)\n\n"
         f"`base/`: a {dense_class} (base choice `{result.base}`); one peft LoRA adapter per task "
-        f"({', '.join(result.tasks)}), rank {result.rank}, `lora_alpha` = rank; {exact}. "
+        f"({', '.join(result.tasks)}), rank {result.rank}, "
+        f"{alpha}; "
+        f"{exact}. "
         f"`{MANIFEST}` lists each task's route, what was folded, carried (`lora_bias`) or dropped.\n\n"
         "```python\n"
         "from peft import PeftModel\n"

@@ -228,7 +228,12 @@ def check_token_ids(sizes: dict[str, int | None], **ids: torch.Tensor | None) ->
     in self` deep in the embedding otherwise, a device-side assert on a GPU). `BatchChecker` checks a batch so on the
     host; a forward that checks values (not `values_checked`) calls it itself. Reads the ids (a host sync)."""
     for name, tensor in ids.items():
-        if name == "token_type_ids":
+        if name == "position_ids":
+            BatchChecker.check_ids(name, tensor, sizes.get("position_ids"),
+                                   "position table (`max_position_embeddings`)",
+                                   "Positions count from 0 along each row; leave `position_ids` out to let the model "
+                                   "number them, or truncate the inputs.")
+        elif name == "token_type_ids":
             BatchChecker.check_ids(name, tensor, sizes["token_type_ids"], "token type table (`type_vocab_size`)",
                                    "This model takes no second segment ids: tokenise with the model's own tokenizer, "
                                    "or leave `token_type_ids` out.")
@@ -240,14 +245,16 @@ def check_token_ids(sizes: dict[str, int | None], **ids: torch.Tensor | None) ->
 
 def token_table_sizes(model) -> dict[str, int | None]:
     """The rows of the tables the model's token ids index: `{"input_ids": vocabulary size, "token_type_ids":
-    type_vocab_size}`, None where the model has no such table (a family without a token embedding)."""
+    type_vocab_size, "position_ids": its absolute position table's size}`, None where the model has no such table (a
+    family without a token embedding; rotary or relative positions: `position_table_size`)."""
     try:
         embeddings = model.get_input_embeddings()
     except (NotImplementedError, AttributeError):
         embeddings = None
     vocab = getattr(embeddings, "num_embeddings", None) if isinstance(embeddings, torch.nn.Embedding) else None
     types = getattr(model.config, "type_vocab_size", None)
-    return {"input_ids": vocab, "token_type_ids": types if isinstance(types, int) else None}
+    positions = model.position_table_size() if hasattr(model, "position_table_size") else None
+    return {"input_ids": vocab, "token_type_ids": types if isinstance(types, int) else None, "position_ids": positions}
 
 
 def check_batch_dim(batch: int, **tensors: torch.Tensor | None) -> None:
@@ -268,7 +275,8 @@ class BatchChecker:
     calls it stays small when a `DataLoader` sends it to worker processes."""
 
     def __init__(self, tasks: list[TaskSpec], with_heads: bool, vocab_size: int | None = None,
-                 type_vocab_size: int | None = None, marks_batches: bool = True, counts_tasks: bool | None = None):
+                 type_vocab_size: int | None = None, marks_batches: bool = True, counts_tasks: bool | None = None,
+                 position_table_size: int | None = None):
         #: whether `HostCheckedCollator` marks a checked batch `values_checked=True` (the model's forward takes it)
         self.marks_batches = marks_batches
         #: whether a marked batch also carries `task_counts`, its rows per task counted here, which an encoder
@@ -280,6 +288,8 @@ class BatchChecker:
         self.heads = MultiTaskHeads(tasks, hidden_size=1, dropout=0.0) if with_heads else None
         self.vocab_size = vocab_size
         self.type_vocab_size = type_vocab_size
+        #: rows of the model's absolute position table (None: no such table, e.g. rotary positions)
+        self.position_table_size = position_table_size
 
     @classmethod
     def for_model(cls, model, counts_tasks: bool = True) -> BatchChecker:
@@ -290,6 +300,7 @@ class BatchChecker:
             isinstance(getattr(model, "heads", None), MultiTaskHeads),
             vocab_size=sizes["input_ids"],
             type_vocab_size=sizes["token_type_ids"],
+            position_table_size=sizes["position_ids"],
             marks_batches=_forward_takes(model, "values_checked"),
             counts_tasks=counts_tasks and _forward_takes(model, "task_counts"),
         )
@@ -325,8 +336,10 @@ class BatchChecker:
         if first is None or first.dim() < 2:
             return None  # nothing to size the batch by (a tabular batch): `forward` checks it
         rows, seq = first.shape[0], first.shape[1]
-        check_token_ids({"input_ids": self.vocab_size, "token_type_ids": self.type_vocab_size},
-                        input_ids=batch.get("input_ids"), token_type_ids=batch.get("token_type_ids"))
+        check_token_ids({"input_ids": self.vocab_size, "token_type_ids": self.type_vocab_size,
+                         "position_ids": self.position_table_size},
+                        input_ids=batch.get("input_ids"), token_type_ids=batch.get("token_type_ids"),
+                        position_ids=batch.get("position_ids"))
         task_ids = resolve_task_ids(batch.get("task_ids"), rows, self.task_names, first.device)
         marks = {"values_checked": True}
         if self.heads is not None:
@@ -540,7 +553,7 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         missing, unexpected = info.get("missing_keys"), info.get("unexpected_keys")
         if not (self.stacked_weights and missing and unexpected):
             return
-        found, partial, on_file = {}, {}, set(unexpected)
+        found, partial, present, on_file = {}, {}, {}, set(unexpected)
         for name in missing:
             for stacked in self.stacked_weights:
                 if re.fullmatch(stacked.pattern, name):
@@ -550,13 +563,16 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
                         found[name] = old
                     elif old and any(key in on_file for key in old):  # some experts' tensors on file, not all
                         partial[name] = [key for key in old if key not in on_file]
+                        present[name] = [key for key in old if key in on_file]
                     break
         if partial and not kwargs.get("ignore_mismatched_sizes", False):
             absent = [key for keys in partial.values() for key in keys]
+            # the file(s) holding the other experts' tensors of those weights: where the missing ones belong
+            files = _weights_file_names(source, kwargs, [key for keys in present.values() for key in keys])
             raise ValueError(
                 f"Cannot load {type(self).__name__} from {source}: the checkpoint keeps one tensor per expert, and "
                 f"{len(absent)} of them {'is' if len(absent) == 1 else 'are'} not on file ({', '.join(absent[:6])}"
-                f"{' ...' if len(absent) > 6 else ''}), "
+                f"{' ...' if len(absent) > 6 else ''}: not in {', '.join(files)}), "
                 f"so {', '.join(sorted(partial)[:4])}{' ...' if len(partial) > 4 else ''} cannot be stacked (a weights "
                 "file cut short, or a config.json whose `num_experts` is not the checkpoint's). Restore the weights "
                 "saved with this config.json; to load anyway with those weights freshly initialised, pass "
@@ -761,6 +777,26 @@ def _renamed(name: str, key_mapping: dict[str, str] | None) -> str:
     for pattern, replacement in (key_mapping or {}).items():
         name = re.sub(pattern, replacement, name, count=1)
     return name
+
+
+def _weights_file_names(source, kwargs: dict, names: list[str]) -> list[str]:
+    """The names of checkpoint `source`'s safetensors files that hold `names` (the model's names, after
+    `key_mapping`), for a message: the shards its index assigns them to, else its one weights file."""
+    import json
+    from pathlib import Path
+
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
+
+    hub = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
+    try:
+        index = cached_file(str(source), SAFE_WEIGHTS_INDEX_NAME, **hub)
+    except OSError:
+        index = None
+    if not index:
+        return [SAFE_WEIGHTS_NAME]
+    with open(index) as f:
+        weight_map = {_renamed(k, kwargs.get("key_mapping")): v for k, v in json.load(f)["weight_map"].items()}
+    return sorted({Path(weight_map[n]).name for n in names if n in weight_map}) or [SAFE_WEIGHTS_INDEX_NAME]
 
 
 def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, torch.Tensor]:

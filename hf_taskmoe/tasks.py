@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import json
 import re
-import weakref
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
-
-import torch
-from huggingface_hub.errors import StrictDataclassError
 
 from .problem_types.registry import (
     PROBLEM_TYPES,  # noqa: F401 (the registered problem types by name; re-exported)
     default_problem_type,
     get_problem_type,
-    problem_type_names,
 )
 from .utils import check_choice, check_float, check_str_list
 
@@ -253,102 +248,3 @@ def parse_tasks(tasks, field_name: str = "tasks") -> list[TaskSpec]:
 
 # id(config) -> (the tasks' JSON, their parsed TaskSpecs): kept outside the config, whose attributes are all
 # serialised to config.json; an entry goes when its config is garbage-collected
-_SPEC_CACHE: dict[int, tuple[str, tuple[TaskSpec, ...]]] = {}
-
-
-class TaskConfigMixin:
-    """For the families' `PreTrainedConfig` subclasses, which hold `tasks`: field errors as `ValueError`, the
-    task list checked and stored as JSON dicts, and the views every family reads."""
-
-    tasks: list | None
-
-    def __setattr__(self, key, value):
-        if self._set_dense_view(key, value):
-            return
-        # transformers' configs are huggingface_hub strict dataclasses, which raise their own error class on a
-        # wrongly typed field; the contract of this library is a ValueError naming the field.
-        try:
-            super().__setattr__(key, value)
-        except StrictDataclassError as err:
-            raise ValueError(f"`{key}`: {str(err).splitlines()[-1].strip()}") from None
-
-    def _set_dense_view(self, key: str, value) -> bool:
-        """Set a read-only view of the dense model's config (`hidden_size`, `vocab_size`, `layer_norm_eps`, ...: a
-        property without a setter) on the dense config, where the model reads it; False where `key` is no such view.
-
-        transformers sets these on the outer config (`resize_token_embeddings` sets `vocab_size`; its tests set the
-        norms' epsilon), which a bare property refuses. The value is written to the dense config's field of that
-        name (the architecture's own name: `Backbone.config_fields`) only if the view then reads it back; otherwise
-        the field is restored and the assignment fails as before."""
-        view = getattr(type(self), key, None)
-        dense = self.__dict__.get("dense_config")
-        if not isinstance(view, property) or view.fset is not None or not hasattr(dense, "to_dict"):
-            return False
-        try:
-            names = self.backbone.config_fields
-        except (AttributeError, ValueError):  # no declared architecture: the field keeps its name
-            names = {}
-        name = names.get(key, key)
-        if not hasattr(dense, name):
-            return False
-        before = getattr(dense, name)
-        setattr(dense, name, value)
-        try:
-            if view.fget(self) == value:
-                return True
-        except Exception:  # noqa: BLE001 (a view that cannot read the new value: restored below)
-            pass
-        setattr(dense, name, before)
-        return False
-
-    def _validate_tasks(self, allowed: str | tuple[str, ...], refusal: str) -> list[TaskSpec]:
-        """Parse `tasks`, refuse problem types outside `allowed` ("Task 'x': problem_type 'y' <refusal> [...]"):
-        a capability the types must have (`hf_taskmoe.problem_types.ENCODER`, ...) or problem-type names."""
-        if isinstance(allowed, str):
-            allowed = problem_type_names(allowed)
-        if self.tasks is None:  # a config without tasks describes the architecture only (transformers builds
-            return []  # default configs to compare against); a model needs tasks (`task_specs` says so)
-        specs = parse_tasks(self.tasks)
-        for spec in specs:
-            if spec.problem_type not in allowed:
-                raise ValueError(f"Task {spec.name!r}: problem_type {spec.problem_type!r} {refusal} {list(allowed)}.")
-        self.tasks = [s.to_dict() for s in specs]  # stored as plain dicts: the config is JSON
-        self.task_specs  # noqa: B018  (parsed and cached now, for a compiled forward: see `task_specs`)
-        return specs
-
-    def __setstate__(self, state):
-        """A copy (`copy.deepcopy`, pickle) has its specs parsed too, as a built config (see `task_specs`)."""
-        self.__dict__.update(state)
-        if getattr(self, "tasks", None) is not None:
-            self.task_specs  # noqa: B018
-
-    def _tasks_or_raise(self) -> list:
-        if self.tasks is None:
-            raise ValueError("`tasks` is required: a list of TaskSpec (or their dicts), one per task.")
-        return self.tasks
-
-    @property
-    def task_specs(self) -> list[TaskSpec]:
-        """`tasks` as `TaskSpec`s, parsed once per content of `tasks` (forward passes read them every step)."""
-        tasks = self._tasks_or_raise()
-        cached = _SPEC_CACHE.get(id(self))
-        if cached is not None and torch.compiler.is_compiling():
-            # dynamo traces neither `json.dumps` nor the parse (a graph break in every forward that reads the specs):
-            # a compiled forward takes the specs last parsed eagerly. Every config has them: parsed when it is built
-            # (`_validate_tasks`) or copied (`__setstate__`); an edit of `tasks` is re-parsed by the next eager read
-            # (`add_task`'s), whose new entry fails the compiled graph's guards.
-            return list(cached[1])
-        key = json.dumps(tasks, sort_keys=True)
-        if cached is None or cached[0] != key:
-            if cached is None:
-                weakref.finalize(self, _SPEC_CACHE.pop, id(self), None)
-            cached = _SPEC_CACHE[id(self)] = (key, tuple(TaskSpec.from_dict(t) for t in tasks))
-        return list(cached[1])
-
-    @property
-    def task_names(self) -> list[str]:
-        return [t["name"] for t in self._tasks_or_raise()]
-
-    @property
-    def num_tasks(self) -> int:
-        return len(self._tasks_or_raise())

@@ -41,6 +41,66 @@ ENCODER_CONFIGS: dict[str, Callable[[], transformers.PreTrainedConfig]] = {
     ),
 }
 ENCODER_ARCHS = list(ENCODER_CONFIGS)
+
+# ---------------------------------------------------------------------------------------- the newer architectures
+#: special tokens inside the tiny vocabularies (transformers' defaults, 32000 and so on, are out of range)
+SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_DEC = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=VOCAB, max_position_embeddings=64, **SPECIAL)
+_S2S = dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+            encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=VOCAB, max_position_embeddings=64, dropout=0.0,
+            attention_dropout=0.0, activation_dropout=0.0, decoder_start_token_id=2, forced_eos_token_id=None,
+            **SPECIAL)
+#: two layers of each kind where an architecture alternates sliding-window and global attention
+_SLIDING = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4, head_dim=8)
+
+#: a tiny dense config of each architecture declared after the first fourteen (issue 57), from transformers' own config
+#: classes, dropout off: the smoke matrix (`tests/test_backbones_new.py`) runs on every one in the default run, the
+#: full family contract under `-m slow`
+NEW_CONFIGS: dict[str, Callable[[], transformers.PreTrainedConfig]] = {
+    # encoders
+    "camembert": lambda: transformers.CamembertConfig(**_BERT_LIKE, pad_token_id=1),
+    "data2vec-text": lambda: transformers.Data2VecTextConfig(**_BERT_LIKE, pad_token_id=1),
+    "ernie": lambda: transformers.ErnieConfig(**_BERT_LIKE),
+    "rembert": lambda: transformers.RemBertConfig(
+        **_BERT_LIKE, input_embedding_size=8, output_embedding_size=8, classifier_dropout_prob=0.0
+    ),
+    "xlm-roberta-xl": lambda: transformers.XLMRobertaXLConfig(**_BERT_LIKE, pad_token_id=1),
+    "mpnet": lambda: transformers.MPNetConfig(**_BERT_LIKE, pad_token_id=1),
+    "albert": lambda: transformers.AlbertConfig(**_BERT_LIKE, embedding_size=8, classifier_dropout_prob=0.0),
+    # decoders
+    "qwen3": lambda: transformers.Qwen3Config(**_DEC, head_dim=8),
+    "granite": lambda: transformers.GraniteConfig(**_DEC, residual_multiplier=0.5, embedding_multiplier=2.0),
+    "smollm3": lambda: transformers.SmolLM3Config(**_DEC, no_rope_layers=[1, 0]),
+    "phi3": lambda: transformers.Phi3Config(**_DEC, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+    "stablelm": lambda: transformers.StableLmConfig(**_DEC, hidden_dropout=0.0, attention_dropout=0.0),
+    "gemma2": lambda: transformers.Gemma2Config(**_DEC, **_SLIDING),
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(**_DEC, **_SLIDING),
+    "olmo2": lambda: transformers.Olmo2Config(**_DEC),
+    "starcoder2": lambda: transformers.Starcoder2Config(**_DEC, residual_dropout=0.0, embedding_dropout=0.0),
+    # logits unscaled (Command-R scales them by 1/16): the contract's "learns a few examples" in 40 steps
+    "cohere": lambda: transformers.CohereConfig(**_DEC, logit_scale=1.0),
+    "gpt_neox": lambda: transformers.GPTNeoXConfig(
+        **{k: v for k, v in _DEC.items() if k != "num_key_value_heads"}, hidden_dropout=0.0, attention_dropout=0.0
+    ),
+    "falcon": lambda: transformers.FalconConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB, hidden_dropout=0.0,
+        attention_dropout=0.0, **SPECIAL,
+    ),
+    # encoder-decoders
+    "mbart": lambda: transformers.MBartConfig(**_S2S),
+    "pegasus": lambda: transformers.PegasusConfig(**_S2S),
+    "marian": lambda: transformers.MarianConfig(**_S2S),
+    "longt5": lambda: transformers.LongT5Config(
+        d_model=32, d_ff=48, num_layers=2, num_heads=2, d_kv=8, vocab_size=VOCAB, dropout_rate=0.0, local_radius=2,
+        global_block_size=2, decoder_start_token_id=0, **SPECIAL,
+    ),
+    "umt5": lambda: transformers.UMT5Config(
+        d_model=32, d_ff=48, num_layers=2, num_heads=2, d_kv=8, vocab_size=VOCAB, dropout_rate=0.0,
+        decoder_start_token_id=0, **SPECIAL,
+    ),
+}
+NEW_ARCHS = list(NEW_CONFIGS)
 TASKS = [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression")]
 NEW_TASK = TaskSpec(name="c", num_labels=2)
 #: output fields that count the layers (`test_hidden_states_and_attentions_as_arguments_and_from_the_config`)
@@ -48,7 +108,7 @@ LAYERS = {"hidden_states": "num_hidden_layers", "attentions": "num_hidden_layers
 
 
 def dense_config(arch: str):
-    return ENCODER_CONFIGS[arch]()
+    return (ENCODER_CONFIGS.get(arch) or NEW_CONFIGS[arch])()
 
 
 def dense_model(arch: str):
@@ -63,7 +123,7 @@ def token_batch(model_type: str, vocab: int, ids: torch.Tensor, seq: int = 9, se
     batch = {"input_ids": torch.randint(4, vocab, (len(ids), seq), generator=g),
              "attention_mask": torch.ones(len(ids), seq, dtype=torch.long), "task_ids": torch.as_tensor(ids)}
     batch["attention_mask"][0, -3:] = 0
-    if get_backbone(model_type).segment_ids:
+    if get_backbone(model_type).segment_ids and getattr(dense_config(model_type), "type_vocab_size", 2) > 1:
         batch["token_type_ids"] = (torch.arange(seq) >= seq // 2).long().expand(len(ids), seq).clone()
     return batch
 

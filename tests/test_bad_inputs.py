@@ -314,8 +314,11 @@ def test_a_checkpoint_missing_one_experts_tensor_is_refused_by_name(tmp_path, ti
         weight_map.update(dict.fromkeys(part, file))
     weight_map[gone] = "model-00001-of-00002.safetensors"  # the index still names it
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    for folder in (single, sharded):
-        with pytest.raises(ValueError, match=rf"1 of them is not on file \({re.escape(gone)}\)"):
+    # the tensor and the file it belongs in are named (issue 59 item 9): the single file, or the shard that holds the
+    # other experts' tensors of that weight
+    shard = weight_map["backbone.encoder.layer.0.intermediate.experts.0.w_in.weight"]
+    for folder, file in ((single, "model.safetensors"), (sharded, shard)):
+        with pytest.raises(ValueError, match=rf"1 of them is not on file \({re.escape(gone)}: not in {file}\)"):
             BertForTaskMoE.from_pretrained(folder)
 
 
@@ -328,3 +331,92 @@ def test_pipeline_refuses_a_list_as_a_text_pair_and_a_batch_size_of_zero(model, 
     zero = pipeline("multitask-text-classification", model=model, tokenizer=minilm_tokenizer, batch_size=0)
     with pytest.raises(ValueError, match=r"`batch_size` must be a positive integer, got 0"):
         zero(["a fine film"], task="sst2")
+
+
+# ------------------------------------------------------------------------------- issue 59 item 2
+def _encoder_model(model_cls, config_cls, arch, **kwargs):
+    from .backbone_matrix import TASKS, dense_config
+
+    torch.manual_seed(0)
+    return model_cls(config_cls(dense_config=dense_config(arch), tasks=TASKS, **kwargs)).eval()
+
+
+def _position_cases():
+    from hf_taskmoe import (
+        CAMTLBackboneConfig,
+        CAMTLForMultiTask,
+        PALsConfig,
+        PALsForMultiTask,
+        TaskMoEConfig,
+        TaskMoEForMultiTask,
+    )
+
+    return [
+        ("mt-tag", TaskMoEForMultiTask, TaskMoEConfig, {"num_experts": 2}),
+        ("pals", PALsForMultiTask, PALsConfig, {"pal_size": 8, "pal_num_heads": 2}),
+        ("ca-mtl", CAMTLForMultiTask, CAMTLBackboneConfig, {}),
+    ]
+
+
+@pytest.mark.parametrize("method", ["mt-tag", "pals", "ca-mtl"])
+@pytest.mark.parametrize("arch", ["bert", "roberta", "distilbert"])
+def test_position_ids_outside_the_position_table_are_refused_naming_them(method, arch):
+    """`position_ids` beyond the position table or negative: a ValueError naming the argument and the table
+    (`max_position_embeddings`), not `IndexError: index out of range in self` inside the embeddings; by the host
+    check of a collated batch (`BatchChecker`) too. A batch marked checked is not read again (no host sync)."""
+    from hf_taskmoe.modeling_utils import BatchChecker
+
+    from .backbone_matrix import VOCAB, token_batch
+
+    _, model_cls, config_cls, kwargs = next(c for c in _position_cases() if c[0] == method)
+    model = _encoder_model(model_cls, config_cls, arch, **kwargs)
+    table = model.config.max_position_embeddings
+    assert model.position_table_size() == table
+    batch = token_batch(arch, VOCAB, torch.tensor([0, 1, 0]), seq=5)
+    good = torch.arange(5).expand(3, 5).clone()
+    with torch.no_grad():
+        model(**batch, position_ids=good)  # in range: runs
+    for value in (table, -1):
+        bad = good.clone()
+        bad[2, 3] = value
+        pattern = rf"`position_ids` holds {value} \(row 2, position 3.*position table \(`max_position_embeddings`\) " \
+                  rf"has {table} entries"
+        with pytest.raises(ValueError, match=pattern):
+            model(**batch, position_ids=bad)
+        with pytest.raises(ValueError, match=pattern):
+            model.encode(**batch, position_ids=bad)
+        with pytest.raises(ValueError, match=pattern):
+            BatchChecker.for_model(model).check({**batch, "position_ids": bad})
+
+
+@pytest.mark.parametrize("arch", ["modernbert", "deberta-v2"])
+def test_positions_without_a_table_have_no_table_check(arch):
+    """Rotary (ModernBERT) and relative-only (DeBERTa-v3: `position_biased_input=False`) positions index no table:
+    nothing to refuse there. A DeBERTa-v2 that adds absolute positions has the table and its check."""
+    from hf_taskmoe import TaskMoEConfig, TaskMoEForMultiTask
+    from hf_taskmoe.modeling_utils import token_table_sizes
+
+    from .backbone_matrix import TASKS, dense_config
+
+    dense = dense_config(arch)
+    if arch == "deberta-v2":
+        assert _encoder_model(TaskMoEForMultiTask, TaskMoEConfig, arch, num_experts=2).position_table_size() == 40
+        dense.position_biased_input = False
+    model = TaskMoEForMultiTask(TaskMoEConfig(dense_config=dense, tasks=TASKS, num_experts=2))
+    assert model.position_table_size() is None and token_table_sizes(model)["position_ids"] is None
+
+
+def test_a_cache_filled_for_another_batch_size_is_refused_at_the_forward():
+    """A key/value cache a forward filled for 3 rows, passed by hand with 2 rows: a ValueError naming `cache`, not a
+    RuntimeError on tensor sizes inside the attention. The same rows continue from it."""
+    from .test_task_routed_lm import routed
+
+    lm = routed("gpt2")
+    ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        cache = lm(input_ids=ids, task_ids=torch.tensor([0, 1, 2]), use_cache=True).past_key_values
+        with pytest.raises(ValueError, match=r"`cache` \(`past_key_values`\) was filled for 3 rows .* inputs have 2 "
+                                             r"rows"):
+            lm(input_ids=ids[:2, :1], task_ids=torch.tensor([0, 1]), cache=cache)
+        step = lm(input_ids=ids[:, :1], task_ids=torch.tensor([0, 1, 2]), cache=cache)
+    assert step.logits.shape[:2] == (3, 1)

@@ -146,7 +146,7 @@ def test_demo_mixture_config_is_valid():
 
     config = Path(__file__).resolve().parents[1] / "examples" / "data" / "demo_mixture" / "tasks.json"
     tasks = load_tasks([str(config)])
-    assert [t.name for t in tasks] == ["rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"]
+    assert [t.name for t in tasks] == ["rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "newsgroups"]
     assert all(len(t.split("train")) >= 1000 and len(t.split("validation")) == 400 for t in tasks)
 
 

@@ -269,3 +269,83 @@ def test_the_pages_follow_the_snippet_convention():
     for first in ALL_BLOCKS:  # a block repeated on another page carries the same marker, since it runs once
         twins = [b for b in ALL_BLOCKS if b.code == first.code]
         assert len({(b.kind, b.value) for b in twins}) == 1, [b.where for b in twins]
+
+
+# ------------------------------------------------------------------------------------------------ names in the docs
+#: a backticked CamelCase identifier, bare or at the end of a dotted path (`hf_taskmoe.layers.moe.ExpertBank`)
+CLASS_NAME = re.compile(r"`(?:[a-z_]\w*\.)*([A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+)`")
+#: where a name the docs mention may be defined: this project (its package and its test helpers), then the
+#: dependencies the docs speak of, in turn
+DEPENDENCIES = ("transformers", "peft", "accelerate", "deepspeed", "torch", "datasets", "evaluate", "safetensors",
+                "huggingface_hub")
+#: names the docs mention that are no Python definition, each with what the page says it is
+NOT_DEFINITIONS = {
+    "HybridCache": "a transformers 4 cache class, named as gone in transformers 5",
+    "BertAdapter9": "a class of the CA-MTL authors' reference code, which the page compares with",
+    "AccumulateGrad": "an autograd graph node as the profiler names it (no Python class)",
+}
+
+
+def _documented_names() -> dict[str, set[str]]:
+    names: dict[str, set[str]] = {}
+    for page in PAGES:
+        for match in CLASS_NAME.finditer(page.read_text(encoding="utf-8")):
+            names.setdefault(match.group(1), set()).add(str(page.relative_to(ROOT)))
+    return names
+
+
+def _definitions(roots: list[Path], wanted: set[str]) -> set[str]:
+    """Which of `wanted` a `class` / `def` / module-level assignment defines in the .py/.pyi files under `roots`."""
+    pattern = re.compile(r"^[ \t]*(?:class|def)[ \t]+(\w+)|^(\w+)[ \t]*(?::[^=\n]*)?=", re.M)
+    found: set[str] = set()
+    for root in roots:
+        for file in root.rglob("*.py*"):
+            if file.suffix not in (".py", ".pyi") or found >= wanted:
+                continue
+            data = file.read_text(encoding="utf-8", errors="ignore")
+            if not any(name in data for name in wanted - found):
+                continue
+            found |= {m.group(1) or m.group(2) for m in pattern.finditer(data)} & wanted
+    return found
+
+
+def test_every_class_name_the_docs_mention_is_defined_in_the_code_or_a_dependency():
+    """A name in backticks on a page (README.md, docs/**/*.md) that looks like a class names one that exists: in
+    hf_taskmoe or its test helpers, or in a dependency the docs speak of (transformers, peft, torch, ...). A renamed or
+    removed class of ours fails here, naming the page."""
+    import builtins
+    import importlib.util
+
+    documented = _documented_names()
+    wanted = set(documented) - set(NOT_DEFINITIONS) - set(dir(builtins))
+    missing = wanted - _definitions([ROOT / "hf_taskmoe", ROOT / "tests", ROOT / "examples"], wanted)
+    for package in DEPENDENCIES:
+        if not missing:
+            break
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.origin:
+            missing -= _definitions([Path(spec.origin).parent], missing)
+    assert not missing, {name: sorted(documented[name]) for name in sorted(missing)}
+    stale = sorted(set(NOT_DEFINITIONS) - set(documented))
+    assert not stale, f"NOT_DEFINITIONS lists names no page mentions any more: {stale}"
+
+
+def test_scale_out_names_the_sharding_units_the_code_derives():
+    """docs/scale-out.md's list of a task-routed layer's sharding units (the routed LMs' and BART's) is what
+    `transformer_block_classes` derives for those families' models, not a class of another family."""
+    import hf_taskmoe
+    from hf_taskmoe import TaskSpec
+    from hf_taskmoe.training.sharding import transformer_block_classes
+
+    from .test_families import _tiny_bart
+    from .test_task_routed_lm import routed
+
+    tasks = [TaskSpec(name="x", problem_type="seq2seq")]
+    units = set(transformer_block_classes(hf_taskmoe.BartTaskRouted.from_dense(_tiny_bart(), tasks)))
+    units |= set(transformer_block_classes(routed("llama", tasks=tasks)))
+    text = (ROOT / "docs" / "scale-out.md").read_text(encoding="utf-8")
+    bullet = re.search(r"A task-routed layer \((.*?)\) is", text, re.S)
+    assert bullet, "docs/scale-out.md no longer says which class is a task-routed layer's unit"
+    named = set(CLASS_NAME.findall(bullet.group(1)))
+    assert named == units, f"docs/scale-out.md names {sorted(named)}; the code's units are {sorted(units)}"
+    assert "BART" in bullet.group(1)

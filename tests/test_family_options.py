@@ -70,10 +70,27 @@ def test_every_earlier_option_parses_and_reaches_the_family_config(name, values,
 def test_unset_options_leave_the_family_defaults_and_switches_turn_off():
     model_args, *_ = run_multitask.parse_args([])
     assert config_kwargs(model_args, get_family("bert_taskmoe"), run_multitask.family_settings()) == ({}, [])
-    model_args, *_ = run_multitask.parse_args(["--model_family", "camtl", "--no_conditional_attention",
-                                               "--pal_size", "8"])
+    model_args, *_ = run_multitask.parse_args(["--model_family", "camtl", "--no_conditional_attention"])
     kwargs, ignored = config_kwargs(model_args, get_family("camtl"), run_multitask.family_settings())
-    assert kwargs == {"conditional_attention": False} and ignored == ["pal_size"]  # not a CA-MTL setting
+    assert kwargs == {"conditional_attention": False} and ignored == []
+
+
+@pytest.mark.parametrize("family, foreign, values, owner", [
+    ("mt-tag", "pal_size", ["64"], "pals"),
+    ("camtl", "pal_size", ["8"], "pals"),
+    ("bert_pals", "num_experts", ["8"], "mt-tag"),
+    ("bert_taskmoe", "conditional_attention", [], "ca-mtl"),
+])
+def test_a_setting_of_another_method_is_refused_while_parsing(family, foreign, values, owner):
+    """`--pal_size 64 --model_family mt-tag` was dropped with a warning; it is refused, naming the method that takes
+    it, before any data or checkpoint is read. Left unset (its default, None) the same setting passes."""
+    with pytest.raises(run_multitask.UsageError) as caught:
+        run_multitask.parse_args(["--model_family", family, f"--{foreign}", *values])
+    message = str(caught.value)
+    assert f"--{foreign} (a setting of {owner}" in message and f"--model_family {family}" in message
+    assert "\n" not in message  # one paragraph
+    model_args, *_ = run_multitask.parse_args(["--model_family", family])
+    assert getattr(model_args, foreign) is None
 
 
 def test_every_settable_config_field_of_every_family_is_an_option():

@@ -24,7 +24,7 @@ from hf_taskmoe.modeling_utils import (
     heads_to_output_fields,
 )
 from hf_taskmoe.models import FAMILIES, Family, register_family
-from hf_taskmoe.tasks import TaskConfigMixin
+from hf_taskmoe.models.configuration import TaskConfigMixin
 from hf_taskmoe.upcycling import UpcyclingRules, load_dense_model, upcycle
 
 from .family_tester import FamilyCase, FamilyContract

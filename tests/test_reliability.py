@@ -325,11 +325,20 @@ def test_token_ids_beyond_the_vocabulary_or_type_vocab_size_are_refused_before_t
         r"\(vocab_size\) has 500 entries: the tokenizer is not the model's",
     )
     assert not (tmp_path / "a" / "model.safetensors").exists()
-    one_segment = _dense_with(tmp_path / "t", minilm, type_vocab_size=1)  # boolq's question/passage pairs use segment 1
+    # a task of sentence pairs, whose second sentences the tokenizer gives segment 1
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    rows = [{"question": f"is {w} a word", "passage": f"{w} is a word of this sentence", "label": str(i % 2 == 0)}
+            for i, w in enumerate(["red", "blue", "green", "cold", "warm", "fast", "slow", "tall"])]
+    (pairs / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (pairs / "tasks.json").write_text(json.dumps({"tasks": [{
+        "name": "pair_qa", "label_names": ["False", "True"], "text_fields": ["question", "passage"],
+        "train_file": "train.jsonl", "validation_file": "train.jsonl"}]}))
+    one_segment = _dense_with(tmp_path / "t", minilm, type_vocab_size=1)
     _refused(
         capsys,
-        _argv(tmp_path / "b", one_segment),
-        r"Task 'boolq', train example \d+: .* gives token_type_ids 1, but the "
+        _argv(tmp_path / "b", one_segment, "--tasks", str(pairs / "tasks.json")),
+        r"Task 'pair_qa', train example \d+: .* gives token_type_ids 1, but the "
         r"model's token type table \(type_vocab_size\) has 1 entries",
     )
 

@@ -122,13 +122,13 @@ def test_declared_paths_resolve(arch):
 def test_config_refuses_what_it_cannot_build():
     from transformers import BertConfig
 
-    with pytest.raises(ValueError, match=r"not support model_type 'bert'.*\['gpt2', 'llama', 'mistral', 'qwen2'\]"):
+    with pytest.raises(ValueError, match=r"not support model_type 'bert'.*'gpt2', .*'llama', .*'mistral', .*'qwen2'"):
         TaskRoutedLMConfig(dense_config=BertConfig(), tasks=TASKS)
     with pytest.raises(ValueError, match="is not text-to-text"):
         TaskRoutedLMConfig(dense_config=dense_config("gpt2"), tasks=[TaskSpec(name="c", num_labels=2)])
     with pytest.raises(ValueError, match="routed_layers"):
         TaskRoutedLMConfig(dense_config=dense_config("gpt2"), tasks=TASKS, routed_layers=[2])
-    assert set(backbone_names("decoder")) == set(ARCHS)
+    assert set(ARCHS) <= set(backbone_names("decoder"))  # the later ones: tests/test_backbones_new.py
     assert text_to_text_layout(TaskRoutedLMConfig(dense_config=dense_config("gpt2"), tasks=TASKS)) == CAUSAL_LAYOUT
 
 

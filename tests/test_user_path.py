@@ -3,6 +3,7 @@ non-zero, seq2seq scores come from generated text, every score sits beside its b
 user's and ours, cards name data and models truthfully and escape what users wrote, eval-only and resumed runs say
 what they did."""
 
+import dataclasses
 import json
 import os
 import re
@@ -208,14 +209,14 @@ def test_the_script_prints_baselines_and_task_names_on_evaluation_bars(tmp_path,
     captured = capsys.readouterr()
     header = next(line for line in captured.out.splitlines() if line.startswith("task "))
     assert "baseline" in header
-    for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"):
+    for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "newsgroups"):
         assert f"Evaluation [{task}]" in captured.err
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
-    assert set(summary["baselines"]) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"}
+    assert set(summary["baselines"]) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "newsgroups"}
     saved = json.loads(
         (tmp_path / "out" / "eval_results.json").read_text()
     )  # the metrics file: each score's baseline too
-    assert saved["eval_boolq_accuracy_baseline"] == summary["baselines"]["boolq"]["accuracy"]
+    assert saved["eval_newsgroups_accuracy_baseline"] == summary["baselines"]["newsgroups"]["accuracy"]
     printed = captured.out[captured.out.index("eval metrics"):].splitlines()
     at = next(i for i, line in enumerate(printed) if line.split()[0] == "eval_trec_accuracy")
     assert printed[at + 1].split()[0] == "eval_trec_accuracy_baseline"  # beside it in transformers' metrics print
@@ -251,8 +252,23 @@ def test_an_offline_preset_fails_in_one_paragraph_that_says_presets_download(tmp
     )  # the tests run with HF_DATASETS_OFFLINE=1
     captured = capsys.readouterr()
     assert code == 2 and "downloading from the Hugging Face Hub" in captured.out
-    assert "Could not download the preset task data" in captured.err and "Traceback" not in captured.err
+    # the task and its Hub dataset are named (issue 59 item 9)
+    assert "Could not download the data of preset task 'rte' (Hub dataset nyu-mll/glue (rte))" in captured.err
+    assert "Traceback" not in captured.err
     assert len(captured.err.strip().splitlines()) == 2  # the paragraph and the --debug pointer
+
+
+def test_an_offline_preset_in_a_task_config_names_its_task_and_dataset(tmp_path):
+    """The preset's name and Hub dataset, whichever task of a mixture failed (not "the preset task data")."""
+    import json
+
+    from hf_taskmoe.training.loading import load_task_data
+
+    config = tmp_path / "tasks.json"
+    config.write_text(json.dumps({"tasks": [{"preset": "boolq"}]}))
+    with pytest.raises(run_multitask.UsageError) as caught:
+        load_task_data([str(config)], ["train"], str(tmp_path / "cache"))
+    assert "preset task 'boolq' (Hub dataset aps/super_glue (boolq))" in str(caught.value)
 
 
 # ------------------------------------------------------------------------------------------- help
@@ -523,3 +539,28 @@ def test_an_output_folder_named_with_html_gives_an_escaped_card_title(tmp_path, 
     assert "\n# &lt;img src=x onerror=alert(1)&gt;\n" in card.content
     code = card.content.split("```python\n", 1)[1].split("```", 1)[0]  # a Python string literal there
     assert "<img" not in card.content.replace(code, "")
+
+
+# ------------------------------------------------------------------------------------------- issue 59 item 5
+def test_a_family_that_cannot_take_the_tasks_is_refused_before_the_checkpoint_loads(
+    tmp_path, tiny_dense, monkeypatch, capsys
+):
+    """`--model_family task-routing` on the demo's classification tasks: one paragraph naming the tasks, their problem
+    types and the methods that take them, before the BERT is warm-started into a BART or loaded (no load report)."""
+    from hf_taskmoe.models.registry import FAMILIES
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was prepared or loaded before the refusal")
+
+    family = FAMILIES["bart_routed"]
+    monkeypatch.setitem(FAMILIES, "bart_routed", dataclasses.replace(family, prepare_dense=never))
+    monkeypatch.setattr(family.model_class, "from_dense", never)
+    code = run_multitask.cli(_argv(tmp_path / "r", tiny_dense, "--model_family", "task-routing"))
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err
+    assert re.search(r"--model_family task-routing: bart_routed \(BartTaskRouted\) cannot train task '\w+' "
+                     r"\(single_label_classification\)", captured.err)
+    assert "it supports the problem types ['seq2seq']" in captured.err
+    assert "Methods that take those tasks: ca-mtl, mt-tag, pals." in captured.err
+    assert len(captured.err.strip().splitlines()) == 2  # the paragraph and the --debug pointer
+    assert "MISSING" not in captured.out + captured.err and not list(tmp_path.rglob("*.safetensors"))

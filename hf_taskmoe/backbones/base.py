@@ -26,6 +26,23 @@ ENCODER_BACKBONE = "encoder"
 DECODER_BACKBONE = "decoder"
 ENCODER_DECODER_BACKBONE = "encoder-decoder"
 
+#: the methods an architecture is declared for, by the name their families give (`Family.method`): the label their
+#: classes' `method_name` begins with, and the backbone kinds the method runs on (`Backbone.unsupported` keys)
+METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mt-tag": ("MT-TaG", (ENCODER_BACKBONE,)),
+    "pals": ("PALs", (ENCODER_BACKBONE,)),
+    "ca-mtl": ("CA-MTL", (ENCODER_BACKBONE,)),
+    "task-routing": ("Task-level routing", (DECODER_BACKBONE, ENCODER_DECODER_BACKBONE)),
+}
+
+
+def method_key(method: str) -> str | None:
+    """The `METHODS` key of `method`: a key itself, or a class's `method_name` (`"PALs (PALsForMultiTask)"`) that
+    begins with a method's label; None for a name of no declared method."""
+    if method in METHODS:
+        return method
+    return next((key for key, (label, _) in METHODS.items() if method.startswith(label)), None)
+
 
 @dataclass(frozen=True)
 class FFNSite:
@@ -82,6 +99,9 @@ class Backbone:
         decoder_layers: path of an encoder-decoder's decoder layers.
         cross_attention: path, in a decoder layer of an encoder-decoder, of its cross-attention module (whose
             `layer_idx` names its cross-attention cache slot, as `attention`'s names the self-attention one).
+        unsupported: `{method: reason}` for the methods (`METHODS` keys) whose assumptions the architecture's structure
+            breaks (ALBERT shares one layer's weights across its depth): building such a model raises a `ValueError`
+            naming the architecture, the method and the reason. Default: none, every method of the kind applies.
     """
 
     model_type: str
@@ -100,6 +120,11 @@ class Backbone:
     config_fields: dict = field(default_factory=dict)
     decoder_layers: str | None = None
     cross_attention: str | None = None
+    unsupported: dict = field(default_factory=dict)
+
+    def supports(self, method: str) -> bool:
+        """Whether `method` (a `METHODS` key) runs on this architecture: of its kind and not refused."""
+        return self.kind in METHODS[method][1] and method not in self.unsupported
 
     def config_value(self, config, name: str):
         """The dense config's value for one of the canonical names (`hidden_size`, `num_hidden_layers`,
@@ -116,6 +141,10 @@ BACKBONES: dict[str, Backbone] = {}
 
 def register_backbone(backbone: Backbone, exist_ok: bool = False) -> Backbone:
     """Declare an architecture: the methods of its kind then accept its checkpoints."""
+    unknown = sorted(set(backbone.unsupported) - set(METHODS))
+    if unknown:
+        raise ValueError(f"`unsupported` of backbone {backbone.model_type!r} names no method: {unknown}; the methods "
+                         f"are {sorted(METHODS)}.")
     if backbone.model_type in BACKBONES and not exist_ok and BACKBONES[backbone.model_type] != backbone:
         raise ValueError(f"A backbone for model_type {backbone.model_type!r} is already declared; pass exist_ok=True.")
     BACKBONES[backbone.model_type] = backbone
@@ -128,14 +157,20 @@ def backbone_names(kind: str | None = None) -> list[str]:
 
 
 def get_backbone(model_type: str, kind: str | None = None, method: str = "This method") -> Backbone:
-    """The declaration of `model_type`; a `ValueError` listing the supported ones otherwise."""
+    """The declaration of `model_type`; a `ValueError` listing the supported ones otherwise, or naming the reason
+    when the declaration refuses `method` (a `METHODS` key or a class's `method_name`; `Backbone.unsupported`)."""
     backbone = BACKBONES.get(model_type)
+    key = method_key(method)
     if backbone is None or (kind is not None and backbone.kind != kind):
+        supported = [name for name in backbone_names(kind) if key is None or key not in BACKBONES[name].unsupported]
         raise ValueError(
             f"{method} does not support model_type {model_type!r}; supported {kind or ''} backbones: "
-            f"{backbone_names(kind)}. A new architecture is one hf_taskmoe.backbones.register_backbone(...) "
+            f"{supported}. A new architecture is one hf_taskmoe.backbones.register_backbone(...) "
             "declaration (docs/backbones.md)."
         )
+    reason = backbone.unsupported.get(key)
+    if reason is not None:
+        raise ValueError(f"{method} cannot run on a {model_type!r} backbone: {reason}")
     return backbone
 
 

@@ -11,23 +11,27 @@ module whose `layer_idx` names the layer's key/value cache slot (each expert cop
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .base import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, Backbone, FFNSite, register_backbone
 
 
-def _llama_like(model_type: str) -> Backbone:
-    """Llama and its descendants (Qwen2, Mistral): pre-norm layers, gated (SwiGLU) `mlp`, rotary positions."""
-    return Backbone(
-        model_type=model_type,
-        kind=DECODER_BACKBONE,
-        layers="layers",
-        ffn=FFNSite(module="mlp", gated=True),
-        attention="self_attn",
-        attention_output="self_attn.o_proj",
-        norms=("input_layernorm", "post_attention_layernorm"),
-        embeddings="embed_tokens",
-        post_norm=False,
-        segment_ids=False,
-    )
+def _llama_like(model_type: str, **fields) -> Backbone:
+    """Llama and its descendants (Qwen2, Mistral, ...): pre-norm layers, gated (SwiGLU) `mlp`, rotary positions;
+    `fields` override what a descendant changes (its norms, a plain `mlp`)."""
+    return Backbone(**{
+        "model_type": model_type,
+        "kind": DECODER_BACKBONE,
+        "layers": "layers",
+        "ffn": FFNSite(module="mlp", gated=True),
+        "attention": "self_attn",
+        "attention_output": "self_attn.o_proj",
+        "norms": ("input_layernorm", "post_attention_layernorm"),
+        "embeddings": "embed_tokens",
+        "post_norm": False,
+        "segment_ids": False,
+        **fields,
+    })
 
 
 GPT2 = register_backbone(
@@ -53,6 +57,50 @@ GPT2 = register_backbone(
 LLAMA = register_backbone(_llama_like("llama"))
 QWEN2 = register_backbone(_llama_like("qwen2"))
 MISTRAL = register_backbone(_llama_like("mistral"))
+#: Llama's layer under other names for its scaling (Granite's multipliers), its attention (Qwen3's q/k norms, SmolLM3's
+#: layers without rotary positions, Phi-3's fused `qkv_proj` and `gate_up_proj`), or LayerNorm in place of RMSNorm
+#: (StableLM; its `use_parallel_residual` variant has no `post_attention_layernorm`)
+QWEN3 = register_backbone(_llama_like("qwen3"))
+GRANITE = register_backbone(_llama_like("granite"))
+SMOLLM3 = register_backbone(_llama_like("smollm3"))
+PHI3 = register_backbone(_llama_like("phi3"))
+STABLELM = register_backbone(_llama_like("stablelm"))
+#: Gemma 2 / Gemma 3 (text): a norm before and after each sub-layer ("sandwich"), sliding-window and global layers
+#: alternating (`config.layer_types`, fixed per layer when it is built, so a forked layer's copies keep their kind)
+_GEMMA_NORMS = (
+    "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+)
+GEMMA2 = register_backbone(_llama_like("gemma2", norms=_GEMMA_NORMS))
+GEMMA3_TEXT = register_backbone(_llama_like("gemma3_text", norms=_GEMMA_NORMS))
+#: OLMo 2: its norms follow each sub-layer, before the residual sum (`post_attention_layernorm`,
+#: `post_feedforward_layernorm`); no norm feeds the sub-layers' projections
+OLMO2 = register_backbone(_llama_like("olmo2", norms=("post_attention_layernorm", "post_feedforward_layernorm")))
+#: Starcoder2: Llama's layout with a plain two-projection `mlp` (`c_fc`, `c_proj`) and LayerNorms
+STARCODER2 = register_backbone(_llama_like(
+    "starcoder2", ffn=FFNSite(module="mlp"),
+    config_fields={"layer_norm_eps": "norm_epsilon", "hidden_dropout_prob": "residual_dropout"},
+))
+#: Cohere (Command-R): one norm feeding the attention and the gated `mlp` in parallel (`x + attn(n(x)) + mlp(n(x))`)
+COHERE = register_backbone(_llama_like("cohere", norms=("input_layernorm",)))
+#: GPT-NeoX (Pythia): `attention` (`query_key_value`, `dense`) and a plain `mlp`, in parallel from two norms by default
+#: (`use_parallel_residual`), sequential otherwise
+GPT_NEOX = register_backbone(_llama_like(
+    "gpt_neox", ffn=FFNSite(module="mlp"), attention="attention", attention_output="attention.dense",
+    embeddings="embed_in", config_fields={"hidden_dropout_prob": "hidden_dropout"},
+))
+#: Falcon: `h` layers whose `self_attention` and plain `mlp` run in parallel from `input_layernorm` (the 7B layout;
+#: `new_decoder_architecture` checkpoints -- 40B, 180B -- have `ln_attn` and `ln_mlp` instead)
+FALCON = register_backbone(_llama_like(
+    "falcon", layers="h", ffn=FFNSite(module="mlp"), attention="self_attention",
+    attention_output="self_attention.dense", norms=("input_layernorm",), embeddings="word_embeddings",
+    config_fields={"layer_norm_eps": "layer_norm_epsilon", "hidden_dropout_prob": "hidden_dropout"},
+    unsupported={"task-routing": (
+        "Falcon's layers return a tuple (hidden states, attention weights) and take their key/value cache as "
+        "`layer_past`, where task-level routing mixes its experts' outputs as the hidden-states tensor a layer "
+        "returns and finds the cache among the layer's cache arguments: the experts' outputs cannot be mixed. Use a "
+        "checkpoint of a declared decoder whose layers return their hidden states (Llama, Qwen, Gemma, GPT-NeoX, ...)."
+    )},
+))
 
 
 def _t5_like(model_type: str) -> Backbone:
@@ -81,10 +129,14 @@ def _t5_like(model_type: str) -> Backbone:
 
 T5 = register_backbone(_t5_like("t5"))
 MT5 = register_backbone(_t5_like("mt5"))
-#: BART: post-norm `layers` of `self_attn` (decoder: `encoder_attn`) and `fc1` / `fc2`, learned positions
-BART = register_backbone(
-    Backbone(
-        model_type="bart",
+#: UMT5: T5's blocks, each with its own relative-position table (no bias passed from block to block)
+UMT5 = register_backbone(_t5_like("umt5"))
+
+
+def _bart_like(model_type: str, post_norm: bool = True) -> Backbone:
+    """BART and its descendants: `layers` of `self_attn` (decoder: `encoder_attn`) and `fc1` / `fc2`."""
+    return Backbone(
+        model_type=model_type,
         kind=ENCODER_DECODER_BACKBONE,
         layers="encoder.layers",
         decoder_layers="decoder.layers",
@@ -94,7 +146,7 @@ BART = register_backbone(
         attention_output="self_attn.out_proj",
         norms=("self_attn_layer_norm", "final_layer_norm"),
         embeddings="shared",
-        post_norm=True,
+        post_norm=post_norm,
         segment_ids=False,
         config_fields={
             "hidden_size": "d_model", "num_hidden_layers": "encoder_layers", "num_decoder_layers": "decoder_layers",
@@ -102,4 +154,24 @@ BART = register_backbone(
             "hidden_dropout_prob": "dropout",
         },
     )
-)
+
+
+#: BART: post-norm layers, learned positions
+BART = register_backbone(_bart_like("bart"))
+#: mBART and Pegasus: BART's layers made pre-norm (each norm before its sub-layer); Marian (Opus-MT): BART's post-norm
+#: layers with sinusoidal positions
+MBART = register_backbone(_bart_like("mbart", post_norm=False))
+PEGASUS = register_backbone(_bart_like("pegasus", post_norm=False))
+MARIAN = register_backbone(_bart_like("marian"))
+#: LongT5: T5's blocks with local or transient-global attention in the encoder, declared so that a checkpoint is
+#: refused with the reason
+#: (its encoder's self-attention is `LocalSelfAttention`, or `TransientGlobalSelfAttention` with
+#: `encoder_attention_type="transient-global"`; its decoder's is T5's `SelfAttention`)
+LONGT5 = register_backbone(replace(
+    _t5_like("longt5"), attention="layer.0.LocalSelfAttention", attention_output="layer.0.LocalSelfAttention.o",
+    unsupported={"task-routing": (
+    "LongT5's blocks return a tuple (hidden states, then the relative-position bias of its local / transient-global "
+    "attention, which the first block computes and the later ones reuse), and the routed block that carries such a "
+    "bias from block to block knows T5's full attention only (T5RoutedBlock, for t5 / mt5): mixing the experts' "
+    "outputs would mix tuples. Use a T5, mT5 or UMT5 checkpoint."
+)}))

@@ -45,9 +45,10 @@ from ..modeling_utils import (
 )
 from ..pipelines import PIPELINE_TASK
 from ..problem_types import ENCODER
-from ..tasks import TaskConfigMixin, TaskSpec
+from ..tasks import TaskSpec
 from ..upcycling import UpcyclingRules
 from ..utils import check_choice, check_int, check_layer_list
+from .configuration import TaskConfigMixin, check_config_options
 from .registry import Family
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
@@ -191,7 +192,8 @@ class TaskHeadsMixin:
                 heads_out.task_logits = None
             return task_ids, encoded, heads_out
         if not values_checked:  # else `BatchChecker` checked them on the host
-            check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids)
+            check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids,
+                            position_ids=position_ids)
         task_ids, task_rows, prepared = self._prepare_task_batch(
             task_ids, batch, seq, labels, span_positions, check_values=not values_checked, task_counts=task_counts
         )
@@ -340,6 +342,10 @@ class FlatDenseFields:
             cls._flat_dense_fields = cached
         return cached
 
+    @classmethod
+    def accepted_options(cls) -> frozenset[str]:
+        return super().accepted_options() | cls.flat_dense_fields()
+
     def __post_init__(self, **kwargs):
         flat = {name: kwargs.pop(name) for name in list(kwargs) if name in self.flat_dense_fields()}
         try:
@@ -482,6 +488,14 @@ class TaskEncoderMixin(TaskHeadsMixin):
     def get_input_embeddings(self):
         return self.backbone.get_input_embeddings()
 
+    def position_table_size(self) -> int | None:
+        """The rows `position_ids` index (`max_position_embeddings`) where the dense model adds an absolute position
+        table to its embeddings (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT); None where positions are rotary
+        (ModernBERT) or relative (DeBERTa-v3), which have no table for an id to fall outside."""
+        embeddings = self.backbone.get_submodule(self.config.backbone.embeddings)
+        table = getattr(embeddings, "position_embeddings", None)
+        return self.config.max_position_embeddings if isinstance(table, torch.nn.Embedding) else None
+
     def set_input_embeddings(self, value):
         self.backbone.set_input_embeddings(value)
 
@@ -530,6 +544,8 @@ class TaskEncoderMixin(TaskHeadsMixin):
             token_type_ids=token_type_ids, position_ids=position_ids,
         )
         task_ids = resolve_task_ids(task_ids, batch, self.config.task_names, self.device)
+        check_token_ids(token_table_sizes(self), input_ids=input_ids, token_type_ids=token_type_ids,
+                        position_ids=position_ids)
         output = self._run_encoder(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
                                    *flags, **kwargs)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -579,6 +595,9 @@ class TaskEncoderMixin(TaskHeadsMixin):
         with `output_loading_info=True`)."""
         from ..upcycling import load_dense_model, upcycle
 
+        # a misspelt option is refused before the checkpoint loads (`num_expert=8` must not build 4 experts)
+        check_config_options(cls.config_class, config_kwargs, inspect.signature(cls.from_dense).parameters,
+                             where=f"{cls.__name__}.from_dense")
         dense_model = load_dense_model(dense, **(hub_kwargs or {}))
         config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
         model = cls(config)

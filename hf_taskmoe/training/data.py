@@ -462,6 +462,15 @@ def _check_column_kinds(
     return problems
 
 
+class PresetLoadError(RuntimeError):
+    """`datasets.load_dataset` failed for a preset task: says which task and Hub dataset (the cause chained)."""
+
+    def __init__(self, task: str, dataset: str, config: str | None, cause: BaseException):
+        self.task, self.dataset_id = task, dataset + (f" ({config})" if config else "")
+        super().__init__(f"Could not load the data of preset task {task!r} (Hub dataset {self.dataset_id}): "
+                         f"{type(cause).__name__}: {cause}")
+
+
 def load_preset(
     name: str, splits: Sequence[str] = ("train", "validation"), cache_dir: str | None = None, **overrides
 ) -> TaskData:
@@ -470,9 +479,12 @@ def load_preset(
 
     preset = lookup(TASK_PRESETS, name, "task preset")
     spec = preset.task_spec(**overrides)
-    loaded = {split: datasets.load_dataset(preset.dataset, preset.config, split=preset.splits[split],
-                                           cache_dir=cache_dir)
-              for split in splits if preset.splits.get(split) is not None}  # a split the preset has
+    try:
+        loaded = {split: datasets.load_dataset(preset.dataset, preset.config, split=preset.splits[split],
+                                               cache_dir=cache_dir)
+                  for split in splits if preset.splits.get(split) is not None}  # a split the preset has
+    except Exception as err:  # noqa: BLE001 -- said with the task and dataset it was loading; the cause chained
+        raise PresetLoadError(name, preset.dataset, preset.config, err) from err
     return TaskData(spec, loaded, f"{preset.dataset}" + (f" ({preset.config})" if preset.config else ""))
 
 

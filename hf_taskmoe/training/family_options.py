@@ -14,9 +14,7 @@ import inspect
 import re
 from collections.abc import Iterable
 
-#: fields the build itself sets (`from_dense`: the tasks, the dense config, the checkpoint's name; the script: the
-#: recipe of text task representations): never options
-BUILD_FIELDS = frozenset({"tasks", "dense_config", "upcycled_from", "task_representation_source"})
+from ..models.configuration import own_config_fields
 
 _SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 # an `Args:` entry: `name (`type`, ...):` then its description, on the same line or indented on the next ones
@@ -69,15 +67,6 @@ def _documented(config_class: type) -> dict[str, tuple[str, str]]:
 def _first_sentence(text: str) -> str:
     match = re.match(r"(.+?\.)(\s|$)", text)
     return (match.group(1) if match else text).replace("`", "")
-
-
-def own_config_fields(config_class: type) -> list[dataclasses.Field]:
-    """The dataclass fields `config_class` adds to those of the transformers configs it derives from."""
-    inherited: set[str] = set()
-    for base in config_class.__mro__[1:]:
-        if dataclasses.is_dataclass(base) and base.__module__.split(".")[0] == "transformers":
-            inherited |= {f.name for f in dataclasses.fields(base)}
-    return [f for f in dataclasses.fields(config_class) if f.name not in inherited and f.name not in BUILD_FIELDS]
 
 
 def _option(field: dataclasses.Field, doc: tuple[str, str] | None) -> ConfigOption | None:

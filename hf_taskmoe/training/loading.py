@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ..modeling_utils import token_table_sizes
 from ..models.registry import FAMILIES
-from .data import TASK_PRESETS, DataError, load_tasks
+from .data import TASK_PRESETS, DataError, PresetLoadError, load_tasks
 from .errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,11 @@ def load_task_data(names: list[str], splits: list[str], cache_dir: str | None):
         if cause is None:
             raise
         reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        preset = err if isinstance(err, PresetLoadError) else None
+        what = (f"the data of preset task {preset.task!r} (Hub dataset {preset.dataset_id})" if preset is not None
+                else "the preset task data")
         raise UsageError(
-            f"Could not download the preset task data from the Hugging Face Hub ({type(cause).__name__}: {reason}). "
+            f"Could not download {what} from the Hugging Face Hub ({type(cause).__name__}: {reason}). "
             "Presets (and task-config entries with \"preset\") need the network on their first use, or a copy in the "
             "datasets cache (then set HF_DATASETS_OFFLINE=1). For data on disk, write a task-config file (see "
             "docs/task-config.md)."
@@ -171,6 +174,24 @@ def text_representations(model, task_data, tokenizer, source: str, max_length: i
                          "not be comparable.")
     added = [n for n in model.config.task_names if n not in saved_config.task_names]
     set_text_representations(model, task_data, tokenizer, recipe["base"], added, max_length, examples, cache_dir)
+
+
+def check_family_tasks(family, tasks, option: str = "--model_family") -> None:
+    """Refuse tasks whose problem type `family` (a `Family`) does not take (`Family.supported_problem_types`), in one
+    paragraph, before its checkpoint is loaded or prepared (task-level routing is text-to-text only: a classification
+    task would otherwise be refused by the config after the weights loaded, below transformers' load report)."""
+    supported = family.supported_problem_types
+    refused = [t for t in tasks if supported and t.problem_type not in supported]
+    if not refused:
+        return
+    takes = sorted({f.method or f.name for f in FAMILIES.values() if f.buildable_from_dense
+                    and all(t.problem_type in f.supported_problem_types for t in refused)})
+    raise UsageError(
+        f"{option}: {family.name} ({family.model_class.__name__}) cannot train "
+        + ", ".join(f"task {t.name!r} ({t.problem_type})" for t in refused)
+        + f": it supports the problem types {list(supported)}. "
+        + (f"Methods that take those tasks: {', '.join(takes)}." if takes else "No method takes all of them.")
+    )
 
 
 def is_task_model_config(config) -> bool:

@@ -152,7 +152,8 @@ class TaskBottleneck(_TaskConditioned, ConditionalBottleneck):
     ModernBERT) one forward hook does it (`beside`); for a split FFN (BERT and descendants: `intermediate`, then
     `output.dense`, dropout and the norm of the residual sum) a pre-hook on the FFN module keeps its input
     (`keep_input`) and a pre-hook on the norm after the FFN adds the bottleneck of that input to what the norm reads
-    (`add_to_norm_input`): `norm(dropout(FFN(a)) + a + CFF(a))`."""
+    (`add_to_norm_input`): `norm(dropout(FFN(a)) + a + CFF(a))`; in a pre-norm split FFN (XLM-R-XL, no norm after
+    it) a forward hook on the output projection adds it to the FFN's output (`add_to_output`), before its dropout."""
 
     def __init__(self, hidden_size: int, bottleneck_size: int, task_dim: int, context: TaskContext):
         super().__init__(hidden_size, bottleneck_size, task_dim)
@@ -168,6 +169,10 @@ class TaskBottleneck(_TaskConditioned, ConditionalBottleneck):
     def add_to_norm_input(self, module: nn.Module, args: tuple) -> tuple:
         ffn_input, self._ffn_input = self._ffn_input, None
         return (args[0] + self(ffn_input, self.conditioning()), *args[1:])
+
+    def add_to_output(self, module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        ffn_input, self._ffn_input = self._ffn_input, None
+        return output + self(ffn_input, self.conditioning())
 
 
 class TaskSkipBottleneck(ConditionalBottleneck):
@@ -266,12 +271,12 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
             if config.conditional_bottleneck == "base" and index in config.bottleneck_layer_indices:
                 bottleneck = _attach(layer, "bottleneck", TaskBottleneck(hidden, size, task_dim, context))
                 ffn = layer.get_submodule(backbone.ffn.module)
-                if backbone.ffn.split:  # post-norm BERT-like layer: its last declared norm follows the FFN
-                    if not (backbone.post_norm and backbone.norms):
-                        raise ValueError(f"CA-MTL's BASE bottleneck on a split FFN needs a post-norm layer with "
-                                         f"declared norms; {backbone.model_type} has none.")
+                if backbone.ffn.split:
                     ffn.register_forward_pre_hook(bottleneck.keep_input)
-                    layer.get_submodule(backbone.norms[-1]).register_forward_pre_hook(bottleneck.add_to_norm_input)
+                    if backbone.post_norm and backbone.norms:  # BERT-like: its last declared norm follows the FFN
+                        layer.get_submodule(backbone.norms[-1]).register_forward_pre_hook(bottleneck.add_to_norm_input)
+                    else:  # pre-norm (XLM-R-XL): the output projection's output is the FFN's, before the residual
+                        layer.get_submodule(backbone.ffn.w_out).register_forward_hook(bottleneck.add_to_output)
                 else:
                     ffn.register_forward_hook(bottleneck.beside)
         if config.conditional_alignment:

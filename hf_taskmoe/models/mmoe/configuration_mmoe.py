@@ -5,8 +5,8 @@ from __future__ import annotations
 from transformers import PreTrainedConfig
 
 from ...problem_types import TABULAR, problem_type_of
-from ...tasks import TaskConfigMixin
 from ...utils import check_choice, check_float, check_int, check_str_list
+from ..configuration import TaskConfigMixin
 
 ARCHITECTURES = ("mmoe", "omoe", "shared_bottom")
 HIDDEN_ACTS = ("relu", "gelu", "tanh", "sigmoid")

@@ -136,8 +136,10 @@ def attach_pal(layer: nn.Module, site: PALSite, backbone: Backbone, pal_site: st
                 f"declares the norms {backbone.norms}."
             )
         layer.get_submodule(backbone.norms[-1]).register_forward_pre_hook(site.add_to_input)
-    else:
-        layer.get_submodule(backbone.ffn.module).register_forward_hook(site.add_to_output)
+    else:  # pre-norm: beside the FFN's output (a split FFN's: its output projection's), before the residual sum
+        layer.get_submodule(backbone.ffn.w_out if backbone.ffn.split else backbone.ffn.module).register_forward_hook(
+            site.add_to_output
+        )
     layer.task_pal = site
 
 

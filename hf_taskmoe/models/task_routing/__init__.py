@@ -20,9 +20,15 @@ from .modeling_seq2seq import BartTaskRouted, T5RoutedBlock, TaskRoutedForSeq2Se
 
 
 def _routing(c) -> str:
-    """What every task-routed model's card says of its router."""
+    """What every task-routed model's card says of its router (and of low-rank experts)."""
     frozen = " (frozen)" if c.freeze_task_embeddings else ""
-    return f"{c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    text = f"{c.router_type} router, selection `{c.selection}`, task representations of size {c.task_dim}{frozen}"
+    if c.low_rank:
+        targets = ", ".join(c.expert_targets) if c.expert_targets else "every linear of the layer"
+        base = "trained" if c.train_base else "frozen"
+        text += (f"; low-rank experts: one copy of each routed layer plus each expert's LoRA delta of rank "
+                 f"{c.expert_rank} (`lora_alpha` {c.lora_alpha:g}) on {targets}, dense weights {base}")
+    return text
 
 
 def describe(c: TaskRoutedLMConfig) -> str:
@@ -45,7 +51,9 @@ def _upcycling(model_class) -> UpcyclingRules:
     """Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
     weight of the dense model (embeddings, positions, final norms, LM head) under its own name; the router is new.
     Names are relative to `backbone.` (the dense model), whatever the architecture calls its layers."""
-    return UpcyclingRules(rename=((r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
+    # a linear holding low-rank experts keeps the dense one as its `base_layer`
+    return UpcyclingRules(rename=((r"(.+)\.experts\.\d+\.(.+)\.base_layer\.(weight|bias)", r"\1.\2.\3"),
+                                  (r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
                           new=model_class.parameter_roles.new_patterns)
 
 

@@ -14,8 +14,9 @@ from ...compat import dense_sub_config
 from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
 from ...problem_types import TEXT_TO_TEXT
 from ...problem_types.seq2seq import ENCODER_DECODER_LAYOUT
-from ...tasks import TaskConfigMixin, TaskSpec
+from ...tasks import TaskSpec
 from ...utils import check_choice, check_float, check_int, check_layer_list
+from ..configuration import TaskConfigMixin
 
 __all__ = ["BartTaskRoutedConfig", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig"]
 
@@ -70,6 +71,31 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
             given.
         upcycled_from (`str`, *optional*):
             Set by `from_dense`: the dense checkpoint the experts were forked from (model cards).
+        expert_rank (`int`, *optional*):
+            `None` (default): every expert is a whole copy of its layer (the paper's forked layers). A positive int
+            `r`: low-rank experts. A routed layer is then not forked: it stays one module with one key/value cache
+            slot (the dense layout: generation uses the dense model's caches), and each of its target linears holds
+            `num_experts` LoRA deltas of rank `r` beside the dense weight (`hf_taskmoe.layers.low_rank`): expert `j`
+            of the layer is the dense layer plus its own deltas. Upcycling sets every `B` to zero (peft's init), so
+            all experts start equal to the dense layer and the model computes the dense model's outputs under any
+            route; they diverge only through the tasks routed to them. Soft routes mix the deltas
+            (`W + s * sum_j d_j B_j A_j`: one layer run and one cache), hard routes add the chosen expert's alone.
+        expert_alpha (`float`, *optional*):
+            peft's `lora_alpha`: the deltas are scaled by `expert_alpha / expert_rank`. Defaults to `2 * expert_rank`
+            (scale 2, the common LoRA choice for rank 8-64; with Adam the scale mostly acts as a step size on the
+            deltas). An export writes it as each adapter's `lora_alpha`, so peft's scale equals this model's.
+        expert_dropout (`float`, *optional*, defaults to 0.0):
+            Dropout on the input of the deltas (peft's `lora_dropout`); the dense product reads the input unchanged.
+        expert_targets (`list[str]`, *optional*):
+            Which linears of a routed layer get deltas: module names relative to the layer, or suffixes of them
+            (`["q_proj", "v_proj"]`, `["mlp.down_proj"]`). Default: every linear of the layer (attention
+            projections, cross-attention's in an encoder-decoder, the FFN's): task routing forks whole layers, so a
+            low-rank expert is the whole layer plus its deltas, the nearest low-rank counterpart of the paper's
+            experts. A name that matches no linear is refused.
+        train_base (`bool`, *optional*, defaults to `False`):
+            With `expert_rank` set: `False` freezes the dense weights (every layer's, embeddings, LM head, norms:
+            `requires_grad=False`), so training holds gradients and optimizer state only for the deltas, the router
+            and the task representations (LoRA memory); `True` trains them too.
     """
 
     model_type = "taskmoe_routed_lm"
@@ -101,6 +127,11 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     task_embedding_init_std: float = 1.0
     task_representation_source: dict | None = None
     upcycled_from: str | None = None
+    expert_rank: int | None = None
+    expert_alpha: float | None = None
+    expert_dropout: float = 0.0
+    expert_targets: list | None = None
+    train_base: bool = False
 
     def __post_init__(self, **kwargs):
         self.dense_config = dense_sub_config(self.dense_config, self.dense_config_default)
@@ -136,6 +167,58 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
         if self.router_init_std is not None:
             check_float(self.router_init_std, "router_init_std", minimum=0.0)
         check_float(self.task_embedding_init_std, "task_embedding_init_std", minimum=0.0)
+        self._validate_low_rank()
+
+    def _validate_low_rank(self) -> None:
+        rank = self.expert_rank
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+            raise ValueError(
+                f"`expert_rank` must be None (experts are whole copies of their layer) or a positive integer (the "
+                f"rank of the low-rank experts), got {rank!r}."
+            )
+        if self.expert_alpha is not None:
+            self.expert_alpha = check_float(self.expert_alpha, "expert_alpha", minimum=0.0)
+        self.expert_dropout = check_float(self.expert_dropout, "expert_dropout", minimum=0.0)
+        if self.expert_dropout >= 1.0:
+            raise ValueError(f"`expert_dropout` must be in [0, 1), got {self.expert_dropout}.")
+        if self.expert_targets is not None:
+            targets = self.expert_targets
+            if isinstance(targets, str) or not isinstance(targets, (list, tuple)) or not targets or not all(
+                    isinstance(t, str) and t for t in targets):
+                raise ValueError(
+                    f"`expert_targets` must be None (every linear of a routed layer) or a non-empty list of module "
+                    f"names or suffixes (['q_proj', 'v_proj']), got {targets!r}."
+                )
+            self.expert_targets = list(targets)
+        if not isinstance(self.train_base, bool):
+            raise ValueError(f"`train_base` must be a bool, got {self.train_base!r}.")
+        if rank is None:
+            given = {name: getattr(self, name) for name in ("expert_alpha", "expert_targets")
+                     if getattr(self, name) is not None}
+            if self.expert_dropout:
+                given["expert_dropout"] = self.expert_dropout
+            if self.train_base:
+                given["train_base"] = True
+            if given:
+                raise ValueError(
+                    f"{sorted(given)} apply to low-rank experts only: set `expert_rank` (a positive integer) too, got "
+                    f"{given} with expert_rank=None."
+                )
+
+    @property
+    def low_rank(self) -> bool:
+        """Whether the experts are low-rank deltas over one shared layer (`expert_rank` set)."""
+        return self.expert_rank is not None
+
+    @property
+    def expert_scaling(self) -> float:
+        """The deltas' scale `expert_alpha / expert_rank` (`expert_alpha` defaults to `2 * expert_rank`)."""
+        return self.lora_alpha / self.expert_rank
+
+    @property
+    def lora_alpha(self) -> float:
+        """`expert_alpha` resolved: peft's `lora_alpha` of the deltas (and of an exported adapter)."""
+        return float(self.expert_alpha) if self.expert_alpha is not None else 2.0 * self.expert_rank
 
     # ------------------------------------------------------------------ views
     @property
@@ -309,6 +392,10 @@ class BartTaskRoutedConfig(TaskRoutedSeq2SeqConfig):
     model_type = "taskmoe_bart_routed"
     method_name: ClassVar[str] = "Task-level routing (BartTaskRouted)"
     dense_config_default: ClassVar[str] = "bart"
+
+    @classmethod
+    def accepted_options(cls) -> frozenset[str]:
+        return super().accepted_options() | BART_FIELDS
 
     def __post_init__(self, **kwargs):
         if self.dense_config is None:

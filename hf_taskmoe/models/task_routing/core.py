@@ -19,10 +19,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutpu
 from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
-from ...compat import CACHE_ARG, output_cache, pop_cache
-from ...contract import TASK_ROUTING_ROLES
+from ...compat import CACHE_ARG, checkpointing_enable_with, output_cache, pop_cache
+from ...contract import LOW_RANK_ROUTING_ROLES, TASK_ROUTING_ROLES
 from ...layers.grouped_routes import task_sorted_generate
+from ...layers.low_rank import LowRankExperts, LowRankSpec, expert_path, wrap_linears
 from ...layers.routing import (
+    PlanEntry,
     RoutedLayer,
     SlotRows,
     TaskRouter,
@@ -35,6 +37,7 @@ from ...modeling_utils import check_kwargs, check_token_ids, grow_embedding, res
 from ...problem_types.seq2seq import Seq2Seq
 from ...tasks import TaskSpec
 from ...utils import is_capturing
+from ..configuration import check_config_options
 
 
 @dataclass
@@ -109,7 +112,8 @@ class ContextRoutedLayer(RoutedLayer):
 
 def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, attention: str | tuple[str, ...] | None,
                 context: TaskContext, shared: tuple = (), first_route: int = 0,
-                layer_class: type[ContextRoutedLayer] = ContextRoutedLayer) -> list[int]:
+                layer_class: type[ContextRoutedLayer] = ContextRoutedLayer,
+                low_rank: LowRankSpec | None = None) -> list[int]:
     """Replace each layer of `layers` by a `layer_class` (a `ContextRoutedLayer`): a routed layer (index in `routed`)
     holds the layer and `num_experts - 1` copies of it, any other layer holds itself alone. Returns `slot_layers`: the
     layer each key/value cache slot belongs to. `attention`: the path (or paths: a T5 decoder block's self- and
@@ -123,13 +127,19 @@ def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, atte
     from -- is a real layer holding every row); expert `j > 0` gets a slot after the dense ones. Copies are
     `copy.deepcopy` of the layer sharing `shared` objects (the dense config, whose attention implementation
     `set_attn_implementation` changes), so each keeps what its layer index fixed at construction (Qwen2's sliding
-    window per layer type, GPT-2's per-layer attention scale): only the cache slot number changes."""
+    window per layer type, GPT-2's per-layer attention scale): only the cache slot number changes.
+
+    `low_rank` (low-rank experts, `expert_rank`): a routed layer is not copied. It stays one module (its only
+    "expert", `experts.0`) with its one cache slot, and its targeted linears become `LowRankExperts` holding the
+    experts' deltas, reading the layer's decisions from `context` (`wrap_linears`)."""
     slot_layers = list(range(len(layers)))
     paths = (attention,) if isinstance(attention, str) else tuple(attention or ())
     route = first_route
     for i, layer in enumerate(list(layers)):
         experts = [layer]
-        if i in routed:
+        if i in routed and low_rank is not None:
+            wrap_linears(layer, low_rank, route, context)
+        elif i in routed:
             for _ in range(num_experts - 1):
                 expert = copy.deepcopy(layer, memo={id(s): s for s in shared})
                 for path in paths:
@@ -151,8 +161,39 @@ def dense_forward_kwargs(dense_class, *extra: str) -> frozenset[str]:
     return frozenset(names - {"self", "kwargs", "labels", "return_dict"})
 
 
+class _RoutingRoles:
+    """The parameter roles of a task-routed model: `TASK_ROUTING_ROLES` (whole experts), or, on a model with
+    low-rank experts (`config.expert_rank`), `LOW_RANK_ROUTING_ROLES` (the deltas are the experts, the one copy of
+    each layer is shared). Read on the class (the registry, upcycling rules) it is `TASK_ROUTING_ROLES`."""
+
+    def __get__(self, obj, owner=None):
+        config = getattr(obj, "config", None) if obj is not None else None
+        return LOW_RANK_ROUTING_ROLES if getattr(config, "low_rank", False) else TASK_ROUTING_ROLES
+
+
 #: how many tokens a task-routed model generates unless told (`generation_config.max_new_tokens`)
 DEFAULT_MAX_NEW_TOKENS = 64
+
+
+def check_cache_rows(cache, batch: int) -> None:
+    """A key/value cache continues the batch it was filled with: a filled slot that holds every row (one an expert
+    keeps only its own rows in, `SlotRows.slot_rows`, is the generation plan's, checked with it) must hold `batch`.
+    One of another batch size, passed by hand, is refused by name here (a `RuntimeError` on tensor sizes inside the
+    attention otherwise). Reads the slots' shapes only (no host sync)."""
+    halves = [getattr(cache, "self_attention_cache", None), getattr(cache, "cross_attention_cache", None)]
+    halves = [h for h in halves if h is not None] or [cache]
+    own_rows = getattr(cache, "slot_rows", None) or {}
+    for half in halves:
+        for slot, layer in enumerate(getattr(half, "layers", ())):
+            keys = getattr(layer, "keys", None)
+            if slot in own_rows or not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[-2] == 0:
+                continue
+            if keys.shape[0] != batch:
+                raise ValueError(
+                    f"`cache` (`past_key_values`) was filled for {keys.shape[0]} rows (slot {slot}), but the inputs "
+                    f"have {batch} rows: a key/value cache continues only the batch it was filled with (the same rows "
+                    "and task ids, in order). Pass no cache (or `model.new_cache()`) to start another batch."
+                )
 
 
 class TaskRoutingMixin:
@@ -169,7 +210,7 @@ class TaskRoutingMixin:
     _supports_flex_attn = True
     _is_stateful = False
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
-    parameter_roles = TASK_ROUTING_ROLES
+    parameter_roles = _RoutingRoles()
     #: the Auto class `from_dense` loads a dense checkpoint with (and `export_task` builds), and what the dense model
     #: must be (messages)
     dense_auto_class: type
@@ -182,9 +223,34 @@ class TaskRoutingMixin:
         self.backbone = self.dense_auto_class.from_config(config.dense_config)
         self.task_context = TaskContext()
 
+    def _low_rank_spec(self, config) -> LowRankSpec | None:
+        """How `fork_layers` builds low-rank experts (None: whole copies, `expert_rank` unset)."""
+        if not config.low_rank:
+            return None
+        targets = tuple(config.expert_targets) if config.expert_targets is not None else None
+        return LowRankSpec(config.num_experts, config.expert_rank, config.lora_alpha, config.expert_dropout, targets)
+
+    def low_rank_modules(self) -> dict[str, LowRankExperts]:
+        """`{name in this model: module}` of every linear holding low-rank experts (empty with whole experts)."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, LowRankExperts)}
+
+    def _check_low_rank_targets(self, config) -> None:
+        if not config.low_rank:
+            return
+        names = list(self.low_rank_modules())
+        unmatched = [t for t in config.expert_targets or () if not any(n.endswith(f".{t}") for n in names)]
+        if not names or unmatched:
+            raise ValueError(
+                f"`expert_targets` {unmatched or config.expert_targets!r} match no linear (nn.Linear, Conv1D) of the "
+                f"routed layers of this {config.dense_config.model_type}; name linears of a layer by their module "
+                "names or suffixes (Llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj), or leave "
+                "it None for every linear."
+            )
+
     def _finish_init(self, config, *forward_kwargs: str) -> None:
         """After the forking: the router, what the forward passes on to the dense model (`dense_forward_kwargs`, with
         `forward_kwargs`), transformers' `post_init`, the generation convention and the frozen task embeddings."""
+        self._check_low_rank_targets(config)
         self._build_router(config)
         self._forward_kwargs = dense_forward_kwargs(type(self.backbone), *forward_kwargs)
         self.post_init()
@@ -215,6 +281,9 @@ class TaskRoutingMixin:
 
     @torch.no_grad()
     def _init_weights(self, module):
+        if isinstance(module, LowRankExperts):  # peft's init: A Kaiming-uniform, B zero (the dense layer's output)
+            module.reset_lora_parameters()
+            return
         if not self._init_router_weights(module):
             super()._init_weights(module)
         self._init_task_order(module)
@@ -281,10 +350,18 @@ class TaskRoutingMixin:
         relative-position table included). It loads and runs without hf_taskmoe and gives this model's outputs for
         the task. Its config carries the special tokens set on this model (`run_multitask.py` sets the tokenizer's),
         its generation config this model's. The route must be hard (`gumbel_softmax_st` or `hard`, or experts
-        disabled down to one); `force_argmax=True` takes the arg-max expert of a soft route (outputs then differ)."""
-        chosen = self.hard_route(task, force_argmax)
+        disabled down to one); `force_argmax=True` takes the arg-max expert of a soft route (outputs then differ).
+
+        With low-rank experts (`expert_rank`) each routed layer's linears hold the dense weight with the chosen
+        expert's delta merged in: `W + s * B_j A_j` (GPT-2's `Conv1D`, stored `(in, out)`: its transpose)."""
+        return self._dense_export(self.hard_route(task, force_argmax), task)
+
+    def _dense_export(self, chosen: list[int] | None, task: str | None) -> PreTrainedModel:
+        """`export_task`'s dense model of the route `chosen` (an expert per routed layer). With low-rank experts,
+        `chosen=None` gives the base: the dense weights with no delta merged (`export_task_adapters`' base)."""
         config = copy.deepcopy(self.config.dense_config)
-        config.hf_taskmoe_task = task
+        if task is not None:
+            config.hf_taskmoe_task = task
         for name in self.special_token_names:
             value = getattr(self.config, name, None)
             if value is not None:
@@ -299,7 +376,13 @@ class TaskRoutingMixin:
             if prefix is not None:
                 index, rest = name[len(prefix):].split(".", 1)
                 layer = stacks[prefix][int(index)]
-                expert = chosen[layer.route_index] if layer.route_index is not None else 0
+                expert = chosen[layer.route_index] if layer.route_index is not None and chosen is not None else 0
+                if self.config.low_rank:
+                    merged = _merged_low_rank(layer.experts[0], rest, None if chosen is None else expert)
+                    if merged is not None:
+                        mapped[name] = merged
+                        continue
+                    expert = 0  # the layer's one copy
                 source = f"{prefix}{index}.experts.{expert}.{rest}"
             mapped[name] = state[source]
         dense.load_state_dict(mapped, strict=True)
@@ -332,9 +415,17 @@ class TaskRoutingMixin:
         variance `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the
         dense model's outputs under any route). Embeddings, final norms, LM head and plain layers are copied; the
         router is new. `**config_kwargs` are fields of the family's config. With `output_loading_info=True` returns
-        `(model, UpcyclingReport)`."""
+        `(model, UpcyclingReport)`.
+
+        With `expert_rank=r` (low-rank experts) the layers are not copied: their linears get each expert's LoRA
+        delta with `B = 0` (the report lists the deltas as new), so the model computes the dense model's outputs
+        exactly under any route, whatever `expert_noise_variance` (not used then); the dense weights are frozen
+        unless `train_base=True`."""
         from ...upcycling import DenseCheckpoint, upcycle
 
+        # a misspelt option is refused before the checkpoint loads
+        check_config_options(cls.config_class, config_kwargs, inspect.signature(cls.from_dense).parameters,
+                             where=f"{cls.__name__}.from_dense")
         if isinstance(dense, PreTrainedModel):
             source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
             checkpoint = DenseCheckpoint(dense, source)
@@ -353,7 +444,7 @@ class TaskRoutingMixin:
         model.generation_config = model._apply_generation_convention(copy.deepcopy(dense_model.generation_config))
         # the dense model's weights are its own names under `backbone.`, its layers' under `...experts.<j>.`
         report = upcycle(checkpoint, model, strict=strict)
-        if expert_noise_variance:
+        if expert_noise_variance and not config.low_rank:
             generator = torch.Generator().manual_seed(seed) if seed is not None else None
             std = float(expert_noise_variance) ** 0.5
             with torch.no_grad():
@@ -392,6 +483,8 @@ class TaskRoutingMixin:
         if use_cache is None:
             use_cache = getattr(self.config.dense_config, "use_cache", True) and not self.training
         cache = self._routed_cache(cache) if use_cache else None
+        if cache is not None:
+            check_cache_rows(cache, batch)
         hidden = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         attentions = self.config.output_attentions if output_attentions is None else output_attentions
         flags = self._routing_flags(routing_weights, cache, router_logits)
@@ -532,6 +625,12 @@ class TaskRoutingMixin:
         `SlotRows` cache that `generate` made: `ExpertRowsCache`, `RoutedCache`) the plan of the routes, made from
         the decisions at the first step (one host read per `generate` call) and kept on the cache for the later
         steps, which read nothing; else the forward's plan (`plans_forward_routes`)."""
+        if self.config.low_rank:
+            # one copy of each layer runs on every row (plan: its one "expert"); its linears add the deltas by the
+            # path the configuration and state choose (`layers.low_rank.expert_path`), nothing read back
+            path = expert_path(self.config.selection, self.router.needs_every_expert, router_logits is None)
+            plan = [[PlanEntry(0, None, False)] for _ in range(routing_weights.shape[1])]
+            return {"routing_weights": routing_weights, "routing_plan": plan, "expert_path": path}
         if self._every_expert_generation:  # `generate(every_expert=True)`: the reference path, nothing read back
             return {"routing_weights": routing_weights, "routing_plan": every_expert_plan(*routing_weights.shape[1:])}
         plan = None
@@ -554,8 +653,13 @@ class TaskRoutingMixin:
         return {"routing_weights": routing_weights, "routing_plan": plan}
 
     def apply_freezing(self) -> None:
-        """Freeze the task representations when `config.freeze_task_embeddings` (section 5.1 (m))."""
-        self.router.task_embeddings.weight.requires_grad_(not self.config.freeze_task_embeddings)
+        """Freeze the task representations when `config.freeze_task_embeddings` (section 5.1 (m)); with low-rank
+        experts and `train_base=False`, freeze every dense weight too (all but the deltas and the router)."""
+        config = self.config
+        if config.low_rank and not config.train_base:
+            for name, param in self.named_parameters():
+                param.requires_grad_(name.startswith("router.") or name.endswith((".lora_A", ".lora_B")))
+        self.router.task_embeddings.weight.requires_grad_(not config.freeze_task_embeddings)
 
     def _after_load(self) -> None:
         self.apply_freezing()  # loading recreates the parameters
@@ -652,3 +756,28 @@ class TaskRoutingMixin:
                 "arg-max experts."
             )
         return decisions.argmax(-1).tolist()
+
+
+def _merged_low_rank(layer: nn.Module, rest: str, expert: int | None) -> torch.Tensor | None:
+    """The dense weight `rest` (relative to `layer`) of a linear holding low-rank experts, with expert `expert`'s delta
+    merged (`weight`; None: no delta, the base's) or as it is (`bias`); None when `rest` is not such a linear's."""
+    path, _, leaf = rest.rpartition(".")
+    try:
+        module = layer.get_submodule(path)
+    except AttributeError:
+        return None
+    if not isinstance(module, LowRankExperts):
+        return None
+    with torch.no_grad():
+        base = getattr(module.base_layer, leaf)
+        if leaf != "weight" or expert is None:
+            return base.detach().clone()
+        return base + module.delta_weight(expert).to(base.dtype)
+
+
+# activation checkpointing: a layer with low-rank experts reads its decisions from the task context while it is
+# recomputed in the backward pass, after the forward emptied it: the checkpoint restores the context then
+checkpointing_enable_with(
+    TaskRoutingMixin,
+    lambda model, kwargs: model.task_context.checkpoint_kwargs(kwargs) if model.config.low_rank else kwargs,
+)

@@ -28,6 +28,11 @@ method's).
 
 Weights: `backbone.<the dense model's own names>`, a routed layer's `<layers>.<i>.experts.<j>.*` (a plain layer is
 `experts.0`), the router under `router.*`.
+
+Low-rank experts (`config.expert_rank`): a routed layer is not forked but kept as `experts.0`, its linears wrapped
+(`hf_taskmoe.layers.low_rank.LowRankExperts`: `<linear>.base_layer.*` the dense weights, `<linear>.lora_A` /
+`lora_B` every expert's delta); the cache is the dense model's own (`DynamicCache`, one slot per layer), and
+generation runs each layer once on every row, each row adding its own expert's delta (docs/task-routing-lm.md).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import copy
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationMixin
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache
 
 from ...compat import CACHE_ARG, pop_cache
 from ...layers.routing import ExpertRowsCache, RouteRecorder
@@ -97,23 +102,29 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
         layers = declared.layer_list(self.backbone.base_model)
         self._slot_layers = fork_layers(
             layers, config.route_layers, config.num_experts, declared.attention, self.task_context,
-            shared=(self.backbone.config,),
+            shared=(self.backbone.config,), low_rank=self._low_rank_spec(config),
         )
         self._finish_init(config)
 
     # ------------------------------------------------------------------ cache
-    def new_cache(self) -> ExpertRowsCache:
+    def new_cache(self) -> ExpertRowsCache | DynamicCache:
         """An empty key/value cache with one slot per expert: the dense layout (its sliding-window layers included),
-        then a slot like its layer's for each expert copy."""
+        then a slot like its layer's for each expert copy. With low-rank experts (`expert_rank`): the dense model's
+        own cache (one slot per layer)."""
+        if self.config.low_rank:
+            return DynamicCache(config=self.config.dense_config)
         cache = ExpertRowsCache(config=self.config.dense_config)
         if cache.layers:  # built from the config: one layer object per slot, of the slot's layer's kind
             cache.layers.extend(copy.deepcopy(cache.layers[i]) for i in self._slot_layers[len(cache.layers):])
         return cache
 
     def _routed_cache(self, cache: Cache | None) -> Cache:
-        """The cache to decode with: ours, a new one in place of none, or of an empty cache of another layout."""
+        """The cache to decode with: ours, a new one in place of none, or of an empty cache of another layout. With
+        low-rank experts any cache of the dense layout (the layers keep one slot each)."""
         if cache is None:
             return self.new_cache()
+        if self.config.low_rank:
+            return cache
         if getattr(cache, "is_compileable", False):
             raise ValueError(
                 f"{type(self).__name__} cannot decode with a static cache ({type(cache).__name__}): its layers keep "

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, GenerationMixin
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
@@ -283,14 +283,15 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         # `set_attn_implementation` reaches every expert
         shared = (self.backbone.config, encoder.config, decoder.config)
         layer_class = ROUTED_BLOCKS.get(declared.model_type, ContextRoutedLayer)
+        low_rank = self._low_rank_spec(config)
         fork_layers(
             base.get_submodule(declared.layers), config.encoder_route_layers, config.num_experts, None,
-            self.task_context, shared=shared, layer_class=layer_class,
+            self.task_context, shared=shared, layer_class=layer_class, low_rank=low_rank,
         )
         self._slot_layers = fork_layers(
             base.get_submodule(declared.decoder_layers), config.decoder_route_layers, config.num_experts,
             (declared.attention, declared.cross_attention), self.task_context, shared=shared,
-            first_route=len(config.encoder_route_layers), layer_class=layer_class,
+            first_route=len(config.encoder_route_layers), layer_class=layer_class, low_rank=low_rank,
         )
         # `generate` runs the encoder by itself: its pre-hook routes it; both stacks record hidden states and
         # attentions per routed block (transformers' hooks would record every expert separately)
@@ -312,16 +313,22 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     def num_cache_slots(self) -> int:
         return len(self._slot_layers)
 
-    def new_cache(self) -> RoutedCache:
+    def new_cache(self) -> RoutedCache | EncoderDecoderCache:
         """An empty key/value cache with one self-attention and one cross-attention slot per decoder expert: the
-        dense layout, then a slot for each expert copy."""
+        dense layout, then a slot for each expert copy. With low-rank experts (`expert_rank`): the dense model's own
+        cache (one slot per block)."""
+        if self.config.low_rank:
+            return EncoderDecoderCache(DynamicCache(), DynamicCache())
         if not T5_BLOCK_RETURNS_BIASES:  # an older transformers, whose cache layers take no empty (None) entries:
             return RoutedCache()  # lazy layers, as BartTaskRouted made them (only BART is built there)
         slots = [(None, None)] * self.num_cache_slots
         return RoutedCache(ExpertRowsCache(ddp_cache_data=slots), ExpertRowsCache(ddp_cache_data=slots))
 
     def _routed_cache(self, cache: Cache | None) -> RoutedCache:
-        """The cache to decode with: ours, or a new one in place of none or of an empty cache of another layout."""
+        """The cache to decode with: ours, or a new one in place of none or of an empty cache of another layout. With
+        low-rank experts any cache of the dense layout."""
+        if self.config.low_rank:
+            return cache if cache is not None else self.new_cache()
         if cache is None or isinstance(cache, RoutedCache):
             return cache if cache is not None else self.new_cache()
         if getattr(cache, "is_compileable", False):
@@ -352,8 +359,9 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
                     raise ValueError(EXPORT_NEEDS_CHECKED)
                 task_ids = resolve_task_ids(task_ids, inputs.shape[0], self.config.task_names, self.device,
                                             check_values=not values_checked)
+                decisions, logits = self.router(task_ids)
                 self.task_context.begin(
-                    task_ids, kwargs.get("attention_mask"), **self._routing_flags(self.router(task_ids)[0]),
+                    task_ids, kwargs.get("attention_mask"), **self._routing_flags(decisions, router_logits=logits),
                     began_by=stack,
                 )
                 flags = self.task_context.flags

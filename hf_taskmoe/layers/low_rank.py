@@ -1,0 +1,173 @@
+"""Low-rank experts: one dense linear shared by every expert, plus each expert's own LoRA delta.
+
+`LowRankExperts` wraps one linear of a routed layer (`nn.Linear`, or transformers' `Conv1D` for GPT-2, whose weight is
+stored `(in, out)`): `base_layer` is the dense layer's own module (frozen unless the model trains its base), and
+expert `j` adds `scaling * B_j A_j x` with `A_j` `(r, in)` (peft's init: Kaiming-uniform, `a = sqrt(5)`, per expert)
+and `B_j` `(out, r)` zero at init, `scaling = alpha / r` (peft's `lora_alpha / r`). A row `b` whose routing decisions
+are `d_b` `(experts,)` computes
+
+    base(x_b) + scaling * sum_j d_bj B_j A_j x_b
+
+for its tokens: one base product for every row, then the low-rank products. With every `B` zero the output is the
+dense layer's exactly, whatever the decisions.
+
+Two ways to compute the deltas, chosen from the model's configuration and state (`expert_path`), never from the
+decisions' values (nothing is read back to the host):
+
+- `"mix"` (every expert): `h = x A^T` over the experts' stacked factors `(E * r, in)`, each expert's `r` columns
+  scaled by the row's decision, then `h B^T` over the stacked `(out, E * r)`: two GEMMs of rank `E * r`. Soft routes
+  (`softmax`, `average`, `gumbel_softmax`) need it, and so does straight-through training (`gumbel_softmax_st`), whose
+  router gradient reaches every expert's delta.
+- `"one"` (one expert per row): each row's chosen expert (`decisions.argmax(-1)`, on the device) has its factors
+  gathered (`index_select`: `(batch, r, in)`, `(batch, out, r)`) and applied with two `torch.bmm`: rank-`r` compute
+  per row, punica's BGMV in plain torch. The delta is multiplied by the chosen decision's value (exactly 1 under a
+  hard route; `selection="hard"` carries its `p / sg(p)` router gradient through it). Hard routes take it: `hard` in
+  training, every one-hot route at evaluation and in generation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+__all__ = ["EXPERT_PATHS", "LowRankExperts", "LowRankSpec", "expert_path", "wrap_linears"]
+
+#: the two ways of computing the deltas (module docstring)
+EXPERT_PATHS = ("mix", "one")
+#: selections whose decisions are one-hot in value wherever their gradient does not need every expert
+ONE_HOT_SELECTIONS = ("hard", "gumbel_softmax_st")
+
+
+def expert_path(selection: str, needs_every_expert: bool, decisions_given: bool) -> str:
+    """Which path computes a forward's deltas: `"one"` (one expert per row) for the hard routes -- `selection` `hard`,
+    or `gumbel_softmax_st` but in training with gradients (`needs_every_expert`: straight-through needs every expert's
+    delta) -- of the router's own decisions; `"mix"` (every expert, mixed by the decisions) otherwise, and for
+    decisions given by hand (`routing_weights=`), which may be anything."""
+    if decisions_given or needs_every_expert or selection not in ONE_HOT_SELECTIONS:
+        return "mix"
+    return "one"
+
+
+def _dims(base: nn.Module) -> tuple[int, int]:
+    """`(in, out)` of a linear: `nn.Linear` stores its weight `(out, in)`, `Conv1D` `(in, out)`."""
+    if isinstance(base, Conv1D):
+        return base.weight.shape[0], base.weight.shape[1]
+    return base.in_features, base.out_features
+
+
+class LowRankExperts(nn.Module):
+    """One linear of a routed layer with `num_experts` LoRA deltas (module docstring). The routing decisions of the
+    current forward are read from the model's `TaskContext` (`flags["routing_weights"][:, route_index]`, `(batch,
+    experts)`) and the path from `flags["expert_path"]`: the context the family fills before calling the dense model,
+    and restores while a checkpointed layer is recomputed (`TaskContext.checkpoint_kwargs`).
+
+    `weight` and `bias` read through to the base layer (the dense modules read them: T5's feed-forward its `wo`'s
+    dtype)."""
+
+    def __init__(self, base_layer: nn.Module, num_experts: int, rank: int, alpha: float, dropout: float = 0.0,
+                 route_index: int = 0, context=None):
+        super().__init__()
+        self.base_layer = base_layer
+        self.in_features, self.out_features = _dims(base_layer)
+        self.num_experts, self.rank = num_experts, rank
+        self.scaling = alpha / rank
+        self.fan_in_fan_out = isinstance(base_layer, Conv1D)  # peft's name for a weight stored (in, out)
+        self.route_index = route_index
+        self.context = context  # a plain object (no weights): shared with the model, not saved
+        weight = base_layer.weight
+        self.lora_A = nn.Parameter(torch.empty(num_experts, rank, self.in_features, device=weight.device,
+                                               dtype=weight.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(num_experts, self.out_features, rank, device=weight.device,
+                                               dtype=weight.dtype))
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.reset_lora_parameters()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base_layer.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base_layer.bias
+
+    @torch.no_grad()
+    def reset_lora_parameters(self) -> None:
+        """peft's LoRA init, per expert: `A_j` Kaiming-uniform (`a = sqrt(5)`, fan-in `in`), `B_j` zero."""
+        from transformers import initialization as init
+
+        for j in range(self.num_experts):
+            init.kaiming_uniform_(self.lora_A[j], a=math.sqrt(5))
+        init.zeros_(self.lora_B)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, experts={self.num_experts}, rank={self.rank}, "
+                f"scaling={self.scaling:g}")
+
+    def delta_weight(self, expert: int) -> torch.Tensor:
+        """Expert `expert`'s `scaling * B_j A_j` in the base weight's layout (`(out, in)`; `(in, out)` for Conv1D)."""
+        delta = self.scaling * (self.lora_B[expert] @ self.lora_A[expert])  # (out, in)
+        return delta.T if self.fan_in_fan_out else delta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.base_layer(x)
+        flags = self.context.flags if self.context is not None else {}
+        weights = flags.get("routing_weights")
+        if weights is None:
+            self.context.require_task_ids()  # raises: called outside the model's forward
+        decisions = weights[:, self.route_index]  # (batch, experts)
+        return out + self.delta(x, decisions, flags.get("expert_path", "mix")).to(out.dtype)
+
+    def delta(self, x: torch.Tensor, decisions: torch.Tensor, path: str = "mix") -> torch.Tensor:
+        """`scaling * sum_j d_bj B_j A_j x_b` for `x` `(batch, ..., in)` and `decisions` `(batch, experts)`."""
+        shape = x.shape
+        x = self.dropout(x).reshape(shape[0], -1, shape[-1])  # (b, T, in)
+        A, B = self.lora_A, self.lora_B  # (E, r, in), (E, out, r)
+        d = decisions.to(x.dtype)
+        if path == "one":
+            idx = d.argmax(-1)  # (b,) each row's expert, on the device
+            value = d.gather(1, idx[:, None])  # (b, 1): exactly 1 under a hard route (its gradient, if any)
+            h = torch.bmm(x, A.index_select(0, idx).transpose(1, 2))  # (b, T, r)
+            y = torch.bmm(h, B.index_select(0, idx).transpose(1, 2))  # (b, T, out)
+            y = y * (value * self.scaling)[:, :, None]
+        elif path == "mix":
+            E, r = self.num_experts, self.rank
+            h = x @ A.reshape(E * r, -1).T  # (b, T, E * r)
+            h = h * (d * self.scaling).repeat_interleave(r, dim=-1)[:, None, :]  # each expert's r columns by d_bj
+            y = h @ B.permute(1, 0, 2).reshape(-1, E * r).T  # (b, T, out)
+        else:
+            raise ValueError(f"`path` must be one of {EXPERT_PATHS}, got {path!r}.")
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+
+@dataclass(frozen=True)
+class LowRankSpec:
+    """How a routed layer's linears get low-rank experts: `num_experts` deltas of rank `rank`, scale `alpha / rank`,
+    `dropout` on the delta's input, on the linears named by `targets` (None: every linear of the layer; else module
+    names relative to the layer, or suffixes of them: `"q_proj"`, `"self_attn.o_proj"`)."""
+
+    num_experts: int
+    rank: int
+    alpha: float
+    dropout: float = 0.0
+    targets: tuple[str, ...] | None = None
+
+    def targeted(self, name: str) -> bool:
+        return self.targets is None or any(name == t or name.endswith(f".{t}") for t in self.targets)
+
+
+def wrap_linears(layer: nn.Module, spec: LowRankSpec, route_index: int, context) -> list[str]:
+    """Replace each targeted linear of `layer` (`nn.Linear` or `Conv1D`) by a `LowRankExperts` around it, reading the
+    decisions of routed layer `route_index` from `context`. Returns the wrapped modules' names (relative to `layer`)."""
+    names = [name for name, module in layer.named_modules()
+             if isinstance(module, (nn.Linear, Conv1D)) and name and spec.targeted(name)]
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        owner = layer.get_submodule(parent) if parent else layer
+        base = getattr(owner, child)
+        setattr(owner, child, LowRankExperts(base, spec.num_experts, spec.rank, spec.alpha, spec.dropout,
+                                             route_index, context))
+    return names
