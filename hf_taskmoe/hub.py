@@ -9,12 +9,12 @@ parses with `huggingface_hub.ModelCard.load`.
 from __future__ import annotations
 
 import importlib.resources
-import os
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .folder_swap import install_staged
 from .problem_types import TEXT_TO_TEXT, problem_type_of
 from .tasks import TaskSpec
 
@@ -520,48 +520,6 @@ _EXPORT_ARTIFACTS = (
     "generation_config.json",
     "README.md",
 )
-
-
-def install_staged(staging: Path, folder: Path, stale=()) -> None:
-    """Move every item of `staging` into `folder`, replacing same-named ones, and remove the items of `folder` named
-    in `stale`; the previous content stays whole until the new one is complete on `folder`'s own device.
-
-    Each item is first moved (or, across devices -- `folder` a mount point, a Docker volume -- copied) into `folder`
-    under a hidden temporary name; only when all are there are the stale items removed and the new ones renamed
-    into place (renames within one folder: atomic per file). A failure before that (a full disk) removes the
-    temporaries and leaves `folder` as it was."""
-    import errno
-    import shutil
-
-    folder.mkdir(parents=True, exist_ok=True)
-    incoming: list[tuple[Path, Path]] = []
-    try:
-        for item in sorted(staging.iterdir()):
-            temporary = folder / f".{item.name}.incoming-{os.getpid()}"
-            try:
-                os.replace(item, temporary)
-            except OSError as err:
-                if err.errno not in (errno.EXDEV, errno.EBUSY, errno.EPERM, errno.EACCES, errno.ENOTSUP):
-                    raise
-                if item.is_dir():  # another device: copy, the original stays in staging until all is done
-                    shutil.copytree(item, temporary)
-                else:
-                    shutil.copy2(item, temporary)
-            incoming.append((temporary, folder / item.name))
-    except BaseException:
-        for temporary, _ in incoming:
-            shutil.rmtree(temporary, ignore_errors=True) if temporary.is_dir() else temporary.unlink(missing_ok=True)
-        raise
-    new_names = {target.name for _, target in incoming}
-    for name in stale:
-        path = folder / name
-        if name in new_names or not (path.exists() or path.is_symlink()):
-            continue
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    for temporary, target in incoming:
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        os.replace(temporary, target)
 
 
 def export_for_remote_code(

@@ -7,6 +7,7 @@ fails with a message that names the argument (and the task, row or field) at fau
 from __future__ import annotations
 
 import logging
+import os
 import re
 import zlib
 from dataclasses import dataclass
@@ -469,13 +470,40 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
     #: match a pattern (tested for each class), so a checkpoint of either layout loads.
     checkpoint_key_mapping: ClassVar[dict[str, str]] = {}
 
-    def save_pretrained(self, *args, **kwargs):
+    def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' `save_pretrained`, always writing today's layout: a model loaded through a `key_mapping`
         would by default be saved with the renaming reversed (`save_original_format=True`), which for a many-to-one
-        mapping gives neither layout."""
+        mapping gives neither layout.
+
+        Atomic: the model is written into a temporary folder beside `save_directory` and swapped in once complete
+        (`hf_taskmoe.folder_swap`), so a process killed at any moment of the save leaves the earlier model or the new
+        one at the path, never a mix. The folder's other files (a tokenizer, a model card, checkpoints) survive, as
+        they do in transformers; weight files of the earlier model of the kind the new save writes, under other names
+        (another sharding), are dropped. Written in place as transformers does: a folder that cannot be swapped by
+        renames (a mount point, the working folder, a symlink, a parent folder we cannot write in), a save by a
+        process that is not the main one (`is_main_process=False`) and `distributed_checkpoint=True` (every rank
+        writes)."""
+        from .folder_swap import write_then_swap
+
         if self.checkpoint_key_mapping:
             kwargs.setdefault("save_original_format", False)
-        return super().save_pretrained(*args, **kwargs)
+        is_main_process = args[0] if args else kwargs.get("is_main_process", True)
+        if (
+            not is_main_process
+            or kwargs.get("distributed_checkpoint", False)
+            or (hasattr(self, "should_save_on_this_rank") and not self.should_save_on_this_rank(is_main_process))
+        ):
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("push_to_hub", False):  # the repository is named after the folder, not the temporary one
+            kwargs.setdefault("repo_id", os.path.basename(os.path.abspath(save_directory)))
+        result = []
+
+        def write(folder):
+            result.append(super(MultiTaskPreTrainedModel, self).save_pretrained(folder, *args, **kwargs))
+
+        if write_then_swap(save_directory, write):
+            return result[0]
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -488,6 +516,12 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         on file is checked: what the state dict lacks is initialised, as in transformers. Weights a bare encoder
         leaves out of a task model's file (its heads) are no mismatch,
         nor is the task order (`task_fingerprint`) missing from a checkpoint saved before it was recorded."""
+        from .folder_swap import loadable_path
+
+        if args:  # a save killed between the two renames of its swap: the earlier model, in its backup folder
+            args = (loadable_path(args[0]), *args[1:])
+        elif "pretrained_model_name_or_path" in kwargs:
+            kwargs["pretrained_model_name_or_path"] = loadable_path(kwargs["pretrained_model_name_or_path"])
         if cls.checkpoint_key_mapping:
             kwargs["key_mapping"] = {**cls.checkpoint_key_mapping, **(kwargs.get("key_mapping") or {})}
         wants_info = kwargs.get("output_loading_info", False)

@@ -24,12 +24,15 @@ import torch
 
 from hf_taskmoe import (
     CAMTLBackboneConfig,
+    CAMTLConfig,
     CAMTLForMultiTask,
+    CAMTLModel,
     MMoEModel,
     PALsConfig,
     PALsForMultiTask,
     TaskMoEConfig,
     TaskMoEForMultiTask,
+    TaskSpec,
 )
 from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
 from hf_taskmoe.modeling_utils import BatchChecker
@@ -235,3 +238,62 @@ def test_trainer_with_torch_compile_runs_one_graph_over_mixed_batches(family, cl
     assert not counters["graph_break"], dict(counters["graph_break"])
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert len(losses) == 4 and all(loss == loss for loss in losses)  # finite
+
+
+# -- a mixture with a multi-label task: one labels shape, one graph (issue 59 item 3) ---------------------------------
+MULTI_LABEL_MIXTURE = [
+    TaskSpec(name="a", num_labels=2),
+    TaskSpec(name="m", problem_type="multi_label_classification", num_labels=3),
+    TaskSpec(name="c", problem_type="regression"),
+]
+#: the rows' tasks of four batches: with a multi-label row, without one, only multi-label, only single-label
+MULTI_LABEL_MIXES = [[0, 1, 2, 0], [0, 2, 2, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
+
+
+def _features(ids: list[int], seed: int) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    labels = {0: lambda: int(torch.randint(0, 2, (), generator=g)),
+              1: lambda: torch.randint(0, 2, (3,), generator=g).tolist(),
+              2: lambda: float(torch.randn((), generator=g))}
+    return [{"input_ids": torch.randint(3, 60, (6,), generator=g).tolist(), "attention_mask": [1] * 6,
+             "task_ids": t, "labels": labels[t]()} for t in ids]
+
+
+def test_a_mixture_with_a_multi_label_task_trains_in_one_graph(tmp_path):
+    """The Trainer's collator pads every batch's labels to the mixture's widest task (the multi-label task's 3 values),
+    also a batch without a multi-label row: one labels shape, so a compiled training step (`fullgraph=True`, recompile
+    limit 1, hitting it an error) runs one graph over batches with and without a multi-label row; before, a batch of
+    class indices and real values had 1-D labels and the step recompiled. Each head reads its own columns: the eager
+    losses on the padded labels are those on labels as wide as each batch's widest row (the collator without
+    `label_width`), and the compiled steps give them too."""
+    from torch._dynamo.utils import counters
+
+    from hf_taskmoe.training import MultiTaskCollator, MultiTaskTrainer, MultiTaskTrainingArguments
+
+    from .test_compile import SIZES
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    # CA-MTL (one family: the labels are read by the heads every encoder family shares, `MultiTaskHeads`)
+    eager = CAMTLModel(CAMTLConfig(tasks=MULTI_LABEL_MIXTURE, conditional_attention_max_length=8, **SIZES)).train()
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", save_strategy="no")
+    collate = MultiTaskTrainer(model=eager, args=args).data_collator  # what training batches are made with
+    features = [_features(ids, seed) for seed, ids in enumerate(MULTI_LABEL_MIXES)]
+    padded = [collate(f) for f in features]
+    assert {b["labels"].shape for b in padded} == {(4, 3)}, [b["labels"].shape for b in padded]
+    assert all(b["values_checked"] for b in padded) and len({b["task_counts"] for b in padded}) == 4
+    checker = BatchChecker.for_model(eager)
+    unpadded = [{**b, **checker.check(b)} for b in (MultiTaskCollator(float_labels=True)(f) for f in features)]
+    assert [tuple(b["labels"].shape) for b in unpadded] == [(4, 3), (4,), (4, 3), (4,)]  # the old shapes
+    with torch.no_grad():
+        for p, u in zip(padded, unpadded):
+            torch.testing.assert_close(eager(**p).loss, eager(**u).loss, rtol=0, atol=0)
+    compiled_model = copy.deepcopy(eager)
+    expected = _run(eager, unpadded, None, train=True)
+    compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        got = _run(compiled, padded, None, train=True)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch.testing.assert_close(torch.stack(got), torch.stack(expected), rtol=1e-4, atol=1e-5)

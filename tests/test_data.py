@@ -1,4 +1,5 @@
 import json
+import re
 
 import datasets
 import pytest
@@ -86,6 +87,33 @@ def test_collator_pads_a_mixed_batch():
     assert batch["span_positions"].shape == (6, 2, 2) and batch["span_positions"][5].tolist() == [[1, 2], [1, 2]]
     single = MultiTaskCollator()([features[0], features[0]])
     assert single["labels"].dtype == torch.long and single["labels"].shape == (2,)
+
+
+def test_collator_gives_a_mixture_with_a_multi_label_task_one_labels_shape():
+    """Issue 59 item 3: with the mixture's widest label (`mixture_label_width`: the multi-label task's 4 values) every
+    batch's labels are `(rows, 4)`, padded with -100, whether it holds a multi-label row or not (a compiled step's
+    graph keys on the shape); without it they followed the batch, 1-D for a batch of class indices."""
+    from hf_taskmoe.problem_types.base import mixture_label_width
+
+    mixture = [SST2, STSB, TAGS]
+    assert mixture_label_width(mixture) == 4
+    assert mixture_label_width([SST2, STSB, COPA, WIC]) is None  # one value per row: 1-D labels, as before
+    assert mixture_label_width([SST2, TAGS, NER]) is None  # a label per token: as wide as the batch, as before
+    collate = MultiTaskCollator(float_labels=True, label_width=mixture_label_width(mixture))
+    sst2 = {"input_ids": [101, 5, 102], "attention_mask": [1, 1, 1], "labels": 1, "task_ids": 0}
+    stsb = {"input_ids": [101, 6, 102], "attention_mask": [1, 1, 1], "labels": 0.5, "task_ids": 1}
+    tags = {"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1], "labels": [0, 1, 1, 0], "task_ids": 2}
+    with_tags, without = collate([sst2, tags, stsb]), collate([sst2, stsb, sst2])
+    assert with_tags["labels"].shape == without["labels"].shape == (3, 4)
+    assert with_tags["labels"].dtype == without["labels"].dtype == torch.float32
+    assert without["labels"].tolist() == [[1, -100, -100, -100], [0.5, -100, -100, -100], [1, -100, -100, -100]]
+    assert with_tags["labels"][1].tolist() == [0, 1, 1, 0]
+    # the evaluation reads each task's own columns back (`ProblemType.own_labels`)
+    from hf_taskmoe.problem_types import problem_type_of
+
+    assert problem_type_of(SST2).own_labels(SST2, without["labels"]).tolist() == [1, 0.5, 1]
+    assert problem_type_of(TAGS).own_labels(TAGS, with_tags["labels"]).shape == (3, 4)
+    assert MultiTaskCollator()([sst2, sst2])["labels"].shape == (2,)  # no width given: as before
 
 
 def test_multitask_dataset_indexes_tasks_in_order():
@@ -284,6 +312,50 @@ def test_json_array_rows_are_named_by_their_line(tmp_path):
 def test_labels_and_texts_of_the_wrong_kind_are_refused_by_file_and_line(tmp_path, rows, match):
     with pytest.raises(DataError, match=match):
         _load(_task_file(tmp_path, "m.jsonl", "\n".join(rows) + "\n"))
+
+
+@pytest.mark.parametrize(
+    "rows, spec, expected",
+    [
+        (  # a class outside the set, then a list where one class belongs, then a number where names are written
+            ['{"text": "a", "label": "pos"}', '{"text": "b", "label": "maybe"}', '{"text": "c", "label": ["neg"]}',
+             '{"text": "d", "label": 1}', '{"text": "e", "label": "neg"}'],
+            {},
+            [r"line 2: label 'maybe' is not one of the task's labels \['neg', 'pos'\]",
+             r"line 3, field 'label': \['neg'\] is a list of text, but line 1 writes 'pos' \(text\)",
+             r"line 4, field 'label': 1 is a number, but line 1 writes 'pos' \(text\)"],
+        ),
+        (  # regression: text where a number belongs, then a target that is not finite, an empty text, a bad line
+            ['{"text": "a", "label": 0.5}', '{"text": "b", "label": "high"}', '{"text": "c", "label": NaN}',
+             '{"text": "", "label": 1.0}', '{"text": "e", "label"'],
+            dict(problem_type="regression", label_names=None),
+            [r"line 2, field 'label': 'high' is text, but line 1 writes 0.5 \(a number\)",
+             r"line 3: regression label nan is not finite",
+             r"line 4: field 'text' is empty",
+             r"line 5: not a JSON object"],
+        ),
+        (  # token classification: a tag outside the set, one tag of another kind, a row with a tag too few
+            ['{"text": ["a", "b"], "label": ["pos", "neg"]}', '{"text": ["c"], "label": ["maybe"]}',
+             '{"text": ["d", "e"], "label": "pos"}', '{"text": ["f", "g"], "label": ["neg"]}'],
+            dict(problem_type="token_classification"),
+            [r"line 2: label 'maybe' is not one of the task's labels",
+             r"line 3, field 'label': 'pos' is text, but line 1 writes \['pos', 'neg'\] \(a list of text\)",
+             r"line 4: 1 label\(s\) \(field 'label'\) for 2 word\(s\)"],
+        ),
+    ],
+    ids=["out-of-set-then-other-kinds", "regression", "token-classification"],
+)
+def test_every_bad_row_of_a_file_is_listed_at_once(tmp_path, rows, spec, expected):
+    """Issue 59 item 4: a file whose label column mixes kinds (refused before Arrow can store it) still has every
+    other row's values checked: the out-of-set label, the empty text, the malformed line and a row whose tags do not
+    match its words are listed beside the rows of another kind, in line order, in one error."""
+    with pytest.raises(DataError) as caught:
+        _load(_task_file(tmp_path, "m.jsonl", "\n".join(rows) + "\n", **spec))
+    problems = caught.value.problems
+    assert len(problems) == len(expected), problems
+    for problem, pattern in zip(problems, expected):
+        assert "m.jsonl" in problem and re.search(pattern, problem), (pattern, problem)
+    assert all(str(p) in str(caught.value) for p in problems)
 
 
 def test_regression_targets_are_plain_numbers_of_the_task_width(tmp_path):

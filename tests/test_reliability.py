@@ -255,6 +255,11 @@ def test_overwrite_keeps_the_previous_run_until_the_new_one_is_saved(tmp_path, t
         return real_rename(src, dst, *args, **kwargs)
 
     monkeypatch.setattr(os, "rename", busy)
+    from hf_taskmoe import folder_swap
+
+    real_exchange = folder_swap.exchange
+    monkeypatch.setattr(folder_swap, "exchange", lambda a, b: busy(a, b) if out in (Path(a), Path(b)) else
+                        real_exchange(a, b))  # renameat2 of a mount point: EBUSY too
     run_multitask.main(_argv(out, tiny_dense, "--overwrite_output_dir", "--max_steps", "2", "--seed", "8"))
     monkeypatch.undo()
     assert not (out / "notes-from-the-old-run.txt").exists()

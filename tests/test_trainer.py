@@ -302,3 +302,37 @@ def test_no_special_token_warning_where_the_tokenizer_agrees_with_the_dense_conf
     aligns = hasattr(trainer_utils, "align_special_tokens")  # transformers releases that align at all
     assert any("PAD/BOS/EOS" in m for m in messages) == (warned and aligns)
     assert model.config.pad_token_id == (0 if aligns else dense_pad)  # the tokenizer's, where transformers aligns
+
+
+def test_evaluation_reads_each_tasks_own_labels_from_a_mixtures_padded_ones(tmp_path):
+    """With a multi-label task in the mixture the collator pads every batch's labels to its width (issue 59 item 3);
+    the evaluation drops the padding (`ProblemType.own_labels`): each task's metrics are those of its own labels and
+    the model's predictions, computed here by hand."""
+    tasks = [TaskSpec(name="a", num_labels=3), TaskSpec(name="b", problem_type="regression"),
+             TaskSpec(name="m", problem_type="multi_label_classification", num_labels=4, metrics=["f1_micro"])]
+    torch.manual_seed(0)
+    model = BertForTaskMoE(tiny_config(tasks=tasks, num_experts=3))
+    rng = np.random.default_rng(0)
+    evals = {}
+    for spec in tasks:
+        labels = (rng.integers(0, 3, 10).tolist() if spec.name == "a" else rng.normal(size=10).round(3).tolist()
+                  if spec.name == "b" else rng.integers(0, 2, (10, 4)).tolist())
+        evals[spec.name] = datasets.Dataset.from_dict(
+            {"input_ids": rng.integers(1, 99, (10, 6)).tolist(), "attention_mask": [[1] * 6] * 10, "labels": labels})
+    trainer = make_trainer(tmp_path, model=model, evals=evals, train=evals)
+    rows = [{**evals["a"][0], "task_ids": 0}, {**evals["b"][0], "task_ids": 1}]  # no multi-label row
+    assert tuple(trainer.data_collator(rows)["labels"].shape) == (2, 4)
+    metrics = trainer.evaluate()
+    model.eval()
+    with torch.no_grad():
+        ids = {name: torch.tensor(data["input_ids"]) for name, data in evals.items()}
+        logits = {name: model(input_ids=ids[name], task_ids=torch.full((10,), t)).logits
+                  for t, name in enumerate(evals)}
+    accuracy = (logits["a"].argmax(-1) == torch.tensor(evals["a"]["labels"])).float().mean().item()
+    assert metrics["eval_a_accuracy"] == pytest.approx(accuracy)
+    predicted, gold = (logits["m"] > 0).long(), torch.tensor(evals["m"]["labels"])
+    true_positives = (predicted & gold).sum().item()
+    f1 = 2 * true_positives / (predicted.sum().item() + gold.sum().item())
+    assert metrics["eval_m_f1_micro"] == pytest.approx(f1)
+    expected_b = torch.nn.functional.mse_loss(logits["b"][:, 0], torch.tensor(evals["b"]["labels"])).item()
+    assert metrics["eval_b_loss"] == pytest.approx(expected_b, rel=1e-4)

@@ -22,7 +22,8 @@ Label format per row (the collator pads a mixed batch's labels to one 2-D tensor
 
 A label shaped for another task is refused, never read in part: a one-hot row for a single-label task, three
 targets for a one-output regression. Columns beyond a task's own are allowed only as the -100 padding of a
-mixed batch with wider tasks (`TaskHead.label_width`).
+mixed batch with wider tasks (`TaskHead.label_width`), or of labels as wide as the mixture's widest task, which the
+Trainer's collator gives every batch of a mixture with a multi-label task (one labels shape for a compiled step).
 """
 
 from __future__ import annotations
@@ -204,13 +205,31 @@ class MultiTaskHeads(nn.ModuleDict):
             head = self[self.tasks[t].name]
             head.check_rows(rows, seq_len, span_positions, check_values)
             if labels is not None:
-                # padded: another task of the batch takes wider labels (token tags: any width), so -100 columns
-                # beyond this task's may be the collator's padding; otherwise a wider label is refused by its shape
+                # padded: another task of the batch takes wider labels (token tags: any width), or the labels are
+                # as wide as the mixture's widest (the collator's `label_width`, also for a batch without a row of
+                # that task), so -100 columns beyond this task's may be the collator's padding; otherwise a wider
+                # label is refused by its shape
                 own = head.label_width()
-                padded = own is not None and any(w is None or w > own for w in widths)
+                padded = own is not None and (any(w is None or w > own for w in widths)
+                                              or self._mixture_padded(labels, own))
                 prepared[t] = head.prepare_labels(labels.index_select(0, rows), rows, seq_len, padded=padded,
                                                   check_values=check_values)
         return prepared
+
+    def _mixture_label_width(self) -> int | None:
+        """The width of the mixture's collated labels (`problem_types.base.mixture_label_width`, from the heads): the
+        widest task's when every task's is fixed and one is wider than 1, else None."""
+        widths = [self[task.name].label_width() for task in self.tasks]
+        if not widths or any(w is None for w in widths) or max(widths) <= 1:
+            return None
+        return max(widths)
+
+    def _mixture_padded(self, labels: torch.Tensor, own: int | None) -> bool:
+        """Whether `labels` have the shape the collator gives every batch of the mixture (`_mixture_label_width`
+        columns), wider than a task's `own`: then columns beyond its own are the collator's -100 padding (a value
+        check)."""
+        width = self._mixture_label_width()
+        return own is not None and width is not None and width > own and labels.dim() == 2 and labels.shape[1] == width
 
     def forward(
         self,
@@ -306,7 +325,8 @@ class MultiTaskHeads(nn.ModuleDict):
         for t, rows in task_rows.items():
             self[self.tasks[t].name].check_rows(rows, seq_len, span_positions, check_values=False)
         head = self[self.tasks[next(iter(task_rows))].name]
-        prepared = head.prepare_labels(labels.index_select(0, order), order, seq_len, padded=False, check_values=False)
+        prepared = head.prepare_labels(labels.index_select(0, order), order, seq_len,
+                                       padded=self._mixture_padded(labels, head.label_width()), check_values=False)
         return dict(zip(task_rows, prepared.split([len(rows) for rows in task_rows.values()])))
 
     def _forward_stacked(

@@ -106,6 +106,14 @@ class ProblemType:
             return dict(enumerate(spec.label_names))
         return {i: f"LABEL_{i}" for i in range(spec.num_labels)}
 
+    def label_width(self, spec: TaskSpec) -> int | None:
+        """How many label values one row of the task takes in a collated batch (its head's `label_width`: 1 for a
+        class index, `num_labels` for a multi-hot row or a multi-output regression), or None when the width follows
+        the batch (a label per token, a target text's tokens) or the type has no encoder head."""
+        if self.head_class is None:
+            return None
+        return self.head_class(spec, 1, 0.0).label_width()
+
     def rows_per_example(self, spec: TaskSpec) -> int:
         """Batch rows one example takes (multiple choice: one per choice, consecutive)."""
         return 1
@@ -160,6 +168,15 @@ class ProblemType:
         raise NotImplementedError(f"problem type {self.name!r} has no tabular loss")
 
     # ------------------------------------------------------------------ evaluation
+    def own_labels(self, spec: TaskSpec, labels: torch.Tensor) -> torch.Tensor:
+        """A collated batch's labels of this task's rows without the columns the collator padded them with to the
+        mixture's widest label (`MultiTaskCollator(label_width=...)`): a class index per row `(batch,)`, a multi-hot
+        row `(batch, num_labels)`."""
+        width = self.label_width(spec)
+        if width is None or labels.dim() != 2 or labels.shape[1] <= width:
+            return labels
+        return labels[:, 0] if width == 1 else labels[:, :width]
+
     def eval_labels(self, spec: TaskSpec, labels: torch.Tensor) -> torch.Tensor:
         """A batch's labels as the evaluation gathers them (multiple choice: one per example)."""
         return labels
@@ -239,6 +256,18 @@ class ProblemType:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def mixture_label_width(specs) -> int | None:
+    """The width of a mixture's collated labels: the widest `label_width` of its tasks when each has a fixed one and
+    one is wider than 1 (a multi-label or multi-output regression task), so that every batch's labels have one shape
+    whatever rows it holds (`MultiTaskCollator(label_width=...)`; a compiled step's graph keys on it); None when labels
+    stay as wide as the batch's widest row (a task whose width follows the batch: token tags, target texts), or are
+    one value per row anyway (width 1)."""
+    widths = [problem_type_of(spec).label_width(spec) for spec in specs]
+    if not widths or any(w is None for w in widths) or max(widths) <= 1:
+        return None
+    return max(widths)
 
 
 def _join(values: list[str]) -> str:

@@ -35,6 +35,7 @@ import itertools
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -335,9 +336,20 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
             f"{spec.label_field!r})."
         )
         return None, None
-    problems.extend(_check_row_types(spec, rows, lines, path, where))  # the rows that parsed, beside those that did not
-    problems.extend(_check_column_kinds(spec, rows, lines, path, where, wanted))
+    flagged: set[tuple[int, str]] = set()  # (line, field) of each problem found so far, reported once
+    problems.extend(_check_row_types(spec, rows, lines, path, where, flagged))  # the rows that parsed, beside the rest
+    problems.extend(_check_column_kinds(spec, rows, lines, path, where, wanted, flagged))
     if len(problems) > count:
+        # the file cannot become a dataset; the values of its other rows are still checked (a label outside the
+        # task's set on one line, a label of another kind on the next: both reported at once)
+        names = dict.fromkeys([*wanted, *problem_type_of(spec).text_fields(spec), spec.label_field])
+        columns = {name: [row.get(name) for row in rows] for name in names}
+        problems.extend(_row_problems(
+            spec, columns, split, with_labels=any(spec.label_field in row for row in rows),
+            where=lambda row: f"{split} file {path}, line {lines[row]}",
+            skip=lambda row, name: (lines[row], name) in flagged,
+        )[0])
+        problems[count:] = sorted(problems[count:], key=_line_of)  # this file's problems in the order of its lines
         return None, None
     # only the fields the task reads: another column of mixed types must not stop Arrow
     columns = {name: [row.get(name) for row in rows] for name in wanted if any(name in row for row in rows)}
@@ -351,6 +363,12 @@ def _load_file(path: Path, spec: TaskSpec, split: str, problems: list[str]):
         return None, None
 
 
+def _line_of(problem: str) -> int:
+    """The line a problem message names first (0: none), to list a file's problems in the order of its lines."""
+    found = re.search(r"\bline (\d+)", problem)
+    return int(found.group(1)) if found else 0
+
+
 def _wrong_text(spec: TaskSpec, words: bool, value: Any) -> str | None:
     """What a text field holds when it is not what it must be (None: it is text -- a list of words for `words` --, or
     absent): a list where text belongs may be a text pair written as one field."""
@@ -362,11 +380,20 @@ def _wrong_text(spec: TaskSpec, words: bool, value: Any) -> str | None:
     return f"expected {'a list of words' if words else 'text'}, got {value!r}{pair}."
 
 
-def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str) -> list[str]:
-    """Text fields hold text (token classification: a list of words); a number where text belongs is reported."""
+def _check_row_types(spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str,
+                     flagged: set | None = None) -> list[str]:
+    """Text fields hold text (token classification: a list of words); a number where text belongs is reported (and
+    its `(line, field)` added to `flagged`)."""
     kind = problem_type_of(spec)
-    return [f"{where}: {path}, line {line}, field {name!r}: {wrong}" for row, line in zip(rows, lines)
-            for name in kind.text_fields(spec) if (wrong := _wrong_text(spec, kind.text_is_words, row.get(name)))]
+    problems = []
+    for row, line in zip(rows, lines):
+        for name in kind.text_fields(spec):
+            wrong = _wrong_text(spec, kind.text_is_words, row.get(name))
+            if wrong:
+                problems.append(f"{where}: {path}, line {line}, field {name!r}: {wrong}")
+                if flagged is not None:
+                    flagged.add((line, name))
+    return problems
 
 
 _FIELD_KINDS = ("text", "number", "boolean", "list", "list of text", "list of number", "list of boolean")
@@ -394,12 +421,15 @@ def _a(kind: str) -> str:
 
 
 def _check_column_kinds(
-    spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str, wanted: list[str]
+    spec: TaskSpec, rows: list[dict], lines: list[int], path: Path, where: str, wanted: list[str],
+    flagged: set | None = None,
 ) -> list[str]:
     """Each field the task reads is written one way on every row (a column of Arrow holds one type): a label column
     mixing class names and positions ("pos" and 0), booleans and numbers, lists and single labels is refused at the
-    rows that differ from the first, with the kinds; so are objects, nested lists and integers beyond 64 bits."""
+    rows that differ from the first, with the kinds; so are objects, nested lists and integers beyond 64 bits. The
+    `(line, field)` of each problem is added to `flagged`."""
     problems = []
+    flagged = set() if flagged is None else flagged
     for name in wanted:
         if name == spec.label_field and problem_type_of(spec).label_is_object:
             continue  # an object label (extractive QA's answers) is checked by its problem type's `encode_label`
@@ -413,10 +443,12 @@ def _check_column_kinds(
             if kind not in _FIELD_KINDS:
                 problems.append(f"{at}: {value!r} is {_a(kind)}; a field holds text, a "
                                 "number, a boolean or a list of one of them.")
+                flagged.add((line, name))
                 continue
             if any(isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63
                    for v in (value if isinstance(value, list) else [value])):
                 problems.append(f"{at}: the integer {value!r} is too large (beyond 64 bits).")
+                flagged.add((line, name))
                 continue
             if first is None or (first[0] == "list" and kind.startswith("list")):  # [] fits any list; the next sets it
                 first = (kind, line, value)
@@ -426,6 +458,7 @@ def _check_column_kinds(
                     "this field "
                     "the same way on every row (e.g. every label a class name, or every label a class position)."
                 )
+                flagged.add((line, name))
     return problems
 
 
@@ -566,12 +599,30 @@ def check_task_split(
         raise DataError(
             [f"Task {spec.name!r}: the {split} split has no field(s) {missing}; its fields are {dataset.column_names}."]
         )
-    where = (lambda row: data.where(split, row)) if data is not None else (lambda row: f"{split} row {row}")
+    where = (lambda row: data.where(split, row)) if data is not None else None
+    kind = problem_type_of(spec)
+    names = list(dict.fromkeys(kind.text_fields(spec) + ([spec.label_field] if with_labels else [])))
+    problems, labels = _row_problems(spec, {name: dataset[name] for name in names}, split, with_labels, where)
+    if problems:
+        raise DataError(problems)
+    return labels
+
+
+def _row_problems(spec: TaskSpec, columns: dict[str, list], split: str, with_labels: bool, where=None,
+                  skip=None) -> tuple[list[str], list | None]:
+    """`check_task_split`'s checks of every row's values: `(problems, encoded labels or None)`. `columns`: the text
+    fields' and the label field's values; `where(row)` names a row (default `<split> row <i>`); `skip(row, field)`:
+    a value already reported (by the file's checks) is not checked again."""
+    named = where is not None
+    where = where or (lambda row: f"{split} row {row}")
+    skip = skip or (lambda row, name: False)
     problems = []
     kind = problem_type_of(spec)
     words = kind.text_is_words
     for name in kind.text_fields(spec):
-        for row, text in enumerate(dataset[name]):
+        for row, text in enumerate(columns[name]):
+            if skip(row, name):
+                continue
             wrong = _wrong_text(spec, words, text)  # a list here is no text (nor a pair)
             if wrong:
                 problems.append(f"Task {spec.name!r}, {where(row)}: field {name!r}: {wrong}")
@@ -582,19 +633,22 @@ def check_task_split(
     labels = None
     if with_labels:
         labels = []
-        for row, value in enumerate(dataset[spec.label_field]):
+        for row, value in enumerate(columns[spec.label_field]):
+            if skip(row, spec.label_field):
+                labels.append(None)
+                continue
             try:
-                labels.append(encode_label(spec, value, row if data is None else where(row), split))
+                labels.append(encode_label(spec, value, where(row) if named else row, split))
             except ValueError as err:
                 problems.append(str(err))
                 labels.append(None)
-        if not problems:  # what a row's label and inputs say together (token classification: one tag per word)
-            columns = {name: dataset[name] for name in kind.text_fields(spec)}
-            for row, label in enumerate(labels):
-                problems.extend(kind.check_row(spec, {k: v[row] for k, v in columns.items()}, label, where(row)))
-    if problems:
-        raise DataError(problems)
-    return labels
+        # what a row's label and inputs say together (token classification: one tag per word), on every row whose
+        # label was read (None: a label reported above or by the file's checks)
+        for row, label in enumerate(labels):
+            if label is not None:
+                problems.extend(kind.check_row(spec, {k: columns[k][row] for k in kind.text_fields(spec)}, label,
+                                               where(row)))
+    return problems, labels
 
 
 def check_tasks(
@@ -707,14 +761,19 @@ class MultiTaskCollator:
     Labels: a 1-D tensor when every row has one label, else a 2-D one padded with -100; float when any
     label is a float (regression) or `float_labels` (a mixture holding a task with real-valued labels: then every
     batch's labels are float, whatever its mix, so that a compiled step sees one dtype), long otherwise.
+    `label_width` (the mixture's widest label, `mixture_label_width(tasks)`: a multi-label task's `num_labels`):
+    every batch's labels are 2-D and at least that wide, padded with -100, also a batch without a row of the wide
+    task, so that their shape does not follow the batch's mix either; each head reads its own columns.
     """
 
     model_keys = ("input_ids", "attention_mask", "token_type_ids")
 
-    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, float_labels: bool = False):
+    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, float_labels: bool = False,
+                 label_width: int | None = None):
         self.pad_token_id = pad_token_id
         self.pad_to_multiple_of = pad_to_multiple_of
         self.float_labels = float_labels
+        self.label_width = label_width
 
     def _rows(self, features: list[dict]) -> list[dict]:
         rows = []
@@ -748,7 +807,7 @@ class MultiTaskCollator:
             batch["token_type_ids"] = token_type_ids
         batch["task_ids"] = torch.tensor([int(r["task_ids"]) for r in rows], dtype=torch.long)
         if "labels" in rows[0]:
-            batch["labels"] = self._labels([r["labels"] for r in rows], self.float_labels)
+            batch["labels"] = self._labels([r["labels"] for r in rows], self.float_labels, self.label_width)
         if any("span_positions" in r for r in rows):
             num_spans = max(len(r.get("span_positions") or []) for r in rows)
             spans = torch.zeros((n, num_spans, 2), dtype=torch.long)
@@ -759,14 +818,15 @@ class MultiTaskCollator:
         return batch
 
     @staticmethod
-    def _labels(labels: list, float_labels: bool = False) -> torch.Tensor:
+    def _labels(labels: list, float_labels: bool = False, label_width: int | None = None) -> torch.Tensor:
         is_float = float_labels or any(
             isinstance(v, float) or (isinstance(v, list) and any(isinstance(x, float) for x in v)) for v in labels
         )
         dtype = torch.float32 if is_float else torch.long
-        if not any(isinstance(v, (list, tuple)) for v in labels):
+        if not label_width and not any(isinstance(v, (list, tuple)) for v in labels):
             return torch.tensor(labels, dtype=dtype)
-        width = max(len(v) if isinstance(v, (list, tuple)) else 1 for v in labels)
+        # (batch, width): the widest row, at least the mixture's widest label (one shape for every mix)
+        width = max([label_width or 1] + [len(v) if isinstance(v, (list, tuple)) else 1 for v in labels])
         out = torch.full((len(labels), width), IGNORE_INDEX, dtype=dtype)
         for i, v in enumerate(labels):
             values = v if isinstance(v, (list, tuple)) else [v]

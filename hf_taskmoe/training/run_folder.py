@@ -156,11 +156,19 @@ def staging_dir(out: Path) -> Path:
 
 
 def replace_output_dir(staging: Path, out: Path) -> None:
-    """Swap the complete new run in `staging` for the earlier run in `out`: two renames; where `out` cannot be
-    renamed (a mount point), the new files are copied onto its device first, then the old ones removed
-    (`hf_taskmoe.hub.install_staged`)."""
-    from hf_taskmoe.hub import install_staged
+    """Swap the complete new run in `staging` for the earlier run in `out`: one exchange of the two folders where the
+    system has it (Linux `renameat2(RENAME_EXCHANGE)`, `hf_taskmoe.folder_swap.exchange`: `out` always holds one
+    complete run), else two renames; where `out` cannot be renamed (a mount point), the new files are copied onto its
+    device first, then the old ones removed (`hf_taskmoe.folder_swap.install_staged`)."""
+    from hf_taskmoe.folder_swap import exchange, install_staged
 
+    try:
+        exchanged = exchange(staging, out)
+    except OSError:  # a mount point, or a folder another process holds open (EBUSY, EXDEV): below
+        exchanged = False
+    if exchanged:
+        shutil.rmtree(staging, ignore_errors=True)  # the earlier run now
+        return
     old = out.parent / f".{out.name}.replaced"
     shutil.rmtree(old, ignore_errors=True)
     try:

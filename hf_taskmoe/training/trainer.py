@@ -30,6 +30,7 @@ from ..layers.task_head import IGNORE_INDEX
 from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
 from ..modeling_utils import BatchChecker, HostCheckedCollator
 from ..problem_types import TEXT_TO_TEXT, problem_type_of
+from ..problem_types.base import mixture_label_width
 from ..problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from ..tasks import TaskSpec
 from .arguments import MultiTaskTrainingArguments
@@ -297,7 +298,9 @@ class MultiTaskTrainer(Trainer):
             pad = getattr(getattr(model, "config", None), "pad_token_id", None)
             # one labels dtype for every batch of the mixture, whatever its mix (a compiled step's graph keys on it)
             float_labels = any(problem_type_of(t).float_labels for t in self.tasks)
-            data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0, float_labels=float_labels)
+            # and one labels width: a batch without a multi-label row is padded to the multi-label task's width too
+            data_collator = MultiTaskCollator(pad_token_id=pad if pad is not None else 0, float_labels=float_labels,
+                                              label_width=mixture_label_width(self.tasks))
         #: every batch's task ids and labels are checked on the CPU by the collator, which marks the batch
         #: `values_checked=True` and gives its rows per task (`task_counts`): the forward passes skip the value
         #: checks' host syncs and split the batch among the heads without one (models of this library only). Not the
@@ -611,6 +614,7 @@ class MultiTaskTrainer(Trainer):
         if logits is None:
             raise ValueError("An evaluation batch must hold rows of one task (evaluate each task's set on its own).")
         if labels is not None:
+            labels = kind.own_labels(task, labels)  # without the mixture's -100 columns (`label_width`)
             labels = kind.eval_labels(task, labels)  # e.g. multiple choice: one label per example, not per choice row
         return loss, logits.detach(), labels
 
