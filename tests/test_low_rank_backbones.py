@@ -9,7 +9,9 @@ For each, in the default run, on its tiny random dense LM (built once per module
 - with random `B`s (the deltas then matter), `export_task_adapters` writes the base and one peft LoRA adapter per
   task that plain transformers + peft load (`AutoModelFor...`, `PeftModel.from_pretrained`, `load_adapter`): each
   task's logits are the routed model's (1e-5), and so are peft's mixed-adapter batch's (`adapter_names`) and
-  `export_task(task)`'s (its merged weights, compared in float64);
+  `export_task(task)`'s (its merged weights, compared in float64), and greedy decoding of a mixed batch through
+  peft's adapters gives the routed model's tokens;
+- `save_pretrained` / the Auto class give back the same model (its low-rank modules, trainable set and logits);
 - one training step changes only the trainable parameters: the frozen dense weights stay bit-identical and take
   neither a gradient nor optimizer state.
 """
@@ -159,6 +161,14 @@ def test_the_exported_adapters_and_export_task_are_each_tasks_routed_model(arch,
         batch["task_ids"] = MIXED
         mixed = peft_model(**_plain(batch), adapter_names=[names[t] for t in MIXED.tolist()]).logits
         torch.testing.assert_close(mixed, model(**batch).logits, rtol=ATOL, atol=ATOL)
+    # greedy decoding of the mixed batch: peft's adapters per row give the routed model's tokens
+    kwargs = dict(attention_mask=batch["attention_mask"], max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    with torch.no_grad():
+        tokens = model.generate(batch["input_ids"], task_ids=MIXED, **kwargs)
+        peft_tokens = peft_model.generate(input_ids=batch["input_ids"], **kwargs,
+                                          adapter_names=[names[t] for t in MIXED.tolist()])
+    assert torch.equal(tokens, peft_tokens)
+    with torch.no_grad():
         # `export_task` merges the route's deltas into the weights: compared in float64, where the merge is exact (in
         # float32, `W + BA` rounds differently from `Wx + BAx`: T5's unscaled attention amplifies that to ~4e-5)
         # on rows without padding (Gemma 2's dense model itself gives NaN on a left-padded row in float64)
@@ -187,3 +197,17 @@ def test_a_training_step_changes_only_the_trainable_parameters(arch, dense_model
     assert {id(p) for p in optimizer.state} <= {id(p) for p in params}
     moved = [n for n, p in model.named_parameters() if n in trainable and not torch.equal(p, trainable[n])]
     assert any(n.endswith(".lora_A") for n in moved) and any(n.endswith(".lora_B") for n in moved)
+
+
+@pytest.mark.parametrize("arch", ROUTED_ARCHS)
+def test_save_and_load_through_the_auto_class(arch, dense_models, tmp_path):
+    model = _move_apart(_low_rank(arch, dense_models(arch)))
+    model.save_pretrained(tmp_path)
+    loaded = _auto(arch).from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model) and loaded.config.expert_rank == 4
+    assert set(loaded.low_rank_modules()) == set(model.low_rank_modules())
+    assert {n for n, p in loaded.named_parameters() if p.requires_grad} == \
+        {n for n, p in model.named_parameters() if p.requires_grad}
+    batch = text_batch(model, MIXED)
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, model(**batch).logits)
