@@ -1,6 +1,7 @@
-"""Low-rank experts (`expert_rank`, issue 56) over every declared architecture task-level routing takes: the list is
-read from the declarations (`backbone_names()` filtered by `Backbone.supports("task-routing")`), so an architecture
-declared later is covered without touching this file (its tiny config goes in `tests/backbone_matrix.py`).
+"""Low-rank experts (`expert_rank`, issue 56) over every declared architecture task-level routing takes with them: the
+list is read from the declarations (`backbone_names()` filtered by `Backbone.supports("task-routing", low_rank=True)`:
+Falcon, refused for whole experts, is in), so an architecture declared later is covered without touching this file
+(its tiny config goes in `tests/backbone_matrix.py`).
 
 For each, in the default run, on its tiny random dense LM (built once per module):
 
@@ -32,8 +33,9 @@ from .test_bart_routed import dense_bart
 from .test_task_routed_lm import dense_model as dense_lm
 from .test_task_routed_t5 import dense_model as dense_t5
 
-#: every architecture task-level routing takes, as declared now
-ROUTED_ARCHS = [a for a in backbone_names() if get_backbone(a).supports("task-routing")]
+#: every architecture task-level routing takes with low-rank experts, as declared now (those it refuses for whole
+#: experts only, `Backbone.low_rank_only`, included: Falcon)
+ROUTED_ARCHS = [a for a in backbone_names() if get_backbone(a).supports("task-routing", low_rank=True)]
 TASKS = [TaskSpec(name=n, problem_type="seq2seq") for n in ("x", "y", "z")]
 MIXED = torch.tensor([0, 1, 2, 1])
 ATOL = 1e-5
@@ -211,3 +213,14 @@ def test_save_and_load_through_the_auto_class(arch, dense_models, tmp_path):
     batch = text_batch(model, MIXED)
     with torch.no_grad():
         assert torch.equal(loaded(**batch).logits, model(**batch).logits)
+
+
+def test_low_rank_only_lifts_a_refusal_the_declaration_makes():
+    from hf_taskmoe.backbones import ENCODER_DECODER_BACKBONE, Backbone, FFNSite, register_backbone
+
+    with pytest.raises(ValueError, match=r"`low_rank_only` of backbone 'toy' names methods it does not refuse"):
+        register_backbone(Backbone("toy", ENCODER_DECODER_BACKBONE, "layers", FFNSite("mlp"),
+                                   low_rank_only=("task-routing",)))
+    assert "toy" not in backbone_names()
+    lifted = [a for a in ROUTED_ARCHS if not get_backbone(a).supports("task-routing")]
+    assert "falcon" in lifted  # whole experts refused (tests/test_backbones_new.py), low-rank ones run here
