@@ -70,6 +70,7 @@ def _auto(arch: str):
 
 def _low_rank(arch: str, dense):
     model_class = TaskRoutedForCausalLM if get_backbone(arch).kind == DECODER_BACKBONE else TaskRoutedForSeq2SeqLM
+    torch.manual_seed(0)  # the router's init (the tasks' routes): the same whatever ran before
     return model_class.from_dense(dense, TASKS, num_experts=3, expert_rank=4, selection="hard").eval()
 
 
@@ -100,14 +101,25 @@ def _plain(batch: dict) -> dict:
 
 
 def _move_apart(model, seed: int = 1):
-    """Random `B`s (the deltas then change the outputs) and a random router (the tasks take different routes)."""
+    """Random `B`s (the deltas then change the outputs), and a router whose hard route sends task `i` to expert
+    `(i + l) % experts` at routed layer `l` (the tasks take different experts in every layer): the MLP router's
+    hidden units copy the task's one-hot embedding (GELU(10) = 10, GELU(0) = 0) and its output layer maps unit `i` to
+    that expert."""
     g = torch.Generator().manual_seed(seed)
+    router = model.router
+    tasks, layers, experts = len(TASKS), model.config.num_routed_layers, model.config.num_experts
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(".lora_B"):
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
             elif name.startswith("router."):
-                p.add_(torch.randn(p.shape, generator=g))
+                p.zero_()
+        router.task_embeddings.weight[:, :tasks] = 10 * torch.eye(tasks)
+        router.net.dense_in.weight[:tasks, :tasks] = torch.eye(tasks)
+        out = router.net.dense_out.weight.view(layers, experts, -1)  # (layers, experts, hidden)
+        for layer in range(layers):
+            for task in range(tasks):
+                out[layer, (task + layer) % experts, task] = 1.0
     return model
 
 
@@ -142,7 +154,8 @@ def test_the_exported_adapters_and_export_task_are_each_tasks_routed_model(arch,
     dense = dense_models(arch)
     model = _move_apart(_low_rank(arch, dense))
     names = [t.name for t in TASKS]
-    assert len({tuple(model.hard_route(n)) for n in names}) > 1  # the tasks take different experts
+    layers = model.config.num_routed_layers
+    assert [model.hard_route(n) for n in names] == [[(i + k) % 3 for k in range(layers)] for i in range(3)]
     result = model.export_task_adapters(tmp_path / "out")
     assert result.method == "low_rank_experts" and result.rank == 4
     peft_model = _load_exported(tmp_path / "out", arch, names)
