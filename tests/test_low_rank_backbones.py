@@ -14,7 +14,7 @@ For each, in the default run, on its tiny random dense LM (built once per module
   peft's adapters gives the routed model's tokens;
 - `save_pretrained` / the Auto class give back the same model (its low-rank modules, trainable set and logits);
 - one training step changes only the trainable parameters: the frozen dense weights stay bit-identical and take
-  neither a gradient nor optimizer state.
+  neither a gradient nor optimizer state, with activation checkpointing too.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_taskmoe import TaskSpec
 from hf_taskmoe.backbones import DECODER_BACKBONE, backbone_names, get_backbone
+from hf_taskmoe.compat import CHECKPOINTING_ENABLE
 from hf_taskmoe.models.task_routing import TaskRoutedForCausalLM, TaskRoutedForSeq2SeqLM
 
 from .backbone_matrix import NEW_CONFIGS
@@ -195,17 +196,24 @@ def test_the_exported_adapters_and_export_task_are_each_tasks_routed_model(arch,
             torch.testing.assert_close(merged(**_plain(batch)).logits, model(**batch).logits, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
 @pytest.mark.parametrize("arch", ROUTED_ARCHS)
-def test_a_training_step_changes_only_the_trainable_parameters(arch, dense_models):
-    model = _move_apart(_low_rank(arch, dense_models(arch))).train()
+def test_a_training_step_changes_only_the_trainable_parameters(arch, checkpointing, dense_models):
+    model = _move_apart(_low_rank(arch, dense_models(arch)))
+    if checkpointing:  # the frozen base under activation checkpointing (non-reentrant: the routes are restored)
+        getattr(model, CHECKPOINTING_ENABLE)()
+    model.train()
     frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
     trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     assert frozen and trainable and all(n.endswith((".lora_A", ".lora_B")) or n.startswith("router.")
                                         for n in trainable)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2)
+    runs = []
+    next(iter(model.low_rank_modules().values())).register_forward_hook(lambda *_: runs.append(1))
     model(**text_batch(model, MIXED)).loss.backward()
     optimizer.step()
+    assert len(runs) == (2 if checkpointing else 1)  # a checkpointed layer runs again in the backward pass
     for name, param in model.named_parameters():
         if name in frozen:
             assert param.grad is None and torch.equal(param, frozen[name]), name
