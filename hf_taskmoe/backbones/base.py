@@ -102,6 +102,10 @@ class Backbone:
         unsupported: `{method: reason}` for the methods (`METHODS` keys) whose assumptions the architecture's structure
             breaks (ALBERT shares one layer's weights across its depth): building such a model raises a `ValueError`
             naming the architecture, the method and the reason. Default: none, every method of the kind applies.
+        low_rank_only: the methods of `unsupported` that do run on the architecture with low-rank experts
+            (`expert_rank`): their reason concerns whole copies of a layer (mixing the copies' outputs), and a model
+            with low-rank experts keeps one copy of each layer whose linears carry the experts' deltas, so nothing is
+            mixed. Building such a model without `expert_rank` is refused with the reason. Default: none.
     """
 
     model_type: str
@@ -121,10 +125,13 @@ class Backbone:
     decoder_layers: str | None = None
     cross_attention: str | None = None
     unsupported: dict = field(default_factory=dict)
+    low_rank_only: tuple[str, ...] = ()
 
-    def supports(self, method: str) -> bool:
-        """Whether `method` (a `METHODS` key) runs on this architecture: of its kind and not refused."""
-        return self.kind in METHODS[method][1] and method not in self.unsupported
+    def supports(self, method: str, low_rank: bool = False) -> bool:
+        """Whether `method` (a `METHODS` key) runs on this architecture: of its kind and not refused (with low-rank
+        experts, `low_rank`: not refused, or refused for whole experts only, `low_rank_only`)."""
+        refused = method in self.unsupported and not (low_rank and method in self.low_rank_only)
+        return self.kind in METHODS[method][1] and not refused
 
     def config_value(self, config, name: str):
         """The dense config's value for one of the canonical names (`hidden_size`, `num_hidden_layers`,
@@ -145,6 +152,10 @@ def register_backbone(backbone: Backbone, exist_ok: bool = False) -> Backbone:
     if unknown:
         raise ValueError(f"`unsupported` of backbone {backbone.model_type!r} names no method: {unknown}; the methods "
                          f"are {sorted(METHODS)}.")
+    loose = sorted(set(backbone.low_rank_only) - set(backbone.unsupported))
+    if loose:
+        raise ValueError(f"`low_rank_only` of backbone {backbone.model_type!r} names methods it does not refuse: "
+                         f"{loose}; it lifts a refusal of `unsupported` for low-rank experts.")
     if backbone.model_type in BACKBONES and not exist_ok and BACKBONES[backbone.model_type] != backbone:
         raise ValueError(f"A backbone for model_type {backbone.model_type!r} is already declared; pass exist_ok=True.")
     BACKBONES[backbone.model_type] = backbone
@@ -156,9 +167,12 @@ def backbone_names(kind: str | None = None) -> list[str]:
     return sorted(name for name, b in BACKBONES.items() if kind is None or b.kind == kind)
 
 
-def get_backbone(model_type: str, kind: str | None = None, method: str = "This method") -> Backbone:
+def get_backbone(model_type: str, kind: str | None = None, method: str = "This method",
+                 low_rank: bool = False) -> Backbone:
     """The declaration of `model_type`; a `ValueError` listing the supported ones otherwise, or naming the reason
-    when the declaration refuses `method` (a `METHODS` key or a class's `method_name`; `Backbone.unsupported`)."""
+    when the declaration refuses `method` (a `METHODS` key or a class's `method_name`; `Backbone.unsupported`) --
+    unless the model has low-rank experts (`low_rank`) and the refusal is for whole experts only
+    (`Backbone.low_rank_only`)."""
     backbone = BACKBONES.get(model_type)
     key = method_key(method)
     if backbone is None or (kind is not None and backbone.kind != kind):
@@ -169,7 +183,7 @@ def get_backbone(model_type: str, kind: str | None = None, method: str = "This m
             "declaration (docs/backbones.md)."
         )
     reason = backbone.unsupported.get(key)
-    if reason is not None:
+    if reason is not None and not (low_rank and key in backbone.low_rank_only):
         raise ValueError(f"{method} cannot run on a {model_type!r} backbone: {reason}")
     return backbone
 

@@ -98,8 +98,10 @@ FALCON = register_backbone(_llama_like(
         "Falcon's layers return a tuple (hidden states, attention weights) and take their key/value cache as "
         "`layer_past`, where task-level routing mixes its experts' outputs as the hidden-states tensor a layer "
         "returns and finds the cache among the layer's cache arguments: the experts' outputs cannot be mixed. Use a "
-        "checkpoint of a declared decoder whose layers return their hidden states (Llama, Qwen, Gemma, GPT-NeoX, ...)."
+        "checkpoint of a declared decoder whose layers return their hidden states (Llama, Qwen, Gemma, GPT-NeoX, ...), "
+        "or low-rank experts (`expert_rank`), which keep one copy of each layer and mix nothing."
     )},
+    low_rank_only=("task-routing",),
 ))
 
 

@@ -13,7 +13,8 @@ _KIND_ORDER = (ENCODER_BACKBONE, DECODER_BACKBONE, ENCODER_DECODER_BACKBONE)
 
 def support_table() -> str:
     """Every declared architecture (by kind, then `model_type`) against every method: `yes`, `refused (n)` with the
-    reason as note n under the table, or `-` where the method does not run on the architecture's kind."""
+    reason as note n under the table (followed by `; with `expert_rank`: yes` where low-rank experts lift the refusal,
+    `Backbone.low_rank_only`), or `-` where the method does not run on the architecture's kind."""
     methods = list(METHODS)
     rows = ["| model_type | kind | " + " | ".join(METHODS[m][0] for m in methods) + " |",
             "|---|---|" + "---|" * len(methods)]
@@ -26,7 +27,8 @@ def support_table() -> str:
             elif method in backbone.unsupported:
                 notes.append(f"{len(notes) + 1}. `{backbone.model_type}`, {METHODS[method][0]}: "
                              f"{backbone.unsupported[method]}")
-                cells.append(f"refused ({len(notes)})")
+                low_rank = "; with `expert_rank`: yes" if method in backbone.low_rank_only else ""
+                cells.append(f"refused ({len(notes)}){low_rank}")
             else:
                 cells.append("yes")
         rows.append(f"| `{backbone.model_type}` | {backbone.kind} | " + " | ".join(cells) + " |")

@@ -224,7 +224,8 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     @property
     def backbone(self) -> Backbone:
         """The declaration of the dense model's architecture."""
-        return get_backbone(getattr(self.dense_config, "model_type", None), self.backbone_kind, self.method_name)
+        return get_backbone(getattr(self.dense_config, "model_type", None), self.backbone_kind, self.method_name,
+                            low_rank=getattr(self, "expert_rank", None) is not None)
 
     def dense_value(self, name: str):
         """The dense config's value for a canonical name (`hidden_size`, `num_hidden_layers`, ...)."""
@@ -290,7 +291,8 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
     @classmethod
     def from_dense_config(cls, dense_config: PreTrainedConfig, tasks, **kwargs: Any):
         """A config wrapping `dense_config` (copied) with the tasks and the routing settings."""
-        get_backbone(getattr(dense_config, "model_type", None), cls.backbone_kind, cls.method_name)
+        get_backbone(getattr(dense_config, "model_type", None), cls.backbone_kind, cls.method_name,
+                     low_rank=kwargs.get("expert_rank") is not None)
         dense = dense_config.__class__.from_dict(dense_config.to_dict())
         return cls(dense_config=dense, tasks=[TaskSpec.from_dict(t).to_dict() for t in tasks], **kwargs)
 
