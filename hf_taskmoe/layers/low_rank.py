@@ -101,8 +101,10 @@ class LowRankExperts(nn.Module):
         """peft's LoRA init, per expert: `A_j` Kaiming-uniform (`a = sqrt(5)`, fan-in `in`), `B_j` zero."""
         from transformers import initialization as init
 
-        for j in range(self.num_experts):
-            init.kaiming_uniform_(self.lora_A[j], a=math.sqrt(5))
+        # transformers' guarded init skips a loaded weight by its flag, which a slice (`lora_A[j]`) does not carry
+        if not getattr(self.lora_A, "_is_hf_initialized", False):
+            for j in range(self.num_experts):
+                init.kaiming_uniform_(self.lora_A[j], a=math.sqrt(5))
         init.zeros_(self.lora_B)
 
     def extra_repr(self) -> str:
