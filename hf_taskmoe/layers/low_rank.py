@@ -23,6 +23,10 @@ decisions' values (nothing is read back to the host):
   per row, punica's BGMV in plain torch. The delta is multiplied by the chosen decision's value (exactly 1 under a
   hard route; `selection="hard"` carries its `p / sg(p)` router gradient through it). Hard routes take it: `hard` in
   training, every one-hot route at evaluation and in generation.
+
+`TokenLowRankExperts` is the per-token sibling MT-TaG uses with `expert_rank`: its MoE layer sets each token's
+decisions `(batch, seq, experts)` (one-hot of the token's chosen expert under top-1) before running the FFN, and the
+`"mix"` path above computes `base(x_t) + scaling * sum_j d_tj B_j A_j x_t` in the same two stacked GEMMs.
 """
 
 from __future__ import annotations
