@@ -10,6 +10,7 @@ from transformers import AutoModel
 
 import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, TaskMoEForMultiTask
+from hf_taskmoe.compat import CHECKPOINTING_ENABLE
 from hf_taskmoe.layers.low_rank import LowRankExperts, TokenLowRankExperts
 from hf_taskmoe.models.task_moe import TaskMoEConfig
 
@@ -84,9 +85,11 @@ def _frozen_snapshot(model) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_frozen_base_trains_only_deltas_gates_and_heads_and_the_experts_diverge(arch):
+@pytest.mark.parametrize("arch,checkpointing", [("bert", False), ("distilbert", False), ("bert", True)])
+def test_frozen_base_trains_only_deltas_gates_and_heads_and_the_experts_diverge(arch, checkpointing):
     model = low_rank(arch)
+    if checkpointing:  # every input of a checkpointed layer frozen: the deltas inside must still get gradients
+        getattr(model, CHECKPOINTING_ENABLE)()
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {n for n, _ in model.named_parameters()
                          if n.endswith((".lora_A", ".lora_B")) or ".router." in n or n.startswith("heads.")}

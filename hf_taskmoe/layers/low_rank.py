@@ -38,6 +38,8 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from ..utils import check_float
+
 __all__ = ["EXPERT_PATHS", "LowRankExperts", "LowRankSpec", "TokenLowRankExperts", "check_low_rank_fields",
            "expert_path",
            "wrap_linears"]
@@ -180,8 +182,6 @@ class TokenLowRankExperts(LowRankExperts):
 def check_low_rank_fields(config, default_targets: str) -> None:
     """Validate a config's `expert_rank`, `expert_alpha`, `expert_dropout`, `expert_targets` and `train_base` (the
     latter four apply only with `expert_rank` set); `default_targets` says what `expert_targets=None` means."""
-    from ..utils import check_float
-
     rank = config.expert_rank
     if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
         raise ValueError(
