@@ -198,3 +198,42 @@ def test_the_bert_name_takes_a_rank():
     model = BertForTaskMoE.from_dense(dense_model("bert"), tasks=TASKS, num_experts=2, expert_rank=2)
     assert model.config.expert_rank == 2 and all(m.lora_A.shape[:2] == (2, 2) for m in deltas(model).values())
     assert not any(type(m) is LowRankExperts for m in model.modules())
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_training_step_reads_nothing_back(top_k):
+    """The low-rank MoE layers route, set the decisions and mix the deltas on the device: a training step of a batch
+    whose values were checked reads nothing back (the whole-expert dispatch's per-expert loop would)."""
+    from .test_host_syncs import host_reads
+
+    model = low_rank("bert", top_k=top_k).train()
+    batch = labelled_batch(model, [0, 1, 0, 1])
+    with host_reads() as calls:
+        out = model(**batch, values_checked=True, task_counts=[2, 2])
+        out.loss.backward()
+    assert not calls, calls
+
+
+def test_one_step_through_the_multitask_trainer_leaves_the_base_alone(tmp_path):
+    from datasets import Dataset
+
+    from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments
+
+    model = low_rank("bert")
+    frozen = _frozen_snapshot(model)
+    data = {
+        "a": Dataset.from_dict({"input_ids": [[5, 6, 7, 8, 9, 10]] * 4, "attention_mask": [[1] * 6] * 4,
+                                "labels": [0, 1, 2, 1]}),
+        "b": Dataset.from_dict({"input_ids": [[9, 8, 7, 6, 5, 4]] * 4, "attention_mask": [[1] * 6] * 4,
+                                "labels": [0.5, -0.2, 1.0, 0.1]}),
+    }
+    args = MultiTaskTrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                      use_cpu=True, report_to="none", save_strategy="no", learning_rate=1e-2)
+    trainer = MultiTaskTrainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    for name, param in model.named_parameters():
+        if name in frozen:
+            assert torch.equal(param.detach().cpu(), frozen[name]), name
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert trainer.optimizer.state and {id(p) for p in trainer.optimizer.state} <= trainable
+    assert any(m.lora_B.abs().sum() > 0 for m in deltas(model).values())
