@@ -12,6 +12,7 @@ import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, TaskMoEForMultiTask
 from hf_taskmoe.compat import CHECKPOINTING_ENABLE
 from hf_taskmoe.layers.low_rank import LowRankExperts, TokenLowRankExperts
+from hf_taskmoe.layers.moe import TaskMoE
 from hf_taskmoe.models.task_moe import TaskMoEConfig
 
 from .backbone_matrix import TASKS, VOCAB, dense_config, dense_equivalence, dense_model, labelled_batch, token_batch
@@ -237,3 +238,47 @@ def test_one_step_through_the_multitask_trainer_leaves_the_base_alone(tmp_path):
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     assert trainer.optimizer.state and {id(p) for p in trainer.optimizer.state} <= trainable
     assert any(m.lora_B.abs().sum() > 0 for m in deltas(model).values())
+
+
+def test_top_2_mixes_the_chosen_deltas_and_gate_weighting_scales_by_their_probability():
+    """Under top-2 straight-through the upcycled model is still the dense one; with trained deltas a layer's output is
+    the FFN with the two chosen experts' deltas mixed by their renormalised probabilities, and `"gate"` multiplies
+    that by the chosen probabilities' sum."""
+    fresh, reference = dense_equivalence(TaskMoEForMultiTask, "bert", num_experts=4, expert_rank=4, top_k=2)()
+    got, expected = reference(fresh)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+    torch.manual_seed(0)
+    moe = fresh.moe_layers()[0]
+    with torch.no_grad():
+        for module in deltas(fresh).values():
+            module.lora_B.normal_(0, 0.3)
+    x = torch.randn(2, 5, fresh.config.hidden_size)
+    task_ids = torch.tensor([0, 1])
+    with torch.no_grad():
+        straight = TaskMoE.forward(moe, x, task_ids).hidden_states  # the layer alone (no task context)
+        probs = moe.route(x, task_ids).softmax(-1)
+        top_p, top_e = probs.topk(2, dim=-1)
+        ffn = moe.experts[0]
+        for b in range(2):
+            for t in range(5):
+                d = torch.zeros(4)
+                d[top_e[b, t]] = top_p[b, t] / top_p[b, t].sum()
+                for linear in (ffn.w_in, ffn.w_out):
+                    linear.decisions = d.view(1, 1, 4)
+                want = ffn(x[b: b + 1, t: t + 1])[0, 0]
+                for linear in (ffn.w_in, ffn.w_out):
+                    linear.decisions = None
+                torch.testing.assert_close(straight[b, t], want, atol=1e-6, rtol=1e-5)
+        moe.expert_weighting = "gate"
+        gated = TaskMoE.forward(moe, x, task_ids).hidden_states
+    torch.testing.assert_close(gated, straight * top_p.sum(-1, keepdim=True), atol=1e-6, rtol=1e-6)
+
+
+def test_the_legacy_bert_config_takes_a_rank():
+    from hf_taskmoe import BertTaskMoEConfig
+
+    config = BertTaskMoEConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                               vocab_size=VOCAB, tasks=TASKS, num_experts=2, expert_rank=3)
+    model = BertForTaskMoE(config)
+    assert config.expert_rank == 3 and len(deltas(model)) == 4
