@@ -156,6 +156,11 @@ def test_parameter_report_counts_the_deltas_as_experts():
     heads = sum(p.numel() for n, p in model.named_parameters() if n.startswith("heads."))
     assert report.expert == lora
     assert report.trainable == lora + gates + heads < report.total
+    assert report.shared == sum(p.numel() for p in model.parameters() if not p.requires_grad)  # the one dense copy
+    from hf_taskmoe.models.task_moe import FAMILY
+
+    card = FAMILY.describe(model.config)
+    assert "LoRA delta of rank 4" in card and "dense weights frozen" in card
     # whole experts: the FFN copies are the experts, every weight trains
     full = TaskMoEForMultiTask.from_dense(dense_model("bert"), tasks=TASKS, num_experts=4)
     assert hf_taskmoe.parameter_report(full).trainable == hf_taskmoe.parameter_report(full).total
