@@ -287,3 +287,18 @@ def test_the_legacy_bert_config_takes_a_rank():
                                vocab_size=VOCAB, tasks=TASKS, num_experts=2, expert_rank=3)
     model = BertForTaskMoE(config)
     assert config.expert_rank == 3 and len(deltas(model)) == 4
+
+
+@pytest.mark.parametrize("arch", ["bert", "distilbert", "modernbert"])
+def test_upcycling_report_copies_the_dense_ffn_in_place_and_lists_the_deltas_as_new(arch):
+    dense = dense_model(arch)
+    model, report = TaskMoEForMultiTask.from_dense(dense, TASKS, num_experts=3, expert_rank=2,
+                                                   output_loading_info=True)
+    bases = [name for name in report.copied if ".base_layer." in name]
+    wrapped = [f"{n}.base_layer.{k}" for n, m in deltas(model).items() for k, _ in m.base_layer.named_parameters()]
+    assert bases and sorted(bases) == sorted(wrapped)  # each wrapped linear's weight (and bias), once
+    dense_state, state = dense.state_dict(), model.state_dict()
+    for name in bases:
+        assert ".base_layer." not in report.copied[name] and torch.equal(state[name], dense_state[report.copied[name]])
+    lora = {n for n in state if n.endswith((".lora_A", ".lora_B"))}
+    assert lora and lora <= set(report.new)
