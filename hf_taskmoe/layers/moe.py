@@ -581,10 +581,13 @@ class TaskMoE(nn.Module):
         self.expert_weighting = config.expert_weighting
         self.compute_aux_loss = config.router_aux_loss_coef > 0
         self.compute_z_loss = config.router_z_loss_coef > 0
-        self.low_rank = low_rank_ffn is not None and self.num_experts > 1
+        self.low_rank = low_rank_ffn is not None
         if self.low_rank:
-            if experts is not None:
-                raise ValueError("TaskMoE takes `experts` or `low_rank_ffn`, not both.")
+            if experts is not None or self.num_experts == 1:
+                raise ValueError(
+                    f"TaskMoE of layer {layer_idx}: `low_rank_ffn` replaces `experts` (not both) in an MoE layer "
+                    f"(num_experts > 1), got experts={experts is not None}, num_experts={self.num_experts}."
+                )
             experts = [low_rank_ffn]
             self._delta_linears = [m for m in low_rank_ffn.modules() if isinstance(m, TokenLowRankExperts)]
         elif experts is not None and len(experts) != self.num_experts:
