@@ -43,16 +43,16 @@ def test_a_misspelt_config_option_is_refused_with_the_closest_one(config_class, 
 
 
 def test_expert_rank_is_refused_where_it_does_not_apply_naming_the_family_that_takes_it():
-    """`expert_rank` (low-rank experts) is task-level routing's option: every other family refuses it by name and
-    says which family takes it; the task-routing configs keep it."""
+    """`expert_rank` (low-rank experts) is task-level routing's and MT-TaG's option: every other family refuses it by
+    name and says which families take it; theirs keep it."""
     owners = [f for f in FAMILIES.values() if "expert_rank" in {x.name for x in dataclasses.fields(f.config_class)}]
-    assert {f.method for f in owners} == {"task-routing"}
+    assert {f.method for f in owners} == {"task-routing", "mt-tag"}
     for family in FAMILIES.values():
         if family in owners:
             assert family.config_class(expert_rank=8).expert_rank == 8
             continue
-        with pytest.raises(ValueError, match=r"unknown option\(s\): `expert_rank` is an option of the task-routing "
-                                             r"family") as caught:
+        with pytest.raises(ValueError, match=r"unknown option\(s\): `expert_rank` is an option of the mt-tag "
+                                             r"family .* and of the task-routing family") as caught:
             family.config_class(expert_rank=8)
         assert family.config_class.__name__ in str(caught.value)
 

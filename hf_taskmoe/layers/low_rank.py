@@ -23,6 +23,10 @@ decisions' values (nothing is read back to the host):
   per row, punica's BGMV in plain torch. The delta is multiplied by the chosen decision's value (exactly 1 under a
   hard route; `selection="hard"` carries its `p / sg(p)` router gradient through it). Hard routes take it: `hard` in
   training, every one-hot route at evaluation and in generation.
+
+`TokenLowRankExperts` is the per-token sibling MT-TaG uses with `expert_rank`: its MoE layer sets each token's
+decisions `(batch, seq, experts)` (one-hot of the token's chosen expert under top-1) before running the FFN, and the
+`"mix"` path above computes `base(x_t) + scaling * sum_j d_tj B_j A_j x_t` in the same two stacked GEMMs.
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-__all__ = ["EXPERT_PATHS", "LowRankExperts", "LowRankSpec", "expert_path", "wrap_linears"]
+from ..utils import check_float
+
+__all__ = ["EXPERT_PATHS", "LowRankExperts", "LowRankSpec", "TokenLowRankExperts", "check_low_rank_fields",
+           "expert_path",
+           "wrap_linears"]
 
 #: the two ways of computing the deltas (module docstring)
 EXPERT_PATHS = ("mix", "one")
@@ -99,8 +107,10 @@ class LowRankExperts(nn.Module):
         """peft's LoRA init, per expert: `A_j` Kaiming-uniform (`a = sqrt(5)`, fan-in `in`), `B_j` zero."""
         from transformers import initialization as init
 
-        for j in range(self.num_experts):
-            init.kaiming_uniform_(self.lora_A[j], a=math.sqrt(5))
+        # transformers' guarded init skips a loaded weight by its flag, which a slice (`lora_A[j]`) does not carry
+        if not getattr(self.lora_A, "_is_hf_initialized", False):
+            for j in range(self.num_experts):
+                init.kaiming_uniform_(self.lora_A[j], a=math.sqrt(5))
         init.zeros_(self.lora_B)
 
     def extra_repr(self) -> str:
@@ -122,11 +132,18 @@ class LowRankExperts(nn.Module):
         return out + self.delta(x, decisions, flags.get("expert_path", "mix")).to(out.dtype)
 
     def delta(self, x: torch.Tensor, decisions: torch.Tensor, path: str = "mix") -> torch.Tensor:
-        """`scaling * sum_j d_bj B_j A_j x_b` for `x` `(batch, ..., in)` and `decisions` `(batch, experts)`."""
+        """`scaling * sum_j d_bj B_j A_j x_b` for `x` `(batch, ..., in)` and `decisions` `(batch, experts)` (one row's
+        for all its tokens), or per token, `decisions` `(batch, ..., experts)` with `x`'s leading shape (MT-TaG's
+        token routing, `"mix"` path only: `scaling * sum_j d_tj B_j A_j x_t`)."""
         shape = x.shape
         x = self.dropout(x).reshape(shape[0], -1, shape[-1])  # (b, T, in)
         A, B = self.lora_A, self.lora_B  # (E, r, in), (E, out, r)
         d = decisions.to(x.dtype)
+        per_token = d.dim() == len(shape)
+        if per_token:
+            if path != "mix":
+                raise ValueError(f"Per-token decisions take the 'mix' path, got path={path!r}.")
+            d = d.reshape(shape[0], -1, d.shape[-1])  # (b, T, E)
         if path == "one":
             idx = d.argmax(-1)  # (b,) each row's expert, on the device
             value = d.gather(1, idx[:, None])  # (b, 1): exactly 1 under a hard route (its gradient, if any)
@@ -136,11 +153,69 @@ class LowRankExperts(nn.Module):
         elif path == "mix":
             E, r = self.num_experts, self.rank
             h = x @ A.reshape(E * r, -1).T  # (b, T, E * r)
-            h = h * (d * self.scaling).repeat_interleave(r, dim=-1)[:, None, :]  # each expert's r columns by d_bj
+            scale = (d * self.scaling).repeat_interleave(r, dim=-1)  # each expert's r columns by its decision
+            h = h * (scale if per_token else scale[:, None, :])
             y = h @ B.permute(1, 0, 2).reshape(-1, E * r).T  # (b, T, out)
         else:
             raise ValueError(f"`path` must be one of {EXPERT_PATHS}, got {path!r}.")
         return y.reshape(*shape[:-1], y.shape[-1])
+
+
+class TokenLowRankExperts(LowRankExperts):
+    """`LowRankExperts` whose decisions are per token, set by the MoE layer that owns it (MT-TaG with `expert_rank`:
+    `hf_taskmoe.layers.moe.TaskMoE`) before it runs its FFN: `decisions` `(batch, seq, experts)`, each token's
+    combine weights (one-hot of its chosen expert under top-1). The deltas take the `"mix"` path: `base(x) + scaling
+    * sum_j d_tj B_j A_j x_t` in one stacked product of rank `experts * rank`, no loop over the experts, nothing read
+    back to the host. Outside its owner's forward (no decisions set) it is refused."""
+
+    def __init__(self, base_layer: nn.Module, num_experts: int, rank: int, alpha: float, dropout: float = 0.0):
+        super().__init__(base_layer, num_experts, rank, alpha, dropout)
+        self.decisions: torch.Tensor | None = None  # a plain attribute: set and cleared by the owner each forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.decisions is None:
+            raise RuntimeError("A TokenLowRankExperts runs inside its MoE layer's forward, which sets its decisions.")
+        out = self.base_layer(x)
+        return out + self.delta(x, self.decisions, "mix").to(out.dtype)
+
+
+def check_low_rank_fields(config, default_targets: str) -> None:
+    """Validate a config's `expert_rank`, `expert_alpha`, `expert_dropout`, `expert_targets` and `train_base` (the
+    latter four apply only with `expert_rank` set); `default_targets` says what `expert_targets=None` means."""
+    rank = config.expert_rank
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        raise ValueError(
+            f"`expert_rank` must be None (experts are whole copies) or a positive integer (the rank of the low-rank "
+            f"experts), got {rank!r}."
+        )
+    if config.expert_alpha is not None:
+        config.expert_alpha = check_float(config.expert_alpha, "expert_alpha", minimum=0.0)
+    config.expert_dropout = check_float(config.expert_dropout, "expert_dropout", minimum=0.0)
+    if config.expert_dropout >= 1.0:
+        raise ValueError(f"`expert_dropout` must be in [0, 1), got {config.expert_dropout}.")
+    targets = config.expert_targets
+    if targets is not None:
+        if isinstance(targets, str) or not isinstance(targets, (list, tuple)) or not targets or not all(
+                isinstance(t, str) and t for t in targets):
+            raise ValueError(
+                f"`expert_targets` must be None ({default_targets}) or a non-empty list of module names or suffixes, "
+                f"got {targets!r}."
+            )
+        config.expert_targets = list(targets)
+    if not isinstance(config.train_base, bool):
+        raise ValueError(f"`train_base` must be a bool, got {config.train_base!r}.")
+    if rank is None:
+        given = {name: getattr(config, name) for name in ("expert_alpha", "expert_targets")
+                 if getattr(config, name) is not None}
+        if config.expert_dropout:
+            given["expert_dropout"] = config.expert_dropout
+        if config.train_base:
+            given["train_base"] = True
+        if given:
+            raise ValueError(
+                f"{sorted(given)} apply to low-rank experts only: set `expert_rank` (a positive integer) too, got "
+                f"{given} with expert_rank=None."
+            )
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, use_experts_imp
 from ..compat import grouped_mm_fallback_op
 from ..contract import StackedWeight
 from ..utils import compute_dtype, inverse_permutation, is_capturing, lookup, one_hot
+from .low_rank import TokenLowRankExperts
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: MT-TaG's own implementations in transformers' experts registry (`ALL_EXPERTS_FUNCTIONS`), chosen by name like
@@ -550,7 +551,8 @@ class TaskMoE(nn.Module):
       of `"gate"`. An upcycled model with identical experts computes exactly what the dense model did.
     """
 
-    def __init__(self, config, layer_idx: int | None = None, experts: ExpertBank | Sequence[nn.Module] | None = None):
+    def __init__(self, config, layer_idx: int | None = None, experts: ExpertBank | Sequence[nn.Module] | None = None,
+                 low_rank_ffn: nn.Module | None = None):
         """`config`: a `TaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
         `top_k`, `expert_weighting`, `experts_implementation`, the auxiliary-loss coefficients, the tasks), read on
         each call for its `experts_implementation`. A layer outside `config.moe_layer_indices` (`layer_idx`) is dense:
@@ -559,7 +561,16 @@ class TaskMoE(nn.Module):
         transformers' experts interface), or modules mapping `(..., hidden)` to `(..., hidden)` (e.g. a gated FFN,
         run by a loop over the sorted tokens whatever the implementation). Fresh experts are an `ExpertBank`; a
         one-expert (dense) layer is one `ExpertFFN` in `experts.0`, the dense FFN as it was, at no cost for
-        stacking."""
+        stacking.
+
+        `low_rank_ffn` (MT-TaG with `expert_rank`, instead of `experts`): the dense FFN itself, one copy, whose
+        linears are `TokenLowRankExperts` holding each expert's LoRA delta; it sits in `experts.0`. The layer routes as
+        with whole experts, gives each wrapped linear its tokens' combine weights (`(batch, seq, experts)`: one-hot of
+        the chosen expert under top-1; the renormalised top-k probabilities, with their gradient, under top-k), runs
+        the FFN once on every token (`W x + s * sum_j d_tj B_j A_j x` on each linear: expert `j` is the FFN with its
+        deltas) and weights the output: straight-through multiplies by `(g - sg(g)) + 1` (exactly 1.0 in value, `g`
+        the chosen experts' summed probability), `"gate"` by `g`. Under top-k the deltas are mixed, not the experts'
+        outputs (one FFN run). `experts_implementation` does not apply (nothing is stacked)."""
         super().__init__()
         moe_layer = layer_idx is None or layer_idx in config.moe_layer_indices
         self.config = config
@@ -570,7 +581,16 @@ class TaskMoE(nn.Module):
         self.expert_weighting = config.expert_weighting
         self.compute_aux_loss = config.router_aux_loss_coef > 0
         self.compute_z_loss = config.router_z_loss_coef > 0
-        if experts is not None and len(experts) != self.num_experts:
+        self.low_rank = low_rank_ffn is not None
+        if self.low_rank:
+            if experts is not None or self.num_experts == 1:
+                raise ValueError(
+                    f"TaskMoE of layer {layer_idx}: `low_rank_ffn` replaces `experts` (not both) in an MoE layer "
+                    f"(num_experts > 1), got experts={experts is not None}, num_experts={self.num_experts}."
+                )
+            experts = [low_rank_ffn]
+            self._delta_linears = [m for m in low_rank_ffn.modules() if isinstance(m, TokenLowRankExperts)]
+        elif experts is not None and len(experts) != self.num_experts:
             raise ValueError(f"TaskMoE of layer {layer_idx} takes {self.num_experts} experts, got {len(experts)}.")
         if experts is None and self.num_experts > 1:
             experts = ExpertBank(config)
@@ -627,13 +647,51 @@ class TaskMoE(nn.Module):
                 token (its output is masked downstream) but left out of routing statistics and aux losses.
             output_routing: also return per-task routing counts.
         """
-        batch, seq, hidden = hidden_states.shape
         if self.router is None:  # MT-Dense: the FFN itself, no routing.
             return MoEOutput(self.experts[0](hidden_states))
 
         logits = self.route(hidden_states, task_ids)  # (batch, seq, experts) fp32
         probs = logits.softmax(dim=-1)
         top_p, top_e = probs.topk(self.top_k, dim=-1)  # (batch, seq, k)
+        if self.low_rank:
+            y = self._low_rank_forward(hidden_states, top_p, top_e)
+        else:
+            y = self._experts_forward(hidden_states, top_p, top_e)
+
+        needs_mask = token_mask is not None and (self.compute_aux_loss or self.compute_z_loss)
+        mask = token_mask.reshape(-1) if needs_mask else None
+        return MoEOutput(
+            hidden_states=y,
+            router_logits=logits,
+            expert_index=top_e,
+            routing_counts=self._routing_counts(top_e, task_ids, token_mask) if output_routing else None,
+            aux_loss=self._load_balancing_loss(probs, top_e, mask) if self.compute_aux_loss else None,
+            z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
+        )
+
+    def _low_rank_forward(self, hidden_states: torch.Tensor, top_p: torch.Tensor,
+                          top_e: torch.Tensor) -> torch.Tensor:
+        """The dense FFN once on every token, each token's chosen deltas on its linears (`low_rank_ffn`)."""
+        if self.top_k == 1:  # exactly one-hot: the chosen expert's delta alone
+            decisions = F.one_hot(top_e[..., 0], self.num_experts).to(hidden_states.dtype)  # (batch, seq, experts)
+        else:  # the deltas mixed by the renormalised top-k probabilities
+            share = top_p / top_p.sum(dim=-1, keepdim=True)
+            decisions = top_p.new_zeros(*top_p.shape[:-1], self.num_experts).scatter(-1, top_e, share)
+        for linear in self._delta_linears:
+            linear.decisions = decisions
+        try:
+            y = self.experts[0](hidden_states)
+        finally:
+            for linear in self._delta_linears:
+                linear.decisions = None
+        g = top_p.sum(dim=-1, keepdim=True)  # (batch, seq, 1) fp32: the chosen experts' probability
+        weight = g if self.expert_weighting == "gate" else (g - g.detach()) + 1.0  # straight-through: 1.0 in value
+        return y * weight.to(y.dtype)
+
+    def _experts_forward(self, hidden_states: torch.Tensor, top_p: torch.Tensor,
+                         top_e: torch.Tensor) -> torch.Tensor:
+        """Whole experts: the chosen experts on their tokens (the dispatch `experts_implementation` names)."""
+        batch, seq, hidden = hidden_states.shape
         x = hidden_states.reshape(-1, hidden)  # (tokens, hidden)
         top_k_index = top_e.view(-1, self.top_k)  # (tokens, k)
         # top-1 straight-through in MT-TaG's own dispatch: the value is the expert's output, the gate's gradient that
@@ -655,18 +713,7 @@ class TaskMoE(nn.Module):
                              expert_range=self._expert_range(x.device))
         else:  # an implementation of transformers' registry
             y = self.experts(x, top_k_index, weights)
-        y = y.view(batch, seq, hidden)
-
-        needs_mask = token_mask is not None and (self.compute_aux_loss or self.compute_z_loss)
-        mask = token_mask.reshape(-1) if needs_mask else None
-        return MoEOutput(
-            hidden_states=y,
-            router_logits=logits,
-            expert_index=top_e,
-            routing_counts=self._routing_counts(top_e, task_ids, token_mask) if output_routing else None,
-            aux_loss=self._load_balancing_loss(probs, top_e, mask) if self.compute_aux_loss else None,
-            z_loss=self._z_loss(logits, mask) if self.compute_z_loss else None,
-        )
+        return y.view(batch, seq, hidden)
 
     def _expert_range(self, device) -> torch.Tensor:
         """`arange(num_experts)` in 8-bit (the sort keys' dtype), made once per forward for every layer

@@ -17,8 +17,14 @@ def describe(c: TaskMoEConfig) -> str:
     if c.num_experts == 1:
         return "MT-Dense (one FFN per layer)"
     kind = "MT-TaG (task-aware gates)" if c.gating == "task" else "MT-Switch (one shared gate)"
-    return (f"{kind}: {c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting "
+    text = (f"{kind}: {c.num_experts} experts per MoE layer, top-{c.top_k} routing, expert weighting "
             f"`{c.expert_weighting}`, MoE layers {c.moe_layer_indices}")
+    if c.expert_rank is not None:
+        targets = ", ".join(c.expert_targets) if c.expert_targets else "every linear of the FFN"
+        base = "trained" if c.train_base else "frozen"
+        text += (f"; low-rank experts: one copy of each FFN plus each expert's LoRA delta of rank {c.expert_rank} "
+                 f"(`lora_alpha` {c.lora_alpha:g}) on {targets}, dense weights {base}")
+    return text
 
 
 # the rules depend on the backbone: each model gives its own (`TaskMoEForMultiTask.upcycling_rules`)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...compat import own_experts_implementation
+from ...layers.low_rank import check_low_rank_fields
 from ...layers.moe import AUTO, EXPERT_WEIGHTINGS, GATING_TYPES
 from ...utils import check_choice, check_float, check_int
 from ..encoder import TaskEncoderConfig
@@ -53,6 +54,31 @@ class TaskMoEConfig(TaskEncoderConfig):
             Weight of the Switch load-balancing loss added to the training loss (off in the paper).
         router_z_loss_coef (`float`, *optional*, defaults to 0.0):
             Weight of the ST-MoE router z-loss added to the training loss (off in the paper).
+        expert_rank (`int`, *optional*):
+            `None` (default): every expert is a whole copy of the FFN (the paper's). A positive int `r`: low-rank
+            experts. An MoE layer then keeps the dense FFN, one copy, and each of its target linears holds
+            `num_experts` LoRA deltas of rank `r` (`hf_taskmoe.layers.low_rank.TokenLowRankExperts`): expert `j` is
+            the FFN with its deltas, and the router's top-k choice per token selects the deltas that token's linears
+            add (`W x + s * sum_j d_tj B_j A_j x`, one stacked product, the FFN run once on every token; top-k mixes
+            the chosen deltas, not the experts' outputs). Upcycling sets every `B` to zero (peft's init), so every
+            expert starts equal to the dense FFN and, with straight-through weighting, the model computes the dense
+            model's outputs exactly: the experts differ only through the tokens the router sends them (the router gets
+            its gradient through the gate weighting from the first step; the deltas, zero only at step 0, then
+            diverge). Needs `num_experts > 1` (MT-Dense with deltas would be one LoRA: use peft).
+            `experts_implementation` does not apply (nothing is stacked): only its default is accepted.
+        expert_alpha (`float`, *optional*):
+            peft's `lora_alpha`: the deltas are scaled by `expert_alpha / expert_rank`. Defaults to `2 * expert_rank`.
+        expert_dropout (`float`, *optional*, defaults to 0.0):
+            Dropout on the input of the deltas (peft's `lora_dropout`); the dense product reads the input unchanged.
+        expert_targets (`list[str]`, *optional*):
+            Which linears of an MoE layer's FFN get deltas: their names relative to the layer, or suffixes of them
+            (BERT: `"intermediate.dense"`, `"output.dense"`; DistilBERT: `"ffn.lin1"`, `"ffn.lin2"`; ModernBERT:
+            `"mlp.Wi"`, `"mlp.Wo"`). Default: every linear of the FFN, since an expert of MT-TaG is a whole FFN. A
+            name that matches no linear of the FFN is refused.
+        train_base (`bool`, *optional*, defaults to `False`):
+            With `expert_rank` set: `False` freezes every dense weight (the FFNs, attention, embeddings, norms,
+            pooler: `requires_grad=False`), so training holds gradients and optimizer state only for the deltas, the
+            task gates and the heads (LoRA memory); `True` trains them too.
     """
 
     model_type = "taskmoe_moe"
@@ -69,6 +95,11 @@ class TaskMoEConfig(TaskEncoderConfig):
     # (transformers' `experts_implementation`, MT-TaG's default where unset, kept off `dense_config`: its dense model
     # has no experts and would refuse "grouped_mm" when built)
     _experts_implementation = own_experts_implementation(default=AUTO)
+    expert_rank: int | None = None
+    expert_alpha: float | None = None
+    expert_dropout: float = 0.0
+    expert_targets: list | None = None
+    train_base: bool = False
 
     def _validate(self) -> None:
         super()._validate()
@@ -80,6 +111,33 @@ class TaskMoEConfig(TaskEncoderConfig):
         check_float(self.router_aux_loss_coef, "router_aux_loss_coef", minimum=0.0)
         check_float(self.router_z_loss_coef, "router_z_loss_coef", minimum=0.0)
         self.moe_layers = self._check_layer_list("moe_layers")
+        check_low_rank_fields(self, "every linear of an MoE layer's FFN")
+        if self.expert_rank is not None and self.num_experts == 1:
+            raise ValueError(
+                f"`expert_rank={self.expert_rank}` gives each expert of an MoE layer its low-rank delta; with "
+                "num_experts=1 (MT-Dense) there is no router and the deltas would be one LoRA on the dense model: "
+                "set num_experts > 1, or train a dense model with peft's LoRA."
+            )
+        self.check_low_rank_experts_implementation(self._experts_implementation)
+
+    def check_low_rank_experts_implementation(self, name) -> None:
+        """With `expert_rank` set nothing is stacked: refuse an `experts_implementation` other than the default."""
+        if self.expert_rank is not None and name not in (None, AUTO):
+            raise ValueError(
+                f"`experts_implementation={name!r}` picks how stacked whole experts run; with "
+                f"`expert_rank={self.expert_rank}` an MoE layer is the dense FFN plus each expert's low-rank delta, "
+                f"run as one stacked product, so it does not apply: leave it unset ('{AUTO}')."
+            )
+
+    @property
+    def low_rank(self) -> bool:
+        """Whether the experts are low-rank deltas over one shared FFN (`expert_rank` set)."""
+        return self.expert_rank is not None
+
+    @property
+    def lora_alpha(self) -> float:
+        """`expert_alpha` resolved: peft's `lora_alpha` of the deltas (defaults to `2 * expert_rank`)."""
+        return float(self.expert_alpha) if self.expert_alpha is not None else 2.0 * self.expert_rank
 
     @property
     def moe_layer_indices(self) -> list[int]:

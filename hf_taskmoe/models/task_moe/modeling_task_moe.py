@@ -8,6 +8,11 @@ whose stacked projections are copies of `intermediate.dense` and `output.dense` 
 `output`, which still adds the residual and normalises; one expert: an `ExpertFFN` in `experts.0`); a whole FFN
 module (DistilBERT's `ffn`, ModernBERT's gated `mlp`) is copied whole into each expert, and its experts run MT-TaG's
 loop over the sorted tokens.
+
+With `config.expert_rank` (low-rank experts) nothing is copied: the dense FFN stays, one copy, in `experts.0` of the
+`BackboneTaskMoE` (a split FFN's projections as an `ExpertFFN`, `output.dense` an identity as above; a whole FFN
+module itself), its linears wrapped as `TokenLowRankExperts` holding each expert's LoRA delta (`lora_A`, `lora_B`,
+`B = 0` at upcycling), and every dense weight frozen unless `config.train_base`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from transformers.utils import ModelOutput
 from ...backbones import Backbone, TaskContext, replace_module
 from ...compat import experts_class_elsewhere
 from ...contract import ParameterRoles
+from ...layers.low_rank import LowRankSpec, TokenLowRankExperts
 from ...layers.moe import (
     AUTO,
     EXPERT_BANK_WEIGHTS,
@@ -95,14 +101,35 @@ def moe_encoder_fields(moe_outputs: list[MoEOutput], routed: bool) -> dict:
     )
 
 
+#: MT-TaG's parameter roles with whole experts (a copy of the FFN per expert)
+TASK_MOE_ROLES = ParameterRoles(
+    roles={"expert": r"\.experts\.", "gating": r"\.router\."}, task_specific=("gating",), new=("gating",),
+    also_new=(r"\.lora_[AB]$",),  # low-rank experts' deltas (`expert_rank`): new on upcycling
+)
+#: with low-rank experts (`expert_rank`): the deltas are the experts, the one dense FFN is shared
+LOW_RANK_TASK_MOE_ROLES = ParameterRoles(
+    roles={"expert": r"\.lora_[AB]$", "gating": r"\.router\."}, task_specific=("gating",), new=("gating", "expert"),
+)
+
+
+class _MoERoles:
+    """`TASK_MOE_ROLES`, or `LOW_RANK_TASK_MOE_ROLES` on a model with `expert_rank` set (read on the class: the
+    former)."""
+
+    def __get__(self, obj, owner=None):
+        config = getattr(obj, "config", None) if obj is not None else None
+        return LOW_RANK_TASK_MOE_ROLES if getattr(config, "low_rank", False) else TASK_MOE_ROLES
+
+
 class BackboneTaskMoE(TaskMoE):
     """A `TaskMoE` in the place of a dense model's FFN: called as the FFN was (hidden states in, hidden states out),
     it reads the batch's task ids from the model's `TaskContext` and reports its `MoEOutput` there."""
 
     task_conditioned = True  # initialised by the task model, not by the dense model's `_init_weights`
 
-    def __init__(self, config, layer_idx: int, experts: ExpertBank | list[torch.nn.Module], context: TaskContext):
-        super().__init__(config, layer_idx, experts)
+    def __init__(self, config, layer_idx: int, experts: ExpertBank | list[torch.nn.Module] | None,
+                 context: TaskContext, low_rank_ffn: torch.nn.Module | None = None):
+        super().__init__(config, layer_idx, experts, low_rank_ffn=low_rank_ffn)
         self.context = context
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -140,6 +167,42 @@ def ffn_experts(layer: torch.nn.Module, backbone: Backbone,
     return [copy.deepcopy(ffn) for _ in range(num_experts)]
 
 
+def low_rank_ffn(layer: torch.nn.Module, backbone: Backbone, config: TaskMoEConfig) -> torch.nn.Module:
+    """A layer's dense FFN, not copied, with its targeted linears (`config.expert_targets`, names relative to the
+    layer; default every linear of the FFN) wrapped as `TokenLowRankExperts`; a split FFN's output projection becomes
+    an identity in place and its projections an `ExpertFFN` (the same modules)."""
+    site = backbone.ffn
+    spec = LowRankSpec(config.num_experts, config.expert_rank, config.lora_alpha, config.expert_dropout,
+                       tuple(config.expert_targets) if config.expert_targets is not None else None)
+    if site.split:
+        w_in, act, w_out = (layer.get_submodule(p) for p in (site.w_in, site.act, site.w_out))
+        replace_module(layer, site.w_out, torch.nn.Identity())
+        ffn = ExpertFFN.__new__(ExpertFFN)
+        torch.nn.Module.__init__(ffn)
+        ffn.w_in, ffn.act, ffn.w_out = w_in, act, w_out
+        linears = {site.w_in: (ffn, "w_in"), site.w_out: (ffn, "w_out")}
+    else:
+        ffn = layer.get_submodule(site.module)
+        linears = {}
+        for name, module in ffn.named_modules():
+            if isinstance(module, torch.nn.Linear) and name:
+                parent, _, child = name.rpartition(".")
+                linears[f"{site.module}.{name}"] = (ffn.get_submodule(parent) if parent else ffn, child)
+    chosen = [name for name in linears if spec.targeted(name)]
+    unmatched = [t for t in spec.targets or () if not any(n == t or n.endswith(f".{t}") for n in linears)]
+    if not chosen or unmatched:
+        raise ValueError(
+            f"`expert_targets` {unmatched or list(spec.targets)!r} match no linear of the FFN of this "
+            f"{config.dense_config.model_type} layer; its FFN's linears are {sorted(linears)} (names relative to the "
+            "layer, or suffixes of them), or leave it None for every one."
+        )
+    for name in chosen:
+        owner, child = linears[name]
+        setattr(owner, child, TokenLowRankExperts(getattr(owner, child), spec.num_experts, spec.rank, spec.alpha,
+                                                  spec.dropout))
+    return ffn
+
+
 class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """MT-TaG (task-aware gates), MT-Switch (`gating="shared"`) or MT-Dense (`num_experts=1`) on a dense encoder of
     any declared architecture, with one head per task. Build one with `TaskMoEForMultiTask.from_dense(checkpoint,
@@ -163,9 +226,7 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         "task_losses", "task_logits", "task_ids", "hidden_states", "attentions", "router_logits", "expert_indices",
         "routing_counts", "aux_loss", "z_loss",
     ]
-    parameter_roles = ParameterRoles(
-        roles={"expert": r"\.experts\.", "gating": r"\.router\."}, task_specific=("gating",), new=("gating",)
-    )
+    parameter_roles = _MoERoles()
     stacked_weights = EXPERT_BANK_WEIGHTS
     # `config.experts_implementation` is settable (`from_pretrained`, `set_experts_implementation`): the experts class
     # declared with `use_experts_implementation` is `hf_taskmoe.layers.moe.ExpertBank`
@@ -175,6 +236,19 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         super().__init__(config)
         self._build_backbone(config)
         self.post_init()
+        self.apply_freezing()
+
+    def apply_freezing(self) -> None:
+        """With low-rank experts and `train_base=False`, freeze every dense weight: only the deltas, the gates and the
+        heads train."""
+        config = self.config
+        if config.low_rank and not config.train_base:
+            for name, param in self.named_parameters():
+                param.requires_grad_(name.startswith("heads.") or ".router." in name
+                                     or name.endswith((".lora_A", ".lora_B")))
+
+    def _after_load(self) -> None:
+        self.apply_freezing()  # loading creates the parameters anew
 
     family_flags = ("output_router_logits",)
 
@@ -205,12 +279,17 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     def _wrap_backbone(self, config: TaskMoEConfig, backbone: Backbone, layers) -> None:
         for index in config.moe_layer_indices:
             layer = layers[index]
-            experts = ffn_experts(layer, backbone, config)
-            replace_module(layer, backbone.ffn.module, BackboneTaskMoE(config, index, experts, self.task_context))
+            if config.low_rank:
+                moe = BackboneTaskMoE(config, index, None, self.task_context, low_rank_ffn(layer, backbone, config))
+            else:
+                moe = BackboneTaskMoE(config, index, ffn_experts(layer, backbone, config), self.task_context)
+            replace_module(layer, backbone.ffn.module, moe)
 
     def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
         """transformers' check of `experts_implementation`, and MT-TaG's: experts that are whole FFN modules
-        (DistilBERT, ModernBERT) run MT-TaG's own loop only."""
+        (DistilBERT, ModernBERT) run MT-TaG's own loop only; low-rank experts (`expert_rank`) take none but the
+        default."""
+        self.config.check_low_rank_experts_implementation(requested_experts)
         if (requested_experts not in (None, AUTO, *SORTED_IMPLEMENTATIONS) and self.config.num_experts > 1
                 and not self.config.backbone.ffn.split):
             raise ValueError(
@@ -224,7 +303,12 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         backbone = self.config.backbone
         site = backbone.ffn
         if site.split:
+            low_rank = (  # the dense projections in place, wrapped with their deltas (`expert_rank`)
+                layer_rule(backbone, rf"{site.module}\.experts\.0\.w_in\.base_layer\.(.+)", rf"{site.w_in}.\2"),
+                layer_rule(backbone, rf"{site.module}\.experts\.0\.w_out\.base_layer\.(.+)", rf"{site.w_out}.\2"),
+            )
             return (
+                *low_rank,
                 # stacked experts (`experts.up_proj`, `experts.up_proj_bias`: every slice a copy) or one
                 # (`experts.0.w_in.*`)
                 *(
@@ -235,10 +319,16 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
                 layer_rule(backbone, rf"{site.module}\.experts\.0\.w_in\.(.+)", rf"{site.w_in}.\2"),
                 layer_rule(backbone, rf"{site.module}\.experts\.0\.w_out\.(.+)", rf"{site.w_out}.\2"),
             )
-        return (layer_rule(backbone, rf"{site.module}\.experts\.\d+\.(.+)", rf"{site.module}.\2"),)
+        return (
+            layer_rule(backbone, rf"{site.module}\.experts\.0\.(.+)\.base_layer\.(.+)", rf"{site.module}.\2.\3"),
+            layer_rule(backbone, rf"{site.module}\.experts\.\d+\.(.+)", rf"{site.module}.\2"),
+        )
 
     @torch.no_grad()
     def _init_weights(self, module):
+        if isinstance(module, TokenLowRankExperts):  # peft's init: A Kaiming-uniform, B zero (the dense FFN's output)
+            module.reset_lora_parameters()
+            return
         super()._init_weights(module)
         if isinstance(module, (TaskGate, SharedGate)):
             init.normal_(module.weight, mean=0.0, std=self.config.router_init_std)  # MT-TaG 4.4: N(0, 0.001)
@@ -259,7 +349,12 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
         """Upcycle a dense encoder checkpoint (MT-TaG section 4.3) of any declared architecture: every FFN of an MoE
         layer is copied into each of its `num_experts` experts, everything else is the dense model's own weights;
         gates N(0, router_init_std), heads the architecture's initialisation. With straight-through weighting (the
-        default) the new model computes exactly what the dense model computed."""
+        default) the new model computes exactly what the dense model computed.
+
+        With `expert_rank=r` (low-rank experts) the FFN is not copied: its linears get each expert's LoRA delta with
+        `B = 0`, so every expert starts equal to the dense FFN (the model computes the dense model's outputs exactly
+        under straight-through weighting) and the experts differ only through the tokens the router sends them; the
+        dense weights are frozen unless `train_base=True`."""
         return super().from_dense(
             dense, tasks, output_loading_info=output_loading_info, strict=strict, hub_kwargs=hub_kwargs,
             num_experts=num_experts, gating=gating, expert_weighting=expert_weighting, **config_kwargs,

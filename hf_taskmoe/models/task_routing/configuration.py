@@ -11,6 +11,7 @@ from transformers import AutoConfig, BartConfig, PreTrainedConfig
 
 from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, Backbone, get_backbone
 from ...compat import dense_sub_config
+from ...layers.low_rank import check_low_rank_fields
 from ...layers.routing import ROUTER_TYPES, SELECTION_FUNCTIONS
 from ...problem_types import TEXT_TO_TEXT
 from ...problem_types.seq2seq import ENCODER_DECODER_LAYOUT
@@ -170,40 +171,7 @@ class TaskRoutedLMConfig(TaskConfigMixin, PreTrainedConfig):
         self._validate_low_rank()
 
     def _validate_low_rank(self) -> None:
-        rank = self.expert_rank
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-            raise ValueError(
-                f"`expert_rank` must be None (experts are whole copies of their layer) or a positive integer (the "
-                f"rank of the low-rank experts), got {rank!r}."
-            )
-        if self.expert_alpha is not None:
-            self.expert_alpha = check_float(self.expert_alpha, "expert_alpha", minimum=0.0)
-        self.expert_dropout = check_float(self.expert_dropout, "expert_dropout", minimum=0.0)
-        if self.expert_dropout >= 1.0:
-            raise ValueError(f"`expert_dropout` must be in [0, 1), got {self.expert_dropout}.")
-        if self.expert_targets is not None:
-            targets = self.expert_targets
-            if isinstance(targets, str) or not isinstance(targets, (list, tuple)) or not targets or not all(
-                    isinstance(t, str) and t for t in targets):
-                raise ValueError(
-                    f"`expert_targets` must be None (every linear of a routed layer) or a non-empty list of module "
-                    f"names or suffixes (['q_proj', 'v_proj']), got {targets!r}."
-                )
-            self.expert_targets = list(targets)
-        if not isinstance(self.train_base, bool):
-            raise ValueError(f"`train_base` must be a bool, got {self.train_base!r}.")
-        if rank is None:
-            given = {name: getattr(self, name) for name in ("expert_alpha", "expert_targets")
-                     if getattr(self, name) is not None}
-            if self.expert_dropout:
-                given["expert_dropout"] = self.expert_dropout
-            if self.train_base:
-                given["train_base"] = True
-            if given:
-                raise ValueError(
-                    f"{sorted(given)} apply to low-rank experts only: set `expert_rank` (a positive integer) too, got "
-                    f"{given} with expert_rank=None."
-                )
+        check_low_rank_fields(self, "every linear of a routed layer")
 
     @property
     def low_rank(self) -> bool:
