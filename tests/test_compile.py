@@ -127,6 +127,7 @@ def _sgd_steps(model, batches, autocast_dtype):
     return losses
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("family", sorted(FULLGRAPH_FAMILIES))
 def test_fullgraph_training_over_changing_task_mixes_compiles_once(family):
     """`torch.compile(fullgraph=True)` of the forward (the backward is AOTAutograd's graph) of a checked batch: no graph

@@ -163,11 +163,13 @@ def compile_and_compare(name: str, train: bool):
                                        msg=lambda m, n=param_name: f"{n}: {m}")
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fullgraph_training_step_one_graph_over_task_mixes(name):
     compile_and_compare(name, train=True)
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fullgraph_eval_forward_one_graph_over_task_mixes(name):
     """What `torch.compile(model, mode="reduce-overhead")` needs of inference: no graph break, no recompilation."""

@@ -49,6 +49,7 @@ def ddp_runs(tmp_path_factory):
     return out, subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("family, find_unused", DDP_RUNS)
 def test_torchrun_two_processes_static_graph_with_idle_task_modules(ddp_runs, family, find_unused):
     out, result = ddp_runs
@@ -105,6 +106,7 @@ def test_deepspeed_zero2_on_a_task_mixture(zero2_runs, family):
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
 
 
+@pytest.mark.ci
 def test_mt_uncertainty_selects_across_ranks(tmp_path):
     """MT-Uncertainty under DDP takes the most uncertain candidates of all ranks' pools, not of each rank's."""
     script = Path(__file__).parent / "distributed" / "uncertainty_select.py"

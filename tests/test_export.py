@@ -65,6 +65,7 @@ def exports(tmp_path_factory, minilm):
     return made, result
 
 
+@pytest.mark.ci
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_export_loads_without_hf_taskmoe_and_gives_identical_outputs(family, exports):
     made, result = exports

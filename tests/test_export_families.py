@@ -86,7 +86,8 @@ def test_torch_export_of_an_encoder_family_matches_eager(family, arch):
 
 @pytest.mark.parametrize(
     "family, arch",
-    [pytest.param(f, a, marks=() if (f, a) in ONNX_DEFAULT else pytest.mark.slow, id=f"{f}-{a}") for f, a in CASES],
+    [pytest.param(f, a, marks=pytest.mark.ci if (f, a) in ONNX_DEFAULT else pytest.mark.slow, id=f"{f}-{a}")
+     for f, a in CASES],
 )
 def test_onnx_of_an_encoder_family_runs_in_onnxruntime_and_matches_eager(family, arch, tmp_path):
     onnxruntime = pytest.importorskip("onnxruntime")
@@ -208,6 +209,7 @@ def test_bart_encoder_and_decoding_step_export_and_match_eager(selection):
         torch.testing.assert_close(logits, eager[:, steps - 1], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.ci
 def test_t5_encoder_and_decoding_step_export_and_match_eager():
     """The encoder-decoder class exports the same two programs for T5 as for BART (one class serves both)."""
     from .test_task_routed_t5 import routed, s2s_batch

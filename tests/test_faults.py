@@ -58,6 +58,7 @@ def _equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.ci
 def test_kill_9_while_training_then_resume_latest_gives_the_same_weights(tmp_path, tiny_dense):
     run_multitask.main(_argv(tmp_path / "whole", tiny_dense))
     killed = tmp_path / "killed"

