@@ -156,33 +156,18 @@ def staging_dir(out: Path) -> Path:
 
 
 def replace_output_dir(staging: Path, out: Path) -> None:
-    """Swap the complete new run in `staging` for the earlier run in `out`: one exchange of the two folders where the
-    system has it (Linux `renameat2(RENAME_EXCHANGE)`, `hf_taskmoe.folder_swap.exchange`: `out` always holds one
-    complete run), else two renames; where `out` cannot be renamed (a mount point), the new files are copied onto its
+    """Swap the complete new run in `staging` for the earlier run in `out`, as a model's save does
+    (`hf_taskmoe.folder_swap.swap_in`: one exchange of the two folders where the system has it, `out` always holding
+    one complete run, else two renames through the backup that `from_pretrained` and the next save recover); where
+    `out` cannot be renamed (a mount point, a folder another process holds open), the new files are copied onto its
     device first, then the old ones removed (`hf_taskmoe.folder_swap.install_staged`)."""
-    from hf_taskmoe.folder_swap import exchange, install_staged
+    from hf_taskmoe.folder_swap import install_staged, swap_in
 
     try:
-        exchanged = exchange(staging, out)
-    except OSError:  # a mount point, or a folder another process holds open (EBUSY, EXDEV): below
-        exchanged = False
-    if exchanged:
-        shutil.rmtree(staging, ignore_errors=True)  # the earlier run now
-        return
-    old = out.parent / f".{out.name}.replaced"
-    shutil.rmtree(old, ignore_errors=True)
-    try:
-        os.rename(out, old)
-    except OSError:  # a mount point, or a folder another process holds open (EBUSY, EXDEV)
+        swap_in(staging, out)
+    except OSError:  # EBUSY, EXDEV: `out` cannot be renamed
         install_staged(staging, out, stale=[p.name for p in out.iterdir()])
         shutil.rmtree(staging, ignore_errors=True)
-        return
-    try:
-        os.rename(staging, out)
-    except OSError:
-        os.rename(old, out)  # the earlier run back in place
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def check_output_dir(training_args, overwrite_output_dir: bool = False) -> str | None:
