@@ -29,6 +29,7 @@ with every row of the file for the run's settings and the per-configuration mean
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import json
 import random
@@ -169,6 +170,8 @@ def run_one(config: str, args) -> dict:
     data = read_data(args)
     tasks = list(TASKS)
     model, select = build(config, dense, args, tasks)
+    del dense  # the routed models copied its weights: only the model built from it stays resident
+    gc.collect()
     stored = sum(p.numel() for p in model.parameters())  # per-task LoRA: the base and every task's adapter
     torch.manual_seed(args.seed)
     lr = LEARNING_RATES.get(config, args.lr)
