@@ -249,3 +249,54 @@ def test_deepspeed_zero3_and_zero2_equal_ddp(tmp_path, family, stage):
     seen = [r["seen"] for r in ranks]
     assert any(set(a) != set(b) for a, b in zip(*seen))
     _equal_runs(ranks[0], _ddp_reference(tmp_path, family, seen))
+
+
+@pytest.fixture(scope="module")
+def low_rank_runs(tmp_path_factory):
+    """The routed Llama with low-rank experts (`expert_rank=4`, hard routes, dense weights frozen) trained 8 steps
+    under DDP (the reference), FSDP2 (a routed layer's frozen base and trainable deltas in one `fully_shard` unit) and
+    DeepSpeed ZeRO-3 (the Trainer's AdamW), each a 2-process run on the same mixed-task batches."""
+    out = tmp_path_factory.mktemp("low_rank")
+    runs, results = {}, {}
+    for engine in ("ddp", "fsdp2", "zero3"):
+        if engine == "zero3":
+            pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install -e '.[test]' installs it)")
+        folder = out / engine
+        folder.mkdir()
+        name = _zero_config(folder) if engine == "zero3" else engine
+        results[engine] = _sharded_run(folder, "routed_llama_low_rank", name, "full")
+        if results[engine].returncode == 0:
+            runs[engine] = [json.loads((folder / f"full{r}.json").read_text()) for r in (0, 1)]
+    return runs, results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2", "zero3"])
+def test_low_rank_frozen_base_under_ddp_fsdp2_and_zero3(low_rank_runs, engine):
+    """Low-rank experts over a frozen base on 2 CPU processes: after 8 steps the frozen weights (gathered) are
+    bit-identical to the start, the optimizer holds state for the trainable parameters only (the ranks' shards
+    together cover exactly the trainable elements under FSDP2; ZeRO-3 pads its flat partition at most to its
+    alignment), the loss went down, and FSDP2's and ZeRO-3's losses and final weights are DDP's. Slow:
+    `pytest -m slow tests/test_distributed.py -k low_rank`."""
+    runs, results = low_rank_runs
+    result = results[engine]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = runs[engine]
+    first = ranks[0]
+    assert all(r["world"] == 2 for r in ranks)
+    assert first["frozen_numel"] > 0 and first["frozen_missing"] == []
+    assert first["frozen_unchanged"] and all(first["frozen_unchanged"].values()), first["frozen_unchanged"]
+    held = [r["optimizer_numel"] for r in ranks]
+    trainable = first["trainable_numel"]
+    if engine == "ddp":
+        assert held == [trainable, trainable]
+        assert first["wrapper"] == "DistributedDataParallel"
+    elif engine == "fsdp2":
+        assert sum(held) == trainable and all(held)
+        assert first["fsdp"] and first["units"]["FSDPContextRoutedLayer"] == 2
+    else:
+        assert first["zero_stage"] == 3 and trainable <= sum(held) < trainable + 2 * 64
+    losses = [first["losses"][str(s)] for s in range(1, 9)]
+    assert sum(losses[-3:]) < sum(losses[:3]), losses  # it learned
+    if engine != "ddp":
+        _equal_runs(first, runs["ddp"][0])

@@ -416,3 +416,29 @@ def test_the_hard_routed_forward_exports_with_torch_export():
     program = torch.export.export(wrapper, (ids, MIXED))
     with torch.no_grad():
         torch.testing.assert_close(program.module()(ids, MIXED), wrapper(ids, MIXED), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["autocast", "bf16_weights"])
+def test_a_bf16_training_step_leaves_the_frozen_base_alone(precision):
+    """A training step under CPU bf16 autocast (fp32 weights), and one with the whole model stored in bf16: the
+    frozen weights are bit-identical after it, take no gradient and no optimizer state, and the deltas moved."""
+    model = low_rank("llama", selection="gumbel_softmax_st").train()
+    if precision == "bf16_weights":
+        model = model.to(torch.bfloat16)
+    frozen = _frozen_snapshot(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    batch = inputs("llama", model)
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "autocast"):
+            loss = model(**batch, task_ids=MIXED, labels=batch["input_ids"]).loss
+        assert torch.isfinite(loss)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for name, param in model.named_parameters():
+        if name in frozen:
+            assert torch.equal(param, frozen[name]), name
+    assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    assert {id(p) for p in optimizer.state} == {id(p) for p in params}
+    assert any(m.lora_B.abs().sum() > 0 for m in model.low_rank_modules().values())

@@ -5,8 +5,10 @@ so a unit must run on every rank in every step. The units here are the transform
 backbone a family declares (`config.backbone.layers`, `hf_taskmoe.backbones`). A task-routed layer is one unit with its
 experts (whole copies of the block): a unit per expert would be gathered only on the ranks whose rows use that expert,
 which hangs the other ranks wherever experts are skipped (`BartTaskRouted` with hard routes, `generate` under a hard
-route). A family without a backbone declaration falls back to its own `_no_split_modules` (its layer classes), then to
-the dense model's. accelerate's FSDP2 path takes these as class names (`transformer_cls_names_to_wrap`,
+route). With low-rank experts (`expert_rank`) the unit holds the frozen dense weights and the trainable deltas
+together: FSDP2 shards each parameter apart, so that needs nothing more (tests/test_distributed.py). A family
+without a backbone declaration falls back to its own `_no_split_modules` (its layer classes), then to the dense
+model's. accelerate's FSDP2 path takes these as class names (`transformer_cls_names_to_wrap`,
 `fsdp_config["transformer_layer_cls_to_wrap"]`).
 
 What may sit out a step -- an absent task's head, an expert no token chose -- is declared by the family

@@ -3,14 +3,18 @@
 
 FAMILY: `task_moe` (MT-TaG, the backbone-generic `TaskMoEForMultiTask` over a tiny BERT, three tasks of which one
 regression), `pals` or `camtl` (`PALsForMultiTask`, `CAMTLForMultiTask`: the same BERT and tasks), or
-`routed_llama` (`TaskRoutedForCausalLM` over a tiny Llama, three text-to-text tasks, 3 experts per layer). ENGINE:
+`routed_llama` (`TaskRoutedForCausalLM` over a tiny Llama, three text-to-text tasks, 3 experts per layer) or
+`routed_llama_low_rank` (the same with low-rank experts, `expert_rank=4`, hard routes, the dense weights frozen: frozen
+and trainable parameters in one `fully_shard` unit). ENGINE:
 `fsdp2` (accelerate's FSDP2, one `fully_shard` unit per block the family declares, sharded checkpoints), a
 DeepSpeed config file (ZeRO-3) or `ddp` (DDP, nothing sharded: the reference). MODE: `full` (8 steps, a checkpoint
 every 3), `kill` (the same run, each rank SIGKILLs itself at the end of step 5, after checkpoint-3 was saved and
 before checkpoint-6) or `resume` (from the newest complete checkpoint of OUT/run, to step 8). Batches mix the tasks
 (`heterogeneous`), two rows per rank, so a rank's batch leaves some task's head (and PALs) idle. Each rank writes
 <out>/<mode><rank>.json: the per-step losses, the wrapper, the units FSDP sharded, and a checksum of the full
-(gathered) weights.
+(gathered) weights; and for every run, whether the frozen parameters' gathered weights are bit-identical to the
+start (`frozen_unchanged`, rank 0) and how many elements the optimizer holds state for on this rank
+(`optimizer_numel`: AdamW's `exp_avg`, the rank's shard under FSDP2 and ZeRO-3) against the trainable ones.
 """
 
 import json
@@ -65,16 +69,24 @@ else:
     dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=64, max_position_embeddings=64, bos_token_id=2, eos_token_id=3, pad_token_id=0))
-    model = TaskRoutedForCausalLM.from_dense(dense, tasks, num_experts=3, expert_noise_variance=0.0)
+    if family == "routed_llama_low_rank":
+        model = TaskRoutedForCausalLM.from_dense(dense, tasks, num_experts=3, expert_rank=4, selection="hard")
+    else:
+        model = TaskRoutedForCausalLM.from_dense(dense, tasks, num_experts=3, expert_noise_variance=0.0)
 
-    def rows():
+    def rows(task: int):
         ids = torch.randint(4, 64, (16, 7), generator=g)
+        if family == "routed_llama_low_rank":  # a target the deltas can learn in 8 steps: the task's own token
+            ids[:, 3:] = 10 + task
         return {"input_ids": ids.tolist(), "attention_mask": [[1] * 7] * 16,
                 "labels": ids.masked_fill(torch.arange(7) < 3, -100).tolist()}  # a 3-token prompt, then the target
 
-    train = {t.name: datasets.Dataset.from_dict(rows()) for t in tasks}
+    train = {t.name: datasets.Dataset.from_dict(rows(i)) for i, t in enumerate(tasks)}
 if isinstance(model, tuple):  # from_dense may hand back (model, report)
     model = model[0]
+
+frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+trainable_numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 if engine == "fsdp2":
     sharding = {"fsdp": True, "fsdp_config": fsdp_config(model)}
@@ -120,8 +132,27 @@ collate = trainer.data_collator
 trainer.data_collator = lambda feats: (lambda b: (seen.append(b["task_ids"].tolist()), b)[1])(collate(feats))
 trainer.train(resume_from_checkpoint="latest" if mode == "resume" else None)
 wrapped = trainer.model_wrapped
-state = trainer.accelerator.get_state_dict(wrapped)  # the full weights, gathered from the shards (collective)
-checksum = sum(float(t.double().abs().sum()) for t in state.values() if t.is_floating_point()) if state else None
+state = trainer.accelerator.get_state_dict(wrapped)  # the weights (collective); under FSDP2 still DTensors
+
+
+def full(tensor):
+    """A gathered weight: FSDP2's state dict holds DTensors (`full_tensor` is a collective, every rank calls it)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+# FSDP2's DTensors gathered first (a DTensor's own sum covered this rank's shard only)
+checksum = sum(float(full(t).double().abs().sum()) for t in state.values() if t.is_floating_point()) if state else None
+frozen_unchanged = None
+if state:  # every rank under FSDP2 (DTensors); rank 0 only where the others get an empty dict
+    frozen_unchanged = {n: bool(torch.equal(full(state[n]).detach().cpu().to(t.dtype), t)) for n, t in frozen.items()
+                        if n in state}
+optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
+optimizer = getattr(optimizer, "optimizer", optimizer)  # DeepSpeed's ZeRO optimizer holds torch's
+optimizer_numel = 0
+for param_state in optimizer.state.values():
+    avg = param_state.get("exp_avg")
+    if avg is not None:
+        optimizer_numel += (avg.to_local() if hasattr(avg, "to_local") else avg).numel()
 units = {}
 try:
     from torch.distributed.fsdp import FSDPModule
@@ -140,6 +171,11 @@ with open(os.path.join(out, f"{mode}{rank}.json"), "w") as f:
         "fsdp": trainer.is_fsdp_enabled,
         "zero_stage": wrapped.zero_optimization_stage() if hasattr(wrapped, "zero_optimization_stage") else None,
         "checksum": checksum,
+        "frozen_numel": sum(t.numel() for t in frozen.values()),
+        "trainable_numel": trainable_numel,
+        "frozen_unchanged": frozen_unchanged,
+        "frozen_missing": sorted(set(frozen) - set(state)) if state else None,
+        "optimizer_numel": optimizer_numel,
         "checkpoints": sorted(os.listdir(os.path.join(out, "run"))),
     }, f)
 if torch.distributed.is_initialized():  # as ddp_train.py: leave the group, skip the interpreter's teardown
