@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "low_rank_evidence.py"
 
 
@@ -19,6 +21,7 @@ def _run(results: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.ci  # subprocesses of a small LM: .ci/run runs it (`pytest -m ci`), out of the default run
 def test_smoke_run_appends_one_line_per_run_and_resumes(tmp_path):
     results = tmp_path / "evidence.jsonl"
     done = _run(results)

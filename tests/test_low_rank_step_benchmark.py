@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
+@pytest.mark.ci  # subprocesses of a small LM: .ci/run runs it (`pytest -m ci`), out of the default run
 def test_smoke_run_prints_steps_memory_and_generation():
     cmd = [sys.executable, str(BENCHMARKS / "low_rank_step.py"), "--smoke", "--rows", "4", "--seq", "8", "--steps", "1",
            "--repeats", "1", "--configs", "routed_hard", "lora_r", "--prompt", "6", "--new", "3", "--gen_repeats", "1"]
