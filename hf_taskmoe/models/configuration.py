@@ -5,6 +5,7 @@ errors as `ValueError`, the dense model's views) and the check that refuses an o
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import functools
@@ -18,6 +19,9 @@ from huggingface_hub.errors import StrictDataclassError
 from ..problem_types.registry import problem_type_names
 from ..tasks import TaskSpec, parse_tasks
 from .registry import FAMILIES
+
+#: set while a saved config loads (`TaskConfigMixin.from_dict`): its keys are not checked as options
+_LOADING = contextvars.ContextVar("hf_taskmoe_config_loading", default=False)
 
 #: fields the build itself sets (`from_dense`: the tasks, the dense config, the checkpoint's name; the script: the
 #: recipe of text task representations): never options
@@ -122,8 +126,21 @@ class TaskConfigMixin:
     tasks: list | None
 
     def __post_init__(self, **kwargs):
-        check_config_options(type(self), kwargs)
+        if not _LOADING.get():
+            check_config_options(type(self), kwargs)
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        """transformers' `from_dict`, which loads a saved config with every attribute it was saved with: transformers
+        writes any attribute set on a config (`config.x = ...`, as its own model tests set the norms' epsilons under
+        every name), so the unknown-option check is for the options one passes when building a config, not for what
+        a saved one holds."""
+        token = _LOADING.set(True)
+        try:
+            return super().from_dict(config_dict, **kwargs)
+        finally:
+            _LOADING.reset(token)
 
     @classmethod
     def accepted_options(cls) -> frozenset[str]:
