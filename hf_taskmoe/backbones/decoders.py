@@ -4,7 +4,9 @@ Paths are relative to the dense model's *base* model (`GPT2Model` of a `GPT2LMHe
 `LlamaForCausalLM`, `T5Model` of a `T5ForConditionalGeneration`, `BartModel` of a `BartForConditionalGeneration`).
 Task-level routing forks whole layers; what it needs of a layer besides its place is `attention`: the self-attention
 module whose `layer_idx` names the layer's key/value cache slot (each expert copy gets its own slot, see
-`hf_taskmoe.models.task_routing`), and in an encoder-decoder's decoder `cross_attention`, likewise.
+`hf_taskmoe.models.task_routing`), and in an encoder-decoder's decoder `cross_attention`, likewise; for the LoRA
+export, which linears each norm feeds (`norm_consumers`) and what it adds to its weight (`norm_weight_offset`); T5's
+relative-position tables (`relative_table`, `relative_table_owner`).
 
 `tests/test_task_routed_lm.py` builds a tiny random model of each and checks every path resolves.
 """
