@@ -15,8 +15,9 @@ a GPU (`svd="auto"`) a float64 subspace iteration batched over the matrices of o
 SVD's reconstruction where the spectrum decays and comes within 5e-7 of the optimum's truncation error where it is
 flat (docs/serving-adapters.md). What LoRA weights cannot carry is handled as follows:
 
-* a norm whose weight differs from the base's is *folded* into the linears it feeds (pre-norm layers: Llama's
-  `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds `c_attn`, ...): the task's layer computes
+* a norm whose weight differs from the base's is *folded* into the linears it feeds, as the architecture's declaration
+  names them (`Backbone.norm_consumers`; pre-norm layers: Llama's `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds
+  `c_attn`, ...; a norm scaling by `offset + w`, Gemma's, folds `offset + w`): the task's layer computes
   `W_t (w_t * x_hat + b_t) + c_t`, which equals `W'(w_b * x_hat + b_b) + c'` with `W' = W_t diag(w_t / w_b)` and
   `c' = c_t + W_t b_t - W' b_b`, so the base's norm serves every task and the difference moves into the adapter
   (exact; not possible where a base norm weight is 0, nor for post-norm layers, whose norm feeds the residual stream);
@@ -31,9 +32,9 @@ flat (docs/serving-adapters.md). What LoRA weights cannot carry is handled as fo
   `||delta|| / ||W_task||` is recorded in the manifest and returned. `lossless=True` refuses such an export before
   writing anything, saying what and why.
 
-Folding and the bias carried make the export exact at full rank for Llama, Qwen2, Mistral and GPT-2 (and T5 but for a
-routed relative-position table, BART but for norms that differ per expert): the only error left is the rank's
-truncation.
+Folding and the bias carried make the export exact at full rank for every architecture whose declaration names its
+norms' consumers (Llama, Qwen2, Mistral, GPT-2, Gemma, ...; T5 but for a routed relative-position table; BART and
+OLMo 2 but for norms that differ per expert): the only error left is the rank's truncation.
 
 The base (`base=`): `"mean"` (default) takes at each routed layer the mean of the exported tasks' routed weights
 (each task once; an expert no exported task takes does not count): the point nearest all of them in the Frobenius

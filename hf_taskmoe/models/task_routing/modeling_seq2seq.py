@@ -1,9 +1,11 @@
-"""TaskRoutedForSeq2SeqLM: task-level mixture of experts (Ye et al. 2022) over the encoder and decoder blocks of a T5
-or mT5, wrapping the dense model's own blocks (`hf_taskmoe.backbones.decoders` declares where they are).
+"""TaskRoutedForSeq2SeqLM: task-level mixture of experts (Ye et al. 2022) over the encoder and decoder blocks of a
+declared encoder-decoder (T5, mT5, UMT5, BART, mBART, Pegasus, Marian), wrapping the dense model's own blocks
+(`hf_taskmoe.backbones.decoders` declares where they are).
 
 The model holds the dense model itself (`AutoModelForSeq2SeqLM.from_config(config.dense_config)`: a
-`T5ForConditionalGeneration` or `MT5ForConditionalGeneration`) and forks its blocks in place, as the paper forks BART's
-layers: every routed block becomes a `T5RoutedBlock` holding `m` experts, each a whole copy of the block
+`T5ForConditionalGeneration`, ...) and forks its blocks in place, as the paper forks BART's layers: every routed block
+becomes a `ContextRoutedLayer` -- a `T5RoutedBlock` where the blocks pass their position bias on
+(`Backbone.relative_table_owner="first"`, T5 and mT5) -- holding `m` experts, each a whole copy of the block
 (self-attention, cross-attention, FFN, norms). A `TaskRouter` turns each task's embedding into decisions `D`; block `i`
 outputs `sum_j D_ij E^(i,j)(h)` (eq. 1). The dense model's own forward runs unchanged -- embeddings, masks, attention
 kernels, final norms, the LM head and its scaling -- and its block loops call the routed blocks, which read the
