@@ -15,8 +15,9 @@ a GPU (`svd="auto"`) a float64 subspace iteration batched over the matrices of o
 SVD's reconstruction where the spectrum decays and comes within 5e-7 of the optimum's truncation error where it is
 flat (docs/serving-adapters.md). What LoRA weights cannot carry is handled as follows:
 
-* a norm whose weight differs from the base's is *folded* into the linears it feeds (pre-norm layers: Llama's
-  `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds `c_attn`, ...): the task's layer computes
+* a norm whose weight differs from the base's is *folded* into the linears it feeds, as the architecture's declaration
+  names them (`Backbone.norm_consumers`; pre-norm layers: Llama's `input_layernorm` feeds q/k/v, GPT-2's `ln_1` feeds
+  `c_attn`, ...; a norm scaling by `offset + w`, Gemma's, folds `offset + w`): the task's layer computes
   `W_t (w_t * x_hat + b_t) + c_t`, which equals `W'(w_b * x_hat + b_b) + c'` with `W' = W_t diag(w_t / w_b)` and
   `c' = c_t + W_t b_t - W' b_b`, so the base's norm serves every task and the difference moves into the adapter
   (exact; not possible where a base norm weight is 0, nor for post-norm layers, whose norm feeds the residual stream);
@@ -31,9 +32,9 @@ flat (docs/serving-adapters.md). What LoRA weights cannot carry is handled as fo
   `||delta|| / ||W_task||` is recorded in the manifest and returned. `lossless=True` refuses such an export before
   writing anything, saying what and why.
 
-Folding and the bias carried make the export exact at full rank for Llama, Qwen2, Mistral and GPT-2 (and T5 but for a
-routed relative-position table, BART but for norms that differ per expert): the only error left is the rank's
-truncation.
+Folding and the bias carried make the export exact at full rank for every architecture whose declaration names its
+norms' consumers (Llama, Qwen2, Mistral, GPT-2, Gemma, ...; T5 but for a routed relative-position table; BART and
+OLMo 2 but for norms that differ per expert): the only error left is the rank's truncation.
 
 The base (`base=`): `"mean"` (default) takes at each routed layer the mean of the exported tasks' routed weights
 (each task once; an expert no exported task takes does not count): the point nearest all of them in the Frobenius
@@ -50,6 +51,7 @@ on 76% / 91% at ranks 8 / 16 where `"majority"` did on 52% / 84% (docs/serving-a
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import os
 import shutil
@@ -96,37 +98,23 @@ def routed_layer_experts(model) -> list[tuple[str, int, list[nn.Module]]]:
     return found
 
 
-# --------------------------------------------------------------------------------------------- architecture knowledge
-#: pre-norm layers: `{model_type: {norm (relative to the layer): linears whose input is exactly its output}}`
-_LLAMA_NORMS = {
-    "input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj"),
-}
-NORM_CONSUMERS: dict[str, dict[str, tuple[str, ...]]] = {
-    "llama": _LLAMA_NORMS,
-    "qwen2": _LLAMA_NORMS,
-    "mistral": _LLAMA_NORMS,
-    "gpt2": {"ln_1": ("attn.c_attn",), "ln_2": ("mlp.c_fc",)},
-}
-
-
-def _norm_consumers(model_type: str, layer: nn.Module) -> dict[str, tuple[str, ...]]:
-    """The norms of `layer` that can be folded and the linears each feeds (empty: none can)."""
-    if model_type in ("t5", "mt5"):  # a block's sub-layers: `layer.<k>.layer_norm` feeds its own sub-layer's inputs
-        found = {}
-        for k, sub in enumerate(layer.layer):
-            if hasattr(sub, "SelfAttention"):
-                found[f"layer.{k}.layer_norm"] = tuple(f"layer.{k}.SelfAttention.{p}" for p in "qkv")
-            elif hasattr(sub, "EncDecAttention"):  # keys and values read the encoder's output, not this norm's
-                found[f"layer.{k}.layer_norm"] = (f"layer.{k}.EncDecAttention.q",)
-            elif hasattr(sub, "DenseReluDense"):
-                ffn = sub.DenseReluDense
-                names = ("wi_0", "wi_1") if hasattr(ffn, "wi_0") else ("wi",)
-                found[f"layer.{k}.layer_norm"] = tuple(f"layer.{k}.DenseReluDense.{n}" for n in names)
-        return found
-    table = NORM_CONSUMERS.get(model_type, {})
-    names = dict(layer.named_modules())
-    return {norm: lins for norm, lins in table.items() if norm in names and all(n in names for n in lins)}
+# --------------------------------------------------------------------------------------------- the declared norms
+def _norm_consumers(backbone, name: str, layer: nn.Module) -> dict[str, tuple[str, ...]]:
+    """The norms of `layer` (named `name` in the dense model) that can be folded, and the linears each feeds: the
+    declaration's (`Backbone.norm_consumers`, an encoder-decoder's decoder layers' `decoder_norm_consumers`), each
+    pattern matching at least one linear of the layer (else the norm is not folded: a variant of the layer without
+    those linears). Empty for a post-norm layer, whose norms feed the residual stream."""
+    if backbone.post_norm:
+        return {}
+    decoder = backbone.decoder_layers is not None and f".{backbone.decoder_layers}." in f".{name}."
+    modules = dict(layer.named_modules())
+    linears = [n for n, m in modules.items() if _is_linear(m)]
+    found = {}
+    for norm, patterns in backbone.layer_norm_consumers(decoder).items():
+        matched = [[n for n in linears if fnmatch.fnmatchcase(n, p)] for p in patterns]
+        if getattr(modules.get(norm), "weight", None) is not None and all(matched):
+            found[norm] = tuple(n for names in matched for n in names)
+    return found
 
 
 def _is_linear(module: nn.Module) -> bool:
@@ -320,7 +308,7 @@ def _relative(delta: torch.Tensor, reference: torch.Tensor) -> float:
     return float(delta.double().norm()) / (scale if scale > 0 else 1.0)
 
 
-def _layer_delta(model_type: str, post_norm: bool, name: str, base_layer: nn.Module, task_layer: nn.Module,
+def _layer_delta(backbone, name: str, base_layer: nn.Module, task_layer: nn.Module,
                  carry_biases: bool) -> _LayerDelta:
     """What the task's layer differs by from the base's, in the form an adapter carries."""
     linears = {n: m for n, m in task_layer.named_modules() if _is_linear(m)}
@@ -329,10 +317,10 @@ def _layer_delta(model_type: str, post_norm: bool, name: str, base_layer: nn.Mod
     biases = {n: _bias(m, w.shape[0]) for (n, m), w in zip(linears.items(), weights.values())}
     handled: set[str] = {f"{n}.weight" for n in linears} | {f"{n}.bias" for n in linears}
     folded, dropped = [], {}
-    consumers = {} if post_norm else _norm_consumers(model_type, task_layer)
-    for norm, feeds in consumers.items():
+    offset = backbone.norm_weight_offset  # the norm scales by `offset + weight` (Gemma: 1)
+    for norm, feeds in _norm_consumers(backbone, name, task_layer).items():
         t_norm, b_norm = task_layer.get_submodule(norm), base_modules[norm]
-        w_t, w_b = t_norm.weight.detach().double(), b_norm.weight.detach().double()
+        w_t, w_b = t_norm.weight.detach().double() + offset, b_norm.weight.detach().double() + offset
         nb_t = getattr(t_norm, "bias", None)
         nb_b = getattr(b_norm, "bias", None)
         nb_t = nb_t.detach().double() if nb_t is not None else None
@@ -377,12 +365,11 @@ def _layer_delta(model_type: str, post_norm: bool, name: str, base_layer: nn.Mod
     return _LayerDelta(out_weights, out_biases, refs, folded, dropped)
 
 
-def _task_deltas(model_type, post_norm, layers, base_model, route, carry_biases) -> list[tuple[str, _LayerDelta]]:
+def _task_deltas(backbone, layers, base_model, route, carry_biases) -> list[tuple[str, _LayerDelta]]:
     """Each routed layer's delta for a task whose route is `route`: the task's layer is the expert the route takes
     there (the layer `export_task` loads into its dense model)."""
     return [
-        (name, _layer_delta(model_type, post_norm, name, base_model.get_submodule(name), experts[route[index]],
-                            carry_biases))
+        (name, _layer_delta(backbone, name, base_model.get_submodule(name), experts[route[index]], carry_biases))
         for name, index, experts in layers
     ]
 
@@ -618,8 +605,8 @@ def export_task_adapters(
         raise ValueError(f"{type(model).__name__} has no routed layer: export_task(task) gives its dense model.")
     path = _check_path(path, overwrite)  # refuses before any work
     routes = _routes(model, tasks, force_argmax)
-    model_type = model.config.dense_config.model_type
-    post_norm = bool(getattr(model.config.backbone, "post_norm", False))
+    backbone = model.config.backbone
+    post_norm = backbone.post_norm
     base_model, label, chosen = _build_base(model, tasks, routes, layers, base, force_argmax)
     linears = [f"{name}.{n}" for name, _, _ in layers for n, m in base_model.get_submodule(name).named_modules()
                if _is_linear(m)]
@@ -633,7 +620,7 @@ def export_task_adapters(
         _check_outside_layers(base_model, model.export_task(tasks[-1], force_argmax=force_argmax), layers, tasks[-1])
     dropped, folded, biased = {}, {}, []
     for task in tasks:
-        deltas = _task_deltas(model_type, post_norm, layers, base_model, routes[task], carry_biases)
+        deltas = _task_deltas(backbone, layers, base_model, routes[task], carry_biases)
         dropped[task] = {k: v for _, d in deltas for k, v in d.dropped.items()}
         folded[task] = [f for _, d in deltas for f in d.folded]
         if any(d.biases for _, d in deltas):
@@ -664,7 +651,7 @@ def export_task_adapters(
     work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
     errors, iterations = {}, {}
     for task in tasks:
-        deltas = _task_deltas(model_type, post_norm, layers, base_model, routes[task], carry_biases)
+        deltas = _task_deltas(backbone, layers, base_model, routes[task], carry_biases)
         flat = [(name, n, d) for name, delta in deltas for n, d in delta.weights.items()]
         factors, iterations[task] = _low_rank([d for _, _, d in flat], r, method)  # batched by shape
         config = LoraConfig(

@@ -505,6 +505,58 @@ def test_bart_exports_and_its_post_norm_layer_norms_are_the_cost(tmp_path):
     assert torch.equal(ours, theirs)
 
 
+# ---------------------------------------------------------------------------------------------- the declarations
+def _declared_folding() -> list[str]:
+    from hf_taskmoe.backbones import get_backbone
+
+    from .backbone_matrix import NEW_CONFIGS
+
+    return sorted(a for a in NEW_CONFIGS if get_backbone(a).supports("task-routing")
+                  and (get_backbone(a).norm_consumers or get_backbone(a).decoder_norm_consumers))
+
+
+@pytest.mark.parametrize("arch", _declared_folding())
+def test_a_later_architecture_folds_the_norms_its_declaration_names_and_exports_exactly(arch, tmp_path):
+    """Each expert's linears and the norms its declaration says feed them (`Backbone.norm_consumers`, an encoder-
+    decoder's decoder layers' `decoder_norm_consumers`, Gemma's `1 + w` through `norm_weight_offset`) moved apart, the
+    rest shared (Gemma's norms after the sub-layers, Qwen3's q/k norms, UMT5's position tables): every declared norm is
+    folded, nothing is dropped, and the peft model gives the routed model's logits at full rank -- the declared
+    consumers are each norm's only readers."""
+    from hf_taskmoe.backbones import get_backbone
+
+    from .backbone_matrix import NEW_CONFIGS
+
+    declared = get_backbone(arch)
+    seq2seq = declared.decoder_layers is not None
+    torch.manual_seed(0)
+    auto, family = ((AutoModelForSeq2SeqLM, TaskRoutedForSeq2SeqLM) if seq2seq
+                    else (AutoModelForCausalLM, TaskRoutedForCausalLM))
+    model = family.from_dense(auto.from_config(NEW_CONFIGS[arch]()).eval(), TASKS, expert_noise_variance=0.0,
+                              selection="gumbel_softmax_st", num_experts=3)
+    generator = torch.Generator().manual_seed(1)
+    expected = set()
+    with torch.no_grad():
+        for name, index, experts in routed_layer_experts(model):
+            norms = declared.layer_norm_consumers(seq2seq and f".{declared.decoder_layers}." in f".{name}.")
+            expected |= {(name, index, norm) for norm in norms}
+            for expert in experts:
+                for n, module in expert.named_modules():
+                    if isinstance(module, torch.nn.Linear) or n in norms:
+                        for p in module.parameters(recurse=False):
+                            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+    model.eval()
+    distinct_routes(model)
+    result = model.export_task_adapters(tmp_path / "out", rank="full", lossless=True)
+    assert result.exact
+    # the mean base differs from every expert: a layer where the tasks take different experts folds each declared norm
+    mixed = {i for i in range(model.config.num_routed_layers) if len({r[i] for r in result.routes.values()}) > 1}
+    assert mixed and {f for folded in result.folded.values() for f in folded} == {
+        f"{name}.{norm}" for name, index, norm in expected if index in mixed}
+    peft_model = load_peft(tmp_path / "out", model.config.task_names, auto)
+    ref, out = seq2seq_logits(model, peft_model)[:2] if seq2seq else mixed_logits(model, peft_model)
+    assert float((ref - out).abs().max()) < FULL_RANK_ATOL
+
+
 def test_the_method_and_the_package_name_are_the_function():
     import hf_taskmoe
 

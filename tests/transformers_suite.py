@@ -178,6 +178,29 @@ CASES: dict[str, Case] = {
                       sizes=dict(hidden_size=8, num_hidden_layers=1)),
 }
 
+#: architectures declared after the first fourteen (issue 57) under the routed classes: decoders of each structural
+#: kind (Gemma 2's sandwich norms and sliding layers, OLMo 2's output norms, Qwen3's q/k norms, Phi-3's fused
+#: projections) and encoder-decoders (UMT5's per-block position tables, mBART's pre-norm BART layers)
+NEW_ARCH_CASES = {"gemma2": "causal", "olmo2": "causal", "qwen3": "causal", "phi3": "causal", "umt5": "seq2seq",
+                  "mbart": "seq2seq"}
+
+
+def _new_arch_case(arch: str, inputs: str) -> Case:
+    from hf_taskmoe.backbones import get_backbone
+
+    from .backbone_matrix import NEW_CONFIGS
+
+    model_class = hf_taskmoe.TaskRoutedForCausalLM if inputs == "causal" else hf_taskmoe.TaskRoutedForSeq2SeqLM
+    dense, declared = NEW_CONFIGS[arch](), get_backbone(arch)
+    sizes = {n: declared.config_value(dense, n) for n in ("hidden_size", "num_hidden_layers", "num_attention_heads")}
+    return Case(f"{model_class.__name__}_{arch}", model_class,
+                lambda: model_class.config_class(dense_config=NEW_CONFIGS[arch](), tasks=TEXT_TASKS), inputs,
+                is_encoder_decoder=inputs == "seq2seq", sizes=sizes)
+
+
+CASES.update({case.name: case for case in (_new_arch_case(a, i) for a, i in NEW_ARCH_CASES.items())})
+NEW_SEQ2SEQ = tuple(name for name, case in CASES.items() if "_" in name and case.is_encoder_decoder)
+
 
 class ModelTester:
     """The `model_tester` transformers' mixin asks for: sizes and `prepare_config_and_inputs_for_common`."""
@@ -240,7 +263,8 @@ ALL = "*"
 ENCODERS = ("TaskMoEForMultiTask", "PALsForMultiTask", "CAMTLForMultiTask", "BertForTaskMoE", "BertWithPALs",
             "CAMTLModel")
 
-ROUTED = ("TaskRoutedForCausalLM", "TaskRoutedForSeq2SeqLM", "BartTaskRouted")
+ROUTED = ("TaskRoutedForCausalLM", "TaskRoutedForSeq2SeqLM", "BartTaskRouted",
+          *(name for name in CASES if "_" in name))
 _EXACT_LOAD = ("hf_taskmoe's from_pretrained is exact by design: a checkpoint on file that lacks weights its "
                "config.json describes is refused with a ValueError naming them, not loaded with them random "
                "(tests/family_tester.py::test_a_weights_file_missing_extra_or_misshaped_task_tensors_is_refused_"
@@ -249,7 +273,7 @@ _TASK_LOGITS = ("the first output, `logits`, is a dict task name -> tensor (each
                 "regression value); the mixin reads `outputs[0]` as one tensor. Determinism and gradients of the "
                 "task outputs: tests/family_tester.py")
 _MIXED_ATTENTIONS = ("a routed layer reports its experts' attention probabilities weighted by the routing weights "
-                     "and scattered back to their rows (hf_taskmoe/layers/routing.py, RoutedLayer.forward): a new "
+                     "and scattered back to their rows (hf_taskmoe/layers/routing.py, RoutedLayer.run_plan): a new "
                      "tensor the logits do not depend on, so it gets no gradient; the hidden states do")
 _TABULAR = ("MMoE is a tabular model: its forward takes numeric and categorical features, it has no token "
             "embeddings to get, set or resize and no attention or layer stack whose states it could report "
@@ -283,7 +307,7 @@ REFUSALS: dict[str, dict[str, str]] = {
               "ids), one field more than the count of Seq2SeqLMOutput fields the test asserts (7 != 6) after it "
               "checked the encoder's attentions; the decoder's and cross-attentions per layer: tests/test_families.py "
               "(bart_routed) and tests/test_task_routed_t5.py"
-        for name in ("TaskRoutedForSeq2SeqLM", "BartTaskRouted")
+        for name in ("TaskRoutedForSeq2SeqLM", "BartTaskRouted", *NEW_SEQ2SEQ)
     } | {"MMoEModel": _TABULAR},
     "test_determinism": {name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
     "test_retain_grad_hidden_states_attentions": {

@@ -106,6 +106,24 @@ class Backbone:
             (`expert_rank`): their reason concerns whole copies of a layer (mixing the copies' outputs), and a model
             with low-rank experts keeps one copy of each layer whose linears carry the experts' deltas, so nothing is
             mixed. Building such a model without `expert_rank` is refused with the reason. Default: none.
+        norm_consumers: `{norm: linears}` of a pre-norm layer (`layers`'): each norm (a path in the layer) whose output
+            is exactly the input of the linears named (`fnmatch` patterns of paths in the layer, each matching at least
+            one: `"self_attn.[qkv]_proj"`, T5's `"layer.1.DenseReluDense.wi*"` for its plain or gated FFN). The LoRA
+            export folds a task's differing norm into those linears (`hf_taskmoe.lora_export`); a norm not named here
+            -- a post-norm layer's (`post_norm`), OLMo 2's, which normalise each sub-layer's output before the residual
+            sum and feed no linear -- is carried by no adapter: a difference there is dropped and reported. Default:
+            none (nothing is folded).
+        decoder_norm_consumers: `norm_consumers` of an encoder-decoder's decoder layers (T5's `layer.1` is the
+            cross-attention there, the FFN's norm `layer.2`); None: the same as `norm_consumers` (BART's names).
+        norm_weight_offset: what the norms add to their weight before scaling (Gemma's RMSNorm scales by `1 + w`):
+            folding a norm divides by the base's `offset + w`. Default 0.
+        relative_table: path, in a layer, of its attention's relative-position table (T5's
+            `layer.0.SelfAttention.relative_attention_bias`: an embedding looked up by position bucket, which no LoRA
+            adapter carries); None: the layers have none.
+        relative_table_owner: which layers own `relative_table`: `"first"` (T5: the first layer of each stack
+            computes the position bias and every layer returns it beside its hidden states, for the next; task
+            routing mixes the experts' biases with their hidden states, `T5RoutedBlock`) or `"each"` (UMT5: every
+            layer has its own table and returns its hidden states only).
     """
 
     model_type: str
@@ -126,12 +144,28 @@ class Backbone:
     cross_attention: str | None = None
     unsupported: dict = field(default_factory=dict)
     low_rank_only: tuple[str, ...] = ()
+    norm_consumers: dict = field(default_factory=dict)
+    decoder_norm_consumers: dict | None = None
+    norm_weight_offset: float = 0.0
+    relative_table: str | None = None
+    relative_table_owner: str = "first"
 
     def supports(self, method: str, low_rank: bool = False) -> bool:
         """Whether `method` (a `METHODS` key) runs on this architecture: of its kind and not refused (with low-rank
         experts, `low_rank`: not refused, or refused for whole experts only, `low_rank_only`)."""
         refused = method in self.unsupported and not (low_rank and method in self.low_rank_only)
         return self.kind in METHODS[method][1] and not refused
+
+    @property
+    def passes_position_bias(self) -> bool:
+        """The layers return their relative-position bias beside their hidden states, for the next layer (T5)."""
+        return self.relative_table is not None and self.relative_table_owner == "first"
+
+    def layer_norm_consumers(self, decoder: bool = False) -> dict:
+        """`norm_consumers` of the (encoder or decoder-only) layers, or of an encoder-decoder's decoder layers."""
+        if decoder and self.decoder_norm_consumers is not None:
+            return self.decoder_norm_consumers
+        return self.norm_consumers
 
     def config_value(self, config, name: str):
         """The dense config's value for one of the canonical names (`hidden_size`, `num_hidden_layers`,
@@ -152,6 +186,9 @@ def register_backbone(backbone: Backbone, exist_ok: bool = False) -> Backbone:
     if unknown:
         raise ValueError(f"`unsupported` of backbone {backbone.model_type!r} names no method: {unknown}; the methods "
                          f"are {sorted(METHODS)}.")
+    if backbone.relative_table_owner not in ("first", "each"):
+        raise ValueError(f"`relative_table_owner` of backbone {backbone.model_type!r} must be 'first' or 'each', got "
+                         f"{backbone.relative_table_owner!r}.")
     loose = sorted(set(backbone.low_rank_only) - set(backbone.unsupported))
     if loose:
         raise ValueError(f"`low_rank_only` of backbone {backbone.model_type!r} names methods it does not refuse: "

@@ -397,26 +397,28 @@ class RoutedLayer(nn.Module):
 
     Only the experts a row's decisions use run, each on its rows (the whole batch when every row uses it),
     in training too -- except under straight-through training, whose gradient needs every expert. With a
-    key/value cache (generation) each expert writes its own cache slot; an expert that serves only some
-    rows keeps only those rows in its slot, which `RoutedCache` records so that beam search can reorder it.
+    key/value cache (generation) each expert writes its own cache slot (`cache_slots`); an expert that serves only
+    some rows keeps only those rows in its slot, which `RoutedCache` records so that beam search can reorder it.
     With a `routing_recorder` (a `RouteRecorder`) the layer records its output and its attention probabilities.
-    """
+
+    `run_plan` is the one loop over a plan's experts. A layer that returns more than its hidden states (T5's block:
+    its position biases) adds what it needs through `_split_output` / `_mix_extras` / `_join_output` and, for the
+    grouped copy of a generation plan, `_grouped_unused` / `_grouped_args` / `_extra_rows`."""
 
     def __init__(self, experts: list[nn.Module], route_index: int | None):
         super().__init__()
         self.experts = nn.ModuleList(experts)
         self.route_index = route_index
+        #: the key/value cache slot of each expert (its attention's `layer_idx`, set by the model that forks the layer
+        #: from its backbone's `attention` path); empty: the layer keeps no cache (an encoder layer)
+        self.cache_slots: list[int] = []
 
     def cache_slot(self, j: int) -> int | None:
-        """The key/value cache slot expert `j` writes (its attention's `layer_idx`); None for a layer that keeps no
-        cache (an encoder layer). A BART decoder layer's is its self-attention's."""
-        expert = self.experts[j]
-        return expert.self_attn.layer_idx if hasattr(expert, "encoder_attn") else None
+        """The key/value cache slot expert `j` writes; None for a layer that keeps no cache."""
+        return self.cache_slots[j] if self.cache_slots else None
 
     def forward(self, hidden_states, *args, routing_weights=None, routing_plan=None, task_ids=None,
                 routing_recorder: RouteRecorder | None = None, **kwargs):
-        if routing_recorder is not None:
-            routing_recorder.record_input(hidden_states)
         if self.route_index is None:
             entries = [PlanEntry(0, None, False)]
         else:
@@ -425,48 +427,93 @@ class RoutedLayer(nn.Module):
             if routing_plan is None:  # called on its own, not through the model
                 routing_plan = plan_routes(routing_weights)
             entries = routing_plan[self.route_index]
+        return self.run_plan(entries, hidden_states, args, kwargs, routing_weights, routing_recorder)
+
+    def run_plan(self, entries, hidden_states, args: tuple, kwargs: dict, routing_weights=None,
+                 recorder: RouteRecorder | None = None):
+        """Run the plan's `entries` (this layer's `PlanEntry`s, or a `GroupedRoute`) on the layer's arguments: each
+        expert on its rows, scaled by its decisions where the entry says so, the outputs summed (eq. 1); a grouped
+        route's copy of the layer on every row where one is built (generation, no recorder, no gradient)."""
+        if recorder is not None:
+            recorder.record_input(hidden_states)
         batch = hidden_states.shape[0]
         cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
         if cache is None:  # GPT-2's loop passes its cache by position
             cache = next((a for a in args if isinstance(a, Cache)), None)
+        slots = cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None
         grouped = getattr(entries, "module", None)
-        if grouped is not None and routing_recorder is None and not torch.is_grad_enabled():
-            layer = grouped(self.experts)  # every expert as one layer on the rows sorted by expert (generation)
+        if grouped is not None and recorder is None and not torch.is_grad_enabled():
+            layer = grouped(self.experts, self._grouped_unused(args))  # every expert as one layer (generation)
             if layer is not None:
                 order = entries.order  # None: the segments are runs of the batch's own order
-                if cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None:
+                if slots:
                     cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slot keeps every row (sorted)
-                y = call_on_rows(layer, order, hidden_states, args, kwargs)
-                return y if order is None else y.index_select(0, entries.inverse)
-        out = None
-        attentions = {kind: None for kind in (routing_recorder.kinds if routing_recorder is not None else ())}
+                args = self._grouped_args(entries, hidden_states, args, cache)
+                h, extra = self._split_output(call_on_rows(layer, order, hidden_states, args, kwargs))
+                if order is not None:
+                    h, extra = h.index_select(0, entries.inverse), self._extra_rows(extra, entries.inverse, batch)
+                return self._join_output(h, extra, args)
+        mixed = extras = None
+        attentions: dict[str, torch.Tensor | None] = {kind: None for kind in (recorder.kinds if recorder else ())}
+        missing: set[str] = set()
         for j, rows, scale in entries:
             expert = self.experts[j]
-            slot = self.cache_slot(j) if cache is not None and hasattr(cache, "set_slot_rows") else None
-            if slot is not None:
-                cache.set_slot_rows(slot, rows)
-            seen, handles = routing_recorder.watch(expert) if attentions else ({}, [])
+            if slots:
+                # the expert's slot keeps its rows only; its length is its own (T5's block 0 reads it), not a filled
+                # slot's
+                cache.set_slot_rows(self.cache_slot(j), rows)
+            seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
             try:
-                y = call_on_rows(expert, rows, hidden_states, args, kwargs)
+                h, extra = self._split_output(call_on_rows(expert, rows, hidden_states, args, kwargs))
             finally:
                 for handle in handles:
                     handle.remove()
+            share = None
             if scale:  # each row's decision for this expert (rows,); an unscaled one is exactly 1: none to read
                 weights = routing_weights[:, self.route_index]  # (batch, experts)
                 share = (weights if rows is None else weights.index_select(0, rows))[:, j].to(hidden_states.dtype)
-                y = y * share[:, None, None]
-            out = _scatter_rows(out, y, rows, hidden_states)
+                h = h * share[:, None, None]  # (rows, seq, hidden)
+            mixed = _scatter_rows(mixed, h, rows, hidden_states)
+            extras = self._mix_extras(extras, extra, rows, share, batch, args)
             for kind, probs in seen.items():
                 if probs and probs[-1] is not None:
                     # an expert whose output is not scaled gives its own probabilities (they keep their autograd
                     # history); a weighted mixture of several experts' is a new tensor the logits do not depend on
-                    p = probs[-1] * share[:, None, None, None].to(probs[-1].dtype) if scale else probs[-1]
+                    p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None] if scale else probs[-1]
                     attentions[kind] = _scatter_rows(attentions[kind], p, rows, None, batch)  # (batch, heads, q, k)
-        if routing_recorder is not None:
-            routing_recorder.record_output(out)
+                else:
+                    missing.add(kind)
+        if recorder is not None:
+            recorder.record_output(mixed)
             for kind, value in attentions.items():
-                routing_recorder.attentions[kind].append(value)
-        return out
+                recorder.attentions[kind].append(None if kind in missing else value)
+        return self._join_output(mixed, extras, args)
+
+    # what a layer returning more than its hidden states adds (T5's block); the defaults: hidden states only
+    def _split_output(self, output):
+        """An expert's (or the grouped copy's) output as `(hidden states, the rest)`."""
+        return output, None
+
+    def _mix_extras(self, total, extra, rows: torch.Tensor | None, share: torch.Tensor | None, batch: int,
+                    args: tuple):
+        """`total` (None at first) with one expert's `extra` on its `rows`, scaled by `share` (None: unscaled)."""
+        return None
+
+    def _join_output(self, hidden_states: torch.Tensor, extras, args: tuple):
+        """What the layer returns: its mixed hidden states and the mixed rest."""
+        return hidden_states
+
+    def _extra_rows(self, extra, inverse: torch.Tensor, batch: int):
+        """The grouped copy's `extra`, computed on the rows sorted by expert, in the batch's order (`inverse`)."""
+        return extra
+
+    def _grouped_unused(self, args: tuple) -> tuple[str, ...]:
+        """Paths, in an expert, of parameters the grouped copy does not run (may differ per expert)."""
+        return ()
+
+    def _grouped_args(self, entries, hidden_states: torch.Tensor, args: tuple, cache) -> tuple:
+        """The grouped copy's positional arguments, after its cache slot took the rows."""
+        return args
 
 
 def _scatter_rows(total, y, rows, like, batch: int | None = None):

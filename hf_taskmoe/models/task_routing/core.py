@@ -93,21 +93,23 @@ class ContextRoutedLayer(RoutedLayer):
     def __init__(self, experts: list[nn.Module], route_index: int | None, context: TaskContext):
         super().__init__(experts, route_index)
         self.context = context  # a plain object (no weights): shared with the model, not saved
-        #: the key/value cache slot of each expert (`fork_layers`); empty: the layers keep no cache (an encoder)
-        self.cache_slots: list[int] = []
-
-    def cache_slot(self, j: int) -> int | None:
-        return self.cache_slots[j] if self.cache_slots else None
 
     def forward(self, hidden_states, *args, **kwargs):
+        return self.run_from_context(hidden_states, args, kwargs)
+
+    def run_from_context(self, hidden_states, args: tuple, kwargs: dict):
+        """`run_plan` with the routing of the context: its plan's entries for this layer (none in the context: every
+        expert, nothing read back), its decisions and its recorder."""
         flags = self.context.flags
         weights = flags.get("routing_weights")
-        if self.route_index is not None and weights is None:
-            self.context.require_task_ids()  # raises: called outside the model's forward
-        return super().forward(
-            hidden_states, *args, routing_weights=weights, routing_plan=flags.get("routing_plan"),
-            routing_recorder=flags.get("routing_recorder"), **kwargs,
-        )
+        if self.route_index is None:  # a plain layer
+            entries = [PlanEntry(0, None, False)]
+        else:
+            if weights is None:
+                self.context.require_task_ids()  # raises: called outside the model's forward
+            plan = flags.get("routing_plan")
+            entries = plan[self.route_index] if plan is not None else every_expert_plan(1, len(self.experts))[0]
+        return self.run_plan(entries, hidden_states, args, kwargs, weights, flags.get("routing_recorder"))
 
 
 def fork_layers(layers: nn.ModuleList, routed: list[int], num_experts: int, attention: str | tuple[str, ...] | None,

@@ -1,9 +1,11 @@
-"""TaskRoutedForSeq2SeqLM: task-level mixture of experts (Ye et al. 2022) over the encoder and decoder blocks of a T5
-or mT5, wrapping the dense model's own blocks (`hf_taskmoe.backbones.decoders` declares where they are).
+"""TaskRoutedForSeq2SeqLM: task-level mixture of experts (Ye et al. 2022) over the encoder and decoder blocks of a
+declared encoder-decoder (T5, mT5, UMT5, BART, mBART, Pegasus, Marian), wrapping the dense model's own blocks
+(`hf_taskmoe.backbones.decoders` declares where they are).
 
 The model holds the dense model itself (`AutoModelForSeq2SeqLM.from_config(config.dense_config)`: a
-`T5ForConditionalGeneration` or `MT5ForConditionalGeneration`) and forks its blocks in place, as the paper forks BART's
-layers: every routed block becomes a `T5RoutedBlock` holding `m` experts, each a whole copy of the block
+`T5ForConditionalGeneration`, ...) and forks its blocks in place, as the paper forks BART's layers: every routed block
+becomes a `ContextRoutedLayer` -- a `T5RoutedBlock` where the blocks pass their position bias on
+(`Backbone.relative_table_owner="first"`, T5 and mT5) -- holding `m` experts, each a whole copy of the block
 (self-attention, cross-attention, FFN, norms). A `TaskRouter` turns each task's embedding into decisions `D`; block `i`
 outputs `sum_j D_ij E^(i,j)(h)` (eq. 1). The dense model's own forward runs unchanged -- embeddings, masks, attention
 kernels, final norms, the LM head and its scaling -- and its block loops call the routed blocks, which read the
@@ -51,16 +53,12 @@ from transformers import AutoModelForSeq2SeqLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.utils import ModelOutput
 
-from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
+from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
 from ...layers.routing import (
     ExpertRowsCache,
-    PlanEntry,
     RoutedCache,
     RouteRecorder,
     _rows,
-    _scatter_rows,
-    call_on_rows,
-    every_expert_plan,
 )
 from ...modeling_utils import (
     MultiTaskPreTrainedModel,
@@ -93,109 +91,67 @@ EXPORT_NEEDS_CHECKED = (
 )
 
 
-#: the relative-position table of a T5 block that computes the self-attention bias (block 0 of each stack)
-RELATIVE_TABLE = "layer.0.SelfAttention.relative_attention_bias"
-
-
 class T5RoutedBlock(ContextRoutedLayer):
     """A routed T5 block: called by T5's own stack loop with a `T5Block`'s arguments, it follows the routing plan in the
-    context as `RoutedLayer` does (each expert the plan names on its rows, the outputs mixed by `D` where the plan
-    scales them; the every-expert plan: every expert on every row) and returns `(hidden states, position bias,
-    cross-attention bias)`. A block that computes the self-attention bias (block 0: each expert copy its own
-    relative-position table) assembles it per row: each expert's bias on its rows, scaled like its hidden states, a
-    `(batch, heads, q, k)` tensor (the expert's own, broadcast over the batch, when one expert serves every row
-    unscaled). A later block slices the bias it receives for each expert's rows and passes the whole one on. A plan's
-    grouped layer (`group_hard_routes`: the experts' linears and norms as one block over their row segments) serves
-    every block; block 0's copy does not run its relative-position table (expert 0's) but takes each row's bias,
-    computed from the row's own expert's table (`_segment_biases`)."""
+    context with the plan loop every routed layer runs (`RoutedLayer.run_plan`) and adds what a block passing its
+    position biases needs: it returns `(hidden states, position bias, cross-attention bias)`. A block that computes the
+    self-attention bias (block 0: each expert copy its own relative-position table, `relative_table`, the backbone's)
+    assembles it per row: each expert's bias on its rows, scaled like its hidden states, a `(batch, heads, q, k)`
+    tensor (the expert's own, broadcast over the batch, when one expert serves every row unscaled). A later block
+    slices the bias it receives for each expert's rows (`call_on_rows`) and passes the whole one on. A plan's grouped
+    layer (`group_hard_routes`: the experts' linears and norms as one block over their row segments) serves every
+    block; block 0's copy does not run its relative-position table (expert 0's) but takes each row's bias, computed
+    from the row's own expert's table (`_segment_biases`)."""
+
+    #: path, in a block, of its self-attention's relative-position table (`Backbone.relative_table`); set by the model
+    relative_table: str = ""
 
     def forward(self, hidden_states, attention_mask=None, position_bias=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, encoder_decoder_position_bias=None, **kwargs):
         args = (attention_mask, position_bias, encoder_hidden_states, encoder_attention_mask,
                 encoder_decoder_position_bias)
-        flags = self.context.flags
-        recorder: RouteRecorder | None = flags.get("routing_recorder")
-        if recorder is not None:
-            recorder.record_input(hidden_states)
-        if self.route_index is None:  # a plain block
-            entries, weights = [PlanEntry(0, None, False)], None
-        else:
-            weights = flags.get("routing_weights")
-            if weights is None:
-                self.context.require_task_ids()  # raises: called outside the model's forward
-            plan = flags.get("routing_plan")
-            # no plan in the context: every expert (nothing read back)
-            entries = plan[self.route_index] if plan is not None else every_expert_plan(1, len(self.experts))[0]
-        batch = hidden_states.shape[0]
-        cache = next((kwargs[n] for n in CACHE_ARGS if kwargs.get(n) is not None), None)
-        slots = cache is not None and hasattr(cache, "set_slot_rows") and self.cache_slot(0) is not None
-        grouped = getattr(entries, "module", None)
-        if grouped is not None and recorder is None and not torch.is_grad_enabled():
-            # block 0: its experts' relative-position tables differ; the copy does not run its own (expert 0's) but
-            # takes each row's bias, computed here from its expert's table
-            tabled = position_bias is None and self._has_relative_table()
-            # every expert as one block on the rows sorted by expert (generation)
-            layer = grouped(self.experts, (RELATIVE_TABLE,) if tabled else ())
-            if layer is not None:
-                order = entries.order  # None: the segments are runs of the batch's own order
-                if slots:
-                    cache.set_slot_rows(self.cache_slot(0), order)  # expert 0's slots keep every row (sorted)
-                if tabled:
-                    position_bias = self._segment_biases(entries, hidden_states.shape[1], cache)
-                    args = (attention_mask, position_bias, *args[2:])
-                h, bias, cross = call_on_rows(layer, order, hidden_states, args, kwargs)
-                if order is not None:
-                    h = h.index_select(0, entries.inverse)
-                    bias, cross = (_rows(b, entries.inverse, batch) for b in (bias, cross))  # computed: per sorted row
-                return (h, bias if position_bias is None else position_bias,
-                        cross if encoder_decoder_position_bias is None else encoder_decoder_position_bias)
-        mixed = bias = cross = None
-        attentions: dict[str, torch.Tensor | None] = {kind: None for kind in (recorder.kinds if recorder else ())}
-        missing: set[str] = set()
-        for j, rows, scale in entries:
-            expert = self.experts[j]
-            if slots:
-                # the expert's slots keep its rows only; its slot's length is its own (the position bias of block 0's
-                # experts reads it), not a filled slot's
-                cache.set_slot_rows(self.cache_slot(j), rows)
-            seen, handles = recorder.watch(expert) if recorder is not None else ({}, [])
-            try:
-                h, b, c = call_on_rows(expert, rows, hidden_states, args, kwargs)
-            finally:
-                for handle in handles:
-                    handle.remove()
-            share = None
-            if scale:  # each row's decision for this expert (rows,); an unscaled one is exactly 1: none to read
-                shares = weights[:, self.route_index]  # (batch, experts)
-                share = (shares if rows is None else shares.index_select(0, rows))[:, j].to(hidden_states.dtype)
-                h = h * share[:, None, None]  # (rows, seq, hidden)
-            mixed = _scatter_rows(mixed, h, rows, hidden_states)
-            if position_bias is None:  # this block computes the bias (block 0): each expert its own, on its rows
-                bias = _add_bias_rows(bias, b, rows, share, batch)
-            if encoder_decoder_position_bias is None and c is not None:
-                if c.shape[0] == 1:  # zero in T5 (no relative bias for cross-attention), broadcast: the first expert's
-                    cross = c if cross is None else cross
-                else:
-                    cross = _add_bias_rows(cross, c, rows, share, batch)
-            for kind, probs in seen.items():
-                if probs and probs[-1] is not None:
-                    p = probs[-1] * share.to(probs[-1].dtype)[:, None, None, None] if scale else probs[-1]
-                    attentions[kind] = _scatter_rows(attentions[kind], p, rows, None, batch)  # (batch, heads, q, k)
-                else:
-                    missing.add(kind)
-        if position_bias is not None:
-            bias = position_bias
-        if encoder_decoder_position_bias is not None:
-            cross = encoder_decoder_position_bias
-        if recorder is not None:
-            recorder.record_output(mixed)
-            for kind, value in attentions.items():
-                recorder.attentions[kind].append(None if kind in missing else value)
-        return mixed, bias, cross
+        return self.run_from_context(hidden_states, args, kwargs)
+
+    def _split_output(self, output):
+        return output[0], output[1:]  # (hidden states), (position bias, cross-attention bias)
+
+    def _mix_extras(self, total, extra, rows, share, batch, args):
+        bias, cross = total if total is not None else (None, None)
+        b, c = extra
+        if args[1] is None:  # this block computes the bias (block 0): each expert its own, on its rows
+            bias = _add_bias_rows(bias, b, rows, share, batch)
+        if args[4] is None and c is not None:
+            if c.shape[0] == 1:  # zero in T5 (no relative bias for cross-attention), broadcast: the first expert's
+                cross = c if cross is None else cross
+            else:
+                cross = _add_bias_rows(cross, c, rows, share, batch)
+        return bias, cross
+
+    def _join_output(self, hidden_states, extras, args):
+        bias, cross = extras if extras is not None else (None, None)
+        # the biases the block received pass on as they are; those it computed are the mixed ones
+        return (hidden_states, bias if args[1] is None else args[1], cross if args[4] is None else args[4])
+
+    def _extra_rows(self, extra, inverse, batch):
+        return tuple(_rows(b, inverse, batch) for b in extra)  # computed per sorted row
+
+    def _computes_bias(self, args: tuple) -> bool:
+        """Whether this call computes the self-attention bias from the block's table (block 0, no bias passed in)."""
+        return args[1] is None and self._has_relative_table()
+
+    def _grouped_unused(self, args):
+        # block 0: its experts' relative-position tables differ; the copy does not run its own (expert 0's)
+        return (self.relative_table,) if self._computes_bias(args) else ()
+
+    def _grouped_args(self, entries, hidden_states, args, cache):
+        if not self._computes_bias(args):
+            return args
+        # each row's bias, from its own expert's table, read at the past length before the block writes its slot
+        return (args[0], self._segment_biases(entries, hidden_states.shape[1], cache), *args[2:])
 
     def _has_relative_table(self) -> bool:
         """Whether this block computes the self-attention bias from a relative-position table (T5's block 0)."""
-        attention = self.experts[0].get_submodule(RELATIVE_TABLE.rpartition(".")[0])
+        attention = self.experts[0].get_submodule(self.relative_table.rpartition(".")[0])
         return bool(getattr(attention, "has_relative_attention_bias", False))
 
     def _segment_biases(self, entries, query_length: int, cache) -> torch.Tensor:
@@ -210,7 +166,7 @@ class T5RoutedBlock(ContextRoutedLayer):
         parts = []
         for expert, rows in entries.segments:
             if expert not in own:  # (1, heads, q, k)
-                attention = self.experts[expert].get_submodule(RELATIVE_TABLE.rpartition(".")[0])
+                attention = self.experts[expert].get_submodule(self.relative_table.rpartition(".")[0])
                 own[expert] = attention.compute_bias(query_length, past + query_length, device=device,
                                                      past_seen_tokens=past)
             parts.append(own[expert].expand(rows, -1, -1, -1))
@@ -233,11 +189,6 @@ def _add_bias_rows(total: torch.Tensor | None, bias: torch.Tensor, rows: torch.T
     elif total.shape[0] != batch:  # an earlier expert's bias of every row, broadcast: now per row
         total = total.expand(batch, *total.shape[1:]).clone()
     return total.index_add(0, rows, bias)
-
-
-#: the routed layer class of an architecture whose blocks need more than `ContextRoutedLayer` (a block returning a
-#: tensor): T5's return their position biases beside their hidden states
-ROUTED_BLOCKS: dict[str, type[ContextRoutedLayer]] = {"t5": T5RoutedBlock, "mt5": T5RoutedBlock}
 
 
 class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
@@ -263,8 +214,9 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
     plans_forward_routes = True  # BART's layers and T5's blocks run only the experts a batch uses
 
     def __init__(self, config: TaskRoutedSeq2SeqConfig):
-        # only T5's blocks need the 3-tuple (`T5RoutedBlock`); BART's layers run on every admitted transformers
-        if not T5_BLOCK_RETURNS_BIASES and ROUTED_BLOCKS.get(config.dense_config.model_type) is T5RoutedBlock:
+        # only blocks passing their position bias need the 3-tuple (`T5RoutedBlock`); BART's layers run on every
+        # admitted transformers
+        if not T5_BLOCK_RETURNS_BIASES and config.backbone.passes_position_bias:
             import transformers
 
             raise NotImplementedError(
@@ -282,7 +234,8 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
         # the copies share the configs T5's attention modules hold (each stack's own), so that
         # `set_attn_implementation` reaches every expert
         shared = (self.backbone.config, encoder.config, decoder.config)
-        layer_class = ROUTED_BLOCKS.get(declared.model_type, ContextRoutedLayer)
+        # a block that returns its position bias for the next one (T5's) mixes the biases with its hidden states
+        layer_class = T5RoutedBlock if declared.passes_position_bias else ContextRoutedLayer
         low_rank = self._low_rank_spec(config)
         fork_layers(
             base.get_submodule(declared.layers), config.encoder_route_layers, config.num_experts, None,
@@ -293,6 +246,9 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             (declared.attention, declared.cross_attention), self.task_context, shared=shared,
             first_route=len(config.encoder_route_layers), layer_class=layer_class, low_rank=low_rank,
         )
+        if layer_class is T5RoutedBlock:
+            for block in (*base.get_submodule(declared.layers), *base.get_submodule(declared.decoder_layers)):
+                block.relative_table = declared.relative_table
         # `generate` runs the encoder by itself: its pre-hook routes it; both stacks record hidden states and
         # attentions per routed block (transformers' hooks would record every expert separately)
         for stack in (encoder, decoder):
