@@ -28,12 +28,12 @@ from ..contract import UNDECLARED, parameter_roles_of
 from ..layers.heads import PresentTasks
 from ..layers.task_head import IGNORE_INDEX
 from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
-from ..modeling_utils import BatchChecker, HostCheckedCollator
 from ..problem_types import TEXT_TO_TEXT, problem_type_of
 from ..problem_types.base import mixture_label_width
 from ..problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from ..tasks import TaskSpec
 from .arguments import MultiTaskTrainingArguments
+from .batches import BatchChecker, HostCheckedCollator, MultiTaskCollator
 from .callbacks import ReleaseFreedMemoryCallback, RoutingAnalyticsCallback, glibc_malloc_trim
 from .checkpoints import (
     SAMPLER_STATE_NAME,
@@ -43,7 +43,7 @@ from .checkpoints import (
     missing_checkpoint_files,
     unreadable_checkpoint_files,
 )
-from .data import MultiTaskCollator, MultiTaskDataset, read_rows
+from .data import MultiTaskDataset, read_rows
 from .freezing import freeze_shared_parameters
 from .samplers import TaskBatchSampler, build_task_sampling
 from .sharding import enable_fsdp_on_cpu, is_sharded, prepare_sharding, zero_unused_gradients_under_fsdp
