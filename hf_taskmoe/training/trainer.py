@@ -27,8 +27,8 @@ from transformers.trainer_utils import EvalPrediction, speed_metrics
 from ..contract import UNDECLARED, parameter_roles_of
 from ..layers.heads import PresentTasks
 from ..layers.task_head import IGNORE_INDEX
-from ..metrics import aggregate_scores, check_metric_names, compute_task_metrics, task_score
-from ..problem_types import TEXT_TO_TEXT, problem_type_of
+from ..metrics import aggregate_scores, check_metric_names, task_score
+from ..problem_types import TEXT_TO_TEXT, compute_task_metrics, problem_type_of
 from ..problem_types.base import mixture_label_width
 from ..problem_types.seq2seq import CAUSAL_LAYOUT, text_to_text_layout
 from ..tasks import TaskSpec
