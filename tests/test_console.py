@@ -89,3 +89,17 @@ def test_train_runs_the_example_scripts_run(tmp_path, tiny_dense):
     tasks = json.loads((ROOT / "examples" / "data" / "demo_mixture" / "tasks.json").read_text())["tasks"]
     for task in tasks:  # every task scored with its own metric
         assert any(key.startswith(f"eval_{task['name']}_") for key in summary["metrics"]), task["name"]
+
+
+def test_the_demo_without_its_data_is_refused_in_one_paragraph(tmp_path, monkeypatch, capsys):
+    """An installed package holds no examples/: `hf-taskmoe train` with no --tasks says where the demo's data lives
+    and what to pass instead (exit 2), before any output folder or model."""
+    from hf_taskmoe.cli import train
+
+    gone = tmp_path / "examples" / "data" / "demo_mixture" / "tasks.json"
+    monkeypatch.setattr(train, "DEMO_TASKS", gone)
+    monkeypatch.setitem(train.DEMO_PRESET, "tasks", [str(gone)])
+    code = train.cli(["--output_dir", str(tmp_path / "out")], prog="hf-taskmoe train")
+    err = capsys.readouterr().err
+    assert code == 2 and "the demo's data ships with a source checkout" in err and "--tasks my_tasks.json" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

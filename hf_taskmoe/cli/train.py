@@ -489,6 +489,12 @@ def main(argv: list[str] | None = None) -> dict:
 def _main(argv: list[str], cleanup) -> dict:
     started = time.time()
     model_args, data_args, run_args, training_args = parse_args(argv)
+    if str(DEMO_TASKS) in data_args.tasks and not DEMO_TASKS.exists():
+        raise UsageError(
+            f"The demo's tasks ({DEMO_TASKS}) are not here: the demo's data ships with a source checkout "
+            "(examples/data/demo_mixture), not with the installed package. Pass --tasks my_tasks.json (your "
+            "task-config file, or preset names), or run from a clone installed with `pip install -e .`."
+        )
     # tokens and other secrets leave the arguments at once: the Trainer pickles them into training_args.bin
     hub_token = take_secrets(model_args, data_args, run_args, training_args).get("hub_token")
     _set_up_logging(training_args, argv)
