@@ -3,7 +3,8 @@
 Overridden public hooks only: the training dataloader (task sampler + mixed-task collation), the loss
 (model-aware sampling, per-task loss tracking), the prediction step (per-example labels), `evaluate`
 (every task with its own metrics, plus aggregates), `log` (per-task training losses) and `train`
-(sampler state on resume). The task sampler's state goes into every checkpoint through a callback.
+(sampler state on resume). The task sampler's state goes into every checkpoint through a callback; the checkpoint
+folders are read and checked in `checkpoints.py`.
 """
 
 from __future__ import annotations
