@@ -31,7 +31,7 @@ import torch
 from _bert_timing import benchmark_parser, make_batch, prepare, timed, train_step
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel
-from hf_taskmoe.modeling_utils import BatchChecker
+from hf_taskmoe.training.batches import BatchChecker
 
 #: family -> (build from the dense source and the tasks, fullgraph, autocast dtype)
 FAMILIES = {

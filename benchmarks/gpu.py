@@ -48,7 +48,7 @@ from hf_taskmoe import (
     CAMTLModel,
     TaskSpec,
 )
-from hf_taskmoe.modeling_utils import BatchChecker
+from hf_taskmoe.training.batches import BatchChecker
 
 SECTIONS = ("train", "infer", "profile", "compile", "backbones", "generate", "peft")
 DENSE = "bert_seq_cls"

@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertConfig, BertForSequenceClassification, BertModel
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel, TaskSpec
-from hf_taskmoe.modeling_utils import BatchChecker
+from hf_taskmoe.training.batches import BatchChecker
 
 MINILM = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
 #: the issue's goals (issue 34): a family's ops at most this multiple of the dense model's

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from hf_taskmoe import MMoEConfig, MMoEModel
 from hf_taskmoe.analysis import gate_distribution
-from hf_taskmoe.metrics import compute_task_metrics
+from hf_taskmoe.problem_types import compute_task_metrics
 from hf_taskmoe.training import load_census_income
 
 METHODS = {

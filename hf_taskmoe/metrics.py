@@ -37,9 +37,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .layers.task_head import IGNORE_INDEX
-from .tasks import TaskSpec
-
 #: the one local `evaluate` module: it serves every registered metric, picked by `config_name`
 EVALUATE_MODULE = Path(__file__).parent / "metric_modules" / "taskmoe_metric"
 
@@ -340,40 +337,27 @@ for _metric in DEFAULT_METRICS.values():
 def decode_texts(token_ids: np.ndarray, tokenizer, eos_token_id: int | list[int] | None = None) -> list[str]:
     """Rows of target or generated token ids -> texts, each cut at its first end token.
 
-    The rows hold the target positions only (no decoder start token; -100 pads them). Padding is dropped, but no
+    The rows hold the target positions only (no decoder start token; -100, a negative id, pads them). Padding (a
+    negative id or the tokenizer's pad token) is dropped, but no
     other special token is: a prediction that repeats [CLS] before the answer decodes as `[CLS] [CLS] fresh` and
     does not match `fresh`, where `skip_special_tokens` would have hidden the loop. `eos_token_id` defaults to the
     tokenizer's EOS ([SEP] for a BERT vocabulary, which has none)."""
     if eos_token_id is None:
         eos_token_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
     ends = set(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else {eos_token_id}
-    dropped = {IGNORE_INDEX, tokenizer.pad_token_id}
-    return [tokenizer.decode([t for t in takewhile(lambda t: t not in ends, row) if t not in dropped],
+    pad = tokenizer.pad_token_id
+    return [tokenizer.decode([t for t in takewhile(lambda t: t not in ends, row) if t >= 0 and t != pad],
                              skip_special_tokens=False).strip() for row in np.asarray(token_ids).tolist()]
 
 
-def _run_metric(name: str, inputs: dict, config_name: str | None = None, trust_remote_metrics: bool = False) -> float:
+def run_metric(name: str, inputs: dict, config_name: str | None = None, trust_remote_metrics: bool = False) -> float:
     """One metric's value: its registered function, or (a name not registered) its `evaluate` module's `compute`,
-    read at the result's first key."""
+    read at the result's first key. `hf_taskmoe.problem_types.compute_task_metrics` runs a task's metrics so."""
     if name in METRIC_REGISTRY:
         return METRIC_REGISTRY[name](inputs.get("predictions", inputs.get("prediction_scores")), inputs["references"])
     module = load_metric(name, config_name, trust_remote_metrics)
     value = module.compute(**inputs)
     return float(next(iter(value.values())))
-
-
-def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray, tokenizer=None, eos_token_id=None,
-                         trust_remote_metrics: bool = False, dataset=None) -> dict[str, float]:
-    """Every metric of `task` on one evaluation set: `{metric_name: value}`, as its problem type compares
-    predictions with labels (`ProblemType.compute_metrics`). `tokenizer`, `eos_token_id`: for types that decode
-    text (seq2seq); `dataset`: the task's tokenised evaluation set, for types that read it (extractive QA)."""
-    from .problem_types.registry import problem_type_of
-
-    def run(name: str, inputs: dict, config_name: str | None = None) -> float:
-        return _run_metric(name, inputs, config_name, trust_remote_metrics)
-
-    return problem_type_of(task).compute_metrics(task, logits, labels, run, tokenizer=tokenizer,
-                                                 eos_token_id=eos_token_id, dataset=dataset)
 
 
 def metric_inputs_kind(name: str) -> str:

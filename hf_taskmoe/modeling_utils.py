@@ -222,6 +222,24 @@ def check_generation_cache(model, kwargs: dict) -> None:
         )
 
 
+def check_id_range(name: str, ids, size: int | None, what: str, fix: str) -> None:
+    """Every id of `ids` must index a table of `size` rows (an embedding): one outside is a `ValueError` naming it
+    (an `IndexError` deep in the embedding otherwise, or a device-side assert on a GPU)."""
+    if size is None or ids is None or not isinstance(ids, torch.Tensor) or ids.numel() == 0:
+        return
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise ValueError(f"`{name}` must hold integer ids, got dtype {ids.dtype}.")
+    bad = (ids < 0) | (ids >= size)
+    if bad.any():
+        row = bad.nonzero()[0].tolist()
+        value = int(ids[tuple(row)])
+        raise ValueError(
+            f"`{name}` holds {value} (row {row[0]}, position {row[-1]}, and {int(bad.sum()) - 1} more out of "
+            "range), but "
+            f"the model's {what} has {size} entries (ids 0..{size - 1}). {fix}"
+        )
+
+
 def check_token_ids(sizes: dict[str, int | None], **ids: torch.Tensor | None) -> None:
     """Every id must index its table (`sizes`: `token_table_sizes`): `input_ids` / `decoder_input_ids` the vocabulary,
     `token_type_ids` the token type table. One outside is a `ValueError` naming it (an `IndexError: index out of range
@@ -229,16 +247,16 @@ def check_token_ids(sizes: dict[str, int | None], **ids: torch.Tensor | None) ->
     host; a forward that checks values (not `values_checked`) calls it itself. Reads the ids (a host sync)."""
     for name, tensor in ids.items():
         if name == "position_ids":
-            BatchChecker.check_ids(name, tensor, sizes.get("position_ids"),
+            check_id_range(name, tensor, sizes.get("position_ids"),
                                    "position table (`max_position_embeddings`)",
                                    "Positions count from 0 along each row; leave `position_ids` out to let the model "
                                    "number them, or truncate the inputs.")
         elif name == "token_type_ids":
-            BatchChecker.check_ids(name, tensor, sizes["token_type_ids"], "token type table (`type_vocab_size`)",
+            check_id_range(name, tensor, sizes["token_type_ids"], "token type table (`type_vocab_size`)",
                                    "This model takes no second segment ids: tokenise with the model's own tokenizer, "
                                    "or leave `token_type_ids` out.")
         else:
-            BatchChecker.check_ids(name, tensor, sizes["input_ids"], "vocabulary (`vocab_size`)",
+            check_id_range(name, tensor, sizes["input_ids"], "vocabulary (`vocab_size`)",
                                    "The text was tokenised with another tokenizer than the model's: tokenise with the "
                                    "model's own (AutoTokenizer.from_pretrained(<the model's folder>)).")
 
@@ -263,135 +281,6 @@ def check_batch_dim(batch: int, **tensors: torch.Tensor | None) -> None:
             raise ValueError(
                 f"`{name}` must have {batch} rows (the batch size of the inputs), got shape {tuple(tensor.shape)}."
             )
-
-
-class BatchChecker:
-    """Checks a collated batch on the host, before it moves to a device: the task ids and, for models with
-    per-task heads, labels, spans and multiple-choice grouping -- the value checks `forward` skips for a batch
-    marked `values_checked=True` (each would be a host sync there). Raises the `ValueError` `forward` would.
-    Returns whether it checked every value the forward would (then `HostCheckedCollator` marks the batch).
-
-    It holds the task specs and heads of hidden size 1 (their checks, not the model's weights), so a collator that
-    calls it stays small when a `DataLoader` sends it to worker processes."""
-
-    def __init__(self, tasks: list[TaskSpec], with_heads: bool, vocab_size: int | None = None,
-                 type_vocab_size: int | None = None, marks_batches: bool = True, counts_tasks: bool | None = None,
-                 position_table_size: int | None = None):
-        #: whether `HostCheckedCollator` marks a checked batch `values_checked=True` (the model's forward takes it)
-        self.marks_batches = marks_batches
-        #: whether a marked batch also carries `task_counts`, its rows per task counted here, which an encoder
-        #: family's forward splits the batch among its heads by instead of reading them back from the device.
-        #: Not for a batch that is split again after the collator (`nn.DataParallel` scatters its rows over devices
-        #: and copies the counts): `MultiTaskTrainer` turns it off there
-        self.counts_tasks = with_heads and marks_batches if counts_tasks is None else counts_tasks
-        self.task_names = [t.name for t in tasks]
-        self.heads = MultiTaskHeads(tasks, hidden_size=1, dropout=0.0) if with_heads else None
-        self.vocab_size = vocab_size
-        self.type_vocab_size = type_vocab_size
-        #: rows of the model's absolute position table (None: no such table, e.g. rotary positions)
-        self.position_table_size = position_table_size
-
-    @classmethod
-    def for_model(cls, model, counts_tasks: bool = True) -> BatchChecker:
-        """The checks of `model`'s forward; `counts_tasks=False`: marked batches carry no `task_counts`."""
-        sizes = token_table_sizes(model)
-        return cls(
-            [TaskSpec.from_dict(t) for t in model.config.tasks],
-            isinstance(getattr(model, "heads", None), MultiTaskHeads),
-            vocab_size=sizes["input_ids"],
-            type_vocab_size=sizes["token_type_ids"],
-            position_table_size=sizes["position_ids"],
-            marks_batches=_forward_takes(model, "values_checked"),
-            counts_tasks=counts_tasks and _forward_takes(model, "task_counts"),
-        )
-
-    @staticmethod
-    def check_ids(name: str, ids, size: int | None, what: str, fix: str) -> None:
-        """Every id of `ids` must index a table of `size` rows (an embedding): one outside is a `ValueError` naming it
-        (an `IndexError` deep in the embedding otherwise, or a device-side assert on a GPU)."""
-        if size is None or ids is None or not isinstance(ids, torch.Tensor) or ids.numel() == 0:
-            return
-        if ids.is_floating_point() or ids.dtype == torch.bool:
-            raise ValueError(f"`{name}` must hold integer ids, got dtype {ids.dtype}.")
-        bad = (ids < 0) | (ids >= size)
-        if bad.any():
-            row = bad.nonzero()[0].tolist()
-            value = int(ids[tuple(row)])
-            raise ValueError(
-                f"`{name}` holds {value} (row {row[0]}, position {row[-1]}, and {int(bad.sum()) - 1} more out of "
-                "range), but "
-                f"the model's {what} has {size} entries (ids 0..{size - 1}). {fix}"
-            )
-
-    def __call__(self, batch) -> bool:
-        return self.check(batch) is not None
-
-    def check(self, batch) -> dict | None:
-        """Check `batch`; return the keywords its forward can then take (`{"values_checked": True}`, and
-        `"task_counts"`, the rows of each task as a tuple of ints, when `counts_tasks`), or None when the forward must
-        check some values itself. `HostCheckedCollator` adds them to the batch (when `marks_batches`)."""
-        first = batch.get("input_ids")
-        if first is None:
-            first = batch.get("inputs_embeds")
-        if first is None or first.dim() < 2:
-            return None  # nothing to size the batch by (a tabular batch): `forward` checks it
-        rows, seq = first.shape[0], first.shape[1]
-        check_token_ids({"input_ids": self.vocab_size, "token_type_ids": self.type_vocab_size,
-                         "position_ids": self.position_table_size},
-                        input_ids=batch.get("input_ids"), token_type_ids=batch.get("token_type_ids"),
-                        position_ids=batch.get("position_ids"))
-        task_ids = resolve_task_ids(batch.get("task_ids"), rows, self.task_names, first.device)
-        marks = {"values_checked": True}
-        if self.heads is not None:
-            labels, spans = batch.get("labels"), batch.get("span_positions")
-            check_batch_dim(rows, labels=labels, span_positions=spans)
-            counts = torch.bincount(task_ids, minlength=len(self.task_names)).tolist()  # on the host: no sync
-            self.heads.check_inputs(self.heads.split_rows(task_ids, counts), seq, labels, spans)
-            if self.counts_tasks:
-                marks["task_counts"] = tuple(counts)
-        elif batch.get("labels") is not None:
-            return None  # labels of a model without per-task heads (seq2seq targets): `forward` checks them
-        return marks
-
-
-def _forward_takes(model, name: str) -> bool:
-    """Whether the model's forward (under a peft wrapper: its base model's) takes the keyword `name`
-    (`values_checked`, `task_counts`): a family registered by a user may not."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return name in inspect.signature(base.forward).parameters
-
-
-class HostCheckedCollator:
-    """A collator followed by a `BatchChecker`: every batch is checked on the CPU where it is made. Other attributes
-    read and write through to the wrapped collator (`trainer.data_collator.pad_to_multiple_of = 8` works)."""
-
-    _OWN = ("collator", "checker")
-
-    def __init__(self, collator, checker: BatchChecker):
-        object.__setattr__(self, "collator", collator)
-        object.__setattr__(self, "checker", checker)
-
-    def __getattr__(self, name):
-        try:
-            collator = self.__dict__["collator"]
-        except KeyError:  # while unpickling
-            raise AttributeError(name) from None
-        return getattr(collator, name)
-
-    def __setattr__(self, name, value):
-        if name in self._OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.collator, name, value)
-
-    def __call__(self, features):
-        batch = self.collator(features)
-        marks = self.checker.check(batch)
-        if marks is not None and self.checker.marks_batches:
-            batch.update(marks)  # `values_checked` (and `task_counts`): the forward then reads nothing back
-        return batch
 
 
 def task_fingerprint(names: list[str]) -> torch.Tensor:

@@ -20,7 +20,7 @@
   (0 for an expert its route does not use; `hf_taskmoe.layers.routing.plan_routes`).
 
 The values a program cannot check (task ids in range, category codes, finite features) must be checked where the
-batch is made (`hf_taskmoe.modeling_utils.BatchChecker` for the encoder families).
+batch is made (`hf_taskmoe.training.batches.BatchChecker` for the encoder families).
 
 Serve several tasks in one batch with onnxruntime::
 

@@ -325,7 +325,7 @@ def test_position_ids_outside_the_position_table_are_refused_naming_them(method,
     """`position_ids` beyond the position table or negative: a ValueError naming the argument and the table
     (`max_position_embeddings`), not `IndexError: index out of range in self` inside the embeddings; by the host
     check of a collated batch (`BatchChecker`) too. A batch marked checked is not read again (no host sync)."""
-    from hf_taskmoe.modeling_utils import BatchChecker
+    from hf_taskmoe.training.batches import BatchChecker
 
     from .backbone_matrix import VOCAB, token_batch
 

@@ -329,7 +329,7 @@ def test_gradient_checkpointing_gives_the_same_step_on_a_mixed_batch(dispatch):
     path's rows and gathered weights are made once before the first layer (`PALsForMultiTask._plan_pals`), not inside
     the first checkpointed layer, whose recomputation would not make them again (torch.utils.checkpoint raised
     `CheckpointError` there)."""
-    from hf_taskmoe.modeling_utils import BatchChecker
+    from hf_taskmoe.training.batches import BatchChecker
 
     tasks = [*THREE, TaskSpec(name="absent", num_labels=2)]
     batch = random_batch(pals_config(tasks=tasks), task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))

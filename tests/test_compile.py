@@ -105,7 +105,7 @@ def _checked(batches):
     """The batches as the Trainer's collator hands them over: checked on the host, marked `values_checked` and given
     their rows per task (`task_counts`, which differ from batch to batch and must not make the compiled forward
     recompile: a captured forward splits nothing)."""
-    from hf_taskmoe.modeling_utils import BatchChecker
+    from hf_taskmoe.training.batches import BatchChecker
 
     checker = BatchChecker(TASKS, with_heads=True)
     marked = [(batch, checker.check(batch)) for batch in batches]

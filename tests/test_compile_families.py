@@ -35,7 +35,7 @@ from hf_taskmoe import (
     TaskSpec,
 )
 from hf_taskmoe.compat import T5_BLOCK_RETURNS_BIASES
-from hf_taskmoe.modeling_utils import BatchChecker
+from hf_taskmoe.training.batches import BatchChecker
 
 from . import test_bart_routed, test_mmoe, test_task_routed_lm, test_task_routed_t5
 from .backbone_matrix import TASKS, dense_config, labelled_batch

@@ -428,7 +428,8 @@ def _tiny_model(tokenizer, tasks):
 
 def test_a_mixed_batch_trains_the_span_head_beside_a_classifier(qa_type, minilm_tokenizer):
     from hf_taskmoe import TaskSpec
-    from hf_taskmoe.training.data import MultiTaskCollator, check_task_split, tokenize_task
+    from hf_taskmoe.training.batches import MultiTaskCollator
+    from hf_taskmoe.training.data import check_task_split, tokenize_task
 
     spec, classes = _qa_spec(), TaskSpec(name="kind", num_labels=3, text_fields=["text"])
     rows = _rows("train")[:4]

@@ -1,5 +1,5 @@
 """`examples/run_multitask.py`'s family settings are read from the families' configs
-(`hf_taskmoe.training.family_options`): every option users had before still parses and reaches the config, every
+(`hf_taskmoe.cli.family_options`): every option users had before still parses and reaches the config, every
 settable config field is an option, and a new family's setting is one without an edit to the script."""
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ from types import SimpleNamespace
 import pytest
 from transformers import HfArgumentParser
 
-from hf_taskmoe.models import FAMILIES, get_family
-from hf_taskmoe.models.task_moe import TaskMoEConfig
-from hf_taskmoe.training.family_options import (
+from hf_taskmoe.cli import train
+from hf_taskmoe.cli.errors import UsageError
+from hf_taskmoe.cli.family_options import (
     config_kwargs,
     config_options,
     family_options,
     options_dataclass,
     own_config_fields,
 )
+from hf_taskmoe.models import FAMILIES, get_family
+from hf_taskmoe.models.task_moe import TaskMoEConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -59,7 +61,7 @@ EARLIER = [
 @pytest.mark.parametrize("name, values, family, expected", EARLIER, ids=[e[0] for e in EARLIER])
 def test_every_earlier_option_parses_and_reaches_the_family_config(name, values, family, expected):
     model_args, *_ = run_multitask.parse_args(["--model_family", family, f"--{name}", *values])
-    kwargs, ignored = config_kwargs(model_args, get_family(family), run_multitask.family_settings())
+    kwargs, ignored = config_kwargs(model_args, get_family(family), train.family_settings())
     assert kwargs == {name: expected} and ignored == []
     tasks = [{"name": n, "num_labels": 2} for n in "abc"] if name == "pal_task_groups" else None
     config = get_family(family).config_class(tasks=tasks, **kwargs)  # a value the config takes
@@ -68,9 +70,9 @@ def test_every_earlier_option_parses_and_reaches_the_family_config(name, values,
 
 def test_unset_options_leave_the_family_defaults_and_switches_turn_off():
     model_args, *_ = run_multitask.parse_args([])
-    assert config_kwargs(model_args, get_family("bert_taskmoe"), run_multitask.family_settings()) == ({}, [])
+    assert config_kwargs(model_args, get_family("bert_taskmoe"), train.family_settings()) == ({}, [])
     model_args, *_ = run_multitask.parse_args(["--model_family", "camtl", "--no_conditional_attention"])
-    kwargs, ignored = config_kwargs(model_args, get_family("camtl"), run_multitask.family_settings())
+    kwargs, ignored = config_kwargs(model_args, get_family("camtl"), train.family_settings())
     assert kwargs == {"conditional_attention": False} and ignored == []
 
 
@@ -83,7 +85,7 @@ def test_unset_options_leave_the_family_defaults_and_switches_turn_off():
 def test_a_setting_of_another_method_is_refused_while_parsing(family, foreign, values, owner):
     """`--pal_size 64 --model_family mt-tag` was dropped with a warning; it is refused, naming the method that takes
     it, before any data or checkpoint is read. Left unset (its default, None) the same setting passes."""
-    with pytest.raises(run_multitask.UsageError) as caught:
+    with pytest.raises(UsageError) as caught:
         run_multitask.parse_args(["--model_family", family, f"--{foreign}", *values])
     message = str(caught.value)
     assert f"--{foreign} (a setting of {owner}" in message and f"--model_family {family}" in message
@@ -93,7 +95,7 @@ def test_a_setting_of_another_method_is_refused_while_parsing(family, foreign, v
 
 
 def test_every_settable_config_field_of_every_family_is_an_option():
-    parser = run_multitask.build_parser()
+    parser = train.build_parser()
     options = {s for a in parser._actions for s in a.option_strings}
     for family in FAMILIES.values():
         if not family.buildable_from_dense:
@@ -135,7 +137,7 @@ def test_a_new_familys_setting_is_an_option_without_editing_the_script():
 
 
 def test_short_help_lists_each_methods_settings():
-    text = run_multitask.short_help([])
+    text = train.short_help([])
     settings = text.split("method settings")[1].split("\n\n")[0].splitlines()[1:]
     by_method: dict[str, str] = {}  # a method -> every option listed under it (alone or shared with others)
     for line in settings:

@@ -30,7 +30,7 @@ from hf_taskmoe import (
     CAMTLModel,
     TaskSpec,
 )
-from hf_taskmoe.modeling_utils import BatchChecker
+from hf_taskmoe.training.batches import BatchChecker
 
 PACKAGE = str(Path(hf_taskmoe.__file__).parent)
 SIZES = dict(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
@@ -213,8 +213,7 @@ def test_the_collator_counts_tasks_only_for_a_forward_that_splits_by_them():
     `MultiTaskTrainer` does under `nn.DataParallel`, which scatters a batch's rows over devices), nor for a model
     whose forward does not take them (a family without per-task heads, one registered by a user)."""
     from hf_taskmoe import MMoEModel
-    from hf_taskmoe.modeling_utils import HostCheckedCollator
-    from hf_taskmoe.training.data import MultiTaskCollator
+    from hf_taskmoe.training.batches import HostCheckedCollator, MultiTaskCollator
 
     from .test_mmoe import config
 
@@ -305,8 +304,7 @@ def test_the_trainer_hands_the_forward_its_batches_checked_and_counted(tmp_path)
 def test_the_checked_collator_reads_and_writes_through_and_pickles():
     import pickle
 
-    from hf_taskmoe.modeling_utils import HostCheckedCollator
-    from hf_taskmoe.training.data import MultiTaskCollator
+    from hf_taskmoe.training.batches import HostCheckedCollator, MultiTaskCollator
 
     inner = MultiTaskCollator(pad_token_id=0)
     checked = HostCheckedCollator(inner, BatchChecker.for_model(FAMILIES["pals"][0]()))

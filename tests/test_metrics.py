@@ -4,7 +4,8 @@ from scipy import stats
 from sklearn import metrics as skm
 
 from hf_taskmoe import TaskSpec, metrics
-from hf_taskmoe.metrics import DEFAULT_METRICS, METRIC_REGISTRY, aggregate_scores, compute_task_metrics, load_metric
+from hf_taskmoe.metrics import DEFAULT_METRICS, METRIC_REGISTRY, aggregate_scores, load_metric
+from hf_taskmoe.problem_types import compute_task_metrics
 
 rng = np.random.default_rng(0)
 REF3 = rng.integers(0, 3, 200)
@@ -120,7 +121,7 @@ def test_seq2seq_metrics_decode_generated_ids(minilm_tokenizer):
     import numpy as np
 
     from hf_taskmoe import TaskSpec
-    from hf_taskmoe.metrics import compute_task_metrics
+    from hf_taskmoe.problem_types import compute_task_metrics
     from hf_taskmoe.training.data import target_token_ids
 
     task = TaskSpec(name="t", problem_type="seq2seq", metrics=["exact_match", "rouge1"])
@@ -146,7 +147,8 @@ def test_seq2seq_metrics_do_not_hide_a_looping_prefix(minilm_tokenizer):
     import numpy as np
 
     from hf_taskmoe import TaskSpec
-    from hf_taskmoe.metrics import compute_task_metrics, decode_texts
+    from hf_taskmoe.metrics import decode_texts
+    from hf_taskmoe.problem_types import compute_task_metrics
 
     cls, sep = minilm_tokenizer.cls_token_id, minilm_tokenizer.sep_token_id
     fresh = minilm_tokenizer.convert_tokens_to_ids("fresh")

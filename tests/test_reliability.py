@@ -315,7 +315,7 @@ def _dense_with(tmp_path, minilm, **config):
 def test_token_ids_beyond_the_vocabulary_or_type_vocab_size_are_refused_before_training(tmp_path, minilm, capsys):
     """A tokenizer that is not the model's: the script refuses after tokenising (exit 2, naming task, example, id and
     table); in Python the collator's `BatchChecker` raises the `ValueError` before the batch reaches the model."""
-    from hf_taskmoe.modeling_utils import BatchChecker
+    from hf_taskmoe.training.batches import BatchChecker
 
     small_vocab = _dense_with(tmp_path / "v", minilm, vocab_size=500)
     _refused(

@@ -10,6 +10,8 @@ from huggingface_hub import ModelCard
 from transformers import AutoModel
 
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel
+from hf_taskmoe.cli import train
+from hf_taskmoe.cli.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -269,7 +271,7 @@ def test_an_argument_overrides_one_default_and_keeps_the_preset():
     assert training.learning_rate == 1e-4 and training.warmup_steps == 0.1  # the demo's, not the Trainer's 5e-5 / 0
     assert training.per_device_eval_batch_size == 64 and training.logging_steps == 20 and data.max_seq_length == 96
     assert training.output_dir == "runs/demo" and training.save_strategy == "no"
-    assert training.do_train and training.do_eval and data.tasks == [str(run_multitask.DEMO_TASKS)]
+    assert training.do_train and training.do_eval and data.tasks == [str(train.DEMO_TASKS)]
     _, data, _, training = run_multitask.parse_args(["--tasks", "my/tasks.json", "--learning_rate", "3e-5"])
     assert training.learning_rate == 3e-5 and training.num_train_epochs == 3 and training.max_steps == -1
     assert training.output_dir == "runs/my" and data.max_seq_length == 128  # the task-config preset
@@ -374,7 +376,7 @@ def test_the_card_names_its_base_model_by_repo_id_and_passes_the_hub_checks(tmp_
     )
     assert 'pipeline("multitask-text-classification"' in card.content and "AutoModel.from_pretrained" in card.content
     assert "![routing heatmap" in card.content and (tmp_path / "my-mttag" / "routing_heatmap.png").exists()
-    default = run_multitask.default_model_path()
+    default = train.default_model_path()
     monkeypatch.setenv("HF_TASKMOE_DEFAULT_MODEL", "")
     if default:  # the demo's MiniLM: a Hub id in the metadata
         from hf_taskmoe import BertForTaskMoE, TaskSpec
@@ -500,7 +502,7 @@ def test_text_task_representations_and_an_added_tasks_route_from_its_data(tmp_pa
     # a model whose representations were learned has no base to compute a new task's from
     run_multitask.main(_argv(tmp_path / "learned", tiny_dense, "--tasks", str(seen), "--task_names", "alpha",
                              "--model_family", "bart_routed", "--max_target_length", "8", "--do_eval", "false"))
-    with pytest.raises(run_multitask.UsageError, match="task_representation_source"):
+    with pytest.raises(UsageError, match="task_representation_source"):
         run_multitask.main(_argv(tmp_path / "again", tmp_path / "learned", "--tasks", str(seen), *common))
 
 

@@ -22,6 +22,7 @@ from hf_taskmoe import (
 )
 from hf_taskmoe.layers.heads import MultiTaskHeads
 from hf_taskmoe.training import MultiTaskTrainingArguments
+from hf_taskmoe.training.checkpoints import missing_checkpoint_files
 from hf_taskmoe.training.sharding import (
     check_zero3,
     fsdp_config,
@@ -30,7 +31,6 @@ from hf_taskmoe.training.sharding import (
     transformer_blocks,
     zero3_idle_modules,
 )
-from hf_taskmoe.training.trainer import missing_checkpoint_files
 
 from .conftest import ALL_KINDS, random_batch, tiny_config
 

@@ -317,7 +317,8 @@ def test_causal_layout_learns_a_few_examples_and_generates_them_through_the_pipe
     from transformers import pipeline
 
     from hf_taskmoe.pipelines import TEXT2TEXT_PIPELINE_TASK
-    from hf_taskmoe.training.data import MultiTaskCollator, tokenize_task
+    from hf_taskmoe.training.batches import MultiTaskCollator
+    from hf_taskmoe.training.data import tokenize_task
 
     tokenizer = word_tokenizer()
     tasks = [TaskSpec(name="x", problem_type="seq2seq"), TaskSpec(name="y", problem_type="seq2seq")]

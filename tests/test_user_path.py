@@ -14,6 +14,11 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
+from hf_taskmoe.cli import train
+from hf_taskmoe.cli.errors import UsageError
+from hf_taskmoe.cli.push import files_to_push, redacted_argv, take_secrets
+from hf_taskmoe.cli.reporting import baseline_scores, results_table
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 import run_multitask  # noqa: E402
@@ -115,7 +120,7 @@ def test_a_failed_push_exits_1_after_saving_and_prints_the_same_allow_list(tmp_p
     command = next(line.strip() for line in err.splitlines() if line.strip().startswith("hf upload"))
     included = command.split(" . ", 1)[1].split()[1::2]
     assert command.startswith(f"hf upload someone/pushed {out} . --include ")
-    assert sorted(included) == run_multitask.files_to_push(str(out)) and "run_summary.json" not in included
+    assert sorted(included) == files_to_push(str(out)) and "run_summary.json" not in included
     assert _files_holding(out, SECRET) == []
 
 
@@ -131,12 +136,12 @@ def test_secret_named_options_are_redacted_and_taken_out_of_the_arguments():
         "--include_tokens_per_second",
         "true",
     ]
-    assert run_multitask.redacted_argv(argv) == [
+    assert redacted_argv(argv) == [
         "--hub_token", "<redacted>", "--x_password=<redacted>", "--api_key", "<redacted>", "--max_steps", "3",
         "--include_tokens_per_second", "true",
     ]
     *_, training_args = run_multitask.parse_args(["--hub_token", "abc", "--output_dir", "/tmp/x"])
-    assert run_multitask.take_secrets(training_args) == {"hub_token": "abc"} and training_args.hub_token is None
+    assert take_secrets(training_args) == {"hub_token": "abc"} and training_args.hub_token is None
 
 
 # ------------------------------------------------------------------------------------------- truthful scores
@@ -186,8 +191,8 @@ def test_every_score_sits_beside_its_baseline_and_a_task_at_it_is_flagged():
 
     clf = TaskSpec(name="clf", label_names=["a", "b", "c"], metrics=["accuracy"])
     reg = TaskSpec(name="reg", problem_type="regression", metrics=["pearson"])
-    base = {"clf": run_multitask.baseline_scores(clf, [2, 2, 1, 0, 2], [2, 1, 2, 0]),
-            "reg": run_multitask.baseline_scores(reg, [1.0, 2.0, 3.0], [0.5, 2.5])}
+    base = {"clf": baseline_scores(clf, [2, 2, 1, 0, 2], [2, 1, 2, 0]),
+            "reg": baseline_scores(reg, [1.0, 2.0, 3.0], [0.5, 2.5])}
     assert base == {"clf": {"accuracy": 0.5}, "reg": {"pearson": 0.0}}  # majority class 2; a constant's correlation: 0
     metrics = {
         "eval_clf_accuracy": 0.5,
@@ -195,13 +200,13 @@ def test_every_score_sits_beside_its_baseline_and_a_task_at_it_is_flagged():
         "eval_average": 0.65,
         "eval_small_tasks_average": 0.65,
     }
-    table = run_multitask.results_table([clf, reg], metrics, baselines=base)
+    table = results_table([clf, reg], metrics, baselines=base)
     rows = {line.split()[0]: line for line in table.splitlines()}
     assert "50.00" in rows["clf"] and rows["clf"].count("50.00") == 2 and "at or below its baseline" in rows["clf"]
     assert "80.00" in rows["reg"] and "0.00" in rows["reg"] and "baseline" not in rows["reg"]
     assert table.count("average") == 1  # every task small: one average, not the same number twice
     metrics["eval_small_tasks_average"] = 0.5
-    assert "average (small tasks)" in run_multitask.results_table([clf, reg], metrics, baselines=base)
+    assert "average (small tasks)" in results_table([clf, reg], metrics, baselines=base)
 
 
 def test_the_script_prints_baselines_and_task_names_on_evaluation_bars(tmp_path, tiny_dense, capsys):
@@ -238,7 +243,7 @@ def test_user_errors_are_one_paragraph_and_internal_errors_keep_their_traceback(
 
         AutoConfig.for_model("no_such_model_type")
 
-    monkeypatch.setattr(run_multitask, "build_model", api_changed)
+    monkeypatch.setattr(train, "build_model", api_changed)
     code = run_multitask.cli(_argv(tmp_path / "c", tiny_dense))
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" in err and "internal error: ValueError" in err and "--debug" in err
@@ -262,11 +267,11 @@ def test_an_offline_preset_in_a_task_config_names_its_task_and_dataset(tmp_path)
     """The preset's name and Hub dataset, whichever task of a mixture failed (not "the preset task data")."""
     import json
 
-    from hf_taskmoe.training.loading import load_task_data
+    from hf_taskmoe.cli.loading import load_task_data
 
     config = tmp_path / "tasks.json"
     config.write_text(json.dumps({"tasks": [{"preset": "boolq"}]}))
-    with pytest.raises(run_multitask.UsageError) as caught:
+    with pytest.raises(UsageError) as caught:
         load_task_data([str(config)], ["train"], str(tmp_path / "cache"))
     assert "preset task 'boolq' (Hub dataset aps/super_glue (boolq))" in str(caught.value)
 

@@ -389,7 +389,7 @@ def resumable_checkpoint(cell: Cell) -> str | None:
         return None
     if not same_command(ran, cell.argv) or not any(out.glob("checkpoint-*")):
         return None
-    from hf_taskmoe.training.trainer import latest_complete_checkpoint  # torch: only when there is one to check
+    from hf_taskmoe.training.checkpoints import latest_complete_checkpoint  # torch: only when there is one to check
 
     return latest_complete_checkpoint(str(out))
 

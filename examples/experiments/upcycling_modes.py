@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import run_multitask  # noqa: E402
 
 from hf_taskmoe import BertForTaskMoE, TaskSpec  # noqa: E402
+from hf_taskmoe.cli.train import default_model_path  # noqa: E402
 
 CONFIGS = {
     "MT-Dense": ["--num_experts", "1"],
@@ -38,7 +39,7 @@ def initial_deviation() -> dict:
     """How far each fresh upcycled model is from the dense one: max |h_moe - h_dense| on real tokens."""
     from transformers import AutoModel, AutoTokenizer
 
-    path = run_multitask.default_model_path()
+    path = default_model_path()
     tok = AutoTokenizer.from_pretrained(path)
     dense = AutoModel.from_pretrained(path).eval()
     enc = tok(["A gripping, well acted film.", "Is the sky blue on Mars?"], padding=True, return_tensors="pt")

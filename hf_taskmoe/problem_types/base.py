@@ -258,6 +258,21 @@ class ProblemType:
         return f"{type(self).__name__}(name={self.name!r})"
 
 
+def compute_task_metrics(task: TaskSpec, logits: np.ndarray, labels: np.ndarray, tokenizer=None, eos_token_id=None,
+                         trust_remote_metrics: bool = False, dataset=None) -> dict[str, float]:
+    """Every metric of `task` on one evaluation set: `{metric_name: value}`, as its problem type compares
+    predictions with labels (`ProblemType.compute_metrics`), each metric run from `hf_taskmoe.metrics`' registry.
+    `tokenizer`, `eos_token_id`: for types that decode text (seq2seq); `dataset`: the task's tokenised evaluation
+    set, for types that read it (extractive QA)."""
+    from ..metrics import run_metric
+
+    def run(name: str, inputs: dict, config_name: str | None = None) -> float:
+        return run_metric(name, inputs, config_name, trust_remote_metrics)
+
+    return problem_type_of(task).compute_metrics(task, logits, labels, run, tokenizer=tokenizer,
+                                                 eos_token_id=eos_token_id, dataset=dataset)
+
+
 def mixture_label_width(specs) -> int | None:
     """The width of a mixture's collated labels: the widest `label_width` of its tasks when each has a fixed one and
     one is wider than 1 (a multi-label or multi-output regression task), so that every batch's labels have one shape

@@ -8,9 +8,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ".uncertainty": ("MTUncertaintySampling", "example_layout"),
     ".arguments": ("MultiTaskTrainingArguments",),
     ".callbacks": ("RoutingAnalyticsCallback",),
+    ".batches": ("MultiTaskCollator",),
     ".data": (
         "TASK_PRESETS",
-        "MultiTaskCollator",
         "MultiTaskDataset",
         "TaskData",
         "TaskPreset",

@@ -25,7 +25,8 @@ JSON lines end at "\\n" only, so U+2028 and the other Unicode separators inside 
 
 `tokenize_task` turns a split into model columns (single text, text pair, multiple choice, word spans,
 pre-split words for token classification); `MultiTaskDataset` concatenates the tasks' training sets for
-the task sampler; `MultiTaskCollator` pads a mixed batch and carries `task_ids`.
+the task sampler; `MultiTaskCollator` (`batches.py`, beside the host-side batch checks) pads a mixed batch and
+carries `task_ids`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 
-from ..layers.task_head import IGNORE_INDEX
 from ..problem_types import problem_type_of, target_token_ids  # noqa: F401 (target_token_ids: part of this module's API)
 from ..problem_types.classification import MultipleChoice, Regression, SpanClassification
 from ..tasks import TaskSpec
@@ -753,82 +752,3 @@ class MultiTaskDataset(torch.utils.data.Dataset):
 def read_rows(dataset, indices: list[int]) -> list[dict]:
     """Rows `indices` of `dataset`: one batched read where it has one (`datasets.Dataset.__getitems__`)."""
     return dataset.__getitems__(list(indices)) if hasattr(dataset, "__getitems__") else [dataset[i] for i in indices]
-
-
-class MultiTaskCollator:
-    """Pads a batch that may mix tasks; a multiple-choice example becomes one row per choice (consecutive).
-
-    Labels: a 1-D tensor when every row has one label, else a 2-D one padded with -100; float when any
-    label is a float (regression) or `float_labels` (a mixture holding a task with real-valued labels: then every
-    batch's labels are float, whatever its mix, so that a compiled step sees one dtype), long otherwise.
-    `label_width` (the mixture's widest label, `mixture_label_width(tasks)`: a multi-label task's `num_labels`):
-    every batch's labels are 2-D and at least that wide, padded with -100, also a batch without a row of the wide
-    task, so that their shape does not follow the batch's mix either; each head reads its own columns.
-    """
-
-    model_keys = ("input_ids", "attention_mask", "token_type_ids")
-
-    def __init__(self, pad_token_id: int = 0, pad_to_multiple_of: int | None = None, float_labels: bool = False,
-                 label_width: int | None = None):
-        self.pad_token_id = pad_token_id
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.float_labels = float_labels
-        self.label_width = label_width
-
-    def _rows(self, features: list[dict]) -> list[dict]:
-        rows = []
-        for f in features:
-            ids = f["input_ids"]
-            if ids and isinstance(ids[0], (list, tuple)):  # multiple choice: one row per choice
-                for c in range(len(ids)):
-                    rows.append({**f, **{k: f[k][c] for k in self.model_keys if k in f}})
-            else:
-                rows.append(f)
-        return rows
-
-    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
-        rows = self._rows(features)
-        n = len(rows)
-        length = max(len(r["input_ids"]) for r in rows)
-        if self.pad_to_multiple_of:
-            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
-        input_ids = torch.full((n, length), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, length), dtype=torch.long)
-        has_types = "token_type_ids" in rows[0]
-        token_type_ids = torch.zeros((n, length), dtype=torch.long) if has_types else None
-        for i, r in enumerate(rows):
-            k = len(r["input_ids"])
-            input_ids[i, :k] = torch.tensor(r["input_ids"])
-            attention_mask[i, :k] = torch.tensor(r["attention_mask"]) if "attention_mask" in r else 1
-            if has_types:
-                token_type_ids[i, :k] = torch.tensor(r["token_type_ids"])
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if has_types:
-            batch["token_type_ids"] = token_type_ids
-        batch["task_ids"] = torch.tensor([int(r["task_ids"]) for r in rows], dtype=torch.long)
-        if "labels" in rows[0]:
-            batch["labels"] = self._labels([r["labels"] for r in rows], self.float_labels, self.label_width)
-        if any("span_positions" in r for r in rows):
-            num_spans = max(len(r.get("span_positions") or []) for r in rows)
-            spans = torch.zeros((n, num_spans, 2), dtype=torch.long)
-            for i, r in enumerate(rows):
-                if r.get("span_positions"):
-                    spans[i, : len(r["span_positions"])] = torch.tensor(r["span_positions"])
-            batch["span_positions"] = spans
-        return batch
-
-    @staticmethod
-    def _labels(labels: list, float_labels: bool = False, label_width: int | None = None) -> torch.Tensor:
-        is_float = float_labels or any(
-            isinstance(v, float) or (isinstance(v, list) and any(isinstance(x, float) for x in v)) for v in labels
-        )
-        dtype = torch.float32 if is_float else torch.long
-        if not label_width and not any(isinstance(v, (list, tuple)) for v in labels):
-            return torch.tensor(labels, dtype=dtype)
-        # (batch, width): the widest row, at least the mixture's widest label (one shape for every mix)
-        width = max([label_width or 1] + [len(v) if isinstance(v, (list, tuple)) else 1 for v in labels])
-        out = torch.full((len(labels), width), IGNORE_INDEX, dtype=dtype)
-        for i, v in enumerate(labels):
-            values = v if isinstance(v, (list, tuple)) else [v]
-            out[i, : len(values)] = torch.tensor(values, dtype=dtype)
-        return out

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from ..modeling_utils import token_table_sizes
 from ..models.registry import FAMILIES
-from .data import TASK_PRESETS, DataError, PresetLoadError, load_tasks
+from ..training.data import TASK_PRESETS, DataError, PresetLoadError, load_tasks
 from .errors import UsageError
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def select_tasks(task_data, splits: list[str], task_names: list[str] | None = No
     import random
 
     from ..problem_types import get_problem_type
-    from .data import check_tasks
+    from ..training.data import check_tasks
 
     if task_names:
         unknown = sorted(set(task_names) - {t.name for t in task_data})

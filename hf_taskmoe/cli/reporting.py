@@ -30,7 +30,7 @@ def baseline_scores(task, train_labels: list | None, eval_labels: list) -> dict[
     classification). A correlation of a constant prediction is undefined: counted as 0."""
     import numpy as np
 
-    from hf_taskmoe.metrics import compute_task_metrics
+    from ..problem_types import compute_task_metrics
 
     if not eval_labels:
         return None

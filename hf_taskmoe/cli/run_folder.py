@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..training.checkpoints import scan_checkpoints, skipped_checkpoint_line, unreadable_checkpoint_files
 from .errors import UsageError
 from .push import redacted_argv
-from .trainer import scan_checkpoints, skipped_checkpoint_line, unreadable_checkpoint_files
 
 
 def earlier_run(out: Path) -> list[str]:

@@ -7,7 +7,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .data import DataError
+from ..training.data import DataError
 
 
 class UsageError(ValueError):
