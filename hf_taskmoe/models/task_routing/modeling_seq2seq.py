@@ -52,6 +52,15 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, CACHE_ARGS, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
+from ...input_checks import (
+    check_batch_dim,
+    check_generation_cache,
+    check_generation_counts,
+    check_lengths,
+    check_token_ids,
+    resolve_task_ids,
+    token_table_sizes,
+)
 from ...layers.routing import (
     ExpertRowsCache,
     PlanEntry,
@@ -62,16 +71,7 @@ from ...layers.routing import (
     call_on_rows,
     every_expert_plan,
 )
-from ...modeling_utils import (
-    MultiTaskPreTrainedModel,
-    check_batch_dim,
-    check_generation_cache,
-    check_generation_counts,
-    check_lengths,
-    check_token_ids,
-    resolve_task_ids,
-    token_table_sizes,
-)
+from ...modeling_utils import MultiTaskPreTrainedModel
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import BartTaskRoutedConfig, TaskRoutedSeq2SeqConfig
 from .core import (
