@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, Pipeline
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .modeling_utils import check_generation_counts
+from .input_checks import check_generation_counts
 from .problem_types import PROBLEM_TYPES, problem_type_of
 
 PIPELINE_TASK = "multitask-text-classification"

@@ -355,7 +355,7 @@ def test_positions_without_a_table_have_no_table_check(arch):
     """Rotary (ModernBERT) and relative-only (DeBERTa-v3: `position_biased_input=False`) positions index no table:
     nothing to refuse there. A DeBERTa-v2 that adds absolute positions has the table and its check."""
     from hf_taskmoe import TaskMoEConfig, TaskMoEForMultiTask
-    from hf_taskmoe.modeling_utils import token_table_sizes
+    from hf_taskmoe.input_checks import token_table_sizes
 
     from .backbone_matrix import TASKS, dense_config
 

@@ -15,14 +15,9 @@ from transformers import AutoModel, PreTrainedConfig
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
 from hf_taskmoe.contract import ParameterRoles
+from hf_taskmoe.input_checks import check_input_shapes, check_kwargs
 from hf_taskmoe.layers.heads import MultiTaskHeads
-from hf_taskmoe.modeling_utils import (
-    MultiTaskModelOutput,
-    MultiTaskPreTrainedModel,
-    check_input_shapes,
-    check_kwargs,
-    heads_to_output_fields,
-)
+from hf_taskmoe.modeling_utils import MultiTaskModelOutput, MultiTaskPreTrainedModel, heads_to_output_fields
 from hf_taskmoe.models import FAMILIES, Family, register_family
 from hf_taskmoe.models.configuration import TaskConfigMixin
 from hf_taskmoe.upcycling import UpcyclingRules, load_dense_model, upcycle

@@ -11,7 +11,7 @@ from pathlib import Path
 import transformers
 from transformers import AutoConfig, AutoTokenizer
 
-from ..modeling_utils import token_table_sizes
+from ..input_checks import token_table_sizes
 from ..models.registry import FAMILIES
 from ..training.data import TASK_PRESETS, DataError, PresetLoadError, load_tasks
 from .errors import UsageError

@@ -33,16 +33,15 @@ from transformers.utils import ModelOutput
 
 from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone, layer_hidden_input
 from ..compat import checkpointing_enable_with, dense_sub_config, initialize_module_tree, is_exporting, is_initialized
-from ..modeling_utils import (
-    MultiTaskModelOutput,
+from ..input_checks import (
     check_batch_dim,
     check_input_shapes,
     check_kwargs,
     check_token_ids,
-    heads_to_output_fields,
     resolve_task_ids,
     token_table_sizes,
 )
+from ..modeling_utils import MultiTaskModelOutput, heads_to_output_fields
 from ..pipelines import PIPELINE_TASK
 from ..problem_types import ENCODER
 from ..tasks import TaskSpec
@@ -176,7 +175,7 @@ class TaskHeadsMixin:
             if not values_checked:
                 raise ValueError(
                     "An exported program cannot check values: export the forward with `values_checked=True` and check "
-                    "each batch on the host before it runs (hf_taskmoe.modeling_utils.BatchChecker)."
+                    "each batch on the host before it runs (hf_taskmoe.training.batches.BatchChecker)."
                 )
             if labels is not None:
                 raise ValueError("Export the forward for inference: leave `labels` out (a loss needs labels).")

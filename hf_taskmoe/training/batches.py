@@ -10,9 +10,9 @@ import math
 
 import torch
 
+from ..input_checks import check_batch_dim, check_token_ids, resolve_task_ids, token_table_sizes
 from ..layers.heads import MultiTaskHeads
 from ..layers.task_head import IGNORE_INDEX
-from ..modeling_utils import check_batch_dim, check_token_ids, resolve_task_ids, token_table_sizes
 from ..tasks import TaskSpec
 
 

@@ -20,7 +20,8 @@ from transformers import initialization as init
 from transformers.utils import ModelOutput
 
 from ...contract import ParameterRoles
-from ...modeling_utils import MultiTaskPreTrainedModel, check_kwargs
+from ...input_checks import check_kwargs
+from ...modeling_utils import MultiTaskPreTrainedModel
 from ...problem_types import problem_type_of
 from .configuration_mmoe import MMoEConfig
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from transformers import BertConfig
 
-from ...modeling_utils import check_kwargs
+from ...input_checks import check_kwargs
 from ..encoder import FlatDenseFields
 from .configuration_pals import PALsConfig
 from .modeling_pals import PALsForMultiTask

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from transformers import BertConfig
 
-from ...modeling_utils import check_kwargs
+from ...input_checks import check_kwargs
 from ..encoder import FlatDenseFields
 from .configuration_task_moe import TaskMoEConfig
 from .modeling_task_moe import TaskMoEEncoderOutput, TaskMoEForMultiTask

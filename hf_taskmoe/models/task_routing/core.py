@@ -21,6 +21,7 @@ from transformers.utils import TransformersKwargs
 from ...backbones import TaskContext
 from ...compat import CACHE_ARG, checkpointing_enable_with, output_cache, pop_cache
 from ...contract import LOW_RANK_ROUTING_ROLES, TASK_ROUTING_ROLES
+from ...input_checks import check_kwargs, check_token_ids, resolve_task_ids, token_table_sizes
 from ...layers.grouped_routes import task_sorted_generate
 from ...layers.low_rank import LowRankExperts, LowRankSpec, expert_path, wrap_linears
 from ...layers.routing import (
@@ -33,7 +34,7 @@ from ...layers.routing import (
     hard_route_plan,
     plan_routes,
 )
-from ...modeling_utils import check_kwargs, check_token_ids, grow_embedding, resolve_task_ids, token_table_sizes
+from ...modeling_utils import grow_embedding
 from ...problem_types.seq2seq import Seq2Seq
 from ...tasks import TaskSpec
 from ...utils import is_capturing

@@ -44,9 +44,7 @@ from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 
 from ...compat import CACHE_ARG, pop_cache
-from ...layers.routing import ExpertRowsCache, RouteRecorder
-from ...modeling_utils import (
-    MultiTaskPreTrainedModel,
+from ...input_checks import (
     check_batch_dim,
     check_generation_cache,
     check_generation_counts,
@@ -55,6 +53,8 @@ from ...modeling_utils import (
     resolve_task_ids,
     token_table_sizes,
 )
+from ...layers.routing import ExpertRowsCache, RouteRecorder
+from ...modeling_utils import MultiTaskPreTrainedModel
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import TaskRoutedLMConfig
 from .core import TaskRoutedCausalLMOutput, TaskRoutingMixin, fork_layers

@@ -54,14 +54,7 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.utils import ModelOutput
 
 from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
-from ...layers.routing import (
-    ExpertRowsCache,
-    RoutedCache,
-    RouteRecorder,
-    _rows,
-)
-from ...modeling_utils import (
-    MultiTaskPreTrainedModel,
+from ...input_checks import (
     check_batch_dim,
     check_generation_cache,
     check_generation_counts,
@@ -70,6 +63,13 @@ from ...modeling_utils import (
     resolve_task_ids,
     token_table_sizes,
 )
+from ...layers.routing import (
+    ExpertRowsCache,
+    RoutedCache,
+    RouteRecorder,
+    _rows,
+)
+from ...modeling_utils import MultiTaskPreTrainedModel
 from ...problem_types.seq2seq import IGNORE_INDEX, Seq2Seq
 from .configuration import BartTaskRoutedConfig, TaskRoutedSeq2SeqConfig
 from .core import (
