@@ -50,7 +50,7 @@ def test_the_pipeline_serves_each_method_on_each_backbone_by_path(method, arch, 
     model = _model(method, arch)
     model.save_pretrained(tmp_path)
     AutoTokenizer.from_pretrained(minilm).save_pretrained(tmp_path)
-    pipe = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(tmp_path))
+    pipe = pipeline(hf_taskmoe.pipelines.PIPELINE_TASK, model=str(tmp_path))
     assert type(pipe.model) is type(model)
     got = pipe(["a fine film", "a dull one"], task="sst2")
     enc = pipe.tokenizer(["a fine film", "a dull one"], padding=True, return_tensors="pt")

@@ -124,10 +124,10 @@ def test_pal_site_attention_starts_as_the_dense_model(arch):
 
 
 def test_on_bert_it_computes_what_bert_with_pals_computes():
-    """The same weights in `BertWithPALs` (the legacy name: a flat BERT config, `classifier_pooling` given) and in
+    """The same weights in `BertWithPALs` (the paper's name: a flat BERT config, `classifier_pooling` given) and in
     `PALsForMultiTask`: the same hidden states and logits, padded mixed batch. (Until it was folded into
     `PALsForMultiTask`, `BertWithPALs` re-implemented BERT's layers around eq. 7; what that implementation computed
-    is kept in `tests/fixtures/legacy/bert_pals` and checked by `tests/test_legacy_checkpoints.py`.)"""
+    is kept in `tests/fixtures/pals_reference` and checked by `tests/test_pals_equivalence.py`.)"""
     torch.manual_seed(0)
     dense = dense_config("bert")
     reference = BertWithPALs(BertPALsConfig(**dense.to_dict(), tasks=[t.to_dict() for t in TASKS],

@@ -370,25 +370,3 @@ def test_task_representations(minilm_tokenizer):
     )
     model.set_task_embeddings(fisher)
     assert torch.equal(model.router.task_embeddings.weight.detach(), fisher)
-
-
-def test_a_checkpoint_of_the_earlier_layout_loads_and_saves_again(tmp_path):
-    """`BartTaskRouted.from_pretrained` converts an earlier checkpoint's names (`model.*` -> `backbone.model.*`,
-    `LEGACY_BART_KEYS`); saved again, transformers writes the names it loaded (its `save_original_format`), and
-    that file loads back to the same tensors, as does one saved without the original format."""
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    legacy = Path(__file__).parent / "fixtures" / "legacy" / "bart_task_routed"
-    model = BartTaskRouted.from_pretrained(legacy)
-    assert "backbone.model.encoder.layers.0.experts.0.fc1.weight" in model.state_dict()
-    for original in (True, False):
-        folder = tmp_path / str(original)
-        model.save_pretrained(folder, save_original_format=original)
-        saved = load_file(folder / "model.safetensors")
-        assert ("model.encoder.layers.0.experts.0.fc1.weight" in saved) is original
-        again = AutoModel.from_pretrained(folder)
-        assert type(again) is BartTaskRouted
-        state = again.state_dict()
-        assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())

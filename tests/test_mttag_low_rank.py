@@ -280,7 +280,7 @@ def test_top_2_mixes_the_chosen_deltas_and_gate_weighting_scales_by_their_probab
     torch.testing.assert_close(gated, straight * top_p.sum(-1, keepdim=True), atol=1e-6, rtol=1e-6)
 
 
-def test_the_legacy_bert_config_takes_a_rank():
+def test_the_bert_config_takes_a_rank():
     from hf_taskmoe import BertTaskMoEConfig
 
     config = BertTaskMoEConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
