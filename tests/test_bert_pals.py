@@ -5,7 +5,7 @@ from transformers import AutoConfig, AutoModel, BertConfig, BertModel
 import hf_taskmoe
 from hf_taskmoe import BertPALsConfig, BertWithPALs, TaskSpec, parameter_report
 
-from .conftest import ALL_KINDS, TINY, load_exactly, random_batch
+from .conftest import ALL_KINDS, TINY, random_batch
 from .test_trainer import TASKS, make_trainer
 
 THREE = [

@@ -243,7 +243,7 @@ def test_overwrite_keeps_the_previous_run_until_the_new_one_is_saved(tmp_path, t
     assert not (out / "checkpoint-2").exists()  # the earlier run's checkpoints went with it
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3
     second = load_file(out / "model.safetensors")
-    assert AutoModel.from_pretrained(out).config.model_type == "taskmoe_bert"
+    assert AutoModel.from_pretrained(out).config.model_type == "taskmoe_moe"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")]
 
     # the output folder is a mount point: it cannot be renamed, so the new run is copied in, then the old removed
