@@ -189,8 +189,8 @@ def test_config_refuses_bad_pal_fields_by_name(kwargs, message):
 
 def test_the_family_is_registered_and_picked_for_non_bert_checkpoints():
     assert hf_taskmoe.FAMILIES["pals"].model_class is PALsForMultiTask
-    assert family_for("bert_pals", "bert").name == "bert_pals"
-    assert family_for("bert_pals", "deberta-v2").name == "pals"
+    assert family_for("bert_pals", "bert").model_class is BertWithPALs  # the family's BERT variant
+    assert family_for("bert_pals", "deberta-v2").model_class is PALsForMultiTask
     assert family_for("pals", "modernbert").name == "pals"
     config = PALsConfig(dense_config=dense_config("distilbert"), tasks=TASKS)
     assert config.pal_attention_dropout_rate == 0.0 and config.hidden_size == 16
