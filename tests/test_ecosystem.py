@@ -172,7 +172,7 @@ def test_bert_large_shaped_mttag_saves_sharded_and_loads_lazily_onto_a_device(tm
     before = int(open("/proc/self/statm").read().split()[1]) * 4096
     loaded = AutoModel.from_pretrained(tmp_path, dtype=torch.bfloat16, device_map="cpu")
     grown = int(open("/proc/self/statm").read().split()[1]) * 4096 - before
-    assert type(loaded) is BertForTaskMoE and loaded.device.type == "cpu"
+    assert type(loaded).__name__ == "TaskMoEForMultiTask" and loaded.device.type == "cpu"  # the family's model
     assert grown < 0.5 * total * 2, (
         f"resident memory grew by {grown / 2**20:.0f} MB for {total * 2 / 2**20:.0f} MB of weights"
     )
