@@ -208,7 +208,7 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
     # built as BartTaskRouted, loaded by AutoModel as the task-routing family's seq2seq model it is
     assert type(model) is TaskRoutedForSeq2SeqLM and model.config.dense_config.model_type == "bart"
     assert model.config.num_experts == 3 and len(model.config.route_names) == 4
-    assert model.config.decoder_start_token_id == 101  # [CLS] of the BERT vocabulary
+    assert model.config.dense_config.decoder_start_token_id == 101  # [CLS] of the BERT vocabulary
     card = ModelCard.load(tmp_path / "out" / "README.md")
     assert "Task-level MoE over BART" in card.content and "evaluation examples per expert" in card.content
     metric_keys = [f"eval_{t.name}_{m}" for t in model.config.task_specs for m in t.metrics]
