@@ -483,8 +483,8 @@ BAD_INPUTS = {
             t, "noweights", json.loads((d / "config.json").read_text())))], r"cannot load the checkpoint's weights"),
     "no such tokenizer": (lambda t, d: ["--tokenizer_name", str(t / "nope")], r"--tokenizer_name .*: no such folder"),
     "an unknown family": (lambda t, d: ["--model_family", "nope"],
-                          r"families built from a dense checkpoint \[.*'bert_taskmoe'.*\] or a method name "
-                          r"\[.*'mt-tag'.*\], got 'nope'"),
+                          r"families built from a dense checkpoint \[.*'taskmoe'.*\] or another name of one "
+                          r"\[.*'bert_taskmoe'.*'mt-tag'.*\], got 'nope'"),
     "max_seq_length 0": (lambda t, d: ["--max_seq_length", "0"], r"`max_seq_length` must be an integer >= 1, got 0"),
     "max_seq_length beyond the positions": (lambda t, d: ["--max_seq_length", "4096"], r"exceeds the 512 positions"),
     "max_train_samples 0": (lambda t, d: ["--max_train_samples", "0"], r"`max_train_samples` must be an integer"),
