@@ -1,7 +1,7 @@
 """hf_taskmoe: multi-task learning for Hugging Face Transformers.
 
 Importing the package registers every family (`hf_taskmoe.models.registry`): its config with `AutoConfig` and
-its model with `AutoModel` (BartTaskRouted also with `AutoModelForSeq2SeqLM`), and the pipelines, so
+its model with `AutoModel` (the seq2seq models also with `AutoModelForSeq2SeqLM`), and the pipelines, so
 `AutoModel.from_pretrained(<a saved hf_taskmoe model>)` works like for any built-in model. The other public names
 (`__all__`) load on first use (PEP 562 `__getattr__`), so analysis, training and their dependencies are not
 imported until asked for.
@@ -36,27 +36,24 @@ def _lazy_exports(package: str, table: dict[str, tuple[str, ...]]):
 # AutoConfig / AutoModel, `pipelines` registers the pipelines (noqa: imported for that effect, below the helper).
 from . import models, pipelines  # noqa: E402, F401
 
+#: what a user types: the papers' classes and each family's generic ones, tasks, upcycling, the Trainer, export and
+#: analysis, and what an extension declares (a family, a backbone); the rest is in the submodules
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    ".models": ("FAMILIES", "Family", "family_for", "family_of", "get_family", "register_family"),
-    ".backbones": ("Backbone", "FFNSite", "backbone_names", "register_backbone"),
-    ".tasks": ("PROBLEM_TYPES", "TaskSpec", "parse_tasks"),
-    ".models.task_moe": ("BertTaskMoEConfig", "BertForTaskMoE", "BertTaskMoEModel", "TaskMoEOutput", "TaskMoEConfig",
-                         "TaskMoEForMultiTask"),
-    ".models.pals": ("PALsConfig", "PALsForMultiTask"),
-    ".models.pals.legacy": ("BertPALsConfig", "BertWithPALs", "BertPALsModel"),
-    ".models.camtl": ("CAMTLBackboneConfig", "CAMTLBertModel", "CAMTLConfig", "CAMTLForMultiTask", "CAMTLModel"),
+    ".models": ("FAMILIES", "Family", "register_family"),
+    ".backbones": ("Backbone", "FFNSite", "register_backbone"),
+    ".tasks": ("TaskSpec", "parse_tasks"),
+    ".models.task_moe": ("BertTaskMoEConfig", "BertForTaskMoE", "TaskMoEConfig", "TaskMoEForMultiTask"),
+    ".models.pals": ("BertPALsConfig", "BertWithPALs", "PALsConfig", "PALsForMultiTask"),
+    ".models.camtl": ("CAMTLConfig", "CAMTLModel", "CAMTLBackboneConfig", "CAMTLForMultiTask"),
     ".models.mmoe": ("MMoEConfig", "MMoEModel"),
-    ".models.task_routing": ("TaskRoutedLMConfig", "TaskRoutedForCausalLM", "TaskRoutedSeq2SeqConfig",
-                             "TaskRoutedForSeq2SeqLM", "BartTaskRoutedConfig", "BartTaskRouted", "bart_from_bert"),
-    ".modeling_utils": ("MultiTaskModelOutput",),
-    ".layers.heads": ("MultiTaskHeads",),
-    ".layers.moe": ("TaskMoE",),
-    ".upcycling": ("UpcyclingReport", "upcycle"),
-    ".onnx_export": ("export_onnx",),
+    ".models.task_routing": ("BartTaskRoutedConfig", "BartTaskRouted", "TaskRoutedLMConfig", "TaskRoutedForCausalLM",
+                             "TaskRoutedSeq2SeqConfig", "TaskRoutedForSeq2SeqLM", "bart_from_bert"),
+    ".upcycling": ("upcycle",),
+    ".training": ("MultiTaskTrainer", "MultiTaskTrainingArguments"),
+    ".onnx_export": ("export_onnx", "export_program"),
     ".lora_export": ("export_task_adapters",),
-    ".analysis": ("ParameterReport", "parameter_report", "RoutingStatistics"),
-    ".pipelines": ("PIPELINE_TASK", "MultiTaskTextClassificationPipeline", "MultiTaskText2TextGenerationPipeline",
-                   "TEXT2TEXT_PIPELINE_TASK"),
+    ".analysis": ("parameter_report", "RoutingStatistics"),
+    ".pipelines": ("MultiTaskTextClassificationPipeline", "MultiTaskText2TextGenerationPipeline"),
 }
 
 __all__ = [name for names in _EXPORTS.values() for name in names]

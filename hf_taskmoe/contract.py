@@ -12,8 +12,7 @@ parameter-role question from there and nowhere else:
 
 A family whose parameters hold several modules' weights stacked on a leading axis (MT-TaG's `ExpertBank`: one
 tensor per kind of expert weight) declares them as `stacked_weights = (StackedWeight(...), ...)`: upcycling copies a
-dense weight into every slice, and `from_pretrained` stacks a checkpoint of an earlier release, which kept one
-module per slice.
+dense weight into every slice.
 
 The hooks (defaults on `MultiTaskPreTrainedModel`; a family overrides what it needs):
 
@@ -142,26 +141,9 @@ def parameter_roles_of(model: nn.Module) -> ParameterRoles:
 @dataclass(frozen=True)
 class StackedWeight:
     """Parameters stored with a leading axis of slices (one per expert): `pattern` (`re.fullmatch` on a parameter's
-    name) names them; `legacy`, where there is one, is the template of slice `i`'s own name in checkpoints of
-    releases that kept one module per slice (the pattern's groups as in `re.Match.expand`, then `{index}`): PALs'
-    `PAL_WEIGHTS` (`hf_taskmoe.layers.pals`) map a fused `qkv` to its `query`, `key` and `value`."""
+    name) names them."""
 
     pattern: str
-    legacy: str | None = None
-    #: the slices' own names in the old layout, in order (`{index}` then takes these instead of 0, 1, ...), e.g. a
-    #: fused projection's `("query", "key", "value")`, whose parameter may hold them concatenated on its first axis
-    #: (`(3s, s)`: the stack of three `(s, s)` viewed)
-    slice_names: tuple[str, ...] | None = None
-
-    def legacy_names(self, name: str, slices: int) -> list[str] | None:
-        """The old names of `name`'s slices, or None when `name` is not one of these parameters or they had none."""
-        match = re.fullmatch(self.pattern, name) if self.legacy is not None else None
-        if match is None:
-            return None
-        template = match.expand(self.legacy)
-        if self.slice_names is not None and len(self.slice_names) != slices:
-            return None
-        return [template.format(index=self.slice_names[i] if self.slice_names else i) for i in range(slices)]
 
 
 def is_stacked(model: nn.Module, name: str) -> bool:

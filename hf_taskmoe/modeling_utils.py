@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import zlib
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from transformers import PreTrainedModel
@@ -94,7 +92,7 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = False
     #: whether this class keeps `task_fingerprint` (the family's task model; not its bare encoder)
     records_task_order = False
-    #: parameters stored stacked, one slice per expert (upcycled slice by slice; stacked from older checkpoints)
+    #: parameters stored stacked, one slice per expert (upcycled slice by slice)
     stacked_weights: tuple[StackedWeight, ...] = ()
 
     def __init_subclass__(cls, **kwargs):
@@ -127,16 +125,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         if module is self and getattr(self, "task_fingerprint", None) is not None:
             init.copy_(self.task_fingerprint, task_fingerprint(self.config.task_names))
 
-    #: weight names of an earlier layout of this class -> today's (regex -> replacement, applied in turn): a class
-    #: whose layout changed (the BERT-only classes folded into the backbone-generic ones) declares it, and
-    #: `from_pretrained` passes it to transformers' `key_mapping` (before the caller's). No name of today's layout may
-    #: match a pattern (tested for each class), so a checkpoint of either layout loads.
-    checkpoint_key_mapping: ClassVar[dict[str, str]] = {}
-
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """transformers' `save_pretrained`, always writing today's layout: a model loaded through a `key_mapping`
-        would by default be saved with the renaming reversed (`save_original_format=True`), which for a many-to-one
-        mapping gives neither layout.
+        """transformers' `save_pretrained`.
 
         Atomic: the model is written into a temporary folder beside `save_directory` and swapped in once complete
         (`hf_taskmoe.folder_swap`), so a process killed at any moment of the save leaves the earlier model or the new
@@ -148,8 +138,6 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         writes)."""
         from .folder_swap import write_then_swap
 
-        if self.checkpoint_key_mapping:
-            kwargs.setdefault("save_original_format", False)
         is_main_process = args[0] if args else kwargs.get("is_main_process", True)
         if (
             not is_main_process
@@ -185,8 +173,6 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
             args = (loadable_path(args[0]), *args[1:])
         elif "pretrained_model_name_or_path" in kwargs:
             kwargs["pretrained_model_name_or_path"] = loadable_path(kwargs["pretrained_model_name_or_path"])
-        if cls.checkpoint_key_mapping:
-            kwargs["key_mapping"] = {**cls.checkpoint_key_mapping, **(kwargs.get("key_mapping") or {})}
         wants_info = kwargs.get("output_loading_info", False)
         opted_in = bool(kwargs.get("ignore_mismatched_sizes", False))
         # transformers raises a bare RuntimeError ("look at the above report") on a shape mismatch: let it load, and
@@ -195,7 +181,6 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
             *args, **{**kwargs, "output_loading_info": True, "ignore_mismatched_sizes": True}
         )
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        model._stack_legacy_weights(info, source, kwargs)
         # no checkpoint (`from_pretrained(None, config=..., state_dict=...)`): no config.json describes weights on
         # file, the caller hands both over; as in transformers, what the state dict lacks is initialised
         # (`_init_weights`) and listed in the loading info
@@ -207,52 +192,6 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         model._check_task_order(saved="task_fingerprint" not in not_loaded)
         model._after_load()
         return (model, info) if wants_info else model
-
-    @torch.no_grad()
-    def _stack_legacy_weights(self, info: dict, source, kwargs: dict) -> None:
-        """A checkpoint of an earlier release keeps one tensor per expert where this model stacks them
-        (`stacked_weights`): transformers reports the stacked weight missing and the per-expert ones unexpected.
-        Stack those from the checkpoint's files into the model and take them off both lists."""
-        missing, unexpected = info.get("missing_keys"), info.get("unexpected_keys")
-        if not (self.stacked_weights and missing and unexpected):
-            return
-        found, partial, present, on_file = {}, {}, {}, set(unexpected)
-        for name in missing:
-            for stacked in self.stacked_weights:
-                if re.fullmatch(stacked.pattern, name):
-                    slices = len(stacked.slice_names) if stacked.slice_names else self.get_parameter(name).shape[0]
-                    old = stacked.legacy_names(name, slices)
-                    if old and all(key in on_file for key in old):
-                        found[name] = old
-                    elif old and any(key in on_file for key in old):  # some experts' tensors on file, not all
-                        partial[name] = [key for key in old if key not in on_file]
-                        present[name] = [key for key in old if key in on_file]
-                    break
-        if partial and not kwargs.get("ignore_mismatched_sizes", False):
-            absent = [key for keys in partial.values() for key in keys]
-            # the file(s) holding the other experts' tensors of those weights: where the missing ones belong
-            files = _weights_file_names(source, kwargs, [key for keys in present.values() for key in keys])
-            raise ValueError(
-                f"Cannot load {type(self).__name__} from {source}: the checkpoint keeps one tensor per expert, and "
-                f"{len(absent)} of them {'is' if len(absent) == 1 else 'are'} not on file ({', '.join(absent[:6])}"
-                f"{' ...' if len(absent) > 6 else ''}: not in {', '.join(files)}), "
-                f"so {', '.join(sorted(partial)[:4])}{' ...' if len(partial) > 4 else ''} cannot be stacked (a weights "
-                "file cut short, or a config.json whose `num_experts` is not the checkpoint's). Restore the weights "
-                "saved with this config.json; to load anyway with those weights freshly initialised, pass "
-                "ignore_mismatched_sizes=True."
-            )
-        if not found:
-            return
-        tensors = _checkpoint_tensors(source, kwargs, [key for old in found.values() for key in old])
-        for name, old in found.items():
-            parameter = self.get_parameter(name)
-            # stacked on a new leading axis; a fused projection's (e.g. `(3s, s)`) is the same values viewed
-            parameter.copy_(torch.stack([tensors[key] for key in old]).view_as(parameter).to(parameter.dtype))
-        done = {key for old in found.values() for key in old}
-        info["missing_keys"] = type(missing)(k for k in missing if k not in found)
-        info["unexpected_keys"] = type(unexpected)(k for k in unexpected if k not in done)
-        logger.info(f"{type(self).__name__} from {source}: stacked {len(done)} per-expert weights of an earlier "
-                    f"release's layout into {len(found)} weights ({', '.join(sorted(found)[:4])}, ...).")
 
     @staticmethod
     def _saved_as_another_model(source, kwargs: dict, config) -> bool:
@@ -433,80 +372,6 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
                 )
         prepared = self.heads.check_inputs(task_rows, seq, labels, span_positions, check_values)
         return task_ids, task_rows, prepared if labels is not None else None
-
-
-def _renamed(name: str, key_mapping: dict[str, str] | None) -> str:
-    """`name` through `from_pretrained`'s `key_mapping` (each pattern in turn, as transformers chains renamings)."""
-    for pattern, replacement in (key_mapping or {}).items():
-        name = re.sub(pattern, replacement, name, count=1)
-    return name
-
-
-def _weights_file_names(source, kwargs: dict, names: list[str]) -> list[str]:
-    """The names of checkpoint `source`'s safetensors files that hold `names` (the model's names, after
-    `key_mapping`), for a message: the shards its index assigns them to, else its one weights file."""
-    import json
-    from pathlib import Path
-
-    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
-
-    hub = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
-    try:
-        index = cached_file(str(source), SAFE_WEIGHTS_INDEX_NAME, **hub)
-    except OSError:
-        index = None
-    if not index:
-        return [SAFE_WEIGHTS_NAME]
-    with open(index) as f:
-        weight_map = {_renamed(k, kwargs.get("key_mapping")): v for k, v in json.load(f)["weight_map"].items()}
-    return sorted({Path(weight_map[n]).name for n in names if n in weight_map}) or [SAFE_WEIGHTS_INDEX_NAME]
-
-
-def _checkpoint_tensors(source, kwargs: dict, names: list[str]) -> dict[str, torch.Tensor]:
-    """Tensors `names` from the safetensors file(s) of checkpoint `source` (a directory or a Hub repo id, resolved
-    with transformers' `cached_file`: a Hub checkpoint is already in the cache after its load). `names` are the
-    model's, after `from_pretrained`'s `key_mapping` (`kwargs`): the files' own names are mapped likewise."""
-    mapping = kwargs.get("key_mapping")
-    import json
-    from pathlib import Path
-
-    from safetensors import safe_open
-    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, cached_file
-
-    hub = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs}
-    try:
-        index = cached_file(str(source), SAFE_WEIGHTS_INDEX_NAME, **hub)
-    except OSError:
-        index = None
-    if index:
-        with open(index) as f:
-            weight_map = {_renamed(k, mapping): v for k, v in json.load(f)["weight_map"].items()}
-        absent = [name for name in names if name not in weight_map]
-        if absent:
-            raise ValueError(f"Cannot load from {source}: {SAFE_WEIGHTS_INDEX_NAME} lists no file for the tensor(s) "
-                             f"{absent[:6]}; the checkpoint is incomplete. Restore its weights files and index.")
-        files = {name: cached_file(str(source), weight_map[name], **hub) for name in names}
-    else:
-        try:
-            path = cached_file(str(source), SAFE_WEIGHTS_NAME, **hub)
-        except OSError:
-            raise ValueError(
-                f"Cannot load from {source}: its per-expert tensors (an earlier release's layout) are stacked from "
-                f"safetensors files only, and it has no {SAFE_WEIGHTS_NAME}. Save it again as safetensors (load it "
-                "with the release that wrote it, then save_pretrained)."
-            ) from None
-        files = dict.fromkeys(names, path)
-    tensors = {}
-    for path in set(files.values()):
-        with safe_open(path, framework="pt") as f:
-            on_file = {_renamed(k, mapping): k for k in f.keys()}
-            absent = [name for name, p in files.items() if p == path and name not in on_file]
-            if absent:
-                raise ValueError(f"Cannot load from {source}: {Path(path).name} holds no tensor {absent[0]!r}"
-                                 f"{f' (and {len(absent) - 1} more)' if len(absent) > 1 else ''}, which its index "
-                                 "names; the file was cut short or replaced. Restore the checkpoint's weights files.")
-            tensors.update({name: f.get_tensor(on_file[name]) for name, p in files.items() if p == path})
-    return tensors
 
 
 def heads_to_output_fields(heads_out: HeadsOutput) -> dict:

@@ -12,13 +12,10 @@ import re
 
 import torch
 
-from hf_taskmoe import BertWithPALs
-
 KeyMap = list[tuple[str, str]]
 
-#: `BertWithPALs` of earlier releases -> `PALsForMultiTask` (the PALs move out of the encoder; BERT's modules move
-#: under `backbone.`): the map the class now declares and applies on load (identity on names of the new layout)
-PALS_KEYS: KeyMap = list(BertWithPALs.checkpoint_key_mapping.items())
+#: `BertWithPALs` -> `PALsForMultiTask`: the same names
+PALS_KEYS: KeyMap = []
 
 
 def renamed(name: str, keys: KeyMap) -> str:

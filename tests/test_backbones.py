@@ -56,8 +56,9 @@ def test_an_undeclared_architecture_is_refused_listing_the_declared_ones():
 
 
 def test_family_for_picks_the_family_that_takes_the_checkpoint():
-    assert family_for("bert_taskmoe", "bert").name == "bert_taskmoe"
-    assert family_for("bert_taskmoe", "roberta").name == "taskmoe"
+    assert family_for("bert_taskmoe", "bert").model_class.__name__ == "BertForTaskMoE"  # the family's BERT variant
+    assert family_for("bert_taskmoe", "roberta").model_class is TaskMoEForMultiTask
+    assert family_for("taskmoe", "bert").name == family_for("bert_taskmoe", "roberta").name == "taskmoe"
     assert family_for("mt-tag", "modernbert").name == "taskmoe"
     with pytest.raises(ValueError, match="cannot be built from a 'gpt2' checkpoint; it supports the model types"):
         family_for("bert_taskmoe", "gpt2")

@@ -52,10 +52,10 @@ class TestCAMTLOnEveryEncoder(FamilyContract):
 
 
 def test_the_family_is_registered_for_every_encoder():
-    family = hf_taskmoe.FAMILIES["camtl_any"]
+    family = hf_taskmoe.FAMILIES["camtl"]
     assert family.model_class is CAMTLForMultiTask and family.method == "ca-mtl"
-    assert family_for("ca-mtl", "roberta") is family and family_for("camtl", "modernbert") is family
-    assert family_for("camtl", "bert").name == "camtl"  # BERT keeps CAMTLModel
+    assert family_for("ca-mtl", "roberta") is family and family_for("camtl_any", "modernbert") is family
+    assert family_for("camtl", "bert").model_class.__name__ == "CAMTLModel"  # BERT keeps CAMTLModel
 
 
 def test_conditional_attention_is_refused_on_deberta_v2_naming_the_alternative():

@@ -20,6 +20,7 @@ from hf_taskmoe import (
     TaskMoEForMultiTask,
     TaskSpec,
 )
+from hf_taskmoe.models import family_of
 
 from .backbone_matrix import dense_config
 
@@ -50,8 +51,8 @@ def test_the_pipeline_serves_each_method_on_each_backbone_by_path(method, arch, 
     model = _model(method, arch)
     model.save_pretrained(tmp_path)
     AutoTokenizer.from_pretrained(minilm).save_pretrained(tmp_path)
-    pipe = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(tmp_path))
-    assert type(pipe.model) is type(model)
+    pipe = pipeline(hf_taskmoe.pipelines.PIPELINE_TASK, model=str(tmp_path))
+    assert type(pipe.model) is family_of(model.config.model_type).model_class  # what the model_type loads as
     got = pipe(["a fine film", "a dull one"], task="sst2")
     enc = pipe.tokenizer(["a fine film", "a dull one"], padding=True, return_tensors="pt")
     with torch.no_grad():

@@ -124,10 +124,10 @@ def test_pal_site_attention_starts_as_the_dense_model(arch):
 
 
 def test_on_bert_it_computes_what_bert_with_pals_computes():
-    """The same weights in `BertWithPALs` (the legacy name: a flat BERT config, `classifier_pooling` given) and in
+    """The same weights in `BertWithPALs` (the paper's name: a flat BERT config, `classifier_pooling` given) and in
     `PALsForMultiTask`: the same hidden states and logits, padded mixed batch. (Until it was folded into
     `PALsForMultiTask`, `BertWithPALs` re-implemented BERT's layers around eq. 7; what that implementation computed
-    is kept in `tests/fixtures/legacy/bert_pals` and checked by `tests/test_legacy_checkpoints.py`.)"""
+    is kept in `tests/fixtures/pals_reference` and checked by `tests/test_pals_equivalence.py`.)"""
     torch.manual_seed(0)
     dense = dense_config("bert")
     reference = BertWithPALs(BertPALsConfig(**dense.to_dict(), tasks=[t.to_dict() for t in TASKS],
@@ -189,8 +189,8 @@ def test_config_refuses_bad_pal_fields_by_name(kwargs, message):
 
 def test_the_family_is_registered_and_picked_for_non_bert_checkpoints():
     assert hf_taskmoe.FAMILIES["pals"].model_class is PALsForMultiTask
-    assert family_for("bert_pals", "bert").name == "bert_pals"
-    assert family_for("bert_pals", "deberta-v2").name == "pals"
+    assert family_for("bert_pals", "bert").model_class is BertWithPALs  # the family's BERT variant
+    assert family_for("bert_pals", "deberta-v2").model_class is PALsForMultiTask
     assert family_for("pals", "modernbert").name == "pals"
     config = PALsConfig(dense_config=dense_config("distilbert"), tasks=TASKS)
     assert config.pal_attention_dropout_rate == 0.0 and config.hidden_size == 16

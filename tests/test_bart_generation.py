@@ -138,7 +138,8 @@ def test_tiny_model_overfits_every_path(name, convention, tokenizers, tmp_path):
     assert [o["generated_text"] for o in out] == targets
     model.save_pretrained(tmp_path)
     again = AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
-    assert type(again) is BartTaskRouted and generate(again, tokenizer) == targets
+    # the task-routing family's seq2seq model (BartTaskRouted's config has its model_type), the same generations
+    assert type(again).__name__ == "TaskRoutedForSeq2SeqLM" and generate(again, tokenizer) == targets
 
 
 def test_targets_never_begin_with_the_start_token(tokenizers):

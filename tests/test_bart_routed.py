@@ -244,7 +244,8 @@ def test_save_load_auto_round_trip(tmp_path):
     model = routed("gumbel_softmax_st", freeze_task_embeddings=True)
     model.save_pretrained(tmp_path)
     again = AutoModel.from_pretrained(tmp_path)
-    assert type(again) is BartTaskRouted and not again.router.task_embeddings.weight.requires_grad
+    # a saved BartTaskRouted is the task-routing family's seq2seq model (its config has that model_type)
+    assert type(again).__name__ == "TaskRoutedForSeq2SeqLM" and not again.router.task_embeddings.weight.requires_grad
     assert not again.router.disabled.any()
     b = batch()
     with torch.no_grad():
@@ -372,23 +373,30 @@ def test_task_representations(minilm_tokenizer):
     assert torch.equal(model.router.task_embeddings.weight.detach(), fisher)
 
 
-def test_a_checkpoint_of_the_earlier_layout_loads_and_saves_again(tmp_path):
-    """`BartTaskRouted.from_pretrained` converts an earlier checkpoint's names (`model.*` -> `backbone.model.*`,
-    `LEGACY_BART_KEYS`); saved again, transformers writes the names it loaded (its `save_original_format`), and
-    that file loads back to the same tensors, as does one saved without the original format."""
-    from pathlib import Path
+def test_a_saved_bart_task_routed_loads_through_auto_as_the_seq2seq_model_that_generates_the_same(tmp_path):
+    """`BartTaskRoutedConfig` has the seq2seq model's `model_type`: `AutoModelForSeq2SeqLM` loads a saved
+    `BartTaskRouted` as the `TaskRoutedForSeq2SeqLM` it is, with the generation config it saved, so it generates what
+    the class itself loads and generates (greedy and beam search, mixed tasks)."""
+    from transformers import AutoModelForSeq2SeqLM
 
-    from safetensors.torch import load_file
+    from hf_taskmoe import TaskRoutedForSeq2SeqLM
 
-    legacy = Path(__file__).parent / "fixtures" / "legacy" / "bart_task_routed"
-    model = BartTaskRouted.from_pretrained(legacy)
-    assert "backbone.model.encoder.layers.0.experts.0.fc1.weight" in model.state_dict()
-    for original in (True, False):
-        folder = tmp_path / str(original)
-        model.save_pretrained(folder, save_original_format=original)
-        saved = load_file(folder / "model.safetensors")
-        assert ("model.encoder.layers.0.experts.0.fc1.weight" in saved) is original
-        again = AutoModel.from_pretrained(folder)
-        assert type(again) is BartTaskRouted
-        state = again.state_dict()
-        assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    torch.manual_seed(0)
+    tasks = [TaskSpec(name="a", problem_type="seq2seq"), TaskSpec(name="b", problem_type="seq2seq")]
+    config = BartTaskRoutedConfig(tasks=tasks, num_experts=2, vocab_size=60, d_model=16, encoder_layers=1,
+                                  decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_attention_heads=2,
+                                  decoder_attention_heads=2, max_position_embeddings=40)
+    model = BartTaskRouted(config).eval()
+    with torch.no_grad():  # experts and routes that differ, as training would leave them
+        for name, p in model.named_parameters():
+            if ".experts." in name or name.startswith("router."):
+                p.add_(torch.randn_like(p) * 0.5)
+    model.save_pretrained(tmp_path)
+    own, auto = BartTaskRouted.from_pretrained(tmp_path).eval(), AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(own) is BartTaskRouted and type(auto) is TaskRoutedForSeq2SeqLM
+    assert own.generation_config.to_diff_dict() == auto.generation_config.to_diff_dict()
+    ids, task_ids = torch.randint(3, 60, (4, 7)), torch.tensor([0, 1, 0, 1])
+    for beams in (1, 2):
+        torch.testing.assert_close(auto.generate(ids, task_ids=task_ids, max_new_tokens=5, num_beams=beams),
+                                   own.generate(ids, task_ids=task_ids, max_new_tokens=5, num_beams=beams),
+                                   atol=0, rtol=0)

@@ -3,9 +3,9 @@ import torch
 from transformers import AutoConfig, AutoModel, BertConfig, BertModel
 
 import hf_taskmoe
-from hf_taskmoe import BertPALsConfig, BertPALsModel, BertWithPALs, TaskSpec, parameter_report
+from hf_taskmoe import BertPALsConfig, BertWithPALs, TaskSpec, parameter_report
 
-from .conftest import ALL_KINDS, TINY, load_exactly, random_batch
+from .conftest import ALL_KINDS, TINY, random_batch
 from .test_trainer import TASKS, make_trainer
 
 THREE = [
@@ -21,11 +21,10 @@ def pals_config(tasks=THREE, **overrides):
     return BertPALsConfig(tasks=tasks, **kwargs)
 
 
-def encode(model, **batch):
-    """What the heads read: the encoder's output (`last_hidden_state`, `pooler_output`, `hidden_states`). Before
-    `BertWithPALs` became `PALsForMultiTask` with a BERT default it was `model.bert(...)`; now it is the forward of
-    `BertPALsModel` (the same model, returning the encoder's output)."""
-    return BertPALsModel.forward(model, **batch)
+def encode(model, input_ids=None, attention_mask=None, token_type_ids=None, task_ids=None, output_hidden_states=None):
+    """What the heads read: the encoder's output (`last_hidden_state`, `pooler_output`, `hidden_states`),
+    `model.encode`."""
+    return model.encode(input_ids, attention_mask, token_type_ids, None, None, task_ids, None, output_hidden_states)
 
 
 def _model(config=None, seed=0, **overrides):
@@ -148,17 +147,20 @@ def test_save_load_and_auto_round_trip(tmp_path):
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
-    assert type(AutoConfig.from_pretrained(tmp_path)) is BertPALsConfig
-    for loaded in (BertWithPALs.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
-        assert type(loaded) is BertWithPALs
+    # through its class a BertWithPALs; through AutoModel the family's model it is (its config has the family's
+    # model_type), BERT's pooler included: the same numbers either way
+    assert type(AutoConfig.from_pretrained(tmp_path)) is hf_taskmoe.PALsConfig
+    for loaded, cls in ((BertWithPALs.from_pretrained(tmp_path), BertWithPALs),
+                        (AutoModel.from_pretrained(tmp_path), hf_taskmoe.PALsForMultiTask)):
+        assert type(loaded) is cls
         assert loaded.config.pal_groups == model.config.pal_groups and loaded.config.pal_layers == [0]
         with torch.no_grad():
             a, b = model(**batch), loaded.eval()(**batch)
         for name in a.task_logits:
             torch.testing.assert_close(a.task_logits[name], b.task_logits[name], atol=1e-6, rtol=0)
-    base = BertPALsModel.from_pretrained(tmp_path).eval()
+    base = BertWithPALs.from_pretrained(tmp_path).eval()
     with torch.no_grad():
-        torch.testing.assert_close(base(**batch).last_hidden_state, encode(model, **batch).last_hidden_state)
+        torch.testing.assert_close(encode(base, **batch).last_hidden_state, encode(model, **batch).last_hidden_state)
 
 
 def test_add_task_copies_pals_of_a_related_task(tmp_path):
@@ -243,8 +245,10 @@ def test_bad_config_values_raise_naming_the_field(overrides, message):
 
 
 def test_registration_and_family_name():
-    assert BertPALsConfig.model_type == "taskmoe_bert_pals"
-    assert hf_taskmoe.models.FAMILIES["bert_pals"].model_class is BertWithPALs
+    # the paper's BERT class is a variant of the PALs family, saved as the family's model_type
+    assert BertPALsConfig.model_type == hf_taskmoe.PALsConfig.model_type == "taskmoe_pals"
+    assert hf_taskmoe.models.get_family("bert_pals") is hf_taskmoe.models.FAMILIES["pals"]
+    assert hf_taskmoe.models.family_for("bert_pals", "bert").model_class is BertWithPALs
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
@@ -288,39 +292,6 @@ def test_per_group_and_batched_dispatch_compute_the_same_step(family):
         torch.testing.assert_close(batched_grads[name], grad, atol=1e-5, rtol=1e-4)  # summed in another order
     with pytest.raises(ValueError, match="pal_dispatch"):
         BertPALsConfig(tasks=tasks, pal_dispatch="grouped", **TINY)
-
-
-EARLIER_LAYOUT = {r"^backbone\.": "bert.", r"^pals\.": "bert.pals."}  # BertWithPALs before it was PALsForMultiTask
-
-
-@pytest.mark.parametrize("layout", ["current", "earlier"])
-def test_a_checkpoint_with_separate_query_key_value_loads_into_the_fused_projection(tmp_path, layout):
-    """Releases before the fused `qkv` saved each PAL attention's `query` / `key` / `value` as three `(s, s)`
-    weights: such a checkpoint loads, the three concatenated in that order, and computes what the saved model did --
-    also with the rest of those releases' layout (the encoder under `bert.`, the PALs under `bert.pals.`)."""
-    import re
-
-    from safetensors.torch import load_file, save_file
-
-    torch.manual_seed(0)
-    model = BertWithPALs(pals_config(pal_decoder_init="normal")).eval()
-    model.save_pretrained(tmp_path)
-    old = {}
-    for name, tensor in load_file(tmp_path / "model.safetensors").items():
-        if layout == "earlier":
-            for pattern, replacement in EARLIER_LAYOUT.items():
-                name = re.sub(pattern, replacement, name, count=1)
-        if name.endswith(".qkv.weight"):
-            for part, chunk in zip(("query", "key", "value"), tensor.chunk(3)):
-                old[name.replace(".qkv.", f".{part}.")] = chunk.clone()
-        else:
-            old[name] = tensor
-    assert any(name.endswith(".attention.1.2.value.weight") for name in old)
-    save_file(old, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    loaded = load_exactly(model, tmp_path)
-    batch = random_batch(model.config)
-    with torch.no_grad():
-        torch.testing.assert_close(loaded.eval()(**batch).loss, model(**batch).loss, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dispatch", ["batched", "per_group"])

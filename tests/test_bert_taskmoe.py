@@ -6,7 +6,7 @@ import transformers
 from transformers import AutoConfig, AutoModel, BertConfig, BertModel
 
 import hf_taskmoe
-from hf_taskmoe import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel, TaskSpec
+from hf_taskmoe import BertForTaskMoE, BertTaskMoEConfig, TaskSpec
 
 from .conftest import ALL_KINDS, TINY, random_batch, tiny_config
 
@@ -88,24 +88,27 @@ def test_save_load_round_trip_exact(tmp_path):
     batch = random_batch(model.config, task_ids=torch.tensor([0, 1, 2, 0, 1, 2]))
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists() and not list(tmp_path.glob("*.bin"))
-    for loaded in (BertForTaskMoE.from_pretrained(tmp_path), AutoModel.from_pretrained(tmp_path)):
-        assert type(loaded) is BertForTaskMoE
+    # through its class a BertForTaskMoE; through AutoModel the family's model it is (its config has the family's
+    # model_type), BERT's pooler included: the same numbers either way
+    for loaded, cls in ((BertForTaskMoE.from_pretrained(tmp_path), BertForTaskMoE),
+                        (AutoModel.from_pretrained(tmp_path), hf_taskmoe.TaskMoEForMultiTask)):
+        assert type(loaded) is cls
         assert loaded.config.task_specs == model.config.task_specs
         assert loaded.config.gating == "shared" and loaded.config.moe_layers == [1]
         with torch.no_grad():
             a, b = model(**batch), loaded.eval()(**batch)
         for name in a.task_logits:
             torch.testing.assert_close(a.task_logits[name], b.task_logits[name], atol=1e-5, rtol=0)
-    assert type(AutoConfig.from_pretrained(tmp_path)) is BertTaskMoEConfig
+    assert type(AutoConfig.from_pretrained(tmp_path)) is hf_taskmoe.TaskMoEConfig
 
 
 def test_base_model_loads_from_full_checkpoint(tmp_path):
     model = _model()
     model.save_pretrained(tmp_path)
-    base = BertTaskMoEModel.from_pretrained(tmp_path).eval()
+    base = BertForTaskMoE.from_pretrained(tmp_path).eval()
     batch = random_batch(model.config)
     with torch.no_grad():
-        encoded = base(**batch)
+        encoded = base.encode(**batch)  # the encoder's output, the heads not run
         full = model(**batch, output_hidden_states=True)
     torch.testing.assert_close(encoded.last_hidden_state, full.hidden_states[-1])
     assert encoded.pooler_output.shape == (6, 32)
@@ -115,15 +118,16 @@ def test_mt_dense_equals_transformers_bert():
     torch.manual_seed(0)
     bert_config = BertConfig(**TINY)
     bert = BertModel(bert_config).eval()
-    # the bare encoder's name: the encoder's output (pooled sequence included)
-    model = BertTaskMoEModel.from_dense(bert, tasks=[TaskSpec(name="a", num_labels=2)], num_experts=1).eval()
+    model = BertForTaskMoE.from_dense(bert, tasks=[TaskSpec(name="a", num_labels=2)], num_experts=1).eval()
     batch = random_batch(model.config, task_ids=torch.zeros(6, dtype=torch.long))
     with torch.no_grad():
         expected = bert(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
             token_type_ids=batch["token_type_ids"], output_hidden_states=True,
         )
-        got = model(**batch, output_hidden_states=True)
+        # the encoder's output (pooled sequence included)
+        got = model.encode(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], None, None,
+                           batch["task_ids"], None, True)
     for e, g in zip(expected.hidden_states, got.hidden_states, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
     torch.testing.assert_close(got.pooler_output, expected.pooler_output, atol=1e-5, rtol=0)
@@ -249,8 +253,12 @@ def test_return_tuple():
 
 def test_registration_uses_prefixed_model_type():
     assert BertTaskMoEConfig.model_type.startswith("taskmoe_")
-    assert isinstance(AutoConfig.for_model("taskmoe_bert", tasks=[{"name": "x", "num_labels": 2}]), BertTaskMoEConfig)
-    assert hf_taskmoe.models.FAMILIES["bert_taskmoe"].model_class is BertForTaskMoE
+    # the paper's BERT class is a variant of the MT-TaG family, saved as the family's model_type
+    assert BertTaskMoEConfig.model_type == hf_taskmoe.TaskMoEConfig.model_type
+    assert type(AutoConfig.for_model(BertTaskMoEConfig.model_type, tasks=[{"name": "x", "num_labels": 2}])) is (
+        hf_taskmoe.TaskMoEConfig)
+    assert hf_taskmoe.models.get_family("bert_taskmoe") is hf_taskmoe.models.FAMILIES["taskmoe"]
+    assert hf_taskmoe.models.family_for("bert_taskmoe", "bert").model_class is BertForTaskMoE
 
 
 def test_flat_bert_fields_live_in_the_dense_config(tmp_path):

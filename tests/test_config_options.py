@@ -19,7 +19,7 @@ MISSPELT = [
     (hf_taskmoe.TaskMoEConfig, "num_expert", "num_experts"),
     (hf_taskmoe.TaskMoEConfig, "gatting", "gating"),
     (hf_taskmoe.BertTaskMoEConfig, "num_expert", "num_experts"),
-    (hf_taskmoe.BertTaskMoEConfig, "hiden_size", "hidden_size"),  # a BERT field, taken flat by the legacy config
+    (hf_taskmoe.BertTaskMoEConfig, "hiden_size", "hidden_size"),  # a BERT field, taken flat by the BERT config
     (hf_taskmoe.PALsConfig, "pal_sise", "pal_size"),
     (hf_taskmoe.BertPALsConfig, "pal_num_head", "pal_num_heads"),
     (hf_taskmoe.CAMTLBackboneConfig, "conditional_atention", "conditional_attention"),

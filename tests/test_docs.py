@@ -96,7 +96,7 @@ def _replace(code: str, old: str, new: str) -> str:
 
 def run_quick_start(code: str, ctx: Context) -> None:
     scope = ctx.run(code, label="quick start")
-    assert type(scope["model"]).__name__ == "BertForTaskMoE"
+    assert type(scope["model"]).__name__ == "TaskMoEForMultiTask"  # a saved BertForTaskMoE is the family's model
     assert set(scope["out"].task_losses) == {"sst2", "stsb", "mnli"}
     folder = ctx.tmp_path / "my-mttag"
     assert (folder / "model.safetensors").exists() and (folder / "tokenizer.json").exists()
@@ -155,8 +155,9 @@ def run_peft(code: str, ctx: Context) -> None:
 
 def run_export(code: str, ctx: Context) -> None:
     scope = ctx.run(code, label="export")
-    assert type(scope["remote"]).__name__ == "BertForTaskMoE"  # hf_taskmoe is imported here: its class wins
-    assert (ctx.tmp_path / "sst2-remote" / "modeling_taskmoe_bert.py").exists()
+    # hf_taskmoe is imported here: the class it registered for the family's model_type wins
+    assert type(scope["remote"]).__name__ == "TaskMoEForMultiTask"
+    assert (ctx.tmp_path / "sst2-remote" / "modeling_taskmoe_moe.py").exists()
 
 
 def run_routing_analytics(code: str, ctx: Context) -> None:

@@ -4,15 +4,15 @@ Every encoder method now runs the dense model's own forward (`hf_taskmoe.models.
 layers report is what the task model reports: the family contract checks the tuples for every family
 (`tests/family_tester.py`), and transformers' own `ModelTesterMixin` checks them again
 (`tests/test_transformers_suite.py`).
-What is left here: the former bare encoders' names (`BertTaskMoEModel`, `CAMTLBertModel`, which return the encoder's
-output) honour a flag passed as an argument over the config's."""
+What is left here: a model's encoder (`encode`, which returns the encoder's output) honours a flag passed as an
+argument over the config's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hf_taskmoe import BertTaskMoEModel
+from hf_taskmoe import BertForTaskMoE
 
 from .conftest import random_batch, tiny_config
 from .test_camtl import _model as camtl_model
@@ -20,18 +20,17 @@ from .test_camtl import _model as camtl_model
 
 def _taskmoe():
     torch.manual_seed(0)
-    return BertTaskMoEModel(tiny_config(num_experts=3)).eval()
+    return BertForTaskMoE(tiny_config(num_experts=3)).eval()
 
 
 def _camtl_large():
-    """CAMTLModel's weights behind its bare encoder's name; the LARGE bottleneck's skip connection after the last layer
-    changes the encoder's output."""
-    from hf_taskmoe import CAMTLBertModel
+    """The LARGE bottleneck's skip connection after the last layer changes the encoder's output."""
+    return camtl_model(conditional_bottleneck="large").eval()
 
-    model = camtl_model(conditional_bottleneck="large")
-    encoder = CAMTLBertModel(model.config)
-    encoder.load_state_dict(model.state_dict())
-    return encoder.eval()
+
+def _encode(model, flags=(), **inputs):
+    return model.encode(inputs["input_ids"], inputs["attention_mask"], inputs["token_type_ids"], None, None,
+                        inputs["task_ids"], *flags)
 
 
 @pytest.mark.parametrize("build", [_taskmoe, _camtl_large], ids=["bert_taskmoe", "camtl_large"])
@@ -42,8 +41,8 @@ def test_flags_off_by_argument_win_over_the_config(build):
     batch = random_batch(encoder.config, task_ids=torch.arange(6) % encoder.config.num_tasks)
     inputs = {k: v for k, v in batch.items() if k != "labels"}
     with torch.no_grad():
-        off = encoder(**inputs, output_hidden_states=False, output_attentions=False)
-        on = encoder(**inputs)
+        off = _encode(encoder, (False, False), **inputs)  # output_attentions, output_hidden_states
+        on = _encode(encoder, **inputs)
     assert off.hidden_states is None and off.attentions is None
     assert len(on.hidden_states) == encoder.config.num_hidden_layers + 1
     assert len(on.attentions) == encoder.config.num_hidden_layers

@@ -7,18 +7,17 @@ and every mapped parameter's gradient; dropout 0), on a padded batch that mixes 
   dispatches, top-1 and top-2, both expert weightings, router losses, MoE in some layers only, MT-Dense
   (`num_experts=1`, where the generic model keeps BERT's own FFN); also the routing outputs. `BertForTaskMoE` is now
   the generic class under its old name, configured by flat BERT fields: these cases check that translation (sizes,
-  pooling, every MoE option); what the BERT-only implementation computed is kept by its saved checkpoint
-  (`test_legacy_checkpoints.py`).
+  pooling, every MoE option); what the BERT-only implementation computed is kept by its saved outputs
+  (`test_mttag_equivalence.py`).
 - CA-MTL: `CAMTLModel` (now a thin name over `CAMTLForMultiTask`) against what the BERT-layer `CAMTLModel` computed
-  before it was deleted (`tests/fixtures/camtl_reference/`, its weights loaded through
-  `CAMTLModel.checkpoint_key_mapping`):
+  before it was deleted (`tests/fixtures/camtl_reference/`):
   BASE and LARGE bottlenecks, with and without conditional attention, alignment and layer norm, frozen or trainable
   bottom layers, and BASE with the FFN's output dropout at p=1 (both add the bottleneck outside that dropout).
 - `BertWithPALs` vs `PALsForMultiTask`: every pooling, both PAL dispatches, shared PAL groups, PALs in some layers
   only, with every task in the batch and with one absent. These passed against the BERT-specific `BertWithPALs`
   before it was folded into `PALsForMultiTask` (commit b859d0a); the class is now `PALsForMultiTask` with a BERT
   default, so they check that its flat BERT config builds the same model, and the old implementation's own numbers
-  are kept in its legacy checkpoint: logits and a training step's gradients (`tests/test_legacy_checkpoints.py`).
+  are kept in `tests/fixtures/pals_reference/`: logits and a training step's gradients (`test_pals_equivalence.py`).
 - `BartTaskRouted` (no generic BART routed class exists yet): with hard routes, a row of task `t` computes what the
   dense BART made of task `t`'s chosen experts computes -- logits, losses and, in a training step with
   straight-through Gumbel routes, the gradient of every expert and shared weight. The reference a generic BART
@@ -90,10 +89,8 @@ def pair(reference_cls, reference_config_cls, model_cls, config_cls, keys, pooli
 
 
 # ---------------------------------------------------------------------- MT-TaG
-#: `BertForTaskMoE`'s declared renaming of the BERT-only layout (BERT's modules under `backbone.`; the MoE in the place
-#: of `intermediate`, `ffn_norm` as `output.LayerNorm`; a dense layer BERT's own FFN): on today's names it renames
-#: nothing, so the two classes must have the same names
-MOE_KEYS = list(BertForTaskMoE.checkpoint_key_mapping.items())
+#: `BertForTaskMoE` and `TaskMoEForMultiTask` have the same names: no renaming
+MOE_KEYS = []
 MOE_CASES = {
     "mt-tag-top1-sorted": dict(num_experts=4),
     "mt-tag-top1-grouped": dict(num_experts=4, experts_implementation="grouped_mm"),
@@ -136,17 +133,29 @@ def test_task_moe_for_multi_task_on_bert_computes_bert_for_task_moe(kwargs):
 #: evaluation outputs and one training step
 CAMTL_REFERENCE = Path(__file__).parent / "fixtures" / "camtl_reference"
 CAMTL_CASES = sorted(p.stem for p in CAMTL_REFERENCE.glob("*.safetensors"))
+#: the BERT-layer class's weight names -> today's (regex -> replacement, applied in turn): its encoder was `bert.`, with
+#: the task embeddings, the alignment and LARGE's skip connection inside it
+CAMTL_KEYS = {
+    r"^bert\.task_embeddings\.": "task_embeddings.",
+    r"^bert\.alignment\.": "alignment.",
+    r"^bert\.encoder\.skip\.": "skip.",
+    r"^bert\.": "backbone.",
+}
 
 
 def camtl_reference(case: str):
-    """`CAMTLModel` built from the config the BERT-layer class had (flat BERT fields) and carrying its weights
-    through `CAMTLModel.checkpoint_key_mapping`; the reference tensors; the name map; the frozen names."""
+    """`CAMTLModel` built from the config the BERT-layer class had (flat BERT fields, and the block count
+    `N = max(1, d // L)` it was built with) and carrying its weights (renamed by `CAMTL_KEYS`); the reference
+    tensors; the name map; the frozen names."""
     path = CAMTL_REFERENCE / f"{case}.safetensors"
     with safe_open(path, "pt") as f:
         meta = f.metadata()
     tensors = load_file(path)
-    model = CAMTLModel(CAMTLConfig.from_dict(json.loads(meta["config"])))
-    keys = list(CAMTLModel.checkpoint_key_mapping.items())
+    config = json.loads(meta["config"])
+    config.setdefault("conditional_attention_blocks",
+                      max(1, config["hidden_size"] // config["conditional_attention_max_length"]))
+    model = CAMTLModel(CAMTLConfig.from_dict(config))
+    keys = list(CAMTL_KEYS.items())
     weights = {k[len("weight."):]: v for k, v in tensors.items() if k.startswith("weight.")}
     names = {name: renamed(name, keys) for name in weights}
     missing, unexpected = model.load_state_dict({names[k]: v for k, v in weights.items()}, strict=False)

@@ -8,6 +8,7 @@ from transformers import BartConfig, BartForConditionalGeneration, BertConfig, B
 
 import hf_taskmoe
 from hf_taskmoe import TaskSpec
+from hf_taskmoe.models import get_family
 
 from .conftest import TINY, random_batch
 from .family_tester import FamilyCase, FamilyContract
@@ -184,15 +185,16 @@ CASES = {
 
 
 def test_every_family_of_the_package_has_a_case():
-    """Every family runs the contract: here, or (a backbone-generic family, over its architecture matrix) in a test
-    module that subclasses `FamilyContract` and builds the family's model class."""
+    """Every family runs the contract here (a case named after the family or one of its other names), and every model
+    of a family (its variants: the paper's class, task-level routing's causal and seq2seq LMs) in a test module that
+    subclasses `FamilyContract` and builds it (this one, or one over an architecture matrix)."""
     from pathlib import Path
 
     package = {n for n, f in hf_taskmoe.FAMILIES.items() if f.model_class.__module__.startswith("hf_taskmoe.")}
-    elsewhere = [p.read_text() for p in Path(__file__).parent.glob("test_*.py") if p.name != Path(__file__).name]
-    matrix = {n for n in package - set(CASES) if any(
-        "(FamilyContract)" in text and hf_taskmoe.FAMILIES[n].model_class.__name__ in text for text in elsewhere)}
-    assert package == set(CASES) | matrix
+    assert package == {get_family(n).name for n in CASES}
+    contracts = [text for p in Path(__file__).parent.glob("test_*.py") if "(FamilyContract)" in (text := p.read_text())]
+    models = {m.model_class.__name__ for n in package for m in hf_taskmoe.FAMILIES[n].members}
+    assert {m for m in models if not any(m in text for text in contracts)} == set()
 
 
 @pytest.fixture(params=list(CASES), ids=list(CASES))

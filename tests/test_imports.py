@@ -75,14 +75,15 @@ import hf_taskmoe
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 model = AutoModel.from_pretrained({str(tmp_path)!r})
-config = AutoConfig.for_model("taskmoe_bart_routed", tasks=[{{"name": "t", "problem_type": "seq2seq"}}], vocab_size=60,
-                              d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32, decoder_ffn_dim=32,
-                              encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=40)
+bart = dict(model_type="bart", vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=32,
+            decoder_ffn_dim=32, encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=40)
+config = AutoConfig.for_model("taskmoe_routed_t5", tasks=[{{"name": "t", "problem_type": "seq2seq"}}],
+                              dense_config=bart)
 seq2seq = AutoModelForSeq2SeqLM.from_config(config)
 print(json.dumps({{"model": type(model).__name__, "config": type(config).__name__, "seq2seq": type(seq2seq).__name__,
                   "families": sorted(hf_taskmoe.FAMILIES), "pipelines": PIPELINE_REGISTRY.get_supported_tasks()}}))
 """)
-    assert out["model"] == "BertForTaskMoE"
-    assert out["config"] == "BartTaskRoutedConfig" and out["seq2seq"] == "BartTaskRouted"
-    assert {"bert_taskmoe", "bert_pals", "camtl", "mmoe", "bart_routed"} <= set(out["families"])
+    assert out["model"] == "TaskMoEForMultiTask"  # a saved BertForTaskMoE is the MT-TaG family's model
+    assert out["config"] == "TaskRoutedSeq2SeqConfig" and out["seq2seq"] == "TaskRoutedForSeq2SeqLM"
+    assert set(out["families"]) == {"taskmoe", "pals", "camtl", "task_routing", "mmoe"}  # one family per method
     assert {"multitask-text-classification", "multitask-text2text-generation"} <= set(out["pipelines"])

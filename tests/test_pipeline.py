@@ -4,6 +4,7 @@ from transformers import AutoTokenizer, pipeline
 
 import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, BertWithPALs, TaskSpec
+from hf_taskmoe.pipelines import PIPELINE_TASK, TEXT2TEXT_PIPELINE_TASK
 
 TASKS = [
     TaskSpec(name="sst2", label_names=["negative", "positive"]),
@@ -29,7 +30,7 @@ def _direct(model, tok, text, pair, task):
 
 
 def test_single_pair_and_mixed_batch_match_the_model(saved):
-    pipe = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))  # loads model and tokenizer from the folder
+    pipe = pipeline(PIPELINE_TASK, model=str(saved))  # loads model and tokenizer from the folder
     assert isinstance(pipe, hf_taskmoe.MultiTaskTextClassificationPipeline)
     model, tok = pipe.model, pipe.tokenizer
 
@@ -68,7 +69,7 @@ def test_single_pair_and_mixed_batch_match_the_model(saved):
 
 
 def test_pipeline_bad_inputs_and_other_families(saved, minilm):
-    pipe = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))
+    pipe = pipeline(PIPELINE_TASK, model=str(saved))
     with pytest.raises(ValueError, match="Say which task"):
         pipe("no task given")
     with pytest.raises(ValueError, match="Unknown task 'nope'"):
@@ -76,7 +77,7 @@ def test_pipeline_bad_inputs_and_other_families(saved, minilm):
     with pytest.raises(ValueError, match="'text'"):
         pipe({"sentence": "x"}, task="sst2")
     pals = BertWithPALs.from_dense(str(minilm), tasks=TASKS[:2], pal_size=24, pal_num_heads=4).eval()
-    out = pipeline(hf_taskmoe.PIPELINE_TASK, model=pals, tokenizer=pipe.tokenizer)(["fine", "bad"], task="sst2")
+    out = pipeline(PIPELINE_TASK, model=pals, tokenizer=pipe.tokenizer)(["fine", "bad"], task="sst2")
     assert [r["task"] for r in out] == ["sst2", "sst2"] and all(0.5 <= r["score"] <= 1 for r in out)
 
 
@@ -89,9 +90,9 @@ def test_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved, tmp_path, mo
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     cache = tmp_path / "cache"
     make_hub_cache(cache, "org/mttag-multitask", saved)
-    pipe = pipeline(hf_taskmoe.PIPELINE_TASK, model="org/mttag-multitask", model_kwargs={"cache_dir": str(cache)},
+    pipe = pipeline(PIPELINE_TASK, model="org/mttag-multitask", model_kwargs={"cache_dir": str(cache)},
                     tokenizer=AutoTokenizer.from_pretrained(saved))
-    local = pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))
+    local = pipeline(PIPELINE_TASK, model=str(saved))
     for inputs in (
         {"text": "a fine film", "task": "sst2"},
         {"text": "A man plays.", "text_pair": "A man is playing.", "task": "stsb"},
@@ -126,10 +127,10 @@ def saved_seq2seq(tiny_dense, tmp_path_factory):
 
 
 def test_text2text_pipeline_single_pair_and_mixed_batch_match_generate(saved_seq2seq):
-    pipe = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(saved_seq2seq), max_new_tokens=6)
+    pipe = pipeline(TEXT2TEXT_PIPELINE_TASK, model=str(saved_seq2seq), max_new_tokens=6)
     assert isinstance(pipe, hf_taskmoe.MultiTaskText2TextGenerationPipeline)
     model, tok = pipe.model, pipe.tokenizer
-    assert type(model).__name__ == "BartTaskRouted"  # loaded through AutoModelForSeq2SeqLM
+    assert type(model).__name__ == "TaskRoutedForSeq2SeqLM"  # a saved BartTaskRouted, through AutoModelForSeq2SeqLM
 
     def direct(text, pair, task, **kwargs):
         enc = tok(text, pair, return_tensors="pt", return_token_type_ids=False)
@@ -165,13 +166,13 @@ def test_text2text_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved_seq
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     make_hub_cache(tmp_path / "cache", "org/routed-multitask", saved_seq2seq)
     pipe = pipeline(
-        hf_taskmoe.TEXT2TEXT_PIPELINE_TASK,
+        TEXT2TEXT_PIPELINE_TASK,
         model="org/routed-multitask",
         model_kwargs={"cache_dir": str(tmp_path / "cache")},
         tokenizer=AutoTokenizer.from_pretrained(saved_seq2seq),
         max_new_tokens=5,
     )
-    local = pipeline(hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(saved_seq2seq), max_new_tokens=5)
+    local = pipeline(TEXT2TEXT_PIPELINE_TASK, model=str(saved_seq2seq), max_new_tokens=5)
     rows = [{"text": "Who wrote Hamlet?", "task": "trec"}, {"text": "is it", "text_pair": "It is.", "task": "boolq"}]
     assert pipe(rows) == local(rows)
 
@@ -179,11 +180,11 @@ def test_text2text_pipeline_loads_from_a_repo_id_through_the_hub_cache(saved_seq
 def test_pipelines_refuse_the_other_problem_types(saved, saved_seq2seq):
     classifier = BertForTaskMoE.from_pretrained(saved)
     text2text = pipeline(
-        hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=classifier, tokenizer=AutoTokenizer.from_pretrained(saved)
+        TEXT2TEXT_PIPELINE_TASK, model=classifier, tokenizer=AutoTokenizer.from_pretrained(saved)
     )
     with pytest.raises(ValueError, match=r"'sst2' is single_label_classification; this pipeline serves \['seq2seq'\]"):
         text2text("a fine film", task="sst2")
     with pytest.raises(ValueError, match="'trec' is seq2seq; this pipeline serves"):
-        pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved_seq2seq))("Who?", task="trec")
+        pipeline(PIPELINE_TASK, model=str(saved_seq2seq))("Who?", task="trec")
     with pytest.raises(TypeError, match="unexpected keyword"):
-        pipeline(hf_taskmoe.PIPELINE_TASK, model=str(saved))("a fine film", task="sst2", num_beams=2)
+        pipeline(PIPELINE_TASK, model=str(saved))("a fine film", task="sst2", num_beams=2)

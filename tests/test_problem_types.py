@@ -75,9 +75,9 @@ def _minimal_fields(name: str) -> dict:
 
 
 def test_families_take_the_types_of_their_capability():
-    assert set(FAMILIES["bert_taskmoe"].supported_problem_types) == set(problem_type_names(ENCODER))
+    assert set(FAMILIES["taskmoe"].supported_problem_types) == set(problem_type_names(ENCODER))
     assert set(FAMILIES["mmoe"].supported_problem_types) == set(problem_type_names(TABULAR))
-    assert FAMILIES["bart_routed"].supported_problem_types == problem_type_names(TEXT_TO_TEXT)
+    assert FAMILIES["task_routing"].supported_problem_types == problem_type_names(TEXT_TO_TEXT)
     with pytest.raises(ValueError, match="has no encoder head"):
         BertTaskMoEConfig(tasks=[TaskSpec(name="s", problem_type=problem_type_names(TEXT_TO_TEXT)[0])], **TINY)
 

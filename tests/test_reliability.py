@@ -17,6 +17,7 @@ from transformers import AutoModel
 import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, TaskSpec
 from hf_taskmoe.hub import export_for_remote_code
+from hf_taskmoe.pipelines import TEXT2TEXT_PIPELINE_TASK
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -242,7 +243,7 @@ def test_overwrite_keeps_the_previous_run_until_the_new_one_is_saved(tmp_path, t
     assert not (out / "checkpoint-2").exists()  # the earlier run's checkpoints went with it
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 3
     second = load_file(out / "model.safetensors")
-    assert AutoModel.from_pretrained(out).config.model_type == "taskmoe_bert"
+    assert AutoModel.from_pretrained(out).config.model_type == "taskmoe_moe"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".run.")]
 
     # the output folder is a mount point: it cannot be renamed, so the new run is copied in, then the old removed
@@ -408,7 +409,7 @@ def test_a_generation_count_of_zero_is_refused_by_the_pipeline(tiny_dense, tmp_p
     from .test_pipeline import save_routed_seq2seq
 
     pipe = pipeline(
-        hf_taskmoe.TEXT2TEXT_PIPELINE_TASK, model=str(save_routed_seq2seq(tiny_dense, tmp_path / "m")), max_new_tokens=3
+        TEXT2TEXT_PIPELINE_TASK, model=str(save_routed_seq2seq(tiny_dense, tmp_path / "m")), max_new_tokens=3
     )
     for keyword in ("num_beams", "num_return_sequences", "max_new_tokens"):
         with pytest.raises(ValueError, match=rf"`{keyword}` must be a positive integer, got 0"):

@@ -9,7 +9,7 @@ import torch
 from huggingface_hub import ModelCard
 from transformers import AutoModel
 
-from hf_taskmoe import BertForTaskMoE, BertWithPALs, CAMTLModel
+from hf_taskmoe import CAMTLForMultiTask, PALsForMultiTask, TaskMoEForMultiTask, TaskRoutedForSeq2SeqLM
 from hf_taskmoe.cli import train
 from hf_taskmoe.cli.errors import UsageError
 
@@ -65,7 +65,9 @@ def test_script_trains_evaluates_and_writes_its_outputs(tmp_path, tiny_dense, ca
     ):
         assert (out / name).exists(), name
     model = AutoModel.from_pretrained(out)
-    assert isinstance(model, BertForTaskMoE) and model.config.num_experts == 2
+    # built as BertForTaskMoE (BERT's pooler), loaded by AutoModel as the family's model it is
+    assert type(model) is TaskMoEForMultiTask and model.config.classifier_pooling == "pooler"
+    assert model.config.num_experts == 2
     card = ModelCard.load(out / "README.md")
     assert len(card.data.eval_results) == 7  # (task, dataset, metric) triples of the mixture
     assert "routing_heatmap.png" in card.content
@@ -146,7 +148,8 @@ def test_script_builds_bert_with_pals(tmp_path, tiny_dense):
         )
     )
     model = AutoModel.from_pretrained(tmp_path / "out")
-    assert isinstance(model, BertWithPALs) and model.config.pal_size == 16
+    assert type(model) is PALsForMultiTask and model.config.classifier_pooling == "pooler"  # built as BertWithPALs
+    assert model.config.pal_size == 16
     assert ["rotten_tomatoes", "tweet_sentiment"] in model.config.pal_groups and model.pals.num_groups == 4
     assert not (tmp_path / "out" / "routing.json").exists()  # PALs do not route
     assert "Projected Attention Layers" in ModelCard.load(tmp_path / "out" / "README.md").content
@@ -160,7 +163,7 @@ def test_script_builds_camtl_with_uncertainty_sampling(tmp_path, tiny_dense):
         "--uncertainty_score_every", "2", "--logging_steps", "1",
     ))
     model = AutoModel.from_pretrained(tmp_path / "out")
-    assert isinstance(model, CAMTLModel)
+    assert type(model) is CAMTLForMultiTask and model.config.classifier_pooling == "pooler"  # built as CAMTLModel
     assert model.config.conditional_attention_max_length == 32  # follows --max_seq_length
     assert model.config.frozen_layers == 1 and not model.backbone.encoder.layer[0].output.dense.weight.requires_grad
     assert "CA-MTL" in ModelCard.load(tmp_path / "out" / "README.md").content
@@ -171,7 +174,6 @@ def test_script_builds_camtl_with_uncertainty_sampling(tmp_path, tiny_dense):
 def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
     """--model_family bart_routed on the text-to-text mixture: BART warm-started from the (tiny) BERT, routed
     layers, generation-based evaluation with text metrics, per-role learning rates, then the per-task export."""
-    from hf_taskmoe import BartTaskRouted
 
     metrics = run_multitask.main(
         _argv(
@@ -205,8 +207,10 @@ def test_script_builds_bart_routed_from_a_bert(tmp_path, tiny_dense):
         assert key in metrics
         assert key.endswith("loss") or 0.0 <= metrics[key] <= 1.0
     model = AutoModel.from_pretrained(tmp_path / "out")
-    assert isinstance(model, BartTaskRouted) and model.config.num_experts == 3 and len(model.config.route_names) == 4
-    assert model.config.decoder_start_token_id == 101  # [CLS] of the BERT vocabulary
+    # built as BartTaskRouted, loaded by AutoModel as the task-routing family's seq2seq model it is
+    assert type(model) is TaskRoutedForSeq2SeqLM and model.config.dense_config.model_type == "bart"
+    assert model.config.num_experts == 3 and len(model.config.route_names) == 4
+    assert model.config.dense_config.decoder_start_token_id == 101  # [CLS] of the BERT vocabulary
     card = ModelCard.load(tmp_path / "out" / "README.md")
     assert "Task-level MoE over BART" in card.content and "evaluation examples per expert" in card.content
     metric_keys = [f"eval_{t.name}_{m}" for t in model.config.task_specs for m in t.metrics]

@@ -387,5 +387,5 @@ class TestContract(FamilyContract):
 def test_public_names():
     assert hf_taskmoe.TaskRoutedForCausalLM is TaskRoutedForCausalLM
     assert hf_taskmoe.TaskRoutedLMConfig is TaskRoutedLMConfig
-    family = hf_taskmoe.family_for("bart_routed", "qwen2")
+    family = hf_taskmoe.models.family_for("bart_routed", "qwen2")
     assert family.model_class is TaskRoutedForCausalLM and family.method == "task-routing"

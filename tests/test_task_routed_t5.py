@@ -365,5 +365,5 @@ class TestContract(FamilyContract):
 def test_public_names():
     assert hf_taskmoe.TaskRoutedForSeq2SeqLM is TaskRoutedForSeq2SeqLM
     assert hf_taskmoe.TaskRoutedSeq2SeqConfig is TaskRoutedSeq2SeqConfig
-    family = hf_taskmoe.family_for("bart_routed", "mt5")
+    family = hf_taskmoe.models.family_for("bart_routed", "mt5")
     assert family.model_class is TaskRoutedForSeq2SeqLM and family.method == "task-routing"

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from hf_taskmoe import PROBLEM_TYPES, TaskSpec, parse_tasks
+from hf_taskmoe import TaskSpec, parse_tasks
 from hf_taskmoe.problem_types import get_problem_type
+from hf_taskmoe.tasks import PROBLEM_TYPES
 
 from .conftest import ALL_KINDS
 

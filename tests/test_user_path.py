@@ -488,8 +488,8 @@ BAD_INPUTS = {
             t, "noweights", json.loads((d / "config.json").read_text())))], r"cannot load the checkpoint's weights"),
     "no such tokenizer": (lambda t, d: ["--tokenizer_name", str(t / "nope")], r"--tokenizer_name .*: no such folder"),
     "an unknown family": (lambda t, d: ["--model_family", "nope"],
-                          r"families built from a dense checkpoint \[.*'bert_taskmoe'.*\] or a method name "
-                          r"\[.*'mt-tag'.*\], got 'nope'"),
+                          r"families built from a dense checkpoint \[.*'taskmoe'.*\] or another name of one "
+                          r"\[.*'bert_taskmoe'.*'mt-tag'.*\], got 'nope'"),
     "max_seq_length 0": (lambda t, d: ["--max_seq_length", "0"], r"`max_seq_length` must be an integer >= 1, got 0"),
     "max_seq_length beyond the positions": (lambda t, d: ["--max_seq_length", "4096"], r"exceeds the 512 positions"),
     "max_train_samples 0": (lambda t, d: ["--max_train_samples", "0"], r"`max_train_samples` must be an integer"),
@@ -557,13 +557,16 @@ def test_a_family_that_cannot_take_the_tasks_is_refused_before_the_checkpoint_lo
     def never(*args, **kwargs):
         raise AssertionError("the checkpoint was prepared or loaded before the refusal")
 
-    family = FAMILIES["bart_routed"]
-    monkeypatch.setitem(FAMILIES, "bart_routed", dataclasses.replace(family, prepare_dense=never))
-    monkeypatch.setattr(family.model_class, "from_dense", never)
+    from hf_taskmoe.models import family_for
+
+    family, bart = FAMILIES["task_routing"], family_for("task-routing", "bert")  # a BERT builds a BartTaskRouted
+    variants = tuple(dataclasses.replace(m, prepare_dense=never) for m in family.variants)
+    monkeypatch.setitem(FAMILIES, "task_routing", dataclasses.replace(family, variants=variants))
+    monkeypatch.setattr(bart.model_class, "from_dense", never)
     code = run_multitask.cli(_argv(tmp_path / "r", tiny_dense, "--model_family", "task-routing"))
     captured = capsys.readouterr()
     assert code == 2 and "Traceback" not in captured.err
-    assert re.search(r"--model_family task-routing: bart_routed \(BartTaskRouted\) cannot train task '\w+' "
+    assert re.search(r"--model_family task-routing: task_routing \(BartTaskRouted\) cannot train task '\w+' "
                      r"\(single_label_classification\)", captured.err)
     assert "it supports the problem types ['seq2seq']" in captured.err
     assert "Methods that take those tasks: ca-mtl, mt-tag, pals." in captured.err

@@ -196,7 +196,7 @@ def check_family_tasks(family, tasks, option: str = "--model_family") -> None:
 
 def is_task_model_config(config) -> bool:
     """Whether a checkpoint's config is a saved hf_taskmoe model (continued) rather than a dense one (upcycled)."""
-    return any(f.model_type == config.model_type for f in FAMILIES.values())
+    return any(m.model_type == config.model_type for f in FAMILIES.values() for m in f.members)
 
 
 def unloadable(option: str, name: str, what: str, err: BaseException) -> UsageError:

@@ -58,7 +58,7 @@ from hf_taskmoe.cli.reporting import (
     with_baselines,
 )
 from hf_taskmoe.cli.run_folder import claim_output_dir, replace_output_dir
-from hf_taskmoe.models import FAMILIES, family_for
+from hf_taskmoe.models import FAMILIES, family_for, get_family
 from hf_taskmoe.models.registry import check_dense_family, dense_choices
 from hf_taskmoe.training import MultiTaskTrainer, MultiTaskTrainingArguments, finetune_each_task, tokenize_task
 from hf_taskmoe.training.callbacks import TrainingProgressCallback
@@ -141,12 +141,13 @@ class ScriptModelArguments:
     """The script's own model options; `ModelArguments` adds every family's settings, read from its config."""
 
     model_family: str = field(
-        default="bert_taskmoe",
+        default="taskmoe",
         metadata={
-            "help": f"The method, as one of the registered families built from a dense checkpoint {dense_choices()[0]} "
-            f"or a method name {dense_choices()[1]}. The backbone is the checkpoint's: a "
-            "family of the same method that takes its model_type is used (bert_taskmoe on a RoBERTa builds "
-            "TaskMoEForMultiTask); an unsupported model_type is refused, listing the supported ones."
+            "help": f"The method: one of the families built from a dense checkpoint {dense_choices()[0]} or another "
+            f"name of one {dense_choices()[1]} (its method's name, or a name it had before the families were one per "
+            "method: bert_taskmoe is taskmoe). The backbone is the checkpoint's: the family's model for its "
+            "model_type is built (taskmoe: BertForTaskMoE on a BERT, TaskMoEForMultiTask on a RoBERTa); an "
+            "unsupported model_type is refused, listing the supported ones."
         },
     )
     model_name_or_path: str | None = field(
@@ -165,15 +166,15 @@ class ScriptModelArguments:
     task_representation: str | None = field(
         default=None,
         metadata={
-            "help": "bart_routed: 'text' starts each task's representation at its TextEmb (the mean last encoder "
-            "layer over its training inputs, under the dense base model; Ye et al. 5.1 (i)); continuing a "
-            "model made that way, tasks added get theirs from the same base, so the router picks their "
+            "help": "task_routing on an encoder-decoder: 'text' starts each task's representation at its TextEmb "
+            "(the mean last encoder layer over its training inputs, under the dense base model; Ye et al. 5.1 (i)); "
+            "continuing a model made that way, tasks added get theirs from the same base, so the router picks their "
             "routes from their data (section 7). Default: a random draw, learned."
         },
     )
     task_representation_examples: int = field(
         default=64,
-        metadata={"help": "bart_routed: training examples per task that --task_representation averages over."},
+        metadata={"help": "task_routing: training examples per task that --task_representation averages over."},
     )
 
     def __post_init__(self):  # what needs no checkpoint is refused while parsing, before any data is read
@@ -182,8 +183,8 @@ class ScriptModelArguments:
         if self.task_representation not in (None, "learned", "text"):
             raise ValueError(f"`task_representation` must be 'learned' or 'text', got {self.task_representation!r}.")
         # a method setting given for another method is refused (set: not None, its unset default)
-        named = FAMILIES.get(self.model_family)
-        method = (named.method or named.name) if named is not None else self.model_family
+        named = get_family(self.model_family)
+        method = named.method or named.name
         foreign = {name: option.methods for name, option in family_settings().items()
                    if getattr(self, name, None) is not None and method not in option.methods}
         if foreign:
@@ -199,7 +200,7 @@ class ScriptModelArguments:
 def family_settings():
     """Every setting of the families built from a dense checkpoint, read from their configs now (a family registered
     after this script was imported included): `--num_experts`, `--pal_size`, `--conditional_attention`, ..."""
-    return config_options(f for f in FAMILIES.values() if f.buildable_from_dense)
+    return config_options(m for f in FAMILIES.values() if f.buildable_from_dense for m in f.members)
 
 
 def check_positive(arguments, *names: str, allow_zero: bool = False, optional: bool = False) -> None:
@@ -390,7 +391,7 @@ def short_help(argv: list[str] | None = None, prog: str = SCRIPT) -> str:
         "",
         "examples:",
         f"  {prog} --max_steps 50",
-        f"  {prog} --tasks my_tasks.json --model_family bert_pals --output_dir runs/pals",
+        f"  {prog} --tasks my_tasks.json --model_family pals --output_dir runs/pals",
     ]
     for title, fields_ in sections:
         text += ["", f"{title}:"] + [line(f) for f in fields_]

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..contract import StackedWeight
 from ..utils import compute_dtype, is_capturing, one_hot
 
 
@@ -31,8 +30,7 @@ class PALAttention(nn.Module):
         self.num_heads = num_heads
         self.dropout = dropout
         # W^Q, W^K, W^V as one (3s, s) projection (rows: query, key, value): one product per PAL, and one weight per
-        # group for the batched path to gather. Checkpoints of the separate `query` / `key` / `value` layout load
-        # into it (`PAL_WEIGHTS`)
+        # group for the batched path to gather
         self.qkv = nn.Linear(pal_size, 3 * pal_size, bias=False)
 
     def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
@@ -121,13 +119,6 @@ def _explicit_heads(query, key, value, heads: int, key_mask: torch.Tensor | None
         # torch.ops.aten: `torch._safe_softmax` cannot be traced by torch.compile
         probs = torch.ops.aten._safe_softmax(scores, -1).view(flat, seq, seq)
     return torch.bmm(torch.dropout(probs, dropout, True), value)  # `F.dropout(probs, dropout)` without its checks
-
-
-#: checkpoints of releases that kept `query` / `key` / `value` as three `(s, s)` projections load into the fused
-#: `qkv` (`from_pretrained`): a model holding PALs declares these as its `stacked_weights`
-PAL_WEIGHTS = (
-    StackedWeight(r"(.+\.attention\.\d+\.\d+)\.qkv\.weight", r"\1.{index}.weight", ("query", "key", "value")),
-)
 
 
 class PALDecoder(nn.Linear):

@@ -72,7 +72,7 @@ def _own_options(config_class: type) -> list[str]:
 def _option_owners(name: str) -> dict[str, list[str]]:
     """`{method: [config class names]}` of the registered families whose config or `from_dense` has option `name`."""
     owners: dict[str, list[str]] = {}
-    for family in FAMILIES.values():
+    for family in (m for f in FAMILIES.values() for m in f.members):
         takes = set(_own_options(family.config_class))
         from_dense = getattr(family.model_class, "from_dense", None)
         if from_dense is not None:

@@ -321,9 +321,9 @@ TaskEncoderConfig.type_vocab_size = _type_vocab_size
 
 
 class FlatDenseFields:
-    """For the configs of earlier releases' names (`BertTaskMoEConfig`, `BertPALsConfig`, `CAMTLConfig`), which were
-    `BertConfig`s: the dense config's own fields taken flat, as they were then (`BertPALsConfig(hidden_size=384, ...,
-    tasks=...)`, and every config.json saved then). Given alone they make `dense_config` (a `flat_dense_class`);
+    """For the configs of the papers' BERT classes (`BertTaskMoEConfig`, `BertPALsConfig`, `CAMTLConfig`): the dense
+    config's own fields taken flat, as in a `BertConfig` (`BertPALsConfig(hidden_size=384, ..., tasks=...)`). Given
+    alone they make `dense_config` (a `flat_dense_class`);
     beside an explicit `dense_config` (`from_pretrained(path, use_cache=False)`) they set its fields; read and set
     later, flat, they are the dense config's (saved inside it). Put it before the config class in the bases."""
 
@@ -536,8 +536,7 @@ class TaskEncoderMixin(TaskHeadsMixin):
                task_ids=None, *flags, return_dict=None, **kwargs):
         """The encoder's output (`_run_encoder`: `last_hidden_state`, `pooler_output` as the heads read it, the
         states asked for by `flags` -- `output_attentions, output_hidden_states` and the family's) for rows of any
-        task (`task_ids`), the heads not run: the forward of the earlier releases' bare encoders. `kwargs` go to the
-        dense model's forward."""
+        task (`task_ids`), the heads not run. `kwargs` go to the dense model's forward."""
         batch, _ = check_input_shapes(
             input_ids, inputs_embeds, self.max_input_length(), self._input_limit_name(), attention_mask=attention_mask,
             token_type_ids=token_type_ids, position_ids=position_ids,

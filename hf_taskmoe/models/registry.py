@@ -1,7 +1,9 @@
 """The family registry: a family is the unit of the library's design.
 
-Each `models/<family>/` package declares, in one `register_family(Family(...))` call next to its code, everything
-the rest of the library needs: its config and model classes (registered with the Auto classes here), the name
+There is one family per method (MT-TaG, PALs, CA-MTL, task-level routing, MMoE). Each `models/<method>/` package
+declares, in one `register_family(Family(...))` call next to its code, everything the rest of the library needs: its
+config and model classes (registered with the Auto classes here; a method with more than one model -- task-level
+routing's causal LM and seq2seq LM, the papers' BERT / BART classes -- lists the others as `variants`), the names
 `run_multitask.py --model_family` takes, how it is built from a dense checkpoint (upcycling rules, the dense
 model types it starts from), the line a model card says of its method, the pipeline that serves it and the
 problem types it supports. Central modules (upcycling, model cards, pipelines, the example script) ask this
@@ -23,7 +25,7 @@ class Family:
     """What the library knows of one model family.
 
     Args:
-        name: the family's name (`run_multitask.py --model_family <name>`), e.g. `"bert_taskmoe"`.
+        name: the family's name (`run_multitask.py --model_family <name>`), e.g. `"taskmoe"`.
         config_class / model_class: the `PreTrainedConfig` (its `model_type` starts with `taskmoe_`) and the model
             users train (with its heads); registered with `AutoConfig` and each of `auto_classes`.
         auto_classes: transformers Auto classes the model class is registered with (also an export's `auto_map`).
@@ -38,17 +40,25 @@ class Family:
             (`hf_taskmoe.backbones`, `"encoder"` / `"decoder"` / `"encoder-decoder"`), one declared later included
             (`accepted_model_types`).
         prepare_dense: optional `(path_or_model, dense_config) -> path_or_model`, turning a checkpoint of another
-            type into one `from_dense` takes (BartTaskRouted: a BERT is warm-started into a BART).
+            type into one `from_dense` takes (task-level routing's BART: a BERT is warm-started into a BART).
         script_defaults: optional `(values) -> {config field: value}`: config values the example script derives
             from its own options when the user sets none (CA-MTL: conditional attention as long as the inputs).
-        method: the method the family implements (`"mt-tag"`, `"pals"`, `"ca-mtl"`, `"task-routing"`, ...). Families
-            of one method on different backbones share it: `family_for` picks the one that takes a checkpoint's
-            `model_type` (`run_multitask.py --model_family bert_taskmoe` on a RoBERTa checkpoint builds the
-            backbone-generic MT-TaG).
+        method: the method the family implements (`"mt-tag"`, `"pals"`, `"ca-mtl"`, `"task-routing"`), another name
+            `--model_family` takes for it.
         export_kind: the programs `hf_taskmoe.export_onnx` / `export_program` make of the family's models:
             `"text"` (the default: token inputs and task ids -> each row's task logits, `ServingLogits`), `"tabular"`
             (feature rows -> every task's logits) or `"encoder_decoder"` (two programs, `part="encoder"` and
             `part="decoder_step"`).
+        variants: the family's other models, each a `Family` of the same name and method (`replace(family, ...)`)
+            with its own config and model classes and what differs with them (Auto classes, dense model types,
+            `describe`, `export_kind`, ...). A variant whose config has the family's `model_type` is a class with
+            other defaults (`BertForTaskMoE`: a BERT, BERT's pooler): registered with the Auto classes by its config
+            class, it saves as the family's model and loads back as one (`AutoModel`), or as itself through its own
+            `from_pretrained`. `members` is the family followed by its variants; `family_for` builds from a dense
+            checkpoint with the first member naming its `model_type` in `dense_model_types`, else the first taking it
+            (`accepted_model_types`).
+        aliases: other names `run_multitask.py --model_family` takes for the family (the names of the families that
+            were folded into it: `bert_taskmoe`, `bart_routed`, ...).
     """
 
     name: str
@@ -66,6 +76,13 @@ class Family:
     method: str | None = None
     export_kind: str = "text"
     extras: dict = field(default_factory=dict)
+    variants: tuple[Family, ...] = ()
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def members(self) -> tuple[Family, ...]:
+        """The family, then its variants (`variants`)."""
+        return (self, *self.variants)
 
     @property
     def model_type(self) -> str:
@@ -100,79 +117,96 @@ FAMILIES: dict[str, Family] = {}
 
 
 def register_family(family: Family, exist_ok: bool = False) -> Family:
-    """Register `family`: check its names, register its config and model with the Auto classes, keep it in
-    `FAMILIES`. Returns the family (a package's `__init__` keeps it as `FAMILY`)."""
+    """Register `family`: check its names, register each member's config with `AutoConfig` (one class per
+    `model_type`) and model with the Auto classes, keep it in `FAMILIES`. Returns the family (a package's `__init__`
+    keeps it as `FAMILY`)."""
     import transformers
     from transformers import AutoConfig
 
-    model_type = family.config_class.model_type
-    if not isinstance(model_type, str) or not model_type.startswith("taskmoe_"):
-        raise ValueError(f"model_type {model_type!r} of family {family.name!r} must start with 'taskmoe_'.")
-    clash = next((f for f in FAMILIES.values() if f.model_type == model_type and f.name != family.name), None)
-    if clash is not None:
-        raise ValueError(f"model_type {model_type!r} is already the family {clash.name!r}'s.")
     if family.name in FAMILIES and not exist_ok and FAMILIES[family.name] != family:
         raise ValueError(f"A family named {family.name!r} is already registered; pass exist_ok=True to replace it.")
-    if family.config_class is not getattr(family.model_class, "config_class", None):
-        raise ValueError(f"{family.model_class.__name__}.config_class must be {family.config_class.__name__}.")
-    AutoConfig.register(model_type, family.config_class, exist_ok=True)
-    for auto in family.auto_classes:
-        getattr(transformers, auto).register(family.config_class, family.model_class, exist_ok=True)
+    others = {n: f for f in FAMILIES.values() if f.name != family.name for n in (f.name, *f.aliases)}
+    taken = sorted(n for n in (family.name, *family.aliases) if n in others)
+    if taken:
+        raise ValueError(f"The name(s) {taken} of family {family.name!r} are already another family's.")
+    registered = {}
+    for member in family.members:
+        model_type = member.config_class.model_type
+        if not isinstance(model_type, str) or not model_type.startswith("taskmoe_"):
+            raise ValueError(f"model_type {model_type!r} of family {family.name!r} must start with 'taskmoe_'.")
+        clash = next((f for f in FAMILIES.values() if f.name != family.name
+                      and any(m.model_type == model_type for m in f.members)), None)
+        if clash is not None:
+            raise ValueError(f"model_type {model_type!r} is already the family {clash.name!r}'s.")
+        if member.config_class is not getattr(member.model_class, "config_class", None):
+            raise ValueError(f"{member.model_class.__name__}.config_class must be {member.config_class.__name__}.")
+        # one config class per model_type (the first member's): a variant with other defaults only (the same
+        # model_type, listed after it) is its subclass
+        if model_type in registered and not issubclass(member.config_class, registered[model_type]):
+            raise ValueError(f"{member.config_class.__name__} has the model_type {model_type!r} of "
+                             f"{registered[model_type].__name__} without being its subclass.")
+        if model_type not in registered:
+            AutoConfig.register(model_type, member.config_class, exist_ok=True)
+            registered[model_type] = member.config_class
+        for auto in member.auto_classes:
+            getattr(transformers, auto).register(member.config_class, member.model_class, exist_ok=True)
     FAMILIES[family.name] = family
     return family
 
 
 def get_family(name: str) -> Family:
-    """The family registered as `name` (`run_multitask.py --model_family`)."""
+    """The family registered as `name` (`run_multitask.py --model_family`): its name, one of its `aliases` or its
+    method."""
+    for family in FAMILIES.values():
+        if name in (family.aliases + ((family.method,) if family.method else ())):
+            return family
     return lookup(FAMILIES, name, "model_family")
 
 
 def dense_choices() -> tuple[list[str], list[str]]:
-    """`(families, methods)`: the names `family_for` takes -- the families built from a dense checkpoint, and their
-    methods' names (`run_multitask.py --model_family`)."""
+    """`(families, other names)`: the names `family_for` takes -- the families built from a dense checkpoint, and
+    their methods' names and aliases (`run_multitask.py --model_family`)."""
     buildable = [f for f in FAMILIES.values() if f.buildable_from_dense]
-    return sorted(f.name for f in buildable), sorted({f.method for f in buildable if f.method})
+    others = {n for f in buildable for n in (*f.aliases, f.method) if n and n != f.name}
+    return sorted(f.name for f in buildable), sorted(others)
 
 
 def check_dense_family(name: str) -> str:
-    """`name` if it names a family built from a dense checkpoint or a method of one; else a `ValueError` listing both
-    (a family such as MMoE, built from its config, is not one)."""
-    families, methods = dense_choices()
-    if name not in families and name not in methods:
+    """`name` if it names a family built from a dense checkpoint (its name, method or an alias); else a `ValueError`
+    listing them (a family such as MMoE, built from its config, is not one)."""
+    families, others = dense_choices()
+    if name not in families and name not in others:
         raise ValueError(
-            f"`model_family` must be one of the families built from a dense checkpoint {families} or a method name "
-            f"{methods}, got {name!r}."
+            f"`model_family` must be one of the families built from a dense checkpoint {families} or another name of "
+            f"one {others}, got {name!r}."
         )
     return name
 
 
 def family_for(name: str, model_type: str) -> Family:
-    """The family that builds `name`'s method (a family name or a method name, `check_dense_family`) from a dense
-    checkpoint of `model_type`: the named family itself when it takes that type, else another family of its method
-    that does. A `ValueError` lists the model types the method supports when none takes it."""
+    """The member of the family `name` (`check_dense_family`) that builds it from a dense checkpoint of `model_type`:
+    the first member naming that type in its `dense_model_types` (the paper's BERT / BART class), else the first that
+    takes it (`accepted_model_types`). A `ValueError` lists the model types the family takes when none does."""
     check_dense_family(name)
-    named = FAMILIES.get(name)
-    method = named.method if named is not None else name
-    if named is not None and (model_type in named.accepted_model_types or method is None):
-        return named
-    candidates = [f for f in FAMILIES.values() if f.method == method]
-    for family in candidates:
-        if model_type in family.accepted_model_types:
-            return family
-    supported = sorted({t for f in candidates for t in f.accepted_model_types})
+    family = get_family(name)
+    member = next((m for m in family.members if model_type in m.dense_model_types), None) or next(
+        (m for m in family.members if model_type in m.accepted_model_types), None)
+    if member is not None:
+        return member
+    supported = sorted({t for m in family.members for t in m.accepted_model_types})
     raise ValueError(
-        f"The {method} method ({name!r}) cannot be built from a {model_type!r} checkpoint; it supports the model "
-        f"types {supported}."
+        f"The {family.method or family.name} method ({name!r}) cannot be built from a {model_type!r} checkpoint; it "
+        f"supports the model types {supported}."
     )
 
 
 def family_of(config_or_model_type) -> Family:
-    """The family of a config, model or `model_type`."""
-    model_type = getattr(
-        getattr(config_or_model_type, "config", config_or_model_type), "model_type", config_or_model_type
-    )
-    for family in FAMILIES.values():
-        if family.model_type == model_type:
-            return family
+    """The family member of a config, model or `model_type`: the member whose config class the config is, else the
+    first whose `model_type` it has."""
+    config = getattr(config_or_model_type, "config", config_or_model_type)
+    model_type = getattr(config, "model_type", config)
+    members = [m for f in FAMILIES.values() for m in f.members if m.model_type == model_type]
+    if members:
+        return next((m for m in members if type(config) is m.config_class), members[0])
     raise ValueError(f"No hf_taskmoe family has model_type {model_type!r}; the families are "
-                     f"{ {f.name: f.model_type for f in FAMILIES.values()} }.")
+                     f"{ {f.name: [m.model_type for m in f.members] for f in FAMILIES.values()} }.")

@@ -1,15 +1,15 @@
 """CA-MTL (Conditionally Adaptive Multi-Task Learning, Pilault et al. 2021): an encoder modulated by a learned task
-embedding, on any declared encoder (`CAMTLForMultiTask`, family `camtl_any`), conditioning the dense model's own
-modules (`hf_taskmoe.backbones`). `CAMTLModel` / `CAMTLConfig` (family `camtl`) are the same model under its first
-names, a BERT by default, and load the checkpoints the earlier BERT-only implementation saved."""
+embedding, on any declared encoder (`CAMTLForMultiTask`), conditioning the dense model's own modules
+(`hf_taskmoe.backbones`). One family, `camtl`; `CAMTLModel` (`bert.py`) is its BERT class, a variant."""
 
 from dataclasses import replace
 
 from ...backbones import ENCODER_BACKBONE
 from ..encoder import encoder_family
 from ..registry import register_family
-from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig
-from .modeling_camtl import CAMTLBertModel, CAMTLForMultiTask, CAMTLModel
+from .bert import CAMTLConfig, CAMTLModel
+from .configuration_camtl import CAMTLBackboneConfig
+from .modeling_camtl import CAMTLForMultiTask
 
 
 def describe(c: CAMTLBackboneConfig) -> str:
@@ -30,15 +30,15 @@ def _script_defaults(values: dict) -> dict:
 
 
 #: the dense weights keep their names (CLNs hold the dense norms' weight/bias); the model gives its rules
-FAMILY = register_family(encoder_family(
-    "camtl", CAMTLConfig, CAMTLModel, "ca-mtl", describe, dense_model_types=("bert",), script_defaults=_script_defaults,
-))
+GENERIC = encoder_family(
+    "camtl", CAMTLBackboneConfig, CAMTLForMultiTask, "ca-mtl",
+    lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder", backbone_kind=ENCODER_BACKBONE,
+    script_defaults=_script_defaults, aliases=("camtl_any",),
+)
+#: a BERT checkpoint builds a CAMTLModel (`family_for`)
+FAMILY = register_family(replace(GENERIC, variants=(replace(
+    GENERIC, config_class=CAMTLConfig, model_class=CAMTLModel, describe=describe, backbone_kind=None,
+    dense_model_types=("bert",),
+),)))
 
-ANY_FAMILY = register_family(replace(
-    FAMILY, name="camtl_any", config_class=CAMTLBackboneConfig, model_class=CAMTLForMultiTask,
-    describe=lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder", dense_model_types=(),
-    backbone_kind=ENCODER_BACKBONE,
-))
-
-__all__ = ["ANY_FAMILY", "FAMILY", "CAMTLBackboneConfig", "CAMTLBertModel", "CAMTLConfig", "CAMTLForMultiTask",
-           "CAMTLModel"]
+__all__ = ["FAMILY", "CAMTLBackboneConfig", "CAMTLConfig", "CAMTLForMultiTask", "CAMTLModel"]

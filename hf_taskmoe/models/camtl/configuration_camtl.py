@@ -1,18 +1,16 @@
-"""Configuration of CA-MTL (Pilault et al. 2021): `CAMTLBackboneConfig` on any declared encoder, and `CAMTLConfig`, the
-same config under its first name (`model_type` `taskmoe_camtl`), which also takes a BERT's fields flat."""
+"""Configuration of CA-MTL (Pilault et al. 2021): `CAMTLBackboneConfig` on any declared encoder (`CAMTLConfig`, its
+BERT variant, is in `bert.py`)."""
 
 from __future__ import annotations
 
 import math
 
-from transformers import BertConfig
-
 from ...utils import check_choice, check_float, check_int
-from ..encoder import FlatDenseFields, TaskEncoderConfig
+from ..encoder import TaskEncoderConfig
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS_WITH_BIAS", "BOTTLENECK_PLACEMENTS", "MAX_ATTENTION_BLOCK", "CAMTLBackboneConfig",
-    "CAMTLConfig", "check_attention_implementation", "default_attention_blocks",
+    "check_attention_implementation", "default_attention_blocks",
 ]
 
 BOTTLENECK_PLACEMENTS = ("none", "base", "large")
@@ -157,16 +155,6 @@ class CAMTLBackboneConfig(TaskEncoderConfig):
         out["conditional_attention_blocks"] = self.attention_blocks
         return out
 
-    @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs):
-        """A config saved without `conditional_attention_blocks` (before the default was bounded by
-        `MAX_ATTENTION_BLOCK`) loads with the rule it was built with then, `N = max(1, d // L)`."""
-        loaded = super().from_dict(config_dict, **kwargs)
-        config = loaded[0] if isinstance(loaded, tuple) else loaded  # (config, unused kwargs) when asked
-        if "conditional_attention_blocks" not in config_dict and "conditional_attention_blocks" not in kwargs:
-            config.conditional_attention_blocks = max(1, config.hidden_size // config.conditional_attention_max_length)
-        return loaded
-
     # ------------------------------------------------------------------ views
     @property
     def task_dim(self) -> int:
@@ -208,22 +196,3 @@ class CAMTLBackboneConfig(TaskEncoderConfig):
             self.conditional_attention or self.conditional_layer_norm
         )
         return conditional or self.conditional_alignment or self.conditional_bottleneck != "none"
-
-
-class CAMTLConfig(FlatDenseFields, CAMTLBackboneConfig):
-    r"""
-    `CAMTLBackboneConfig` under its first name (`model_type` `"taskmoe_camtl"`, the config of `CAMTLModel`), with a BERT
-    as the default dense model and `classifier_pooling="pooler"` (BERT's pooler) as the default pooling.
-
-    It also takes a BERT's fields flat, as it did when it was a `BertConfig` (`CAMTLConfig(hidden_size=384, ...,
-    tasks=...)`, and every `config.json` it saved then): they make `dense_config` (a `BertConfig`), or set its fields
-    beside an explicit `dense_config`; they read and write through flat (`config.pad_token_id` is `dense_config`'s). It
-    saves `dense_config` nested, as `CAMTLBackboneConfig` does; a config saved without `conditional_attention_blocks`
-    keeps the `N = max(1, d // L)` it was built with (see `CAMTLBackboneConfig.from_dict`).
-    """
-
-    model_type = "taskmoe_camtl"
-    method_name = "CA-MTL (CAMTLModel)"
-    flat_dense_class = BertConfig
-
-    classifier_pooling: str = "pooler"

@@ -1,6 +1,5 @@
 """CA-MTL (Pilault et al. 2021) on any declared encoder, by conditioning the dense model's own modules on a learned
-task embedding: `CAMTLForMultiTask`, and `CAMTLModel`, the same model under its first name (a BERT by default; it
-loads the checkpoints its earlier BERT-only implementation saved, through `CAMTLModel.checkpoint_key_mapping`).
+task embedding: `CAMTLForMultiTask` (`CAMTLModel`, its BERT variant, is in `bert.py`).
 
 The dense model (`AutoModel.from_config(config.dense_config)`) runs its own forward -- its attention kernels, masks,
 rotary positions, local/global layers. The surgery (`_wrap_backbone`) touches only the modules its `Backbone`
@@ -25,8 +24,6 @@ bound methods of the conditional modules, so `copy.deepcopy` of the model keeps 
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
 from transformers import initialization as init
@@ -45,8 +42,8 @@ from ...layers.conditional import (
     film_per_row,
 )
 from ...modeling_utils import MultiTaskPreTrainedModel, grow_embedding
-from ..encoder import TaskEncoderMixin, TaskEncoderOutput
-from .configuration_camtl import CAMTLBackboneConfig, CAMTLConfig, check_attention_implementation
+from ..encoder import TaskEncoderMixin
+from .configuration_camtl import CAMTLBackboneConfig, check_attention_implementation
 
 try:
     from torch.distributed.tensor import DTensor  # FSDP2's sharded parameters
@@ -399,47 +396,3 @@ def _attach(layer: nn.Module, name: str, module: nn.Module) -> nn.Module:
         raise ValueError(f"{type(layer).__name__} already has an attribute {name!r}; cannot attach CA-MTL's {name}.")
     layer.add_module(name, module)
     return module
-
-
-class CAMTLModel(CAMTLForMultiTask):
-    """CA-MTL under its first name: `CAMTLForMultiTask` with `CAMTLConfig` (`model_type` `taskmoe_camtl`: a BERT by
-    default, BERT's pooler for the heads, a BERT's fields also taken flat), so `CAMTLModel.from_dense(bert, tasks)`
-    and every checkpoint its earlier BERT-only implementation saved keep working. Build one from a dense BERT with
-    `CAMTLModel.from_dense(...)`; train it with `MultiTaskTrainer(...,
-    args=MultiTaskTrainingArguments(task_sampling="uncertainty"))` for the paper's MT-Uncertainty sampling.
-
-    Checkpoints of the earlier implementation held the encoder under `bert.` (task embeddings, alignment and LARGE's
-    skip connection inside it); `from_pretrained` (also through `AutoModel`) renames them with `checkpoint_key_mapping`,
-    which leaves the names of this layout as they are. Built as `CAMTLForMultiTask` is (its example), from a BERT:
-    `CAMTLModel.from_dense("path/or/repo-of-a-bert", tasks=tasks)`.
-    """
-
-    config_class = CAMTLConfig
-    #: regex -> replacement, applied in order to each saved name (transformers' `from_pretrained(key_mapping=...)`):
-    #: the earlier layout to this one. No name of this layout starts with `bert.`, so it is left as it is.
-    checkpoint_key_mapping: ClassVar[dict[str, str]] = {
-        r"^bert\.task_embeddings\.": "task_embeddings.",
-        r"^bert\.alignment\.": "alignment.",
-        r"^bert\.encoder\.skip\.": "skip.",
-        r"^bert\.": "backbone.",
-    }
-
-
-class CAMTLBertModel(CAMTLModel):
-    """The encoder of `CAMTLModel` under its earlier name: `forward` returns the encoder's output (`last_hidden_state`,
-    `pooler_output`: what the heads read, `hidden_states`, `attentions`) instead of the task outputs. It is a
-    `CAMTLModel` (its heads are built, and unused here); its earlier checkpoints (names without the `bert.` prefix)
-    load through `checkpoint_key_mapping`."""
-
-    checkpoint_key_mapping: ClassVar[dict[str, str]] = {
-        **CAMTLModel.checkpoint_key_mapping,
-        r"^encoder\.skip\.": "skip.",
-        r"^(embeddings|encoder|pooler)\.": r"backbone.\1.",
-    }
-
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, inputs_embeds=None,
-                task_ids=None, output_attentions=None, output_hidden_states=None, return_dict=None,
-                **kwargs) -> TaskEncoderOutput | tuple:
-        """Encode a batch whose rows may belong to different tasks (`task_ids`, shape `(batch,)`)."""
-        return self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
-                           output_attentions, output_hidden_states, return_dict=return_dict, **kwargs)

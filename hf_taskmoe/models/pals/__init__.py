@@ -1,14 +1,14 @@
 """PALs: Projected Attention Layers on any declared encoder (RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3,
-ModernBERT, BERT), hooked onto the dense model's own layers (`hf_taskmoe.backbones`): `PALsForMultiTask`, and under
-the names of earlier releases `BertWithPALs` (`PALsForMultiTask` with a BERT default; its checkpoints load)."""
+ModernBERT, BERT), hooked onto the dense model's own layers (`hf_taskmoe.backbones`): `PALsForMultiTask`, one family,
+`pals`; `BertWithPALs` (`bert.py`) is its BERT class, a variant."""
 
 from dataclasses import replace
 
 from ...backbones import ENCODER_BACKBONE
 from ..encoder import encoder_family
 from ..registry import register_family
+from .bert import BertPALsConfig, BertWithPALs
 from .configuration_pals import PAL_SITES, PALsConfig
-from .legacy import BertPALsConfig, BertPALsModel, BertWithPALs
 from .modeling_pals import BackbonePALs, PALsForMultiTask, PALSite
 
 
@@ -27,17 +27,16 @@ def describe_bert(c: BertPALsConfig) -> str:
 
 
 #: every dense weight keeps its name (the PALs hook onto the layers); PALs and heads are new
-FAMILY = register_family(encoder_family(
+GENERIC = encoder_family(
     "pals", PALsConfig, PALsForMultiTask, "pals", describe,
     backbone_kind=ENCODER_BACKBONE,  # every declared encoder, one declared later included
-))
+    aliases=("bert_pals",),
+)
+#: a BERT checkpoint builds a BertWithPALs (`family_for`)
+FAMILY = register_family(replace(GENERIC, variants=(replace(
+    GENERIC, config_class=BertPALsConfig, model_class=BertWithPALs, describe=describe_bert, backbone_kind=None,
+    dense_model_types=("bert",),
+),)))
 
-#: the name and `model_type` of earlier releases' BERT class: `--model_family bert_pals` on a BERT, old configs
-#: (`family_of`) and checkpoints (`AutoModel`); the same method, the same implementation
-BERT_FAMILY = register_family(replace(
-    FAMILY, name="bert_pals", config_class=BertPALsConfig, model_class=BertWithPALs, describe=describe_bert,
-    backbone_kind=None, dense_model_types=("bert",),
-))
-
-__all__ = ["BERT_FAMILY", "FAMILY", "PAL_SITES", "BackbonePALs", "BertPALsConfig", "BertPALsModel", "BertWithPALs",
-           "PALSite", "PALsConfig", "PALsForMultiTask"]
+__all__ = ["FAMILY", "PAL_SITES", "BackbonePALs", "BertPALsConfig", "BertWithPALs", "PALSite", "PALsConfig",
+           "PALsForMultiTask"]

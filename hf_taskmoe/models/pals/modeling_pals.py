@@ -17,9 +17,8 @@ layer's own modules, found through the architecture's `Backbone` declaration:
   `"attention"`: a forward hook on the attention's output projection (`Backbone.attention_output`) adds it there.
 
 The PALs themselves (`E_t`, `D_t` shared by the layers, one attention per layer and group) are one
-`ProjectedAttentionLayers` at the model level (`pals.`; earlier releases' `BertWithPALs` kept them under
-`bert.pals.`, renamed on load: `hf_taskmoe.models.pals.legacy`). With `D_t = 0` (the default) every PAL adds
-`GELU(0) = 0`: the model `from_dense` builds computes exactly the dense model.
+`ProjectedAttentionLayers` at the model level (`pals.`). With `D_t = 0` (the default) every PAL adds `GELU(0) = 0`:
+the model `from_dense` builds computes exactly the dense model.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from transformers import initialization as init
 
 from ...backbones import Backbone, TaskContext, layer_hidden_input
 from ...contract import ParameterRoles
-from ...layers.pals import PAL_WEIGHTS, PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask
+from ...layers.pals import PALAttention, PALDecoder, ProjectedAttentionLayers, pal_key_mask
 from ...modeling_utils import MultiTaskPreTrainedModel
 from ..encoder import TaskEncoderMixin
 from .configuration_pals import PALsConfig
@@ -166,7 +165,6 @@ class PALsForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # trained alone by the paper's best extension (section 3.4: task-specific training after joint training)
     # absent tasks' heads and PALs sit out a step
-    stacked_weights = PAL_WEIGHTS  # query / key / value of earlier checkpoints load into the fused `qkv`
     parameter_roles = ParameterRoles(roles={"pal": r"^pals\."}, task_specific=("pal",), possibly_idle=("pal", "head"),
                                      new=("pal",))
 

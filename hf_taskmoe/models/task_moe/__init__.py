@@ -1,15 +1,15 @@
 """MT-TaG, MT-Switch and MT-Dense (Sparsely Activated Mixture-of-Experts are Robust Multi-Task Learners) on any declared
 encoder (BERT, RoBERTa, XLM-R, ELECTRA, DistilBERT, DeBERTa-v2/v3, ModernBERT): `TaskMoEForMultiTask`, wrapping the
-dense model's own FFNs (`hf_taskmoe.backbones`). `BertForTaskMoE` (family `bert_taskmoe`) is its name on BERT of
-earlier releases (`legacy.py`)."""
+dense model's own FFNs (`hf_taskmoe.backbones`). One family, `taskmoe`; `BertForTaskMoE` (`bert.py`) is its BERT
+class, a variant."""
 
 from dataclasses import replace
 
 from ...backbones import ENCODER_BACKBONE
 from ..encoder import encoder_family
 from ..registry import register_family
+from .bert import BertForTaskMoE, BertTaskMoEConfig
 from .configuration_task_moe import TaskMoEConfig
-from .legacy import BertForTaskMoE, BertTaskMoEConfig, BertTaskMoEModel
 from .modeling_task_moe import BackboneTaskMoE, TaskMoEEncoderOutput, TaskMoEForMultiTask, TaskMoEOutput
 
 
@@ -31,23 +31,13 @@ def describe(c: TaskMoEConfig) -> str:
 GENERIC = encoder_family(
     "taskmoe", TaskMoEConfig, TaskMoEForMultiTask, "mt-tag",
     lambda c: f"{describe(c)}, on a {c.dense_config.model_type} encoder", backbone_kind=ENCODER_BACKBONE,
+    aliases=("bert_taskmoe",),
 )
-# the name of earlier releases first: `family_for("mt-tag", "bert")` builds a BertForTaskMoE, as it did
-LEGACY_FAMILY = register_family(replace(
-    GENERIC, name="bert_taskmoe", config_class=BertTaskMoEConfig, model_class=BertForTaskMoE, describe=describe,
-    backbone_kind=None, dense_model_types=("bert",),
-))
-FAMILY = register_family(GENERIC)
+#: a BERT checkpoint builds a BertForTaskMoE (`family_for`)
+FAMILY = register_family(replace(GENERIC, variants=(replace(
+    GENERIC, config_class=BertTaskMoEConfig, model_class=BertForTaskMoE, describe=describe, backbone_kind=None,
+    dense_model_types=("bert",),
+),)))
 
-__all__ = [
-    "FAMILY",
-    "LEGACY_FAMILY",
-    "BackboneTaskMoE",
-    "BertForTaskMoE",
-    "BertTaskMoEConfig",
-    "BertTaskMoEModel",
-    "TaskMoEConfig",
-    "TaskMoEEncoderOutput",
-    "TaskMoEForMultiTask",
-    "TaskMoEOutput",
-]
+__all__ = ["FAMILY", "BackboneTaskMoE", "BertForTaskMoE", "BertTaskMoEConfig", "TaskMoEConfig", "TaskMoEEncoderOutput",
+           "TaskMoEForMultiTask", "TaskMoEOutput"]

@@ -1,13 +1,13 @@
 """Task-level routing (Ye et al. 2022): one implementation for every architecture. `core.py` holds what every routed
 model shares (the router, its checks and decisions, the forked layers, the routing outputs, `export_task`);
 `modeling_causal_lm.py` the decoder-only models (GPT-2, Llama, Qwen2, Mistral), `modeling_seq2seq.py` the
-encoder-decoders (T5, mT5, BART), each adding only what its layers need. Families: `task_routed_lm`,
-`task_routed_t5` (any encoder-decoder backbone) and `bart_routed` (`BartTaskRouted`: the encoder-decoder class with
-a BART default, and a BERT warm-started into a BART, `bart_from_bert`)."""
+encoder-decoders (T5, mT5, BART), each adding only what its layers need. One family, `task_routing`, holds both,
+and `BartTaskRouted`: the encoder-decoder class with a BART default (its config has the seq2seq model's
+`model_type`), which also takes a BERT warm-started into a BART (`bart_from_bert`)."""
 
 from dataclasses import replace
 
-from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE, backbone_names
+from ...backbones import DECODER_BACKBONE, ENCODER_DECODER_BACKBONE
 from ...pipelines import TEXT2TEXT_PIPELINE_TASK
 from ...problem_types import TEXT_TO_TEXT
 from ...upcycling import UpcyclingRules
@@ -57,34 +57,33 @@ def _upcycling(model_class) -> UpcyclingRules:
                           new=model_class.parameter_roles.new_patterns)
 
 
-LM_FAMILY = register_family(Family(
-    name="task_routed_lm", config_class=TaskRoutedLMConfig, model_class=TaskRoutedForCausalLM,
-    auto_classes=TaskRoutedForCausalLM.auto_classes, problem_types=TEXT_TO_TEXT,
-    pipeline_task=TEXT2TEXT_PIPELINE_TASK, describe=describe, upcycling=_upcycling(TaskRoutedForCausalLM),
-    dense_model_types=tuple(backbone_names(DECODER_BACKBONE)), method="task-routing",
-))
-
-SEQ2SEQ_FAMILY = register_family(replace(
-    LM_FAMILY, name="task_routed_t5", config_class=TaskRoutedSeq2SeqConfig, model_class=TaskRoutedForSeq2SeqLM,
-    auto_classes=TaskRoutedForSeq2SeqLM.auto_classes, describe=describe_seq2seq,
-    upcycling=_upcycling(TaskRoutedForSeq2SeqLM), dense_model_types=tuple(backbone_names(ENCODER_DECODER_BACKBONE)),
-    export_kind="encoder_decoder",
-))
-
-
 def prepare_dense(dense, dense_config):
     """No BART weights offline: a BERT checkpoint is warm-started into a BART (BERT2BERT, `bart_from_bert`)."""
     return bart_from_bert(dense) if getattr(dense_config, "model_type", None) == "bert" else dense
 
 
-BART_FAMILY = register_family(replace(
-    SEQ2SEQ_FAMILY, name="bart_routed", config_class=BartTaskRoutedConfig, model_class=BartTaskRouted,
-    auto_classes=BartTaskRouted.auto_classes, describe=describe_bart, dense_model_types=("bart", "bert"),
-    prepare_dense=prepare_dense,
-))
+_LM = Family(
+    name="task_routing", config_class=TaskRoutedLMConfig, model_class=TaskRoutedForCausalLM,
+    auto_classes=TaskRoutedForCausalLM.auto_classes, problem_types=TEXT_TO_TEXT,
+    pipeline_task=TEXT2TEXT_PIPELINE_TASK, describe=describe, upcycling=_upcycling(TaskRoutedForCausalLM),
+    backbone_kind=DECODER_BACKBONE, method="task-routing", aliases=("task_routed_lm", "task_routed_t5", "bart_routed"),
+)
+_SEQ2SEQ = replace(
+    _LM, config_class=TaskRoutedSeq2SeqConfig, model_class=TaskRoutedForSeq2SeqLM,
+    auto_classes=TaskRoutedForSeq2SeqLM.auto_classes, describe=describe_seq2seq,
+    upcycling=_upcycling(TaskRoutedForSeq2SeqLM), backbone_kind=ENCODER_DECODER_BACKBONE,
+    export_kind="encoder_decoder", prepare_dense=prepare_dense,  # also for a saved BART warm-started from a BERT
+)
+#: one family, three models: the causal LM, the seq2seq LM and `BartTaskRouted` (which `family_for` picks for a
+#: BART or a BERT checkpoint, the BERT warm-started into a BART)
+FAMILY = register_family(replace(_LM, variants=(
+    _SEQ2SEQ,
+    replace(_SEQ2SEQ, config_class=BartTaskRoutedConfig, model_class=BartTaskRouted, describe=describe_bart,
+            backbone_kind=None, dense_model_types=("bart", "bert")),
+)))
 
 __all__ = [
-    "BartTaskRouted", "BartTaskRoutedConfig", "T5RoutedBlock", "TaskRoutedCausalLMOutput", "TaskRoutedForCausalLM",
-    "TaskRoutedForSeq2SeqLM", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig", "TaskRoutedSeq2SeqOutput",
-    "bart_from_bert",
+    "FAMILY", "BartTaskRouted", "BartTaskRoutedConfig", "T5RoutedBlock", "TaskRoutedCausalLMOutput",
+    "TaskRoutedForCausalLM", "TaskRoutedForSeq2SeqLM", "TaskRoutedLMConfig", "TaskRoutedSeq2SeqConfig",
+    "TaskRoutedSeq2SeqOutput", "bart_from_bert",
 ]

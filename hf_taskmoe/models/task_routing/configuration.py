@@ -340,8 +340,7 @@ class TaskRoutedSeq2SeqConfig(TaskRoutedLMConfig):
         return [f"E{i}" for i in self.encoder_route_layers] + [f"D{i}" for i in self.decoder_route_layers]
 
 
-#: the fields of a `BartConfig` (not of every config): a `BartTaskRoutedConfig` saved before BART was a backbone of
-#: `TaskRoutedForSeq2SeqLM` carried them at its top level (it was a `BartConfig`)
+#: the fields of a `BartConfig` (not of every config), which `BartTaskRoutedConfig` also takes at its top level
 BART_FIELDS = frozenset(f.name for f in dataclasses.fields(BartConfig)) - frozenset(
     f.name for f in dataclasses.fields(PreTrainedConfig)
 )
@@ -353,13 +352,11 @@ _READ_THROUGH = BART_FIELDS - {"forced_eos_token_id"}
 class BartTaskRoutedConfig(TaskRoutedSeq2SeqConfig):
     r"""
     Configuration of `BartTaskRouted`: `TaskRoutedSeq2SeqConfig` over a BART (the paper's setting), every field
-    meaning the same. The dense BART's fields may also be given at the top level, as this config took them when it
-    was a `BartConfig` (`BartTaskRoutedConfig(d_model=768, encoder_layers=6, ..., tasks=...)`, and the `config.json`
-    of a checkpoint saved then): they make the `dense_config`, and reading one (`config.d_model`) reads the dense
-    config's.
+    meaning the same, and its `model_type` (a saved `BartTaskRouted` is a saved `TaskRoutedForSeq2SeqLM`). The dense
+    BART's fields may also be given at the top level (`BartTaskRoutedConfig(d_model=768, encoder_layers=6, ...,
+    tasks=...)`): they make the `dense_config`, and reading one (`config.d_model`) reads the dense config's.
     """
 
-    model_type = "taskmoe_bart_routed"
     method_name: ClassVar[str] = "Task-level routing (BartTaskRouted)"
     dense_config_default: ClassVar[str] = "bart"
 
