@@ -519,12 +519,6 @@ def apply_generation_convention(generation_config, config, max_new_tokens: int |
     return generation_config
 
 
-#: the weight names of a `BartTaskRouted` saved before BART was a backbone of `TaskRoutedForSeq2SeqLM` (a
-#: `BartForConditionalGeneration` subclass: `model.*`, `lm_head.*`, `final_logits_bias`) -> today's (the same under
-#: `backbone.`); transformers' `from_pretrained(key_mapping=...)` applies it while loading
-LEGACY_BART_KEYS = {r"^(model\.|lm_head\.|final_logits_bias$)": r"backbone.\1"}
-
-
 class BartTaskRouted(TaskRoutedForSeq2SeqLM):
     r"""
     `TaskRoutedForSeq2SeqLM` over a BART (Ye et al. 2022's setting), with BART's generation convention
@@ -532,14 +526,11 @@ class BartTaskRouted(TaskRoutedForSeq2SeqLM):
     take one task id per row (index into `config.tasks`); a batch may mix tasks.
 
     Build one from a dense BART with `BartTaskRouted.from_dense("facebook/bart-base", tasks)` (experts start as the
-    dense layer plus N(0, 1e-8) noise, section 5.2), or from a BERT checkpoint through `bart_from_bert`. Checkpoints
-    saved before BART was served by the encoder-decoder class load unchanged (`LEGACY_BART_KEYS`).
+    dense layer plus N(0, 1e-8) noise, section 5.2), or from a BERT checkpoint through `bart_from_bert`.
     """
 
     config_class = BartTaskRoutedConfig
     dense_kind = "a BartForConditionalGeneration (AutoModelForSeq2SeqLM)"
-
-    checkpoint_key_mapping = LEGACY_BART_KEYS
 
     def _apply_generation_convention(self, generation_config):
         return apply_generation_convention(generation_config, self.config.dense_config)
