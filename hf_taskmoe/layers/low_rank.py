@@ -146,10 +146,11 @@ class LowRankExperts(nn.Module):
             d = d.reshape(shape[0], -1, d.shape[-1])  # (b, T, E)
         if path == "one":
             idx = d.argmax(-1)  # (b,) each row's expert, on the device
-            value = d.gather(1, idx[:, None])  # (b, 1): exactly 1 under a hard route (its gradient, if any)
-            h = torch.bmm(x, A.index_select(0, idx).transpose(1, 2))  # (b, T, r)
+            # the chosen decision's value (exactly 1 under a hard route; its gradient, if any) and the scale multiply
+            # the rank-r product, not the output: r columns, not `out`, in the forward, the backward and the memory
+            value = d.gather(1, idx[:, None]) * self.scaling  # (b, 1)
+            h = torch.bmm(x, A.index_select(0, idx).transpose(1, 2)) * value[:, :, None]  # (b, T, r)
             y = torch.bmm(h, B.index_select(0, idx).transpose(1, 2))  # (b, T, out)
-            y = y * (value * self.scaling)[:, :, None]
         elif path == "mix":
             E, r = self.num_experts, self.rank
             h = x @ A.reshape(E * r, -1).T  # (b, T, E * r)
