@@ -10,8 +10,9 @@ from transformers import AutoModel
 
 import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, TaskMoEForMultiTask
+from hf_taskmoe.backbones.base import TaskContext
 from hf_taskmoe.compat import CHECKPOINTING_ENABLE
-from hf_taskmoe.layers.low_rank import LowRankExperts, TokenLowRankExperts
+from hf_taskmoe.layers.low_rank import LowRankExperts, TokenLowRankExperts, token_decisions_key
 from hf_taskmoe.layers.moe import TaskMoE
 from hf_taskmoe.models.task_moe import TaskMoEConfig
 
@@ -65,19 +66,25 @@ def test_upcycled_logits_are_the_dense_model_through_the_heads(arch):
 
 def test_per_token_decisions_select_each_tokens_expert_in_one_product():
     torch.manual_seed(0)
-    layer = TokenLowRankExperts(torch.nn.Linear(6, 5), num_experts=3, rank=2, alpha=4.0)
+    context = TaskContext()
+    layer = TokenLowRankExperts(torch.nn.Linear(6, 5), num_experts=3, rank=2, alpha=4.0, route_index=7,
+                                context=context)
     with torch.no_grad():
         layer.lora_B.normal_()
     x = torch.randn(2, 4, 6)
     chosen = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 1]])
-    layer.decisions = torch.nn.functional.one_hot(chosen, 3).float()
+    # the MoE layer's way: its tokens' decisions in the context's flags, keyed by its layer index
+    context.begin(torch.zeros(2, dtype=torch.long), **{token_decisions_key(7): torch.nn.functional.one_hot(chosen, 3)})
     got = layer(x)
     for b in range(2):
         for t in range(4):
             j = chosen[b, t]
             want = layer.base_layer(x[b, t]) + layer.scaling * (layer.lora_B[j] @ (layer.lora_A[j] @ x[b, t]))
             torch.testing.assert_close(got[b, t], want, atol=1e-6, rtol=1e-6)
-    layer.decisions = None
+    context.begin(torch.zeros(2, dtype=torch.long), **{token_decisions_key(6): torch.ones(2, 4, 3)})  # another layer's
+    with pytest.raises(RuntimeError, match="decisions"):
+        layer(x)
+    context.end()
     with pytest.raises(RuntimeError, match="decisions"):
         layer(x)
 
@@ -269,11 +276,9 @@ def test_top_2_mixes_the_chosen_deltas_and_gate_weighting_scales_by_their_probab
             for t in range(5):
                 d = torch.zeros(4)
                 d[top_e[b, t]] = top_p[b, t] / top_p[b, t].sum()
-                for linear in (ffn.w_in, ffn.w_out):
-                    linear.decisions = d.view(1, 1, 4)
+                moe.context.flags = {moe.decisions_key: d.view(1, 1, 4)}  # what the layer puts in its context
                 want = ffn(x[b: b + 1, t: t + 1])[0, 0]
-                for linear in (ffn.w_in, ffn.w_out):
-                    linear.decisions = None
+                moe.context.flags = {}
                 torch.testing.assert_close(straight[b, t], want, atol=1e-6, rtol=1e-5)
         moe.expert_weighting = "gate"
         gated = TaskMoE.forward(moe, x, task_ids).hidden_states
