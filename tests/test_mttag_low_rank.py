@@ -4,6 +4,8 @@ weights are frozen unless `train_base=True`. Tiny BERT (a split FFN) and DistilB
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModel
@@ -127,6 +129,29 @@ def test_frozen_base_trains_only_deltas_gates_and_heads_and_the_experts_diverge(
         trained = [j for j, d in enumerate(experts) if d.abs().sum() > 0]
         assert len(trained) >= 2
         assert all(not torch.equal(experts[i], experts[j]) for i in trained for j in trained if i < j)
+
+
+def test_checkpointed_layers_recompute_with_their_own_tokens_decisions():
+    """Under gradient checkpointing each MoE layer's linears are recomputed with the decisions the layer puts in the
+    task context again: the same loss and gradients as without checkpointing, with trained deltas."""
+    torch.manual_seed(0)
+    model = low_rank("bert")
+    with torch.no_grad():
+        for module in deltas(model).values():
+            module.lora_B.normal_(0, 0.3)
+    checkpointed = copy.deepcopy(model)
+    getattr(checkpointed, CHECKPOINTING_ENABLE)()
+    batch = labelled_batch(model, [0, 1, 0, 1, 1, 0])
+    results = []
+    for m in (model, checkpointed):
+        m.train()
+        loss = m(**batch).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.requires_grad}))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    assert results[0][1].keys() == results[1][1].keys()
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_train_base_trains_everything():
