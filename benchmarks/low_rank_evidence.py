@@ -16,7 +16,9 @@ after a seeded shuffle), a prompt `"<task>: <text>\\nAnswer:"` (text cut to `--m
 plus EOS (loss on the target only); then greedy decoding of `--eval_per_task` held-out rows per task (the dev files),
 exact match of the stripped text before the first newline. Reported per (configuration, seed): each task's exact
 match and their average, trainable and stored parameters, peak resident memory over training (`VmHWM`, reset after
-the model was built), median step time.
+the model was built and the heap's free memory handed back), median step time (wall) and median process CPU time of a
+step (`step_cpu_s`: on shared cores wall time follows the other programs' load, which changes between the
+configurations' subprocesses; use `--threads 1` there).
 
 Resumable: every (configuration, seed) runs in a fresh subprocess and appends one JSON line to `--results`; a pair
 already there is skipped, so an interrupted run continues where it stopped. The last line printed is one JSON object
@@ -57,6 +59,20 @@ def _status(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _trim_heap() -> None:
+    """Hand the heap's free memory back (glibc's `malloc_trim`): a model built from the dense one freed the dense
+    copy, which the allocator would otherwise keep resident and count in the peak."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
 
 class ByteTokenizer:
@@ -172,6 +188,7 @@ def run_one(config: str, args) -> dict:
     model, select = build(config, dense, args, tasks)
     del dense  # the routed models copied its weights: only the model built from it stays resident
     gc.collect()
+    _trim_heap()
     stored = sum(p.numel() for p in model.parameters())  # per-task LoRA: the base and every task's adapter
     torch.manual_seed(args.seed)
     lr = LEARNING_RATES.get(config, args.lr)
@@ -202,7 +219,7 @@ def run_one(config: str, args) -> dict:
         trainable = sum(p.numel() for p in params)
         optimizers[None] = torch.optim.AdamW(params, lr=lr)
     Path("/proc/self/clear_refs").write_text("5")
-    times, losses = [], []
+    times, cpu, losses = [], [], []
     for adapter, row_tasks in plan:
         rows = [r for t in dict.fromkeys(row_tasks) for r in rows_of(t, row_tasks.count(t))]
         order = [t for t in dict.fromkeys(row_tasks) for _ in range(row_tasks.count(t))]
@@ -211,12 +228,13 @@ def run_one(config: str, args) -> dict:
             batch["task_ids"] = torch.tensor([tasks.index(t) for t in order])
         if adapter is not None:
             model.set_adapter(adapter)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         loss = model(**batch).loss
         loss.backward()
         optimizers[adapter].step()
         optimizers[adapter].zero_grad(set_to_none=True)
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
         losses.append(float(loss))
     peak = _status("VmHWM")
     model.eval()
@@ -241,7 +259,8 @@ def run_one(config: str, args) -> dict:
         "config": config, "seed": args.seed, "steps": args.steps, "batch": args.batch, "rank": args.rank,
         "smoke": args.smoke, "lr": lr, "exact_match": scores, "average": sum(scores.values()) / len(scores),
         "trainable": trainable, "stored": stored, "peak_mib": round(peak / 2**20, 1),
-        "step_s": round(statistics.median(times), 4), "first_loss": losses[0], "last_loss": losses[-1],
+        "step_s": round(statistics.median(times), 4),
+        "step_cpu_s": round(statistics.median(cpu), 4), "first_loss": losses[0], "last_loss": losses[-1],
         "threads": args.threads,
     }
 
@@ -263,11 +282,16 @@ def summarise(rows: list[dict]) -> dict:
             "stored": mine[0]["stored"], "peak_mib": statistics.median(r["peak_mib"] for r in mine),
             "step_s": statistics.median(r["step_s"] for r in mine),
         }
+        cpu = [r["step_cpu_s"] for r in mine if "step_cpu_s" in r]  # rows of earlier runs have none
+        if cpu:
+            out[config]["step_cpu_s"] = statistics.median(cpu)
     ref = out.get("lora_all")
     if ref:
         for row in out.values():
             row["peak_x_lora_all"] = round(row["peak_mib"] / ref["peak_mib"], 3)
             row["step_x_lora_all"] = round(row["step_s"] / ref["step_s"], 3)
+            if "step_cpu_s" in row and "step_cpu_s" in ref:
+                row["step_cpu_x_lora_all"] = round(row["step_cpu_s"] / ref["step_cpu_s"], 3)
     return out
 
 

@@ -20,7 +20,10 @@ Peak memory is the child's peak resident set (`VmHWM` of /proc/self/status) over
 (`/proc/self/clear_refs`) once the model is built, so building (which briefly holds the dense model and the routed
 one) does not count; it includes the weights, activations, gradients and AdamW's state. Step time is the median over
 `--steps` steps after one warm-up, over `--repeats` rounds in which the configurations run alternately (the order
-rotates each round). Ratios are to `lora_r` and to `lora_4r`.
+rotates each round), and the median process CPU time of the same steps (`cpu_s`: on cores other programs share, wall
+time swings with their load, several-fold with `--threads 2`, whose threads wait on each other; CPU time at `--threads
+1` does much less). Ratios are to `lora_r` and to `lora_4r`. Before the peak is reset the heap's free memory is handed
+back (`malloc_trim`), so the dense model a routed one was built from is not counted.
 
 Generation (`--generation`, in its own child): a routed low-rank model with `selection="hard"` (random deltas and
 router, as training would leave them), its `export_task_adapters` read back as a base (the dense model) and as
@@ -58,6 +61,20 @@ def _status(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _trim_heap() -> None:
+    """Return the heap's free memory to the system (glibc's `malloc_trim`): building a routed model from a dense one
+    frees the dense copy, which the allocator would otherwise keep resident and count in every later peak."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc
+            pass
 
 
 def _reset_peak() -> None:
@@ -129,17 +146,19 @@ def child_step(name: str, args) -> dict:
     if routed:
         kwargs["task_ids"] = tasks
     gc.collect()
+    _trim_heap()
     _reset_peak()
     before = _status("VmRSS")
-    times = []
+    times, cpu = [], []
     for step in range(1 + args.steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         model(**kwargs).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if step:  # the first step is a warm-up (allocations, AdamW's state)
             times.append(time.perf_counter() - start)
-    return {"config": name, "peak_bytes": _status("VmHWM"), "built_bytes": before, "step_s": times,
+            cpu.append(time.process_time() - start_cpu)
+    return {"config": name, "peak_bytes": _status("VmHWM"), "built_bytes": before, "step_s": times, "cpu_s": cpu,
             "trainable": sum(p.numel() for p in params), "stored": sum(p.numel() for p in model.parameters())}
 
 
@@ -248,17 +267,21 @@ def main(argv: list[str] | None = None) -> None:
             "peak_mib": round(statistics.median(r["peak_bytes"] for r in results) / 2**20, 1),
             "built_mib": round(statistics.median(r["built_bytes"] for r in results) / 2**20, 1),
             "step_s": round(statistics.median(steps), 4), "all_step_s": [round(t, 4) for t in steps],
+            "cpu_s": round(statistics.median(t for r in results for t in r["cpu_s"]), 4),
         }
     for ref in ("lora_r", "lora_4r"):
         if ref in rows:
             for row in rows.values():
                 row[f"peak_x_{ref}"] = round(row["peak_mib"] / rows[ref]["peak_mib"], 3)
                 row[f"step_x_{ref}"] = round(row["step_s"] / rows[ref]["step_s"], 3)
-    print(f"{'config':<18}{'trainable':>12}{'peak MiB':>10}{'step s':>9}{'mem/r':>7}{'mem/4r':>8}{'t/r':>7}{'t/4r':>7}")
+                row[f"cpu_x_{ref}"] = round(row["cpu_s"] / rows[ref]["cpu_s"], 3)
+    print(f"{'config':<18}{'trainable':>12}{'peak MiB':>10}{'step s':>9}{'cpu s':>8}{'mem/r':>7}{'mem/4r':>8}"
+          f"{'t/r':>7}{'t/4r':>7}{'cpu/r':>7}")
     for name, row in rows.items():
-        print(f"{name:<18}{row['trainable']:>12,}{row['peak_mib']:>10.1f}{row['step_s']:>9.3f}"
+        print(f"{name:<18}{row['trainable']:>12,}{row['peak_mib']:>10.1f}{row['step_s']:>9.3f}{row['cpu_s']:>8.3f}"
               f"{row.get('peak_x_lora_r', float('nan')):>7.3f}{row.get('peak_x_lora_4r', float('nan')):>8.3f}"
-              f"{row.get('step_x_lora_r', float('nan')):>7.3f}{row.get('step_x_lora_4r', float('nan')):>7.3f}")
+              f"{row.get('step_x_lora_r', float('nan')):>7.3f}{row.get('step_x_lora_4r', float('nan')):>7.3f}"
+              f"{row.get('cpu_x_lora_r', float('nan')):>7.3f}")
     cfg = dense_config(args)
     result = {
         "machine": args.machine, "threads": args.threads, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,

@@ -88,6 +88,12 @@ CASES = {
                                   _routed(test_task_routed_lm.lm_batch), None)
        for arch in ("llama", "gpt2")},
     "task_routed_t5": (_t5, _routed(test_task_routed_t5.s2s_batch), None),
+    # low-rank experts (`expert_rank`): MT-TaG's per-token decisions and task routing's per-row ones both reach the
+    # wrapped linears through the task context (`layers/low_rank.py`); hard routes take the one-expert path
+    "mt_tag_low_rank-bert": (lambda: TaskMoEForMultiTask(TaskMoEConfig(
+        dense_config=dense_config("bert"), tasks=TASKS, num_experts=4, expert_rank=4)), _encoder_batches, None),
+    "task_routed_lm_low_rank-llama": (lambda: test_task_routed_lm.routed("llama", selection="hard", expert_rank=4),
+                                      _routed(test_task_routed_lm.lm_batch), None),
 }
 
 

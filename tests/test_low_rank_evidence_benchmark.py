@@ -40,3 +40,17 @@ def test_smoke_run_appends_one_line_per_run_and_resumes(tmp_path):
     again = _run(results)  # resumable: both pairs are in the file, nothing runs again
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("skipped") == 2 and len(results.read_text().splitlines()) == 2
+
+
+@pytest.mark.ci
+def test_alternated_smoke_run_times_both_configurations_in_one_process():
+    """`benchmarks/low_rank_alternated.py --smoke`: both configurations stepped alternately in one process, wall and
+    CPU seconds per step and their ratios to one LoRA in the JSON line it prints last."""
+    cmd = [sys.executable, str(SCRIPT.parent / "low_rank_alternated.py"), "--smoke", "--steps", "2", "--rank", "4"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result["configs"]) == {"lora_all", "routed_low_rank"} and result["smoke"] is True
+    for row in result["configs"].values():
+        assert len(row["all"]) == 2 and row["wall_s"] > 0 and row["cpu_s"] > 0
+    assert result["configs"]["lora_all"]["cpu_x_lora_all"] == 1.0

@@ -4,14 +4,17 @@ weights are frozen unless `train_base=True`. Tiny BERT (a split FFN) and DistilB
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModel
 
 import hf_taskmoe
 from hf_taskmoe import BertForTaskMoE, TaskMoEForMultiTask
+from hf_taskmoe.backbones.base import TaskContext
 from hf_taskmoe.compat import CHECKPOINTING_ENABLE
-from hf_taskmoe.layers.low_rank import LowRankExperts, TokenLowRankExperts
+from hf_taskmoe.layers.low_rank import LowRankExperts, TokenLowRankExperts, token_decisions_key
 from hf_taskmoe.layers.moe import TaskMoE
 from hf_taskmoe.models import family_of
 from hf_taskmoe.models.task_moe import TaskMoEConfig
@@ -66,19 +69,25 @@ def test_upcycled_logits_are_the_dense_model_through_the_heads(arch):
 
 def test_per_token_decisions_select_each_tokens_expert_in_one_product():
     torch.manual_seed(0)
-    layer = TokenLowRankExperts(torch.nn.Linear(6, 5), num_experts=3, rank=2, alpha=4.0)
+    context = TaskContext()
+    layer = TokenLowRankExperts(torch.nn.Linear(6, 5), num_experts=3, rank=2, alpha=4.0, route_index=7,
+                                context=context)
     with torch.no_grad():
         layer.lora_B.normal_()
     x = torch.randn(2, 4, 6)
     chosen = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 1]])
-    layer.decisions = torch.nn.functional.one_hot(chosen, 3).float()
+    # the MoE layer's way: its tokens' decisions in the context's flags, keyed by its layer index
+    context.begin(torch.zeros(2, dtype=torch.long), **{token_decisions_key(7): torch.nn.functional.one_hot(chosen, 3)})
     got = layer(x)
     for b in range(2):
         for t in range(4):
             j = chosen[b, t]
             want = layer.base_layer(x[b, t]) + layer.scaling * (layer.lora_B[j] @ (layer.lora_A[j] @ x[b, t]))
             torch.testing.assert_close(got[b, t], want, atol=1e-6, rtol=1e-6)
-    layer.decisions = None
+    context.begin(torch.zeros(2, dtype=torch.long), **{token_decisions_key(6): torch.ones(2, 4, 3)})  # another layer's
+    with pytest.raises(RuntimeError, match="decisions"):
+        layer(x)
+    context.end()
     with pytest.raises(RuntimeError, match="decisions"):
         layer(x)
 
@@ -121,6 +130,29 @@ def test_frozen_base_trains_only_deltas_gates_and_heads_and_the_experts_diverge(
         trained = [j for j, d in enumerate(experts) if d.abs().sum() > 0]
         assert len(trained) >= 2
         assert all(not torch.equal(experts[i], experts[j]) for i in trained for j in trained if i < j)
+
+
+def test_checkpointed_layers_recompute_with_their_own_tokens_decisions():
+    """Under gradient checkpointing each MoE layer's linears are recomputed with the decisions the layer puts in the
+    task context again: the same loss and gradients as without checkpointing, with trained deltas."""
+    torch.manual_seed(0)
+    model = low_rank("bert")
+    with torch.no_grad():
+        for module in deltas(model).values():
+            module.lora_B.normal_(0, 0.3)
+    checkpointed = copy.deepcopy(model)
+    getattr(checkpointed, CHECKPOINTING_ENABLE)()
+    batch = labelled_batch(model, [0, 1, 0, 1, 1, 0])
+    results = []
+    for m in (model, checkpointed):
+        m.train()
+        loss = m(**batch).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in m.named_parameters() if p.requires_grad}))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    assert results[0][1].keys() == results[1][1].keys()
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_train_base_trains_everything():
@@ -270,11 +302,9 @@ def test_top_2_mixes_the_chosen_deltas_and_gate_weighting_scales_by_their_probab
             for t in range(5):
                 d = torch.zeros(4)
                 d[top_e[b, t]] = top_p[b, t] / top_p[b, t].sum()
-                for linear in (ffn.w_in, ffn.w_out):
-                    linear.decisions = d.view(1, 1, 4)
+                moe.context.flags = {moe.decisions_key: d.view(1, 1, 4)}  # what the layer puts in its context
                 want = ffn(x[b: b + 1, t: t + 1])[0, 0]
-                for linear in (ffn.w_in, ffn.w_out):
-                    linear.decisions = None
+                moe.context.flags = {}
                 torch.testing.assert_close(straight[b, t], want, atol=1e-6, rtol=1e-5)
         moe.expert_weighting = "gate"
         gated = TaskMoE.forward(moe, x, task_ids).hidden_states

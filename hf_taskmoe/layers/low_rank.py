@@ -24,9 +24,11 @@ decisions' values (nothing is read back to the host):
   hard route; `selection="hard"` carries its `p / sg(p)` router gradient through it). Hard routes take it: `hard` in
   training, every one-hot route at evaluation and in generation.
 
-`TokenLowRankExperts` is the per-token sibling MT-TaG uses with `expert_rank`: its MoE layer sets each token's
-decisions `(batch, seq, experts)` (one-hot of the token's chosen expert under top-1) before running the FFN, and the
-`"mix"` path above computes `base(x_t) + scaling * sum_j d_tj B_j A_j x_t` in the same two stacked GEMMs.
+`TokenLowRankExperts` is the per-token sibling MT-TaG uses with `expert_rank`: the decisions reach both the same way,
+through the model's `TaskContext` (one mechanism: restored under gradient checkpointing, traced by torch.compile);
+its MoE layer puts each token's decisions `(batch, seq, experts)` (one-hot of the token's chosen expert under top-1)
+in the context's flags, keyed by the layer, while it runs the FFN, and the `"mix"` path above computes
+`base(x_t) + scaling * sum_j d_tj B_j A_j x_t` in the same two stacked GEMMs.
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ from transformers.pytorch_utils import Conv1D
 from ..utils import check_float
 
 __all__ = ["EXPERT_PATHS", "LowRankExperts", "LowRankSpec", "TokenLowRankExperts", "check_low_rank_fields",
-           "expert_path",
-           "wrap_linears"]
+           "expert_path", "token_decisions_key", "wrap_linears"]
 
 #: the two ways of computing the deltas (module docstring)
 EXPERT_PATHS = ("mix", "one")
@@ -124,12 +125,16 @@ class LowRankExperts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
+        decisions, path = self.routing()
+        return out + self.delta(x, decisions, path).to(out.dtype)
+
+    def routing(self) -> tuple[torch.Tensor, str]:
+        """This forward's decisions `(batch, experts)` and path, from the model's `TaskContext`."""
         flags = self.context.flags if self.context is not None else {}
         weights = flags.get("routing_weights")
         if weights is None:
             self.context.require_task_ids()  # raises: called outside the model's forward
-        decisions = weights[:, self.route_index]  # (batch, experts)
-        return out + self.delta(x, decisions, flags.get("expert_path", "mix")).to(out.dtype)
+        return weights[:, self.route_index], flags.get("expert_path", "mix")
 
     def delta(self, x: torch.Tensor, decisions: torch.Tensor, path: str = "mix") -> torch.Tensor:
         """`scaling * sum_j d_bj B_j A_j x_b` for `x` `(batch, ..., in)` and `decisions` `(batch, experts)` (one row's
@@ -146,10 +151,11 @@ class LowRankExperts(nn.Module):
             d = d.reshape(shape[0], -1, d.shape[-1])  # (b, T, E)
         if path == "one":
             idx = d.argmax(-1)  # (b,) each row's expert, on the device
-            value = d.gather(1, idx[:, None])  # (b, 1): exactly 1 under a hard route (its gradient, if any)
-            h = torch.bmm(x, A.index_select(0, idx).transpose(1, 2))  # (b, T, r)
+            # the chosen decision's value (exactly 1 under a hard route; its gradient, if any) and the scale multiply
+            # the rank-r product, not the output: r columns, not `out`, in the forward, the backward and the memory
+            value = d.gather(1, idx[:, None]) * self.scaling  # (b, 1)
+            h = torch.bmm(x, A.index_select(0, idx).transpose(1, 2)) * value[:, :, None]  # (b, T, r)
             y = torch.bmm(h, B.index_select(0, idx).transpose(1, 2))  # (b, T, out)
-            y = y * (value * self.scaling)[:, :, None]
         elif path == "mix":
             E, r = self.num_experts, self.rank
             h = x @ A.reshape(E * r, -1).T  # (b, T, E * r)
@@ -162,21 +168,29 @@ class LowRankExperts(nn.Module):
 
 
 class TokenLowRankExperts(LowRankExperts):
-    """`LowRankExperts` whose decisions are per token, set by the MoE layer that owns it (MT-TaG with `expert_rank`:
-    `hf_taskmoe.layers.moe.TaskMoE`) before it runs its FFN: `decisions` `(batch, seq, experts)`, each token's
-    combine weights (one-hot of its chosen expert under top-1). The deltas take the `"mix"` path: `base(x) + scaling
-    * sum_j d_tj B_j A_j x_t` in one stacked product of rank `experts * rank`, no loop over the experts, nothing read
-    back to the host. Outside its owner's forward (no decisions set) it is refused."""
+    """`LowRankExperts` whose decisions are per token (MT-TaG with `expert_rank`): the MoE layer that owns it
+    (`hf_taskmoe.layers.moe.TaskMoE`, layer `route_index`) puts each token's combine weights `(batch, seq, experts)`
+    (one-hot of the token's chosen expert under top-1) in the same `TaskContext` as task routing's decisions, under
+    `token_decisions_key(route_index)`, for the time its FFN runs (restored with the context when a checkpointed layer
+    is recomputed). The deltas take the `"mix"` path: `base(x) + scaling * sum_j d_tj B_j A_j x_t` in one stacked
+    product of rank `experts * rank`, no loop over the experts, nothing read back to the host. Outside its owner's
+    forward (no decisions in the context) it is refused."""
 
-    def __init__(self, base_layer: nn.Module, num_experts: int, rank: int, alpha: float, dropout: float = 0.0):
-        super().__init__(base_layer, num_experts, rank, alpha, dropout)
-        self.decisions: torch.Tensor | None = None  # a plain attribute: set and cleared by the owner each forward
+    def routing(self) -> tuple[torch.Tensor, str]:
+        flags = self.context.flags if self.context is not None else {}
+        decisions = flags.get(token_decisions_key(self.route_index))
+        if decisions is None:
+            raise RuntimeError(
+                "A TokenLowRankExperts runs inside its MoE layer's forward, which puts its tokens' decisions in the "
+                "task context."
+            )
+        return decisions, "mix"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.decisions is None:
-            raise RuntimeError("A TokenLowRankExperts runs inside its MoE layer's forward, which sets its decisions.")
-        out = self.base_layer(x)
-        return out + self.delta(x, self.decisions, "mix").to(out.dtype)
+
+def token_decisions_key(layer: int) -> str:
+    """The `TaskContext.flags` key under which MoE layer `layer` gives its `TokenLowRankExperts` its tokens'
+    decisions."""
+    return f"token_decisions.{layer}"
 
 
 def check_low_rank_fields(config, default_targets: str) -> None:

@@ -36,7 +36,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, use_experts_imp
 from ..compat import grouped_mm_fallback_op
 from ..contract import StackedWeight
 from ..utils import compute_dtype, inverse_permutation, is_capturing, lookup, one_hot
-from .low_rank import TokenLowRankExperts
+from .low_rank import TokenLowRankExperts, token_decisions_key
 
 EXPERT_WEIGHTINGS = ("gate", "straight_through")
 #: MT-TaG's own implementations in transformers' experts registry (`ALL_EXPERTS_FUNCTIONS`), chosen by name like
@@ -552,7 +552,7 @@ class TaskMoE(nn.Module):
     """
 
     def __init__(self, config, layer_idx: int | None = None, experts: ExpertBank | Sequence[nn.Module] | None = None,
-                 low_rank_ffn: nn.Module | None = None):
+                 low_rank_ffn: nn.Module | None = None, context=None):
         """`config`: a `TaskMoEConfig` (hidden and intermediate sizes, activation, `num_experts`, `gating`,
         `top_k`, `expert_weighting`, `experts_implementation`, the auxiliary-loss coefficients, the tasks), read on
         each call for its `experts_implementation`. A layer outside `config.moe_layer_indices` (`layer_idx`) is dense:
@@ -568,8 +568,10 @@ class TaskMoE(nn.Module):
         with whole experts, gives each wrapped linear its tokens' combine weights (`(batch, seq, experts)`: one-hot of
         the chosen expert under top-1; the renormalised top-k probabilities, with their gradient, under top-k), runs
         the FFN once on every token (`W x + s * sum_j d_tj B_j A_j x` on each linear: expert `j` is the FFN with its
-        deltas) and weights the output: straight-through multiplies by `(g - sg(g)) + 1` (exactly 1.0 in value, `g`
-        the chosen experts' summed probability), `"gate"` by `g`. Under top-k the deltas are mixed, not the experts'
+        deltas; the decisions reach the linears through `context`, the model's `TaskContext`, the way task routing's
+        do: in its flags, keyed by the layer, while the FFN runs; a layer built on its own makes its own context) and
+        weights the output: straight-through multiplies by `(g - sg(g)) + 1` (exactly 1.0 in value, `g` the chosen
+        experts' summed probability), `"gate"` by `g`. Under top-k the deltas are mixed, not the experts'
         outputs (one FFN run). `experts_implementation` does not apply (nothing is stacked)."""
         super().__init__()
         moe_layer = layer_idx is None or layer_idx in config.moe_layer_indices
@@ -589,9 +591,17 @@ class TaskMoE(nn.Module):
                     f"(num_experts > 1), got experts={experts is not None}, num_experts={self.num_experts}."
                 )
             experts = [low_rank_ffn]
-            self._delta_linears = [m for m in low_rank_ffn.modules() if isinstance(m, TokenLowRankExperts)]
+            if context is None:  # a layer on its own: a context of its own (a model's layers share the model's)
+                from ..backbones.base import TaskContext
+
+                context = TaskContext()
+            self.decisions_key = token_decisions_key(layer_idx if layer_idx is not None else 0)
+            for linear in low_rank_ffn.modules():
+                if isinstance(linear, TokenLowRankExperts):
+                    linear.context, linear.route_index = context, layer_idx if layer_idx is not None else 0
         elif experts is not None and len(experts) != self.num_experts:
             raise ValueError(f"TaskMoE of layer {layer_idx} takes {self.num_experts} experts, got {len(experts)}.")
+        self.context = context  # a plain object (no weights): shared with the model, not saved
         if experts is None and self.num_experts > 1:
             experts = ExpertBank(config)
         elif experts is None:
@@ -677,13 +687,15 @@ class TaskMoE(nn.Module):
         else:  # the deltas mixed by the renormalised top-k probabilities
             share = top_p / top_p.sum(dim=-1, keepdim=True)
             decisions = top_p.new_zeros(*top_p.shape[:-1], self.num_experts).scatter(-1, top_e, share)
-        for linear in self._delta_linears:
-            linear.decisions = decisions
+        # the FFN's linears read them from the context (`TokenLowRankExperts.routing`), for this call only: a new dict,
+        # so that a snapshot of the flags (a checkpointed layer's) is not changed
+        context = self.context
+        flags = context.flags
+        context.flags = {**flags, self.decisions_key: decisions}
         try:
             y = self.experts[0](hidden_states)
         finally:
-            for linear in self._delta_linears:
-                linear.decisions = None
+            context.flags = flags
         g = top_p.sum(dim=-1, keepdim=True)  # (batch, seq, 1) fp32: the chosen experts' probability
         weight = g if self.expert_weighting == "gate" else (g - g.detach()) + 1.0  # straight-through: 1.0 in value
         return y * weight.to(y.dtype)

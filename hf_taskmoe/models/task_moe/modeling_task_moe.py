@@ -129,8 +129,7 @@ class BackboneTaskMoE(TaskMoE):
 
     def __init__(self, config, layer_idx: int, experts: ExpertBank | list[torch.nn.Module] | None,
                  context: TaskContext, low_rank_ffn: torch.nn.Module | None = None):
-        super().__init__(config, layer_idx, experts, low_rank_ffn=low_rank_ffn)
-        self.context = context
+        super().__init__(config, layer_idx, experts, low_rank_ffn=low_rank_ffn, context=context)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         context = self.context
