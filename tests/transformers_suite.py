@@ -180,25 +180,53 @@ CASES: dict[str, Case] = {
 
 #: architectures declared after the first fourteen (issue 57) under the routed classes: decoders of each structural
 #: kind (Gemma 2's sandwich norms and sliding layers, OLMo 2's output norms, Qwen3's q/k norms, Phi-3's fused
-#: projections) and encoder-decoders (UMT5's per-block position tables, mBART's pre-norm BART layers)
-NEW_ARCH_CASES = {"gemma2": "causal", "olmo2": "causal", "qwen3": "causal", "phi3": "causal", "umt5": "seq2seq",
-                  "mbart": "seq2seq"}
+#: projections, Granite's multipliers, SmolLM3's no-RoPE layers, StableLM's partial rotary, Gemma 3's local and
+#: global rotaries, Starcoder2's biased MLP, Cohere's parallel block, GPT-NeoX's fused qkv) and encoder-decoders
+#: (UMT5's per-block position tables, mBART's pre-norm BART layers, Pegasus' and Marian's sinusoidal positions);
+#: the newer encoders under each encoder method (MT-TaG, PALs, CA-MTL)
+NEW_ARCH_CASES = {"gemma2": "causal", "olmo2": "causal", "qwen3": "causal", "phi3": "causal", "granite": "causal",
+                  "smollm3": "causal", "stablelm": "causal", "gemma3_text": "causal", "starcoder2": "causal",
+                  "cohere": "causal", "gpt_neox": "causal", "umt5": "seq2seq", "mbart": "seq2seq",
+                  "pegasus": "seq2seq", "marian": "seq2seq"}
+NEW_ENCODER_ARCHS = ("camembert", "data2vec-text", "ernie", "rembert", "xlm-roberta-xl", "mpnet")
+
+
+def _sizes(arch: str, dense) -> dict:
+    from hf_taskmoe.backbones import get_backbone
+
+    declared = get_backbone(arch)
+    return {n: declared.config_value(dense, n) for n in ("hidden_size", "num_hidden_layers", "num_attention_heads")}
 
 
 def _new_arch_case(arch: str, inputs: str) -> Case:
-    from hf_taskmoe.backbones import get_backbone
-
     from .backbone_matrix import NEW_CONFIGS
 
     model_class = hf_taskmoe.TaskRoutedForCausalLM if inputs == "causal" else hf_taskmoe.TaskRoutedForSeq2SeqLM
-    dense, declared = NEW_CONFIGS[arch](), get_backbone(arch)
-    sizes = {n: declared.config_value(dense, n) for n in ("hidden_size", "num_hidden_layers", "num_attention_heads")}
     return Case(f"{model_class.__name__}_{arch}", model_class,
                 lambda: model_class.config_class(dense_config=NEW_CONFIGS[arch](), tasks=TEXT_TASKS), inputs,
-                is_encoder_decoder=inputs == "seq2seq", sizes=sizes)
+                is_encoder_decoder=inputs == "seq2seq", sizes=_sizes(arch, NEW_CONFIGS[arch]()))
+
+
+#: each encoder method's extra config arguments (as in its BERT case above)
+_ENCODER_METHODS = {
+    hf_taskmoe.TaskMoEForMultiTask: dict(num_experts=3),
+    hf_taskmoe.PALsForMultiTask: dict(pal_size=8, pal_num_heads=2),
+    hf_taskmoe.CAMTLForMultiTask: dict(conditional_attention_max_length=16),
+}
+
+
+def _new_encoder_case(arch: str, model_class: type) -> Case:
+    from .backbone_matrix import NEW_CONFIGS
+
+    kwargs = _ENCODER_METHODS[model_class]
+    return Case(f"{model_class.__name__}_{arch.replace('-', '_')}", model_class,
+                lambda: model_class.config_class(dense_config=NEW_CONFIGS[arch](), tasks=ENCODER_TASKS, **kwargs),
+                "encoder", sizes=_sizes(arch, NEW_CONFIGS[arch]()))
 
 
 CASES.update({case.name: case for case in (_new_arch_case(a, i) for a, i in NEW_ARCH_CASES.items())})
+CASES.update({case.name: case for case in (_new_encoder_case(a, m) for a in NEW_ENCODER_ARCHS
+                                           for m in _ENCODER_METHODS)})
 NEW_SEQ2SEQ = tuple(name for name, case in CASES.items() if "_" in name and case.is_encoder_decoder)
 
 
@@ -261,10 +289,10 @@ class ModelTester:
 # ---------------------------------------------------------------------------------------------------- the refusals
 ALL = "*"
 ENCODERS = ("TaskMoEForMultiTask", "PALsForMultiTask", "CAMTLForMultiTask", "BertForTaskMoE", "BertWithPALs",
-            "CAMTLModel")
+            "CAMTLModel", *(name for name, case in CASES.items() if "_" in name and case.inputs == "encoder"))
 
 ROUTED = ("TaskRoutedForCausalLM", "TaskRoutedForSeq2SeqLM", "BartTaskRouted",
-          *(name for name in CASES if "_" in name))
+          *(name for name, case in CASES.items() if "_" in name and case.inputs != "encoder"))
 _EXACT_LOAD = ("hf_taskmoe's from_pretrained is exact by design: a checkpoint on file that lacks weights its "
                "config.json describes is refused with a ValueError naming them, not loaded with them random "
                "(tests/family_tester.py::test_a_weights_file_missing_extra_or_misshaped_task_tensors_is_refused_"
