@@ -230,6 +230,15 @@ CASES.update({case.name: case for case in (_new_encoder_case(a, m) for a in NEW_
 NEW_SEQ2SEQ = tuple(name for name, case in CASES.items() if "_" in name and case.is_encoder_decoder)
 
 
+def _takes_segments(config) -> bool:
+    """Whether the encoder reads a second segment: declared so, and a token type table of two entries or more
+    (XLM-R-XL's has one, MPNet has none: `token_type_ids` is refused there)."""
+    from hf_taskmoe.backbones import get_backbone
+
+    dense = getattr(config, "dense_config", None) or config
+    return get_backbone(dense.model_type).segment_ids and getattr(dense, "type_vocab_size", 2) > 1
+
+
 class ModelTester:
     """The `model_tester` transformers' mixin asks for: sizes and `prepare_config_and_inputs_for_common`."""
 
@@ -262,7 +271,7 @@ class ModelTester:
         inputs = {"input_ids": torch.randint(4, VOCAB, (n, seq), generator=g),
                   "attention_mask": torch.ones(n, seq, dtype=torch.long), "task_ids": task_ids}
         inputs["attention_mask"][0, -2:] = 0
-        if self.case.inputs == "encoder":
+        if self.case.inputs == "encoder" and _takes_segments(config):
             inputs["token_type_ids"] = (torch.arange(seq) >= seq // 2).long().expand(n, seq).clone()
         elif self.case.inputs == "seq2seq":
             inputs["decoder_input_ids"] = torch.randint(4, VOCAB, (n, self.decoder_seq_length), generator=g)
@@ -337,6 +346,14 @@ REFUSALS: dict[str, dict[str, str]] = {
               "(bart_routed) and tests/test_task_routed_t5.py"
         for name in ("TaskRoutedForSeq2SeqLM", "BartTaskRouted", *NEW_SEQ2SEQ)
     } | {"MMoEModel": _TABULAR},
+    "test_save_load_keys_to_ignore_on_save": {
+        "TaskRoutedForSeq2SeqLM_marian": "Marian leaves its sinusoidal position tables out of the file "
+        "(`_keys_to_ignore_on_save`, which the routed model inherits, prefixed); the test then expects the "
+        "state dict loaded back to miss those keys and the wrapper's own `_tied_weights_keys` only, but the tied "
+        "embeddings and lm_head are declared by the dense model inside (the wrapper's `all_tied_weights_keys`: "
+        "backbone.lm_head.weight and the embeddings -> backbone.model.shared.weight), so they are missing too and "
+        "tied again on load; Marian's save / load round trip: tests/test_backbones_new.py (family contract, -m slow)",
+    },
     "test_determinism": {name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
     "test_retain_grad_hidden_states_attentions": {
         **{name: _TASK_LOGITS for name in (*ENCODERS, "MMoEModel")},
