@@ -316,8 +316,22 @@ _TABULAR = ("MMoE is a tabular model: its forward takes numeric and categorical 
             "embeddings to get, set or resize and no attention or layer stack whose states it could report "
             "(output_attentions / output_hidden_states are refused by name); its gates: `output_gates`")
 
+_MPNET = tuple(f"{method.__name__}_mpnet" for method in _ENCODER_METHODS)
+_MPNET_NO_CHECKPOINTING = ("transformers' MPNet has no activation checkpointing (MPNetPreTrainedModel."
+                           "supports_gradient_checkpointing is False, its layers are no GradientCheckpointingLayer), "
+                           "so gradient_checkpointing_enable on a method built on it raises transformers' ValueError; "
+                           "the method class declares support for the backbones that have it")
+_MPNET_REFUSED = {test: {name: _MPNET_NO_CHECKPOINTING for name in _MPNET} for test in (
+    "test_gradient_checkpointing_backward_compatibility", "test_gradient_checkpointing_enable_disable",
+    "test_peft_gradient_checkpointing_enable_disable", "test_training_gradient_checkpointing",
+    "test_training_gradient_checkpointing_use_reentrant_false")}
+# this one passes on CA-MTL over MPNet (HF_TASKMOE_TRANSFORMERS_CASES=CAMTLForMultiTask_mpnet): refused for the others
+_MPNET_REFUSED["test_enable_input_require_grads_with_gradient_checkpointing"] = {
+    name: _MPNET_NO_CHECKPOINTING for name in _MPNET[:2]}
+
 #: test name -> {case name or ALL: why it cannot apply}. The one place a test is refused.
 REFUSALS: dict[str, dict[str, str]] = {
+    **_MPNET_REFUSED,
     "test_generation_tester_mixin_inheritance": {
         ALL: "the generation mixin is not in transformers' sdist (tests/generation/ is left out), so no tester can "
              "inherit it; the routed classes' generation is tested by tests/test_*generation.py",
