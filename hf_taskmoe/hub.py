@@ -209,6 +209,64 @@ def _provenance_line(source: str) -> str:
     return line
 
 
+def _metric_names(tasks: list[TaskSpec], metrics: dict[str, float]) -> list[str]:
+    """The results table's metric columns; teacher-forced seq2seq scores (`predict_with_generate=False`) keep their
+    own name."""
+    return list(
+        dict.fromkeys(
+            name
+            for t in tasks
+            for m in t.metrics
+            for name in (m, f"{m}_teacher_forced")
+            if f"eval_{t.name}_{name}" in metrics
+        )
+    ) or list(dict.fromkeys(m for t in tasks for m in t.metrics))
+
+
+def _result_rows(tasks: list[TaskSpec], metrics: dict[str, float], metric_names: list[str],
+                 baselines: dict[str, dict[str, float]] | None) -> list[dict[str, str]]:
+    """One row per task with a score: its cells in percent, each baseline in brackets."""
+    results = []
+    for task in tasks:
+        values = [metrics.get(f"eval_{task.name}_{m}") for m in metric_names]
+        if any(v is not None for v in values):
+            floor = (baselines or {}).get(task.name, {})
+            cells = []
+            for m, v in zip(metric_names, values):
+                base = floor.get(m.removesuffix("_teacher_forced")) if not m.endswith("_teacher_forced") else None
+                cells.append("" if v is None else f"{100 * v:.2f}" + ("" if base is None else f" ({100 * base:.2f})"))
+            results.append({"task": _escape(task.name), "cells": " | ".join(cells)})
+    return results
+
+
+def _aggregates(metrics: dict[str, float]) -> dict[str, str]:
+    """The averages over tasks (and over small tasks, when it differs) in percent."""
+    aggregates = {}
+    if "eval_average" in metrics:
+        aggregates["average over tasks"] = f"{100 * metrics['eval_average']:.2f}"
+    small = metrics.get("eval_small_tasks_average")
+    if small is not None and small != metrics.get("eval_average"):  # equal when every task is small: said once
+        aggregates["average over small tasks"] = f"{100 * small:.2f}"
+    return aggregates
+
+
+def _parameters_line(report, config) -> str:
+    """The parameter counts by role, the total, and the trainable share when the dense weights are frozen."""
+    return ", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}" + (
+        f"; trainable {report.trainable:,} ({100 * report.trainable / report.total:.2f}%: the dense weights are "
+        "frozen)" if getattr(config, "low_rank", False) and not config.train_base else "")
+
+
+def _eval_note(eval_note: str | None, bracketed: bool) -> str | None:
+    """The user's note, escaped, and what the brackets mean when baselines are shown."""
+    eval_note = _escape(eval_note) if eval_note else eval_note
+    if bracketed:
+        eval_note = (eval_note + "; " if eval_note else "") + (
+            "in brackets: the same metric for always predicting the training set's majority class (the mean target "
+            "for regression); a score at its bracket learned nothing")
+    return eval_note
+
+
 def render_model_card(
     model,
     metrics: dict[str, float] | None = None,
@@ -259,32 +317,9 @@ def render_model_card(
         eval_results=eval_results(tasks, metrics, local_files=local_files) or None,
         base_model=base_repo,
     )
-    # a metric's column; teacher-forced seq2seq scores (`predict_with_generate=False`) keep their own name
-    metric_names = list(
-        dict.fromkeys(
-            name
-            for t in tasks
-            for m in t.metrics
-            for name in (m, f"{m}_teacher_forced")
-            if f"eval_{t.name}_{name}" in metrics
-        )
-    ) or list(dict.fromkeys(m for t in tasks for m in t.metrics))
-    results = []
-    for task in tasks:
-        values = [metrics.get(f"eval_{task.name}_{m}") for m in metric_names]
-        if any(v is not None for v in values):
-            floor = (baselines or {}).get(task.name, {})
-            cells = []
-            for m, v in zip(metric_names, values):
-                base = floor.get(m.removesuffix("_teacher_forced")) if not m.endswith("_teacher_forced") else None
-                cells.append("" if v is None else f"{100 * v:.2f}" + ("" if base is None else f" ({100 * base:.2f})"))
-            results.append({"task": _escape(task.name), "cells": " | ".join(cells)})
-    aggregates = {}
-    if "eval_average" in metrics:
-        aggregates["average over tasks"] = f"{100 * metrics['eval_average']:.2f}"
-    small = metrics.get("eval_small_tasks_average")
-    if small is not None and small != metrics.get("eval_average"):  # equal when every task is small: said once
-        aggregates["average over small tasks"] = f"{100 * small:.2f}"
+    metric_names = _metric_names(tasks, metrics)
+    results = _result_rows(tasks, metrics, metric_names, baselines)
+    aggregates = _aggregates(metrics)
     report = parameter_report(model)
     from .models.registry import family_of
 
@@ -297,11 +332,7 @@ def render_model_card(
     provenance = sorted({_provenance_line(p) for p in (data_provenance or []) if p})
     if training is not None:
         training = {_escape(k): _escape(v) for k, v in training.items()}
-    eval_note = _escape(eval_note) if eval_note else eval_note
-    if baselines and results:
-        eval_note = (eval_note + "; " if eval_note else "") + (
-            "in brackets: the same metric for always predicting the training set's majority class (the mean target "
-            "for regression); a score at its bracket learned nothing")
+    eval_note = _eval_note(eval_note, bool(baselines and results))
     return ModelCard.from_template(
         card_data,
         template_path=str(template_path()),
@@ -312,9 +343,7 @@ def render_model_card(
         model_class=type(model).__name__,
         method=method,
         base_model=describe_source(source),
-        parameters=", ".join(f"{role} {n:,}" for role, n in report.by_role.items()) + f"; total {report.total:,}"
-        + (f"; trainable {report.trainable:,} ({100 * report.trainable / report.total:.2f}%: the dense weights are "
-           "frozen)" if getattr(config, "low_rank", False) and not config.train_base else ""),
+        parameters=_parameters_line(report, config),
         tasks=task_rows(tasks, train_sizes, label_ranges, local_files),
         results=results,
         results_header="| task | "

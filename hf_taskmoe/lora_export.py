@@ -539,6 +539,104 @@ def _low_rank(deltas: list[torch.Tensor], rank: int, svd: str) -> tuple[list[tup
 
 
 # --------------------------------------------------------------------------------------------- export
+def _check_flags(svd: str, **flags) -> None:
+    """`export_task_adapters`' bool flags and `svd` method, refused with the argument's name."""
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"`{flag}` must be a bool, got {value!r}.")
+    if svd not in SVD_METHODS:
+        raise ValueError(f"`svd` must be one of {SVD_METHODS}, got {svd!r}.")
+
+
+def _survey_tasks(backbone, layers, base_model, routes, tasks, carry_biases) -> tuple[dict, dict, list[str]]:
+    """Pass 1 of `export_task_adapters`: per task, what its export drops and folds, and the tasks whose adapters
+    carry bias differences (nothing is written)."""
+    dropped, folded, biased = {}, {}, []
+    for task in tasks:
+        deltas = _task_deltas(backbone, layers, base_model, routes[task], carry_biases)
+        dropped[task] = {k: v for _, d in deltas for k, v in d.dropped.items()}
+        folded[task] = [f for _, d in deltas for f in d.folded]
+        if any(d.biases for _, d in deltas):
+            biased.append(task)
+        del deltas
+    return dropped, folded, biased
+
+
+def _refuse_lossy(dropped: dict, carry_biases: bool, post_norm: bool) -> None:
+    """`lossless=True` with something dropped: the one paragraph naming what and why."""
+    what = sorted({k for d in dropped.values() for k in d})
+    raise ValueError(
+        f"lossless=True: this export cannot carry {len(what)} differing parameter(s) "
+        f"(e.g. {what[:4]}): peft runs mixed-adapter batches only through LoRA on linear layers"
+        + (" and these are not linears, norms foldable into the next linears, or biases of linears"
+           if carry_biases else ", and carry_biases=False drops bias differences")
+        + (" (a post-norm layer's norm feeds the residual stream: it cannot be folded)" if post_norm else "")
+        + ". Train with these parts shared across experts, or export with lossless=False and read the cost in "
+        "the returned `dropped`."
+    )
+
+
+def _write_base(path: Path, base_model, tokenizer) -> None:
+    """The dense base (and the tokenizer, when given) under `path/base`."""
+    path.mkdir(parents=True, exist_ok=True)
+    base_dir = path / BASE_FOLDER
+    base_model.save_pretrained(base_dir)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(base_dir)
+
+
+def _write_task_adapter(work, config, task: str, deltas, flat, factors, path: Path):
+    """Inject `task`'s LoRA into `work` with peft, copy its factors (and bias differences) in, save the adapter under
+    `path/<task>`; returns the peft model (to unload) and the worst relative weight error."""
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*lora_bias=True.*")  # a linear without a bias: merge-only
+        peft_model = get_peft_model(work, config, adapter_name=task)
+    worst = 0.0
+    layer_deltas = dict(deltas)
+    with torch.no_grad():
+        for (name, n, _), (a, b, error) in zip(flat, factors):
+            delta = layer_deltas[name]
+            lora = peft_model.base_model.model.get_submodule(f"{name}.{n}")
+            lora.lora_A[task].weight.copy_(a.to(lora.lora_A[task].weight.dtype))
+            lora.lora_B[task].weight.copy_(b.to(lora.lora_B[task].weight.dtype))
+            if lora.lora_B[task].bias is not None:
+                bias = delta.biases.get(n)
+                lora.lora_B[task].bias.copy_(bias.to(lora.lora_B[task].bias.dtype) if bias is not None
+                                             else torch.zeros_like(lora.lora_B[task].bias))
+            worst = max(worst, error / max(float(delta.norms[n].norm()), 1e-30))
+    with warnings.catch_warnings():  # peft 0.21 takes lora_B's 1-D bias for an unsharded ZeRO-3 tensor
+        warnings.filterwarnings("ignore", message=r".*LoRA tensor\(s\) have invalid shape.*")
+        peft_model.save_pretrained(str(path), selected_adapters=[task])
+    return peft_model, worst
+
+
+def _write_adapters(base_model, backbone, layers, routes, tasks, linears, targets, biased, carry_biases, r: int,
+                    method: str, path: Path) -> tuple[dict[str, float], dict]:
+    """Pass 2 of `export_task_adapters`: per task, its deltas truncated to rank `r` and written as a peft LoRA
+    adapter; returns each task's worst relative weight error and its SVD iterations."""
+    from peft import LoraConfig
+
+    conv = any(isinstance(base_model.get_submodule(n), Conv1D) for n in linears)
+    task_type = "SEQ_2_SEQ_LM" if base_model.config.is_encoder_decoder else "CAUSAL_LM"
+    work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
+    errors, iterations = {}, {}
+    for task in tasks:
+        deltas = _task_deltas(backbone, layers, base_model, routes[task], carry_biases)
+        flat = [(name, n, d) for name, delta in deltas for n, d in delta.weights.items()]
+        factors, iterations[task] = _low_rank([d for _, _, d in flat], r, method)  # batched by shape
+        config = LoraConfig(
+            r=r, lora_alpha=r, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=conv,
+            lora_bias=task in biased, task_type=task_type, bias="none",
+        )
+        peft_model, errors[task] = _write_task_adapter(work, config, task, deltas, flat, factors, path)
+        del deltas, flat, factors
+        work = peft_model.unload()
+    del work
+    return errors, iterations
+
+
 def export_task_adapters(
     model,
     path: str | os.PathLike,
@@ -586,20 +684,13 @@ def export_task_adapters(
     rank, `base` and `svd` their defaults.
 
     Returns an `AdapterExport` (also written to `path/hf_taskmoe_adapters.json`)."""
-    from peft import LoraConfig, get_peft_model
-
     if getattr(getattr(model, "config", None), "low_rank", False):
         return _export_low_rank_experts(model, path, rank, tasks, base, force_argmax=force_argmax,
                                         overwrite=overwrite, tokenizer=tokenizer, svd=svd)
     layers = routed_layer_experts(model)
     requested = _check_rank(rank)
     tasks = _check_tasks(model, tasks)
-    for flag, value in (("lossless", lossless), ("force_argmax", force_argmax), ("carry_biases", carry_biases),
-                        ("overwrite", overwrite)):
-        if not isinstance(value, bool):
-            raise ValueError(f"`{flag}` must be a bool, got {value!r}.")
-    if svd not in SVD_METHODS:
-        raise ValueError(f"`svd` must be one of {SVD_METHODS}, got {svd!r}.")
+    _check_flags(svd, lossless=lossless, force_argmax=force_argmax, carry_biases=carry_biases, overwrite=overwrite)
     method = "exact" if lossless else svd  # lossless: the optimal truncation, as the float64 SVD gives it
     if not layers:
         raise ValueError(f"{type(model).__name__} has no routed layer: export_task(task) gives its dense model.")
@@ -618,69 +709,16 @@ def export_task_adapters(
     # task export_task(tasks[-1]) builds); inside them the task's layer is the expert its route takes.
     if len(tasks) > 1:
         _check_outside_layers(base_model, model.export_task(tasks[-1], force_argmax=force_argmax), layers, tasks[-1])
-    dropped, folded, biased = {}, {}, []
-    for task in tasks:
-        deltas = _task_deltas(backbone, layers, base_model, routes[task], carry_biases)
-        dropped[task] = {k: v for _, d in deltas for k, v in d.dropped.items()}
-        folded[task] = [f for _, d in deltas for f in d.folded]
-        if any(d.biases for _, d in deltas):
-            biased.append(task)
-        del deltas
+    dropped, folded, biased = _survey_tasks(backbone, layers, base_model, routes, tasks, carry_biases)
     if lossless and any(dropped.values()):
-        what = sorted({k for d in dropped.values() for k in d})
-        raise ValueError(
-            f"lossless=True: this export cannot carry {len(what)} differing parameter(s) "
-            f"(e.g. {what[:4]}): peft runs mixed-adapter batches only through LoRA on linear layers"
-            + (" and these are not linears, norms foldable into the next linears, or biases of linears"
-               if carry_biases else ", and carry_biases=False drops bias differences")
-            + (" (a post-norm layer's norm feeds the residual stream: it cannot be folded)" if post_norm else "")
-            + ". Train with these parts shared across experts, or export with lossless=False and read the cost in "
-            "the returned `dropped`."
-        )
+        _refuse_lossy(dropped, carry_biases, post_norm)
 
     path = _check_path(path, overwrite, clear=True)
-    path.mkdir(parents=True, exist_ok=True)
-    base_dir = path / BASE_FOLDER
-    base_model.save_pretrained(base_dir)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(base_dir)
+    _write_base(path, base_model, tokenizer)
 
     targets = _target_modules(base_model, linears)
-    conv = any(isinstance(base_model.get_submodule(n), Conv1D) for n in linears)
-    task_type = "SEQ_2_SEQ_LM" if base_model.config.is_encoder_decoder else "CAUSAL_LM"
-    work = copy.deepcopy(base_model)  # peft injects its layers into this copy; the saved base stays plain
-    errors, iterations = {}, {}
-    for task in tasks:
-        deltas = _task_deltas(backbone, layers, base_model, routes[task], carry_biases)
-        flat = [(name, n, d) for name, delta in deltas for n, d in delta.weights.items()]
-        factors, iterations[task] = _low_rank([d for _, _, d in flat], r, method)  # batched by shape
-        config = LoraConfig(
-            r=r, lora_alpha=r, lora_dropout=0.0, target_modules=targets, fan_in_fan_out=conv,
-            lora_bias=task in biased, task_type=task_type, bias="none",
-        )
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*lora_bias=True.*")  # a linear without a bias: merge-only
-            peft_model = get_peft_model(work, config, adapter_name=task)
-        worst = 0.0
-        layer_deltas = dict(deltas)
-        with torch.no_grad():
-            for (name, n, _), (a, b, error) in zip(flat, factors):
-                delta = layer_deltas[name]
-                lora = peft_model.base_model.model.get_submodule(f"{name}.{n}")
-                lora.lora_A[task].weight.copy_(a.to(lora.lora_A[task].weight.dtype))
-                lora.lora_B[task].weight.copy_(b.to(lora.lora_B[task].weight.dtype))
-                if lora.lora_B[task].bias is not None:
-                    bias = delta.biases.get(n)
-                    lora.lora_B[task].bias.copy_(bias.to(lora.lora_B[task].bias.dtype) if bias is not None
-                                                 else torch.zeros_like(lora.lora_B[task].bias))
-                worst = max(worst, error / max(float(delta.norms[n].norm()), 1e-30))
-        errors[task] = worst
-        del deltas, layer_deltas, flat, factors
-        with warnings.catch_warnings():  # peft 0.21 takes lora_B's 1-D bias for an unsharded ZeRO-3 tensor
-            warnings.filterwarnings("ignore", message=r".*LoRA tensor\(s\) have invalid shape.*")
-            peft_model.save_pretrained(str(path), selected_adapters=[task])
-        work = peft_model.unload()
-    del work
+    errors, iterations = _write_adapters(base_model, backbone, layers, routes, tasks, linears, targets, biased,
+                                         carry_biases, r, method, path)
 
     result = AdapterExport(
         path=str(path), base=label, rank=r, requested_rank=requested, tasks=tasks, routes=routes,

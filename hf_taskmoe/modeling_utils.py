@@ -266,6 +266,14 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
         """Step-dependent state `MultiTaskTrainer` sets before each training forward (BartTaskRouted: the Gumbel
         temperature's annealing). Nothing by default."""
 
+    def upcycling_rules(self):
+        """The `UpcyclingRules` `hf_taskmoe.upcycling.upcycle` copies a dense checkpoint into this model with: its
+        family's `Family.upcycling` (None: not built from a dense checkpoint). A backbone-generic family overrides it
+        (the rules depend on the architecture it wraps)."""
+        from .models.registry import family_of
+
+        return family_of(self.config).upcycling
+
     @torch.no_grad()
     def _check_task_order(self, saved: bool = True) -> None:
         """Refuse a config.json whose task order differs from the weights'; a checkpoint saved before the order was

@@ -101,11 +101,13 @@ def load_dense_model(dense: str | os.PathLike | PreTrainedModel | DenseCheckpoin
 
 
 def upcycle(dense: DenseCheckpoint | PreTrainedModel, target: PreTrainedModel, strict: bool = True) -> UpcyclingReport:
-    """Copy the dense model's weights into `target` following the rules of `target.config.model_type`."""
-    from .models.registry import family_of
-
-    # a backbone-generic model knows its own rules (they depend on the architecture it wraps)
-    rules = target.upcycling_rules() if hasattr(target, "upcycling_rules") else family_of(target.config).upcycling
+    """Copy the dense model's weights into `target` following `target.upcycling_rules()` (its family's rules)."""
+    if not hasattr(target, "upcycling_rules"):
+        raise ValueError(
+            f"`target` must be an hf_taskmoe task model (a `MultiTaskPreTrainedModel` of a registered family), got "
+            f"{type(target).__name__}."
+        )
+    rules = target.upcycling_rules()  # the family's rules; a backbone-generic model's own
     if rules is None:
         raise ValueError(
             f"The family of {type(target).__name__} is not built from a dense checkpoint (no upcycling rules)."
