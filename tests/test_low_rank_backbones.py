@@ -138,6 +138,14 @@ def test_upcycled_low_rank_experts_compute_the_dense_model_under_any_route(arch,
         shape = (len(MIXED), model.config.num_routed_layers, model.config.num_experts)
         weights = torch.randn(shape, generator=g) * 3  # any mixture, given by hand
         torch.testing.assert_close(model(**batch, routing_weights=weights).logits, reference, rtol=0, atol=ATOL)
+        if not model.config.is_encoder_decoder:
+            # each layer's recorded output is its hidden-states tensor (Falcon's layers return a tuple), the dense
+            # model's own before the final norm
+            states = model(**batch, output_hidden_states=True).hidden_states
+            expected = dense(**_plain(batch), output_hidden_states=True).hidden_states
+            assert len(states) == len(expected), arch
+            for ours, theirs in zip(states[:-1], expected[:-1]):
+                torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
 
 
 def _load_exported(folder, arch: str, tasks: list[str]):

@@ -225,6 +225,20 @@ def _new_encoder_case(arch: str, model_class: type) -> Case:
 
 
 CASES.update({case.name: case for case in (_new_arch_case(a, i) for a, i in NEW_ARCH_CASES.items())})
+
+
+def _falcon_case() -> Case:
+    """Falcon is declared low-rank only (whole copies of its layers are refused): its case sets `expert_rank`."""
+    from .backbone_matrix import NEW_CONFIGS
+
+    model_class = hf_taskmoe.TaskRoutedForCausalLM
+    return Case(f"{model_class.__name__}_falcon", model_class,
+                lambda: model_class.config_class(dense_config=NEW_CONFIGS["falcon"](), tasks=TEXT_TASKS,
+                                                 expert_rank=4),
+                "causal", sizes=_sizes("falcon", NEW_CONFIGS["falcon"]()))
+
+
+CASES[_falcon_case().name] = _falcon_case()
 CASES.update({case.name: case for case in (_new_encoder_case(a, m) for a in NEW_ENCODER_ARCHS
                                            for m in _ENCODER_METHODS)})
 NEW_SEQ2SEQ = tuple(name for name, case in CASES.items() if "_" in name and case.is_encoder_decoder)
@@ -352,6 +366,18 @@ REFUSALS: dict[str, dict[str, str]] = {
               "checkpoint_kwargs); the default and use_reentrant=False run (the BERT-named classes are these "
               "classes under their earlier names)"
         for name in ENCODERS
+    } | {
+        "TaskRoutedForCausalLM_falcon": "low-rank experts (`expert_rank`, which Falcon needs) read the batch's "
+        "routing decisions from a context that the recomputation restores through torch.utils.checkpoint's "
+        "`context_fn`, which only the non-reentrant checkpoint has: use_reentrant=True is refused with a ValueError "
+        "saying so (hf_taskmoe.backbones.base.TaskContext.checkpoint_kwargs); the default and use_reentrant=False run",
+    },
+    "test_bc_cache_name_forward": {
+        "TaskRoutedForCausalLM_falcon": "with low-rank experts the routed model returns the dense model's own "
+        "DynamicCache (one copy of each layer), so the test goes on to build `DynamicCache(config=config."
+        "get_text_config(decoder=True))` from the wrapper's TaskRoutedLMConfig, which holds the layer count in its "
+        "`dense_config` (`config.dense_config.num_hidden_layers`), not as `num_hidden_layers`; a DynamicCache built "
+        "from `config.dense_config` is taken as `past_key_values`",
     },
     "test_attention_outputs": {
         name: "the output carries `task_ids` (the family contract: every family's output echoes the rows' task "

@@ -351,9 +351,11 @@ class RouteRecorder:
         if self.hidden_states is not None and not self.hidden_states:
             self.hidden_states.append(hidden_states)  # the embedding output, as transformers records it
 
-    def record_output(self, hidden_states: torch.Tensor) -> None:
+    def record_output(self, hidden_states: torch.Tensor | tuple) -> None:
+        """Record a layer's output: its hidden states, the first entry where the layer returns a tuple (a layer
+        left whole, low-rank experts: Falcon's returns `(hidden states, attention weights)`, as its model reads)."""
         if self.hidden_states is not None:
-            self.hidden_states.append(hidden_states)
+            self.hidden_states.append(hidden_states[0] if isinstance(hidden_states, tuple) else hidden_states)
 
     def watch(self, expert: nn.Module) -> tuple[dict[str, list], list]:
         """Hooks on `expert`'s attention modules that keep their probabilities; remove the handles afterwards."""

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutput
 from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
-from ...compat import CACHE_ARG, checkpointing_enable_with, output_cache, pop_cache
+from ...compat import CACHE_ARG, checkpointing_enable_with, is_initialized, output_cache, pop_cache
 from ...contract import LOW_RANK_ROUTING_ROLES, TASK_ROUTING_ROLES
 from ...input_checks import check_kwargs, check_token_ids, resolve_task_ids, token_table_sizes
 from ...layers.grouped_routes import task_sorted_generate
@@ -281,6 +282,19 @@ class TaskRoutingMixin:
         `_init_weights` of this package uses transformers' guarded `initialization` functions, so the library's own
         path is the right one."""
         return False
+
+    def initialize_weights(self):
+        """transformers' `initialize_weights` (a model built on the meta device: `from_pretrained` with missing
+        weights), then the low-rank experts: the dense model inside is a `PreTrainedModel`, so transformers hands
+        the modules under it to the dense model's own `_init_weights`, which knows nothing of `LowRankExperts`."""
+        pending = [module for module in self.modules() if isinstance(module, LowRankExperts)
+                   and not is_initialized(module)]
+        super().initialize_weights()
+        # transformers' pass marked them (by the dense model's `_init_weights`): this model's own, under the guard
+        # that skips a weight loaded from a checkpoint
+        with torch.no_grad(), init.guard_torch_init_functions():
+            for module in pending:
+                self._init_weights(module)
 
     @torch.no_grad()
     def _init_weights(self, module):
