@@ -11,6 +11,8 @@ import tomllib
 from importlib import import_module
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "examples" / "run_multitask.py")
 COMMAND = [sys.executable, "-m", "hf_taskmoe.cli"]
@@ -40,6 +42,7 @@ def test_the_declared_entry_point_is_the_function_that_python_m_runs():
     assert run_multitask.cli is train.cli and run_multitask.main is train.main
 
 
+@pytest.mark.ci  # fresh interpreters, 10-20 s each: .ci/run's ci step runs them
 def test_help_lists_the_subcommands_and_a_wrong_command_is_refused():
     shown = _run([*COMMAND, "--help"])
     assert shown.returncode == 0 and shown.stdout.startswith("usage: hf-taskmoe <command>")
@@ -54,6 +57,7 @@ def test_help_lists_the_subcommands_and_a_wrong_command_is_refused():
     assert "Traceback" not in wrong.stderr
 
 
+@pytest.mark.ci  # fresh interpreters, 10-20 s each: .ci/run's ci step runs them
 def test_train_help_is_the_example_scripts_with_the_commands_name():
     command = _run([*COMMAND, "train", "--help"])
     script = _run([sys.executable, SCRIPT, "--help"])
@@ -63,6 +67,7 @@ def test_train_help_is_the_example_scripts_with_the_commands_name():
     assert "--model_family" in command.stdout and "--tasks" in command.stdout
 
 
+@pytest.mark.ci  # fresh interpreters, 10-20 s each: .ci/run's ci step runs them
 def test_train_refuses_what_the_script_refuses_with_the_same_status(tmp_path, tiny_dense):
     argv = ["--model_name_or_path", str(tiny_dense), "--tasks", "no_such_task"]
     command = _run([*COMMAND, "train", *argv, "--output_dir", str(tmp_path / "a")])
@@ -75,6 +80,7 @@ def test_train_refuses_what_the_script_refuses_with_the_same_status(tmp_path, ti
     assert bad.returncode == 2 and "`max_seq_length` must be an integer >= 1, got 0" in bad.stderr
 
 
+@pytest.mark.ci  # fresh interpreters, 10-20 s each: .ci/run's ci step runs them
 def test_train_runs_the_example_scripts_run(tmp_path, tiny_dense):
     """Two steps of MT-TaG on the demo mixture, from another working folder: a model, its card and the metrics of
     every task, as the script writes them."""
