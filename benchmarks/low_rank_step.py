@@ -50,31 +50,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from low_rank_evidence import _status, _trim_heap  # noqa: E402  (/proc/self/status fields, malloc_trim)
+
 CONFIGS = ["routed_hard", "routed_gumbel_st", "lora_r", "lora_4r", "dense_full"]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 NUM_TASKS = 4
-
-
-def _status(field: str) -> int:
-    """A field of /proc/self/status in bytes (`VmHWM`: peak resident set, `VmRSS`: current)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def _trim_heap() -> None:
-    """Return the heap's free memory to the system (glibc's `malloc_trim`): building a routed model from a dense one
-    frees the dense copy, which the allocator would otherwise keep resident and count in every later peak."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if name:
-        try:
-            ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
 
 
 def _reset_peak() -> None:
