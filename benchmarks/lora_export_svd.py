@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_taskmoe.lora_export import _low_rank  # noqa: E402
+from hf_taskmoe.low_rank_svd import truncated_svds  # noqa: E402
 
 
 def deltas(kind: str, batch: int, out_f: int, in_f: int, generator) -> torch.Tensor:
@@ -65,7 +65,7 @@ def main():
                 if args.device.startswith("cuda"):
                     torch.cuda.synchronize()
                 began = time.perf_counter()
-                timings[method] = _low_rank(batch, rank, method)
+                timings[method] = truncated_svds(batch, rank, method)
                 if args.device.startswith("cuda"):
                     torch.cuda.synchronize()
                 timings[method] = (*timings[method], time.perf_counter() - began)

@@ -263,15 +263,15 @@ def spectrum_deltas(kind: str, batch: int, out_f: int, in_f: int, rank_of: int |
 
 @pytest.mark.parametrize("shape", [(120, 80), (80, 120)])  # both sides iterated (a transposed batch)
 def test_the_subspace_iteration_matches_the_exact_svd(shape):
-    from hf_taskmoe.lora_export import _low_rank, _uses_subspace
+    from hf_taskmoe.low_rank_svd import truncated_svds, uses_subspace
 
     for rank in (4, 8):
-        assert _uses_subspace("auto", rank, shape, "cuda") and not _uses_subspace("exact", rank, shape, "cuda")
-        assert not _uses_subspace("auto", rank, shape, "cpu")  # LAPACK's SVD is as fast there
+        assert uses_subspace("auto", rank, shape, "cuda") and not uses_subspace("exact", rank, shape, "cuda")
+        assert not uses_subspace("auto", rank, shape, "cpu")  # LAPACK's SVD is as fast there
         for kind in ("decaying", "flat"):
             deltas = spectrum_deltas(kind, 3, *shape)
-            exact, none = _low_rank(deltas, rank, "exact")
-            fast, iterations = _low_rank(deltas, rank, "subspace")
+            exact, none = truncated_svds(deltas, rank, "exact")
+            fast, iterations = truncated_svds(deltas, rank, "subspace")
             assert none == 0 and 4 <= iterations <= 64
             for d, (a, b, error), (ax, bx, error_x) in zip(deltas, fast, exact):
                 assert a.shape == ax.shape == (rank, shape[1]) and b.shape == bx.shape == (shape[0], rank)
@@ -284,26 +284,26 @@ def test_the_subspace_iteration_matches_the_exact_svd(shape):
 
 
 def test_the_subspace_iteration_on_a_rank_deficient_delta_and_at_full_rank():
-    from hf_taskmoe.lora_export import _low_rank, _uses_subspace
+    from hf_taskmoe.low_rank_svd import truncated_svds, uses_subspace
 
     deltas = spectrum_deltas("decaying", 2, 100, 90, rank_of=3)  # rank 3 < the rank 8 < the block 24
-    fast, iterations = _low_rank(deltas, 8, "subspace")
+    fast, iterations = truncated_svds(deltas, 8, "subspace")
     for d, (a, b, error) in zip(deltas, fast):
         assert error < 1e-12 and float((b @ a - d).abs().max()) < 1e-12 and iterations <= 8
     # where the rank carries the whole matrix every method is the exact SVD
-    assert not _uses_subspace("subspace", 90, (100, 90)) and not _uses_subspace("auto", 200, (100, 90))
+    assert not uses_subspace("subspace", 90, (100, 90)) and not uses_subspace("auto", 200, (100, 90))
     # a small matrix ("auto": the exact SVD is as cheap) still iterates under "subspace": a block as wide as it
-    assert not _uses_subspace("auto", 8, (20, 20), "cuda") and _uses_subspace("subspace", 8, (20, 20))
+    assert not uses_subspace("auto", 8, (20, 20), "cuda") and uses_subspace("subspace", 8, (20, 20))
     small = spectrum_deltas("decaying", 2, 20, 20)
-    for (a, b, _), (ax, bx, _) in zip(_low_rank(small, 8, "subspace")[0], _low_rank(small, 8, "exact")[0]):
+    for (a, b, _), (ax, bx, _) in zip(truncated_svds(small, 8, "subspace")[0], truncated_svds(small, 8, "exact")[0]):
         assert float((b @ a - bx @ ax).norm() / (bx @ ax).norm()) < 1e-9
 
 
 def test_a_failed_iteration_falls_back_to_the_exact_svd(monkeypatch):
-    from hf_taskmoe import lora_export
+    from hf_taskmoe import low_rank_svd
 
     deltas = spectrum_deltas("decaying", 2, 60, 50)
-    exact, _ = lora_export._low_rank(deltas, 4, "exact")
+    exact, _ = low_rank_svd.truncated_svds(deltas, 4, "exact")
     nan = torch.full((2, 50, 4), float("nan"), dtype=torch.float64)
     broken = {  # a factorisation that raises (LAPACK on NaN), one that returns NaN factors (as cuSOLVER may)
         "raises": lambda y: torch.full_like(y, float("nan")),
@@ -311,8 +311,8 @@ def test_a_failed_iteration_falls_back_to_the_exact_svd(monkeypatch):
     }
     for name, fake in broken.items():
         with monkeypatch.context() as patch:
-            patch.setattr(lora_export, "_orthonormalize" if name == "raises" else "_rayleigh_ritz", fake)
-            fallen, _ = lora_export._low_rank(deltas, 4, "subspace")
+            patch.setattr(low_rank_svd, "_orthonormalize" if name == "raises" else "_rayleigh_ritz", fake)
+            fallen, _ = low_rank_svd.truncated_svds(deltas, 4, "subspace")
         for (a, b, error), (ax, bx, error_x) in zip(fallen, exact):
             assert torch.equal(a, ax) and torch.equal(b, bx) and error == error_x, name
 
