@@ -23,7 +23,6 @@ from hf_taskmoe.problem_types.extractive_qa import (  # noqa: E402
     ExtractiveQA,
     ExtractiveQAHead,
     best_spans,
-    decode_best_span,
     exact_match,
     f1,
     normalize_answer,
@@ -35,6 +34,12 @@ if not _REGISTERED_BY_PACKAGE:
     PROBLEM_TYPES.pop("extractive_qa", None)
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "extractive_qa"
+
+
+def _answer(*args, **kwargs) -> str:
+    """The best valid span's text (`best_spans`' first), "" when none is valid, as `ExtractiveQA.decode` takes it."""
+    spans = best_spans(*args, **kwargs)
+    return spans[0]["answer"] if spans else ""
 
 
 def _rows(split: str) -> list[dict]:
@@ -207,7 +212,7 @@ def test_gold_spans_decode_back_to_their_text_across_windows(minilm_tokenizer):
             else (np.zeros(len(features["input_ids"][f])), np.zeros(len(features["input_ids"][f])))
             for f in fs
         ]
-        decoded[example] = decode_best_span(
+        decoded[example] = _answer(
             [s for s, _ in logits],
             [e for _, e in logits],
             [features["offset_mapping"][f] for f in fs],
@@ -234,26 +239,26 @@ def test_decoding_keeps_to_valid_spans():
     offsets = [None, None, None, (0, 5), (6, 10), (11, 16), (17, 22), None]
     # the question token scores highest: never an answer
     start, end = _logits(8, {1: 100, 4: 1}), _logits(8, {1: 100, 5: 1})
-    assert decode_best_span(start, end, offsets, context) == "beta gamma"
+    assert _answer(start, end, offsets, context) == "beta gamma"
     # end before start (gamma..beta, 20) refused: alpha..beta (12) beats gamma..delta (11)
     start, end = _logits(8, {5: 10, 3: 2}), _logits(8, {4: 10, 6: 1})
-    assert decode_best_span(start, end, offsets, context) == "alpha beta"
+    assert _answer(start, end, offsets, context) == "alpha beta"
     # the length limit: alpha..delta (4 tokens, 10) unless at most 2 tokens are allowed: beta..gamma (8)
     start, end = _logits(8, {3: 5, 4: 4}), _logits(8, {6: 5, 5: 4})
-    assert decode_best_span(start, end, offsets, context) == "alpha beta gamma delta"
-    assert decode_best_span(start, end, offsets, context, max_answer_length=2) == "beta gamma"
+    assert _answer(start, end, offsets, context) == "alpha beta gamma delta"
+    assert _answer(start, end, offsets, context, max_answer_length=2) == "beta gamma"
     # (-1, -1) marks non-context tokens as well as None; a 2-D array holds one row per feature
     minus = [(-1, -1) if o is None else o for o in offsets]
     assert (
-        decode_best_span(np.stack([start, start]), np.stack([end, end]), [minus, minus], context, max_answer_length=2)
+        _answer(np.stack([start, start]), np.stack([end, end]), [minus, minus], context, max_answer_length=2)
         == "beta gamma"
     )
     spans = best_spans(start, end, offsets, context, n_best=3)
     assert [s["answer"] for s in spans] == ["alpha beta gamma delta", "alpha beta gamma", "beta gamma delta"]
     assert (spans[0]["start"], spans[0]["end"], spans[0]["score"], spans[0]["feature"]) == (0, 22, 10.0, 0)
-    assert decode_best_span(np.zeros(3), np.zeros(3), [None, None, None], context) == ""  # nothing valid
+    assert best_spans(np.zeros(3), np.zeros(3), [None, None, None], context) == []  # nothing valid
     with pytest.raises(ValueError, match="must match"):
-        decode_best_span([start, start], [end], [offsets], context)
+        _answer([start, start], [end], [offsets], context)
 
 
 def test_torch_logits_with_padding_beyond_the_offsets():
@@ -262,8 +267,8 @@ def test_torch_logits_with_padding_beyond_the_offsets():
     offsets = [None, (0, 3), (4, 7), None]
     start = torch.tensor([0.0, 1.0, 3.0, 0.0, 50.0, 50.0])  # padded to 6: the padding is never read
     end = torch.tensor([0.0, 1.0, 3.0, 0.0, 50.0, 50.0])
-    assert decode_best_span(start, end, offsets, context) == "two"
-    assert decode_best_span(start, end, [offsets], context) == "two"  # a list holding one feature's offsets
+    assert _answer(start, end, offsets, context) == "two"
+    assert _answer(start, end, [offsets], context) == "two"  # a list holding one feature's offsets
 
 
 # ----------------------------------------------------------------------------------------------- metrics

@@ -13,9 +13,9 @@ The pure parts, usable without a model:
   overlapping windows (`stride` tokens shared by neighbours), so one example may give several features; each
   feature keeps the index of its example and the character offsets of its context tokens, and, for training, the
   token positions of the answer (or of [CLS] when the answer is not inside that window).
-- `best_spans` / `decode_best_span`: start/end logits of all the features of one example -> the best valid span
-  (start <= end, both in the context, at most `max_answer_length` tokens) and its text, cut from the context by
-  character offsets (so the answer keeps the context's own spelling, case and spacing).
+- `best_spans`: start/end logits of all the features of one example -> its valid spans, best first (start <= end,
+  both in the context, at most `max_answer_length` tokens), each with its text, cut from the context by character
+  offsets (so the answer keeps the context's own spelling, case and spacing); the first one's text is the answer.
 - `normalize_answer`, `exact_match`, `f1`, `squad_scores`: the SQuAD v1.1 metrics (Rajpurkar et al., 2016), each
   prediction scored against every reference answer and the best score kept.
 """
@@ -259,19 +259,6 @@ def best_spans(
     return candidates[:n_best]
 
 
-def decode_best_span(
-    start_logits,
-    end_logits,
-    offsets: Sequence[Sequence],
-    context: str,
-    max_answer_length: int = 30,
-    n_best: int = 20,
-) -> str:
-    """The text of the best valid span of one example over all its features (`best_spans`); "" when no span is
-    valid (e.g. every window's best tokens are question or special tokens)."""
-    spans = best_spans(start_logits, end_logits, offsets, context, max_answer_length, n_best)
-    return spans[0]["answer"] if spans else ""
-
 
 # ----------------------------------------------------------------------------------------------- metrics
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -493,7 +480,9 @@ class ExtractiveQA(ProblemType):
     # ------------------------------------------------------------------ evaluation
     def decode(self, logits: np.ndarray, dataset) -> tuple[list[str], list[list[str]] | None]:
         """Answer texts of an evaluation set's examples from the logits of its rows `(rows, seq, 2)` (rows in the
-        set's order, padded beyond each row's tokens), and each example's reference answers (None without labels)."""
+        set's order, padded beyond each row's tokens): each example's best span (`best_spans`), "" where no span is
+        valid (e.g. every window's best tokens are question or special tokens); and each example's reference answers
+        (None without labels)."""
         logits = np.asarray(logits, dtype=np.float64)
         columns = _columns(dataset)
         missing = [c for c in ("window", "offset_mapping", "context") if c not in columns]
@@ -509,16 +498,15 @@ class ExtractiveQA(ProblemType):
         predictions = []
         for first, stop in zip(starts[:-1], starts[1:]):
             rows = range(first, stop)
-            predictions.append(
-                decode_best_span(
-                    [logits[f, :, 0] for f in rows],
-                    [logits[f, :, 1] for f in rows],
-                    [offsets[f] for f in rows],
-                    contexts[first],
-                    self.max_answer_length,
-                    self.n_best,
-                )
+            spans = best_spans(
+                [logits[f, :, 0] for f in rows],
+                [logits[f, :, 1] for f in rows],
+                [offsets[f] for f in rows],
+                contexts[first],
+                self.max_answer_length,
+                self.n_best,
             )
+            predictions.append(spans[0]["answer"] if spans else "")
         return predictions, [references[f] for f in starts[:-1]] if references is not None else None
 
     def compute_metrics(self, spec, logits, labels, run_metric, dataset=None, **context):
