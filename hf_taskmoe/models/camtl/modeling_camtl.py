@@ -232,7 +232,6 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """
 
     config_class = CAMTLBackboneConfig
-    records_task_order = True
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     parameter_roles = CAMTL_PARAMETER_ROLES
 

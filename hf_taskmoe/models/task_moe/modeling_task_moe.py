@@ -219,7 +219,6 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """
 
     config_class = TaskMoEConfig
-    records_task_order = True
     encoder_output_class = TaskMoEEncoderOutput
     _keys_to_ignore_at_inference = [
         "task_losses", "task_logits", "task_ids", "hidden_states", "attentions", "router_logits", "expert_indices",
