@@ -1,10 +1,6 @@
-"""`DenseWrapperMixin`: the base of every model that holds a dense transformers model as `self.backbone` and puts a
-method's modules inside it -- the encoder methods (`models.encoder.TaskEncoderMixin`: MT-TaG, PALs, CA-MTL, in the
-dense base model) and the task-routed LMs (`models.task_routing.core.TaskRoutingMixin`: the dense LM, its layers
-forked). It holds what both do alike: building the dense model and the `TaskContext` its wrapped modules read,
-initialising those modules after transformers' pass, the input embeddings, activation checkpointing that restores
-the context, the upcycling rules and `from_dense`. Where the two differ it asks a hook (`_initialises_itself`,
-`_initialize_again`, `_load_dense`, `_checkpoint_kwargs`, `_dense_rules`)."""
+"""`DenseWrapperMixin`: the base of the models that hold a dense transformers model as `self.backbone`, a method's
+modules inside it -- the encoder methods (`models.encoder.TaskEncoderMixin`: MT-TaG, PALs, CA-MTL) and the task-routed
+LMs (`models.task_routing.core.TaskRoutingMixin`, the dense LM's layers forked)."""
 
 from __future__ import annotations
 
@@ -23,7 +19,9 @@ from .configuration import check_config_options
 class DenseWrapperMixin:
     """Put (through a method's mixin) before `MultiTaskPreTrainedModel`: `self.backbone` is the dense model of
     `dense_auto_class`, built from `config.dense_config` (`_build_dense`), with the method's modules inside;
-    `self.task_context` carries the batch's task ids (and the method's flags) to them during a forward."""
+    `self.task_context` carries the batch's task ids (and the method's flags) to them during a forward. What the two
+    kinds do differently are hooks: `_initialises_itself`, `_initialize_again`, `_checkpoint_kwargs`, `_dense_rules`,
+    `_load_dense`."""
 
     base_model_prefix = "backbone"
     records_task_order = True
@@ -46,11 +44,10 @@ class DenseWrapperMixin:
         self.backbone.set_input_embeddings(value)
 
     def initialize_weights(self):
-        """transformers' pass, then this model's own initialisation of the method's modules inside the dense model
-        (`_initialises_itself`): transformers hands a sub-model's whole subtree to that sub-model's own
-        `_init_weights`, which does not know them (a gate would keep `torch.empty`'s values). Those already
-        initialised (at construction) are passed over, and `transformers.initialization` skips weights already
-        loaded, so a loaded model keeps its own."""
+        """transformers' pass, then the method's modules inside the dense model (`_initialises_itself`) again:
+        transformers hands a sub-model's subtree to the sub-model's own `_init_weights`, which does not know them (a
+        gate would keep `torch.empty`'s values). Those initialised at construction are passed over, and loaded
+        weights are skipped (`transformers.initialization`), so a loaded model keeps its own."""
         pending = [module for module in self.backbone.modules()
                    if self._initialises_itself(module) and not is_initialized(module)]
         super().initialize_weights()
@@ -64,6 +61,12 @@ class DenseWrapperMixin:
     def _initialize_again(self, module) -> None:
         """`module`'s subtree initialised again by this model's `_init_weights`, children first."""
         initialize_module_tree(self, module, again=True)
+
+    def apply_freezing(self) -> None:
+        """Freeze what the method's config keeps frozen (nothing by default)."""
+
+    def _after_load(self) -> None:
+        self.apply_freezing()  # loading creates the parameters anew
 
     def _checkpoint_kwargs(self, kwargs: dict | None) -> dict | None:
         """The activation checkpoint's keywords: a checkpointed layer is recomputed in the backward pass, after the
@@ -96,15 +99,9 @@ class DenseWrapperMixin:
         return model, upcycle(checkpoint, model, strict=strict), checkpoint
 
     @classmethod
-    def from_dense(
-        cls,
-        dense: str | os.PathLike | PreTrainedModel,
-        tasks: list[TaskSpec | dict],
-        output_loading_info: bool = False,
-        strict: bool = True,
-        hub_kwargs: dict | None = None,
-        **config_kwargs,
-    ):
+    def from_dense(cls, dense: str | os.PathLike | PreTrainedModel, tasks: list[TaskSpec | dict],
+                   output_loading_info: bool = False, strict: bool = True, hub_kwargs: dict | None = None,
+                   **config_kwargs):
         """Build the family on a dense checkpoint (a path, a Hub repo id or a loaded model of an architecture the
         family declares: `hf_taskmoe.backbones.backbone_names(kind)`), copying its weights (`UpcyclingReport` with
         `output_loading_info=True`). `**config_kwargs` are fields of the family's config."""

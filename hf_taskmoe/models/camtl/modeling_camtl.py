@@ -355,9 +355,6 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
                 if not any(part in f".{name}" for part in _CONDITIONAL_PARTS):
                     param.requires_grad_(False)
 
-    def _after_load(self) -> None:
-        self.apply_freezing()  # loading creates the parameters anew
-
     # ------------------------------------------------------------------ tasks
     def max_input_length(self) -> int | None:
         """Conditional attention covers `conditional_attention_max_length` tokens: longer inputs are refused."""

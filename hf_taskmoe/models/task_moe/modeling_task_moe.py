@@ -245,9 +245,6 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
                 param.requires_grad_(name.startswith("heads.") or ".router." in name
                                      or name.endswith((".lora_A", ".lora_B")))
 
-    def _after_load(self) -> None:
-        self.apply_freezing()  # loading creates the parameters anew
-
     family_flags = ("output_router_logits",)
 
     def _task_output(self, task_ids, encoded: TaskMoEEncoderOutput, heads_out) -> TaskMoEOutput:

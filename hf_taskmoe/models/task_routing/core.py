@@ -29,6 +29,7 @@ from ...layers.routing import (
     PlanEntry,
     RoutedLayer,
     SlotRows,
+    TaskEmbedding,
     TaskRouter,
     annealed_temperature,
     every_expert_plan,
@@ -401,17 +402,9 @@ class TaskRoutingMixin(DenseWrapperMixin):
         return export_task_adapters(self, path, **kwargs)
 
     @classmethod
-    def from_dense(
-        cls,
-        dense: str | os.PathLike | PreTrainedModel,
-        tasks: list[TaskSpec | dict],
-        expert_noise_variance: float = 1e-8,
-        seed: int | None = 0,
-        output_loading_info: bool = False,
-        strict: bool = True,
-        hub_kwargs: dict | None = None,
-        **config_kwargs,
-    ):
+    def from_dense(cls, dense: str | os.PathLike | PreTrainedModel, tasks: list[TaskSpec | dict],
+                   expert_noise_variance: float = 1e-8, seed: int | None = 0, output_loading_info: bool = False,
+                   strict: bool = True, hub_kwargs: dict | None = None, **config_kwargs):
         """Fork every routed layer of a dense model (a model of the family's `dense_auto_class` of a declared
         architecture, or its path / Hub id) into `num_experts` experts: expert `(i, j)` = layer `i` + Gaussian noise of
         variance `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the
@@ -557,10 +550,6 @@ class TaskRoutingMixin(DenseWrapperMixin):
 
     def _init_router_weights(self, module) -> bool:
         """The paper's initialisation of the router's modules; True when `module` was one of them."""
-        from transformers import initialization as init
-
-        from ...layers.routing import TaskEmbedding
-
         config = self.config
         if isinstance(module, TaskEmbedding):
             init.normal_(module.weight, mean=0.0, std=config.task_embedding_init_std)  # (h) random representations
@@ -648,9 +637,6 @@ class TaskRoutingMixin(DenseWrapperMixin):
             for name, param in self.named_parameters():
                 param.requires_grad_(name.startswith("router.") or name.endswith((".lora_A", ".lora_B")))
         self.router.task_embeddings.weight.requires_grad_(not config.freeze_task_embeddings)
-
-    def _after_load(self) -> None:
-        self.apply_freezing()  # loading recreates the parameters
 
     def set_training_step(self, step: int) -> None:
         """Anneal the Gumbel temperature (`MultiTaskTrainer` calls this every step)."""
