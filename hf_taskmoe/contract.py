@@ -18,12 +18,12 @@ The hooks (defaults on `MultiTaskPreTrainedModel`; a family overrides what it ne
 
 - `_grow_for_task(new_id, source_id)`: a task's weights besides its head, for `add_task` (required by a class that
   sets `records_task_order = True`: checked when the class is defined).
-- `_after_load()`: what `from_pretrained` must restore (CA-MTL: freezing).
+- `_after_load()`: what `from_pretrained` must restore (a family holding a dense model: its `apply_freezing`).
 - `max_input_length()` / `_input_limit_name()`: the longest input and the config field that sets it.
 - `set_training_step(step)`: step-dependent state the trainer sets before each training forward (Gumbel
   temperature annealing); the default does nothing.
-- `from_dense(...)` (classmethod) and, for a backbone-generic family, `upcycling_rules()`: building from a dense
-  checkpoint (the family's `Family.upcycling` otherwise).
+- `from_dense(...)` (classmethod) and `upcycling_rules()`: building from a dense checkpoint (the family's
+  `Family.upcycling`, unless the model holds a dense model: `hf_taskmoe.models.dense_wrapper.DenseWrapperMixin`).
 """
 
 from __future__ import annotations

@@ -268,8 +268,8 @@ class MultiTaskPreTrainedModel(PreTrainedModel):
 
     def upcycling_rules(self):
         """The `UpcyclingRules` `hf_taskmoe.upcycling.upcycle` copies a dense checkpoint into this model with: its
-        family's `Family.upcycling` (None: not built from a dense checkpoint). A backbone-generic family overrides it
-        (the rules depend on the architecture it wraps)."""
+        family's `Family.upcycling` (None: not built from a dense checkpoint). A model holding a dense model overrides
+        it (`DenseWrapperMixin`: the rules depend on the architecture it wraps)."""
         from .models.registry import family_of
 
         return family_of(self.config).upcycling

@@ -86,17 +86,19 @@ class DenseCheckpoint:
         return self.model.config
 
 
-def load_dense_model(dense: str | os.PathLike | PreTrainedModel | DenseCheckpoint, **hub_kwargs) -> DenseCheckpoint:
-    """The dense encoder to upcycle: a loaded model (its base model is used, e.g. `bert` of a
-    `BertForSequenceClassification`) or a path / Hub repo id loaded with `AutoModel.from_pretrained`."""
+def load_dense_model(dense: str | os.PathLike | PreTrainedModel | DenseCheckpoint, auto_class: type = AutoModel,
+                     **hub_kwargs) -> DenseCheckpoint:
+    """The dense model to upcycle: a loaded model (for `AutoModel`, its base model: `bert` of a
+    `BertForSequenceClassification`; for another Auto class, an LM's, the model itself) or a path / Hub repo id
+    loaded with `auto_class.from_pretrained`."""
     if isinstance(dense, DenseCheckpoint):
         return dense
     if isinstance(dense, PreTrainedModel):
         source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
-        return DenseCheckpoint(dense.base_model, source)
+        return DenseCheckpoint(dense.base_model if auto_class is AutoModel else dense, source)
     if not isinstance(dense, (str, os.PathLike)):
         raise ValueError(f"`dense` must be a path, a Hub repo id or a PreTrainedModel, got {type(dense).__name__}.")
-    model, info = AutoModel.from_pretrained(dense, output_loading_info=True, **hub_kwargs)
+    model, info = auto_class.from_pretrained(dense, output_loading_info=True, **hub_kwargs)
     return DenseCheckpoint(model, str(dense), frozenset(info.get("missing_keys", ())))
 
 

@@ -5,9 +5,11 @@
   under one set of names.
 - `TaskHeadsMixin`: the task-level forward -- check the batch, run the encoder, run each row's head (`self.heads`),
   read nothing back from the device once the batch was checked on the host; the capture (export, compile) path.
-- `TaskEncoderMixin(TaskHeadsMixin)`: the encoder of a family -- the dense model built by `AutoModel.from_config`,
-  in which the family wraps a few modules in place, run through its own forward with the batch's task ids in a
-  `TaskContext`; `from_dense` (upcycling) and the pooled sequence the heads read.
+- `TaskEncoderMixin(TaskHeadsMixin, DenseWrapperMixin)`: the encoder of a family -- the dense model built by
+  `AutoModel.from_config`, in which the family wraps a few modules in place, run through its own forward with the
+  batch's task ids in a `TaskContext`, and the pooled sequence the heads read; `from_dense` (upcycling), the
+  initialisation of the family's modules and activation checkpointing are `DenseWrapperMixin`'s
+  (`models.dense_wrapper`, shared with the task-routed LMs).
 
 A family on this base (`TaskMoEForMultiTask`, `PALsForMultiTask`, `CAMTLForMultiTask`) implements `_wrap_backbone`
 (the surgery), `_dense_rules` (where each new weight comes from in the dense checkpoint) and, when its wrapped
@@ -19,20 +21,19 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from huggingface_hub.errors import StrictDataclassFieldValidationError
-from transformers import AutoConfig, AutoModel, PreTrainedConfig, PreTrainedModel
+from transformers import AutoConfig, PreTrainedConfig
 from transformers import initialization as init
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.utils import ModelOutput
 
-from ..backbones import ENCODER_BACKBONE, Backbone, TaskContext, get_backbone, layer_hidden_input
-from ..compat import checkpointing_enable_with, dense_sub_config, initialize_module_tree, is_exporting, is_initialized
+from ..backbones import ENCODER_BACKBONE, Backbone, get_backbone, layer_hidden_input
+from ..compat import dense_sub_config, initialize_module_tree, is_exporting
 from ..input_checks import (
     check_batch_dim,
     check_input_shapes,
@@ -47,7 +48,8 @@ from ..problem_types import ENCODER
 from ..tasks import TaskSpec
 from ..upcycling import UpcyclingRules
 from ..utils import check_choice, check_int, check_layer_list
-from .configuration import TaskConfigMixin, check_config_options
+from .configuration import TaskConfigMixin
+from .dense_wrapper import DenseWrapperMixin
 from .registry import Family
 
 CLASSIFIER_POOLINGS = ("pooler", "cls", "mean")
@@ -77,8 +79,6 @@ class TaskHeadsMixin:
     """The task-level forward of every encoder family: check the batch, run the encoder (`_run_encoder`, the family's),
     then each row's head in `self.heads` (a `MultiTaskHeads`). Put before the family's `MultiTaskPreTrainedModel`
     base; `TaskEncoderMixin` is the one the backbone-generic families use."""
-
-    records_task_order = True
 
     def forward(
         self,
@@ -393,18 +393,13 @@ class _FirstLayerReached(Exception):
     """Stops a forward at the first layer (`TaskEncoderMixin.first_layer_inputs`)."""
 
 
-class TaskEncoderMixin(TaskHeadsMixin):
+class TaskEncoderMixin(TaskHeadsMixin, DenseWrapperMixin):
     """Put before `MultiTaskPreTrainedModel` in a backbone-generic family's task model: `self.backbone` (the dense
-    architecture's own base model, with the family's modules in place), `self.heads` and `self.task_context`. The
-    family's `__init__` calls `_build_backbone(config)` then `post_init()`."""
+    architecture's own base model, with the family's modules in place: `DenseWrapperMixin`), `self.heads` and
+    `self.task_context`. The family's `__init__` calls `_build_backbone(config)` then `post_init()`."""
 
-    base_model_prefix = "backbone"
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
     _supports_flash_attn = True
-    _supports_flex_attn = True
     _supports_attention_backend = True
-    accepts_loss_kwargs = False
     #: output class of `_run_encoder` (a family's with its own fields)
     encoder_output_class = TaskEncoderOutput
 
@@ -416,8 +411,7 @@ class TaskEncoderMixin(TaskHeadsMixin):
         if backbone.pooler is not None:  # BertModel & co. build a pooler only where it is read
             extra["add_pooling_layer"] = config.classifier_pooling == "pooler"
         with init.no_init_weights():  # nothing drawn yet: `_draw_backbone` draws what the surgery leaves
-            self.backbone = AutoModel.from_config(config.dense_config, **extra)
-        self.task_context = TaskContext()
+            self._build_dense(config, **extra)
         self._no_split_modules = list(getattr(self.backbone, "_no_split_modules", None) or [])
         accepted = inspect.signature(self.backbone.forward).parameters
         self._backbone_takes = {name for name in ("token_type_ids", "position_ids") if name in accepted}
@@ -454,38 +448,11 @@ class TaskEncoderMixin(TaskHeadsMixin):
         """The family's surgery on the dense model's layers (replace or wrap modules found through `backbone`)."""
         raise NotImplementedError
 
-    def _dense_rules(self) -> tuple[tuple[str, str], ...]:
-        """`(target regex, source template)` pairs for the weights the surgery renamed (relative to `backbone.`);
-        every other backbone weight comes from the dense weight of the same name."""
-        return ()
-
-    def upcycling_rules(self):
-        """The `UpcyclingRules` of this model's backbone: the surgery's renames, then every other backbone weight
-        from its own name (used by `hf_taskmoe.upcycling.upcycle`)."""
-        from ..upcycling import UpcyclingRules
-
-        return UpcyclingRules(rename=self._dense_rules() + ((r"(.+)", r"\1"),), new=self.parameter_roles.new_patterns)
-
     @torch.no_grad()
     def _init_weights(self, module):
         # the dense architecture's own initialisation (its buffers, its scaled inits), then the task order
         self.backbone._init_weights(module)
         self._init_task_order(module)
-
-    def initialize_weights(self):
-        """transformers' pass, then this model's `_init_weights` over the modules the family put inside the dense
-        model (marked `task_conditioned`): transformers hands a sub-model's whole subtree to that sub-model's own
-        `_init_weights`, which does not know them (a gate would keep `torch.empty`'s values). Those `_draw_backbone`
-        already initialised are passed over, and `transformers.initialization` skips
-        weights already loaded, so a loaded model keeps its own."""
-        pending = [module for module in self.backbone.modules()
-                   if getattr(module, "task_conditioned", False) and not is_initialized(module)]
-        super().initialize_weights()
-        for module in pending:  # transformers' pass marked them, by the dense model's `_init_weights`
-            initialize_module_tree(self, module, again=True)
-
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
 
     def position_table_size(self) -> int | None:
         """The rows `position_ids` index (`max_position_embeddings`) where the dense model adds an absolute position
@@ -494,9 +461,6 @@ class TaskEncoderMixin(TaskHeadsMixin):
         embeddings = self.backbone.get_submodule(self.config.backbone.embeddings)
         table = getattr(embeddings, "position_embeddings", None)
         return self.config.max_position_embeddings if isinstance(table, torch.nn.Embedding) else None
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
 
     def _run_encoder(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, task_ids,
@@ -577,33 +541,6 @@ class TaskEncoderMixin(TaskHeadsMixin):
     def _encoder_fields(self, reports: list, *family_flags) -> dict:
         """The family's own encoder-output fields from what its modules reported during the forward."""
         return {}
-
-    @classmethod
-    def from_dense(
-        cls,
-        dense: str | os.PathLike | PreTrainedModel,
-        tasks: list[TaskSpec | dict],
-        output_loading_info: bool = False,
-        strict: bool = True,
-        hub_kwargs: dict | None = None,
-        **config_kwargs,
-    ):
-        """Build the family on a dense encoder checkpoint (a path, a Hub repo id or a loaded model of a declared
-        architecture: `hf_taskmoe.backbones.backbone_names("encoder")`), copying its weights (`UpcyclingReport`
-        with `output_loading_info=True`)."""
-        from ..upcycling import load_dense_model, upcycle
-
-        # a misspelt option is refused before the checkpoint loads (`num_expert=8` must not build 4 experts)
-        check_config_options(cls.config_class, config_kwargs, inspect.signature(cls.from_dense).parameters,
-                             where=f"{cls.__name__}.from_dense")
-        dense_model = load_dense_model(dense, **(hub_kwargs or {}))
-        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
-        model = cls(config)
-        report = upcycle(dense_model, model, strict=strict)
-        return (model, report) if output_loading_info else model
-
-
-checkpointing_enable_with(TaskEncoderMixin, lambda model, kwargs: model.task_context.checkpoint_kwargs(kwargs))
 
 
 def layer_rule(backbone: Backbone, inner: str, source: str) -> tuple[str, str]:

@@ -232,7 +232,6 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """
 
     config_class = CAMTLBackboneConfig
-    records_task_order = True
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     parameter_roles = CAMTL_PARAMETER_ROLES
 
@@ -355,9 +354,6 @@ class CAMTLForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
             for name, param in layers[index].named_parameters():
                 if not any(part in f".{name}" for part in _CONDITIONAL_PARTS):
                     param.requires_grad_(False)
-
-    def _after_load(self) -> None:
-        self.apply_freezing()  # loading creates the parameters anew
 
     # ------------------------------------------------------------------ tasks
     def max_input_length(self) -> int | None:

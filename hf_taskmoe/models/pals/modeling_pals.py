@@ -161,7 +161,6 @@ class PALsForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """
 
     config_class = PALsConfig
-    records_task_order = True
     _keys_to_ignore_at_inference = ["task_losses", "task_logits", "task_ids", "hidden_states", "attentions"]
     # trained alone by the paper's best extension (section 3.4: task-specific training after joint training)
     # absent tasks' heads and PALs sit out a step

@@ -219,7 +219,6 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
     """
 
     config_class = TaskMoEConfig
-    records_task_order = True
     encoder_output_class = TaskMoEEncoderOutput
     _keys_to_ignore_at_inference = [
         "task_losses", "task_logits", "task_ids", "hidden_states", "attentions", "router_logits", "expert_indices",
@@ -245,9 +244,6 @@ class TaskMoEForMultiTask(TaskEncoderMixin, MultiTaskPreTrainedModel):
             for name, param in self.named_parameters():
                 param.requires_grad_(name.startswith("heads.") or ".router." in name
                                      or name.endswith((".lora_A", ".lora_B")))
-
-    def _after_load(self) -> None:
-        self.apply_freezing()  # loading creates the parameters anew
 
     family_flags = ("output_router_logits",)
 

@@ -47,31 +47,23 @@ def describe_bart(c: BartTaskRoutedConfig) -> str:
             f"layers), {_routing(c)}")
 
 
-def _upcycling(model_class) -> UpcyclingRules:
-    """Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); every other
-    weight of the dense model (embeddings, positions, final norms, LM head) under its own name; the router is new.
-    Names are relative to `backbone.` (the dense model), whatever the architecture calls its layers."""
-    # a linear holding low-rank experts keeps the dense one as its `base_layer`
-    return UpcyclingRules(rename=((r"(.+)\.experts\.\d+\.(.+)\.base_layer\.(weight|bias)", r"\1.\2.\3"),
-                                  (r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"), (r"(.+)", r"\1")),
-                          new=model_class.parameter_roles.new_patterns)
-
-
 def prepare_dense(dense, dense_config):
     """No BART weights offline: a BERT checkpoint is warm-started into a BART (BERT2BERT, `bart_from_bert`)."""
     return bart_from_bert(dense) if getattr(dense_config, "model_type", None) == "bert" else dense
 
 
+# upcycling: each expert of layer i from layer i, the rest under its own name (`TaskRoutingMixin._dense_rules`); the
+# router is new
 _LM = Family(
     name="task_routing", config_class=TaskRoutedLMConfig, model_class=TaskRoutedForCausalLM,
     auto_classes=TaskRoutedForCausalLM.auto_classes, problem_types=TEXT_TO_TEXT,
-    pipeline_task=TEXT2TEXT_PIPELINE_TASK, describe=describe, upcycling=_upcycling(TaskRoutedForCausalLM),
+    pipeline_task=TEXT2TEXT_PIPELINE_TASK, describe=describe,
+    upcycling=UpcyclingRules(rename=(), new=TaskRoutedForCausalLM.parameter_roles.new_patterns),
     backbone_kind=DECODER_BACKBONE, method="task-routing", aliases=("task_routed_lm", "task_routed_t5", "bart_routed"),
 )
 _SEQ2SEQ = replace(
     _LM, config_class=TaskRoutedSeq2SeqConfig, model_class=TaskRoutedForSeq2SeqLM,
-    auto_classes=TaskRoutedForSeq2SeqLM.auto_classes, describe=describe_seq2seq,
-    upcycling=_upcycling(TaskRoutedForSeq2SeqLM), backbone_kind=ENCODER_DECODER_BACKBONE,
+    auto_classes=TaskRoutedForSeq2SeqLM.auto_classes, describe=describe_seq2seq, backbone_kind=ENCODER_DECODER_BACKBONE,
     export_kind="encoder_decoder", prepare_dense=prepare_dense,  # also for a saved BART warm-started from a BERT
 )
 #: one family, three models: the causal LM, the seq2seq LM and `BartTaskRouted` (which `family_for` picks for a

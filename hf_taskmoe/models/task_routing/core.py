@@ -20,7 +20,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, Seq2SeqLMOutpu
 from transformers.utils import TransformersKwargs
 
 from ...backbones import TaskContext
-from ...compat import CACHE_ARG, checkpointing_enable_with, is_initialized, output_cache, pop_cache
+from ...compat import CACHE_ARG, output_cache, pop_cache
 from ...contract import LOW_RANK_ROUTING_ROLES, TASK_ROUTING_ROLES
 from ...input_checks import check_kwargs, check_token_ids, resolve_task_ids, token_table_sizes
 from ...layers.grouped_routes import task_sorted_generate
@@ -29,6 +29,7 @@ from ...layers.routing import (
     PlanEntry,
     RoutedLayer,
     SlotRows,
+    TaskEmbedding,
     TaskRouter,
     annealed_temperature,
     every_expert_plan,
@@ -39,7 +40,7 @@ from ...modeling_utils import grow_embedding
 from ...problem_types.seq2seq import Seq2Seq
 from ...tasks import TaskSpec
 from ...utils import is_capturing
-from ..configuration import check_config_options
+from ..dense_wrapper import DenseWrapperMixin
 
 
 @dataclass
@@ -200,32 +201,20 @@ def check_cache_rows(cache, batch: int) -> None:
                 )
 
 
-class TaskRoutingMixin:
+class TaskRoutingMixin(DenseWrapperMixin):
     """The router's side of a task-routed model: `self.router` (a `TaskRouter`) and `config` routing fields, the
-    generation convention, and `export_task`. A family names its dense class (`dense_auto_class`), its special
-    tokens and, in `_layer_stacks`, where its forked layers are; its `forward` checks its inputs' shapes and calls
+    generation convention, and `export_task`; the dense LM it holds (`self.backbone`, its layers forked) is
+    `DenseWrapperMixin`'s. A family names its dense class (`dense_auto_class`), its special tokens and, in
+    `_layer_stacks`, where its forked layers are; its `forward` checks its inputs' shapes and calls
     `_routed_forward`, adding what its blocks need (`_prepare_labels`, `_recording_flags`, `_stack_outputs`)."""
 
     router: TaskRouter
-    base_model_prefix = "backbone"
-    records_task_order = True
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    _supports_flex_attn = True
-    _is_stateful = False
     # parameter roles (`parameter_report`, optimizer groups of `MultiTaskTrainingArguments.group_learning_rates`)
     parameter_roles = _RoutingRoles()
-    #: the Auto class `from_dense` loads a dense checkpoint with (and `export_task` builds), and what the dense model
-    #: must be (messages)
-    dense_auto_class: type
+    #: what the dense model must be (messages; `dense_auto_class` also builds `export_task`'s model)
     dense_kind: str
     #: the special tokens of the dense config the generation config and an export carry
     special_token_names: tuple[str, ...] = ("eos_token_id", "pad_token_id", "bos_token_id")
-
-    def _build_dense(self, config) -> None:
-        """The dense model (`dense_auto_class`) whose layers the family forks, and the task context they read."""
-        self.backbone = self.dense_auto_class.from_config(config.dense_config)
-        self.task_context = TaskContext()
 
     def _low_rank_spec(self, config) -> LowRankSpec | None:
         """How `fork_layers` builds low-rank experts (None: whole copies, `expert_rank` unset)."""
@@ -261,9 +250,6 @@ class TaskRoutingMixin:
         self._apply_generation_convention(self.generation_config)
         self.apply_freezing()
 
-    def max_input_length(self) -> int | None:
-        return self.config.max_position_embeddings  # T5: None (relative positions)
-
     def _layer_stacks(self) -> dict[str, list]:
         """`{state-dict prefix of a layer list in the dense model ("model.layers."): its layers}` (routed or not)."""
         raise NotImplementedError
@@ -283,18 +269,24 @@ class TaskRoutingMixin:
         path is the right one."""
         return False
 
-    def initialize_weights(self):
-        """transformers' `initialize_weights` (a model built on the meta device: `from_pretrained` with missing
-        weights), then the low-rank experts: the dense model inside is a `PreTrainedModel`, so transformers hands
-        the modules under it to the dense model's own `_init_weights`, which knows nothing of `LowRankExperts`."""
-        pending = [module for module in self.modules() if isinstance(module, LowRankExperts)
-                   and not is_initialized(module)]
-        super().initialize_weights()
-        # transformers' pass marked them (by the dense model's `_init_weights`): this model's own, under the guard
-        # that skips a weight loaded from a checkpoint
+    def _initialises_itself(self, module) -> bool:
+        return isinstance(module, LowRankExperts)  # the dense model's own `_init_weights` knows nothing of them
+
+    def _initialize_again(self, module) -> None:
+        # the module alone (its base layer is the dense model's), under the guard that skips a loaded weight
         with torch.no_grad(), init.guard_torch_init_functions():
-            for module in pending:
-                self._init_weights(module)
+            self._init_weights(module)
+
+    def _checkpoint_kwargs(self, kwargs):
+        # a layer with low-rank experts reads its decisions from the task context while it is recomputed; whole
+        # experts read none (their `ContextRoutedLayer` runs outside the checkpointed layer)
+        return super()._checkpoint_kwargs(kwargs) if self.config.low_rank else kwargs
+
+    def _dense_rules(self) -> tuple[tuple[str, str], ...]:
+        """Ye et al. section 5.2: every expert of layer i starts as layer i (a plain layer is `experts.0`); a linear
+        holding low-rank experts keeps the dense one as its `base_layer`."""
+        return ((r"(.+)\.experts\.\d+\.(.+)\.base_layer\.(weight|bias)", r"\1.\2.\3"),
+                (r"(.+)\.experts\.\d+\.(.+)", r"\1.\2"))
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -321,12 +313,6 @@ class TaskRoutingMixin:
                 stack = next((s for s in stacks if key.startswith(s) and not key.startswith(f"{s}experts.")), None)
                 moved[key if stack is None else f"{stack}experts.*.{key[len(stack):]}"] = value
             setattr(self, name, moved)
-
-    def get_input_embeddings(self):
-        return self.backbone.get_input_embeddings()
-
-    def set_input_embeddings(self, value):
-        self.backbone.set_input_embeddings(value)
 
     def get_output_embeddings(self):
         return self.backbone.get_output_embeddings()
@@ -416,17 +402,9 @@ class TaskRoutingMixin:
         return export_task_adapters(self, path, **kwargs)
 
     @classmethod
-    def from_dense(
-        cls,
-        dense: str | os.PathLike | PreTrainedModel,
-        tasks: list[TaskSpec | dict],
-        expert_noise_variance: float = 1e-8,
-        seed: int | None = 0,
-        output_loading_info: bool = False,
-        strict: bool = True,
-        hub_kwargs: dict | None = None,
-        **config_kwargs,
-    ):
+    def from_dense(cls, dense: str | os.PathLike | PreTrainedModel, tasks: list[TaskSpec | dict],
+                   expert_noise_variance: float = 1e-8, seed: int | None = 0, output_loading_info: bool = False,
+                   strict: bool = True, hub_kwargs: dict | None = None, **config_kwargs):
         """Fork every routed layer of a dense model (a model of the family's `dense_auto_class` of a declared
         architecture, or its path / Hub id) into `num_experts` experts: expert `(i, j)` = layer `i` + Gaussian noise of
         variance `expert_noise_variance` (section 5.2; 0 makes every expert an exact copy, so the model computes the
@@ -438,30 +416,9 @@ class TaskRoutingMixin:
         delta with `B = 0` (the report lists the deltas as new), so the model computes the dense model's outputs
         exactly under any route, whatever `expert_noise_variance` (not used then); the dense weights are frozen
         unless `train_base=True`."""
-        from ...upcycling import DenseCheckpoint, upcycle
-
-        # a misspelt option is refused before the checkpoint loads
-        check_config_options(cls.config_class, config_kwargs, inspect.signature(cls.from_dense).parameters,
-                             where=f"{cls.__name__}.from_dense")
-        if isinstance(dense, PreTrainedModel):
-            source = getattr(dense.config, "name_or_path", "") or type(dense).__name__
-            checkpoint = DenseCheckpoint(dense, source)
-        elif isinstance(dense, (str, os.PathLike)):
-            loaded, info = cls.dense_auto_class.from_pretrained(dense, output_loading_info=True, **(hub_kwargs or {}))
-            checkpoint = DenseCheckpoint(loaded, str(dense), frozenset(info.get("missing_keys", ())))
-        else:
-            raise ValueError(f"`dense` must be a path, a Hub repo id or a PreTrainedModel, got {type(dense).__name__}.")
-        dense_model = checkpoint.model
-        if dense_model.get_output_embeddings() is None:
-            raise ValueError(
-                f"`dense` must be {cls.dense_kind}, got {type(dense_model).__name__}."
-            )
-        config = cls.config_class.from_dense_config(dense_model.config, tasks, **config_kwargs)
-        model = cls(config)
-        model.generation_config = model._apply_generation_convention(copy.deepcopy(dense_model.generation_config))
-        # the dense model's weights are its own names under `backbone.`, its layers' under `...experts.<j>.`
-        report = upcycle(checkpoint, model, strict=strict)
-        if expert_noise_variance and not config.low_rank:
+        model, report, checkpoint = cls._upcycled(dense, tasks, strict, hub_kwargs, config_kwargs)
+        model.generation_config = model._apply_generation_convention(copy.deepcopy(checkpoint.model.generation_config))
+        if expert_noise_variance and not model.config.low_rank:
             generator = torch.Generator().manual_seed(seed) if seed is not None else None
             std = float(expert_noise_variance) ** 0.5
             with torch.no_grad():
@@ -469,6 +426,13 @@ class TaskRoutingMixin:
                     for p in layer.experts.parameters():
                         p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * std)
         return (model, report) if output_loading_info else model
+
+    @classmethod
+    def _load_dense(cls, dense, hub_kwargs: dict):
+        checkpoint = super()._load_dense(dense, hub_kwargs)
+        if checkpoint.model.get_output_embeddings() is None:
+            raise ValueError(f"`dense` must be {cls.dense_kind}, got {type(checkpoint.model).__name__}.")
+        return checkpoint
 
     #: the class of the forward's output (`TaskRoutedCausalLMOutput`, `TaskRoutedSeq2SeqOutput`)
     output_class: type
@@ -586,10 +550,6 @@ class TaskRoutingMixin:
 
     def _init_router_weights(self, module) -> bool:
         """The paper's initialisation of the router's modules; True when `module` was one of them."""
-        from transformers import initialization as init
-
-        from ...layers.routing import TaskEmbedding
-
         config = self.config
         if isinstance(module, TaskEmbedding):
             init.normal_(module.weight, mean=0.0, std=config.task_embedding_init_std)  # (h) random representations
@@ -677,9 +637,6 @@ class TaskRoutingMixin:
             for name, param in self.named_parameters():
                 param.requires_grad_(name.startswith("router.") or name.endswith((".lora_A", ".lora_B")))
         self.router.task_embeddings.weight.requires_grad_(not config.freeze_task_embeddings)
-
-    def _after_load(self) -> None:
-        self.apply_freezing()  # loading recreates the parameters
 
     def set_training_step(self, step: int) -> None:
         """Anneal the Gumbel temperature (`MultiTaskTrainer` calls this every step)."""
@@ -790,11 +747,3 @@ def _merged_low_rank(layer: nn.Module, rest: str, expert: int | None) -> torch.T
         if leaf != "weight" or expert is None:
             return base.detach().clone()
         return base + module.delta_weight(expert).to(base.dtype)
-
-
-# activation checkpointing: a layer with low-rank experts reads its decisions from the task context while it is
-# recomputed in the backward pass, after the forward emptied it: the checkpoint restores the context then
-checkpointing_enable_with(
-    TaskRoutingMixin,
-    lambda model, kwargs: model.task_context.checkpoint_kwargs(kwargs) if model.config.low_rank else kwargs,
-)
