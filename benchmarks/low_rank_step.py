@@ -29,12 +29,14 @@ Generation (`--generation`, in its own child): a routed low-rank model with `sel
 router, as training would leave them), its `export_task_adapters` read back as a base (the dense model) and as
 peft's `PeftModel` with one adapter per task, greedy on one batch of `--rows` prompts of `--prompt` tokens over 4
 tasks, `--new` new tokens: the routed model, the dense base, and peft's mixed-adapter batch (`adapter_names`),
-alternated, `--gen_repeats` times each; median seconds and ratios to dense, and whether peft's greedy tokens equal the
-routed model's.
+alternated, `--gen_repeats` times each; median wall seconds and median process CPU seconds of each call, their
+ratios to dense (on shared cores the CPU time is the steadier of the two), and whether peft's greedy tokens equal the
+routed model's. `--only-generation` runs this child alone.
 
     python benchmarks/low_rank_step.py                 # 30 layers (slow on a CPU)
     python benchmarks/low_rank_step.py --layers 6      # quicker
     python benchmarks/low_rank_step.py --smoke         # tiny shapes, seconds
+    python benchmarks/low_rank_step.py --layers 6 --threads 1 --only-generation   # the generation child alone
 
 A table, then one JSON line.
 """

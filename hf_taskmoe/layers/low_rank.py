@@ -22,7 +22,10 @@ decisions' values (nothing is read back to the host):
   gathered (`index_select`: `(batch, r, in)`, `(batch, out, r)`) and applied with two `torch.bmm`: rank-`r` compute
   per row, punica's BGMV in plain torch. The delta is multiplied by the chosen decision's value (exactly 1 under a
   hard route; `selection="hard"` carries its `p / sg(p)` router gradient through it). Hard routes take it: `hard` in
-  training, every one-hot route at evaluation and in generation.
+  training, every one-hot route at evaluation and in generation. In generation the rows' routes are fixed, so the
+  model's `generate` puts a dict in the context (`flags["expert_rows"]`, kept on that call's cache) in which each
+  linear keeps its rows' gathered factors from the first step on (`row_factors`, `add_row_deltas`): the later steps
+  gather nothing.
 
 `TokenLowRankExperts` is the per-token sibling MT-TaG uses with `expert_rank`: the decisions reach both the same way,
 through the model's `TaskContext` (one mechanism: restored under gradient checkpointing, traced by torch.compile);
