@@ -227,17 +227,24 @@ def test_greedy_generation_of_a_mixed_batch_equals_each_row_alone(arch):
             assert torch.equal(together[row], alone[0]), row
 
 
-def greedy_by_forward(model, ids: torch.Tensor, tasks: torch.Tensor, steps: int):
-    """Greedy decoding by whole forwards without a cache: the router and each linear's gather run at every step."""
-    seq, logits = ids, []
+def greedy_by_forward(model, ids: torch.Tensor, tasks: torch.Tensor, steps: int, start: torch.Tensor | None = None):
+    """Greedy decoding by whole forwards without a cache: the router and each linear's gather run at every step. An
+    encoder-decoder decodes from `start` (its decoder's first tokens), a causal LM continues `ids`. The end-of-sequence
+    token is never chosen (`min_new_tokens=steps`)."""
+    seq, logits = (ids if start is None else start), []
+    eos = model.generation_config.eos_token_id
     for _ in range(steps):
-        last = model(seq, task_ids=tasks, use_cache=False).logits[:, -1]  # (batch, vocab)
+        inputs = {"input_ids": seq} if start is None else {"input_ids": ids, "decoder_input_ids": seq}
+        last = model(**inputs, task_ids=tasks, use_cache=False).logits[:, -1]  # (batch, vocab)
         logits.append(last)
-        seq = torch.cat([seq, last.argmax(-1, keepdim=True)], dim=1)
+        allowed = last.clone()
+        if eos is not None:
+            allowed[:, eos] = float("-inf")
+        seq = torch.cat([seq, allowed.argmax(-1, keepdim=True)], dim=1)
     return seq, torch.stack(logits, dim=1)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_generation_gathers_each_rows_factors_once_and_never_serves_another_calls(arch):
     """`generate` runs the router once and gathers each linear's rows' factors at its first step, kept for the call's
     later steps only: a second call with other task ids (the same rows permuted, then one row) gets its own, and every
@@ -253,9 +260,11 @@ def test_generation_gathers_each_rows_factors_once_and_never_serves_another_call
         for tasks in (torch.tensor([0, 1, 2, 0]), torch.tensor([2, 0, 1, 1]), torch.tensor([1, 1, 1, 1])):
             router_calls.clear()
             out = model.generate(ids, task_ids=tasks, **kwargs)
-            assert len(router_calls) == 1  # the first step's decisions serve the later steps
+            causal = arch in ("gpt2", "llama")
+            # the first step's decisions serve the later steps (an encoder-decoder's encoder routes once before it)
+            assert len(router_calls) == (1 if causal else 2)
             router_calls.clear()
-            expected, logits = greedy_by_forward(model, ids, tasks, 4)
+            expected, logits = greedy_by_forward(model, ids, tasks, 4, None if causal else out.sequences[:, :1])
             assert len(router_calls) == 4
             assert torch.equal(out.sequences, expected), tasks
             torch.testing.assert_close(torch.stack(out.logits, dim=1), logits, rtol=1e-4, atol=1e-4)
