@@ -29,12 +29,14 @@ Generation (`--generation`, in its own child): a routed low-rank model with `sel
 router, as training would leave them), its `export_task_adapters` read back as a base (the dense model) and as
 peft's `PeftModel` with one adapter per task, greedy on one batch of `--rows` prompts of `--prompt` tokens over 4
 tasks, `--new` new tokens: the routed model, the dense base, and peft's mixed-adapter batch (`adapter_names`),
-alternated, `--gen_repeats` times each; median seconds and ratios to dense, and whether peft's greedy tokens equal the
-routed model's.
+alternated, `--gen_repeats` times each; median wall seconds and median process CPU seconds of each call, their
+ratios to dense (on shared cores the CPU time is the steadier of the two), and whether peft's greedy tokens equal the
+routed model's. `--only-generation` runs this child alone.
 
     python benchmarks/low_rank_step.py                 # 30 layers (slow on a CPU)
     python benchmarks/low_rank_step.py --layers 6      # quicker
     python benchmarks/low_rank_step.py --smoke         # tiny shapes, seconds
+    python benchmarks/low_rank_step.py --layers 6 --threads 1 --only-generation   # the generation child alone
 
 A table, then one JSON line.
 """
@@ -182,22 +184,29 @@ def child_generation(args) -> dict:
     }
     order = list(runs)
     times = {k: [] for k in order}
+    cpu = {k: [] for k in order}
     out = {}
     with torch.no_grad():
         for k in order:  # warm-up
             out[k] = runs[k]()
         for rep in range(args.gen_repeats):
             for k in order[rep % len(order):] + order[:rep % len(order)]:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 runs[k]()
                 times[k].append(time.perf_counter() - start)
+                cpu[k].append(time.process_time() - start_cpu)
     median = {k: statistics.median(v) for k, v in times.items()}
+    median_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     return {
         "rows": args.rows, "tasks": NUM_TASKS, "distinct_routes": len(routes), "prompt": args.prompt, "new": args.new,
+        "threads": args.threads, "repeats": args.gen_repeats,
         "seconds": {k: round(v, 4) for k, v in median.items()},
         "ratio_to_dense": {k: round(v / median["dense"], 3) for k, v in median.items()},
+        "cpu_seconds": {k: round(v, 4) for k, v in median_cpu.items()},
+        "cpu_ratio_to_dense": {k: round(v / median_cpu["dense"], 3) for k, v in median_cpu.items()},
         "peft_tokens_equal_routed": bool(torch.equal(out["peft_mixed"], out["routed_hard"])),
         "all_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
+        "all_cpu_seconds": {k: [round(x, 4) for x in v] for k, v in cpu.items()},
     }
 
 
@@ -206,6 +215,15 @@ def _run_child(argv: list[str]) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"child {argv} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _print_generation(gen: dict) -> None:
+    print(f"generation of {gen['rows']} rows, {gen['new']} new tokens ({gen['threads']} threads, median of "
+          f"{gen['repeats']}):")
+    print(f"{'model':<14}{'wall s':>9}{'x dense':>9}{'cpu s':>9}{'x dense':>9}")
+    for k, v in gen["seconds"].items():
+        print(f"{k:<14}{v:>9.3f}{gen['ratio_to_dense'][k]:>9.3f}{gen['cpu_seconds'][k]:>9.3f}"
+              f"{gen['cpu_ratio_to_dense'][k]:>9.3f}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rounds of one child per configuration")
     parser.add_argument("--configs", nargs="+", default=CONFIGS, choices=CONFIGS)
     parser.add_argument("--generation", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--only_generation", "--only-generation", action="store_true",
+                        help="the generation child alone, no training step")
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--new", type=int, default=16)
     parser.add_argument("--gen_repeats", type=int, default=5)
@@ -234,7 +254,15 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child_step(args.child, args)))
         return
 
-    passthrough = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-generation"]
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])
+                   if a not in ("--no-generation", "--only_generation", "--only-generation")]
+    cfg = dense_config(args)
+    if args.only_generation:
+        gen = _run_child([*passthrough, "--child", "generation"])
+        _print_generation(gen)
+        print(json.dumps({"machine": args.machine, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+                          "rank": args.rank, "experts": args.experts, "generation": gen}))
+        return
     runs = {c: [] for c in args.configs}
     for rep in range(args.repeats):
         shift = rep % len(args.configs)
@@ -263,7 +291,6 @@ def main(argv: list[str] | None = None) -> None:
               f"{row.get('peak_x_lora_r', float('nan')):>7.3f}{row.get('peak_x_lora_4r', float('nan')):>8.3f}"
               f"{row.get('step_x_lora_r', float('nan')):>7.3f}{row.get('step_x_lora_4r', float('nan')):>7.3f}"
               f"{row.get('cpu_x_lora_r', float('nan')):>7.3f}")
-    cfg = dense_config(args)
     result = {
         "machine": args.machine, "threads": args.threads, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
         "rows": args.rows, "seq": args.seq, "rank": args.rank, "experts": args.experts, "steps": args.steps,
@@ -271,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.generation:
         gen = _run_child([*passthrough, "--child", "generation"])
-        print("generation, seconds:", gen["seconds"], "x dense:", gen["ratio_to_dense"])
+        _print_generation(gen)
         result["generation"] = gen
     print(json.dumps(result))
 

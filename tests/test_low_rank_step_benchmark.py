@@ -32,3 +32,18 @@ def test_smoke_run_prints_steps_memory_and_generation():
     assert set(gen["seconds"]) == {"routed_hard", "dense", "peft_mixed"} and gen["ratio_to_dense"]["dense"] == 1.0
     assert gen["distinct_routes"] > 1
     assert gen["peft_tokens_equal_routed"] is True  # the exported adapters are the routes' deltas exactly
+    assert gen["cpu_ratio_to_dense"]["dense"] == 1.0 and all(v > 0 for v in gen["cpu_seconds"].values())
+
+
+@pytest.mark.ci
+def test_only_generation_runs_the_generation_child_alone():
+    cmd = [sys.executable, str(BENCHMARKS / "low_rank_step.py"), "--smoke", "--rows", "4", "--prompt", "6",
+           "--new", "3", "--gen_repeats", "2", "--threads", "1", "--only-generation"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "train" not in result and result["layers"] == 2
+    gen = result["generation"]
+    assert gen["threads"] == 1 and gen["repeats"] == 2
+    assert {len(v) for v in gen["all_cpu_seconds"].values()} == {2} == {len(v) for v in gen["all_seconds"].values()}
+    assert gen["peft_tokens_equal_routed"] is True

@@ -227,6 +227,49 @@ def test_greedy_generation_of_a_mixed_batch_equals_each_row_alone(arch):
             assert torch.equal(together[row], alone[0]), row
 
 
+def greedy_by_forward(model, ids: torch.Tensor, tasks: torch.Tensor, steps: int, start: torch.Tensor | None = None):
+    """Greedy decoding by whole forwards without a cache: the router and each linear's gather run at every step. An
+    encoder-decoder decodes from `start` (its decoder's first tokens), a causal LM continues `ids`. The end-of-sequence
+    token is never chosen (`min_new_tokens=steps`)."""
+    seq, logits = (ids if start is None else start), []
+    eos = model.generation_config.eos_token_id
+    for _ in range(steps):
+        inputs = {"input_ids": seq} if start is None else {"input_ids": ids, "decoder_input_ids": seq}
+        last = model(**inputs, task_ids=tasks, use_cache=False).logits[:, -1]  # (batch, vocab)
+        logits.append(last)
+        allowed = last.clone()
+        if eos is not None:
+            allowed[:, eos] = float("-inf")
+        seq = torch.cat([seq, allowed.argmax(-1, keepdim=True)], dim=1)
+    return seq, torch.stack(logits, dim=1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generation_gathers_each_rows_factors_once_and_never_serves_another_calls(arch):
+    """`generate` runs the router once and gathers each linear's rows' factors at its first step, kept for the call's
+    later steps only: a second call with other task ids (the same rows permuted, then one row) gets its own, and every
+    call decodes what whole forwards without a cache decode."""
+    model = move_apart(low_rank(arch, selection="hard"), scale=1.0)
+    assert len({tuple(model.hard_route(t.name)) for t in TASKS}) > 1  # the tasks take different experts
+    ids = inputs(arch, model)["input_ids"]
+    router_calls = []
+    model.router.register_forward_hook(lambda *args: router_calls.append(1))
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                  output_logits=True)
+    with torch.no_grad():
+        for tasks in (torch.tensor([0, 1, 2, 0]), torch.tensor([2, 0, 1, 1]), torch.tensor([1, 1, 1, 1])):
+            router_calls.clear()
+            out = model.generate(ids, task_ids=tasks, **kwargs)
+            causal = arch in ("gpt2", "llama")
+            # the first step's decisions serve the later steps (an encoder-decoder's encoder routes once before it)
+            assert len(router_calls) == (1 if causal else 2)
+            router_calls.clear()
+            expected, logits = greedy_by_forward(model, ids, tasks, 4, None if causal else out.sequences[:, :1])
+            assert len(router_calls) == 4
+            assert torch.equal(out.sequences, expected), tasks
+            torch.testing.assert_close(torch.stack(out.logits, dim=1), logits, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_export_task_merges_the_routes_deltas(arch):
     model = move_apart(low_rank(arch, selection="hard"))

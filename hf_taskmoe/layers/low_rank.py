@@ -22,7 +22,10 @@ decisions' values (nothing is read back to the host):
   gathered (`index_select`: `(batch, r, in)`, `(batch, out, r)`) and applied with two `torch.bmm`: rank-`r` compute
   per row, punica's BGMV in plain torch. The delta is multiplied by the chosen decision's value (exactly 1 under a
   hard route; `selection="hard"` carries its `p / sg(p)` router gradient through it). Hard routes take it: `hard` in
-  training, every one-hot route at evaluation and in generation.
+  training, every one-hot route at evaluation and in generation. In generation the rows' routes are fixed, so the
+  model's `generate` puts a dict in the context (`flags["expert_rows"]`, kept on that call's cache) in which each
+  linear keeps its rows' gathered factors from the first step on (`row_factors`, `add_row_deltas`): the later steps
+  gather nothing.
 
 `TokenLowRankExperts` is the per-token sibling MT-TaG uses with `expert_rank`: the decisions reach both the same way,
 through the model's `TaskContext` (one mechanism: restored under gradient checkpointing, traced by torch.compile);
@@ -125,8 +128,35 @@ class LowRankExperts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
+        rows = self.context.flags.get("expert_rows") if self.context is not None else None
+        if rows is not None:  # a generation's decoding step: each row's factors, gathered at its first step
+            factors = rows.get(self)
+            if factors is None or factors[0].shape[0] != x.shape[0]:
+                factors = rows[self] = self.row_factors(self.routing()[0])
+            return self.add_row_deltas(out, x, *factors)
         decisions, path = self.routing()
         return out + self.delta(x, decisions, path).to(out.dtype)
+
+    @torch.no_grad()
+    def row_factors(self, decisions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's chosen expert's factors for the `"one"` path, gathered once for the rows of a generation (their
+        routes do not change while they decode): `A` `(batch, in, r)` times the chosen decision's value and
+        `scaling`, and `B` `(batch, r, out)`, both contiguous in the layout `torch.bmm` reads fastest. On the device,
+        nothing read back; no gradient (generation only)."""
+        idx = decisions.argmax(-1)  # (b,) each row's expert
+        value = decisions.gather(1, idx[:, None]).to(self.lora_A.dtype) * self.scaling  # (b, 1)
+        A = self.lora_A.index_select(0, idx).transpose(1, 2) * value[:, :, None]  # (b, in, r)
+        B = self.lora_B.index_select(0, idx).transpose(1, 2).contiguous()  # (b, r, out)
+        return A.contiguous(), B
+
+    def add_row_deltas(self, out: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """`out + x_b A_b B_b` per row `b` with `row_factors`' `A`, `B`: two batched products, the second adding
+        into the base output (`baddbmm`)."""
+        shape = x.shape
+        h = torch.bmm(self.dropout(x).reshape(shape[0], -1, shape[-1]).to(A.dtype), A)  # (b, T, r)
+        if h.dtype != out.dtype:
+            return out + torch.bmm(h, B).view(out.shape).to(out.dtype)
+        return torch.baddbmm(out.reshape(shape[0], -1, out.shape[-1]), h, B).view(out.shape)  # (b, T, out)
 
     def routing(self) -> tuple[torch.Tensor, str]:
         """This forward's decisions `(batch, experts)` and path, from the model's `TaskContext`."""

@@ -607,7 +607,15 @@ class TaskRoutingMixin(DenseWrapperMixin):
             # path the configuration and state choose (`layers.low_rank.expert_path`), nothing read back
             path = expert_path(self.config.selection, self.router.needs_every_expert, router_logits is None)
             plan = [[PlanEntry(0, None, False)] for _ in range(routing_weights.shape[1])]
-            return {"routing_weights": routing_weights, "routing_plan": plan, "expert_path": path}
+            flags = {"routing_weights": routing_weights, "routing_plan": plan, "expert_path": path}
+            rows = getattr(cache, "expert_rows", None)  # a generation's (`generate` puts it on its empty cache)
+            if rows is not None and path == "one" and not self.training and not is_capturing():
+                # the rows' routes are fixed while they decode: the later steps take these decisions (`_route`) and
+                # each linear gathers its rows' factors once (`LowRankExperts.row_factors`), not at every step
+                if getattr(cache, "kept_routes", None) is None:
+                    cache.kept_routes = (routing_weights, router_logits)
+                flags["expert_rows"] = rows
+            return flags
         if self._every_expert_generation:  # `generate(every_expert=True)`: the reference path, nothing read back
             return {"routing_weights": routing_weights, "routing_plan": every_expert_plan(*routing_weights.shape[1:])}
         plan = None

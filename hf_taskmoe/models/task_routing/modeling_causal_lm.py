@@ -73,6 +73,17 @@ def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[t
     return input_ids.gather(1, order), attention_mask.gather(1, order)
 
 
+def _contiguous_rows(module, args):
+    """The LM head's input made contiguous where it is a slice of the positions (`logits_to_keep`: the last position
+    of a prompt, `(batch, 1, hidden)` with the prompt's strides): torch's `matmul` folds such an input into one GEMM
+    only when the weight takes a gradient, and a frozen head (the base of low-rank experts, a frozen dense model)
+    otherwise runs one product per row against the broadcast weight (`bmm`), about 4x the folded GEMM's time on
+    this CPU (`benchmarks/low_rank_step.py`'s generation). A copy of `batch x hidden` values."""
+    if args and isinstance(args[0], torch.Tensor) and args[0].dim() > 2 and not args[0].is_contiguous():
+        return (args[0].contiguous(), *args[1:])
+    return None
+
+
 class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, GenerationMixin):
     r"""
     A decoder-only causal LM (GPT-2, Llama, Qwen2, Mistral) with task-level routing over forked layers.
@@ -105,6 +116,9 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             shared=(self.backbone.config,), low_rank=self._low_rank_spec(config),
         )
         self._finish_init(config)
+        head = self.get_output_embeddings()
+        if head is not None:
+            head.register_forward_pre_hook(_contiguous_rows)
 
     # ------------------------------------------------------------------ cache
     def new_cache(self) -> ExpertRowsCache | DynamicCache:
@@ -252,6 +266,10 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             kwargs[CACHE_ARG] = cache = self.new_cache()
         if isinstance(cache, ExpertRowsCache) and cache.get_seq_length() == 0:
             cache.plans_routes = not every_expert  # hard routes: each layer runs only the experts its rows use
+        elif self.config.low_rank and cache is not None:
+            # hard routes: each linear's rows' factors, gathered at the first step and kept for this call's later
+            # steps (`_routing_flags`); none for a filled cache, whose rows this call did not start
+            cache.kept_routes, cache.expert_rows = None, {} if cache.get_seq_length() == 0 else None
         return self._generate(super().generate, input_ids, cache, given, {"attention_mask": attention_mask, **kwargs})
 
     # ------------------------------------------------------------------ building and exporting

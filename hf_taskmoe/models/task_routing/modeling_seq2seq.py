@@ -482,6 +482,10 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
             kwargs[CACHE_ARG] = cache = self.new_cache()
         if isinstance(cache, RoutedCache) and cache.get_seq_length() == 0:
             cache.plans_routes = not every_expert  # hard routes: each block runs only the experts its rows use
+        elif self.config.low_rank and cache is not None:
+            # hard routes: each decoder linear's rows' factors, gathered at the first step and kept for this call's
+            # later steps (`_routing_flags`); none for a filled cache, whose rows this call did not start
+            cache.kept_routes, cache.expert_rows = None, {} if cache.get_seq_length() == 0 else None
         self._every_expert_generation = every_expert
         try:
             return self._generate(super().generate, input_ids, cache, given,
