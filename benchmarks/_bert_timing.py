@@ -111,4 +111,5 @@ def prepare(args) -> tuple:
 
     torch.set_num_threads(args.threads)
     source, source_name = dense_source()
+    torch.manual_seed(0)  # the models' new weights (gates, heads): the same in every run, and so the routing load
     return source, source_name, [TaskSpec(name=f"task{i}", num_labels=2) for i in range(args.num_tasks)]
