@@ -26,10 +26,13 @@ experts: its FFN's low-rank linears concatenated):
   each task's dev set), and `unused`: experts no token of the task reaches.
 
 Resumable: every (init, seed) runs in a fresh subprocess and appends one JSON line to `--results`; a pair already
-there is skipped. The last line printed is one JSON object with the file's rows for the run's settings.
+there is skipped. The last line printed is one JSON object with the file's rows for the run's settings and their
+summary (per step, the means over MoE layers; see `summarise`). `--plot out.png` draws the file's rows.
 
     python benchmarks/low_rank_mttag_init.py --results benchmarks/results/low_rank_mttag_init-2cpu-shared.jsonl \\
         --inits zero noise --seeds 1 --threads 1
+    python benchmarks/low_rank_mttag_init.py --results benchmarks/results/low_rank_mttag_init-2cpu-shared.jsonl \\
+        --plot docs/images/low_rank_mttag_init.png
     python benchmarks/low_rank_mttag_init.py --smoke --results /tmp/smoke.jsonl   # a tiny random BERT, seconds
 """
 
@@ -233,6 +236,57 @@ def tiny_bert(folder: Path) -> str:
     return str(path)
 
 
+def summarise(rows: list[dict]) -> dict:
+    """Per (init, seed): the average, and per recorded step the mean over MoE layers of `rel_dist`, `cos_dist` and
+    the experts' mean `rel_norm`, the (task, layer) pairs that leave an expert unused, and the largest share one
+    expert takes of a task's tokens in a layer, averaged over tasks and layers (0.25: an even load, 1: collapse)."""
+    out = {}
+    for row in rows:
+        steps = []
+        for point in row["trajectory"]:
+            layers = list(point["layers"].values())
+            cos = [v["cos_dist"] for v in layers if v["cos_dist"] is not None]
+            tasks = list(point["route_shares"].values())
+            top = [max(s) for t in tasks for s in t["shares"]]
+            steps.append({
+                "step": point["step"],
+                "rel_dist": round(sum(v["rel_dist"] for v in layers) / len(layers), 5),
+                "cos_dist": round(sum(cos) / len(cos), 4) if len(cos) == len(layers) else None,
+                "rel_norm": round(sum(sum(v["rel_norm"]) / len(v["rel_norm"]) for v in layers) / len(layers), 5),
+                "unused_pairs": sum(u > 0 for t in tasks for u in t["unused"]),
+                "pairs": sum(len(t["unused"]) for t in tasks),
+                "top_share": round(sum(top) / len(top), 3),
+            })
+        out[f"{row['init']}/seed{row['seed']}"] = {"average": row["average"], "scores": row["scores"], "steps": steps}
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Mean relative distance between experts' deltas (left) and mean top share of a task's tokens (right) against
+    the step, one line per (init, seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarise(rows)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    for name, entry in summary.items():
+        style = "-" if name.startswith("zero") else "--"
+        steps = [s["step"] for s in entry["steps"]]
+        left.plot(steps, [s["rel_dist"] for s in entry["steps"]], style, marker="o",
+                  label=f"{name} (avg {100 * entry['average']:.1f})")
+        right.plot(steps, [s["top_share"] for s in entry["steps"]], style, marker="o", label=name)
+    left.set(xlabel="step", ylabel="mean ||delta_i - delta_j|| / ||W||", title="experts apart (MoE layers' mean)")
+    right.set(xlabel="step", ylabel="top expert's share of a task's tokens", title="route load (0.25 even, 1 collapse)",
+              ylim=(0.2, 1.02))
+    left.legend(fontsize=7)
+    fig.suptitle("MiniLM MT-TaG, expert_rank 16, 4 experts: B = 0 against Gaussian B", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
 def _key(row: dict) -> tuple:
     return row["init"], row["seed"], row["steps"], row["batch"], row["rank"], row["lr"], row["noise_rel"], row["smoke"]
 
@@ -252,11 +306,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probe_rows", type=int, default=64, help="dev rows per task for the route load")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="a tiny random BERT, 16 training rows per task")
+    parser.add_argument("--plot", type=Path, default=None, help="draw the file's rows (PNG) and exit")
     parser.add_argument("--init", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.init:
         print(json.dumps(run_one(args)))
+        return
+    if args.plot:
+        plot([json.loads(line) for line in args.results.read_text().splitlines()], args.plot)
         return
     argv = list(argv if argv is not None else sys.argv[1:])
     lines = args.results.read_text().splitlines() if args.results.exists() else []
@@ -280,8 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [json.loads(line) for line in args.results.read_text().splitlines()]
     rows = [r for r in rows if (r["steps"], r["batch"], r["rank"], r["lr"], r["smoke"]) ==
             (args.steps, args.batch, args.rank, args.lr, args.smoke) and r["init"] in args.inits]
-    print(json.dumps({"steps": args.steps, "smoke": args.smoke,
-                      "averages": {f"{r['init']}/seed{r['seed']}": r["average"] for r in rows}, "rows": rows}))
+    print(json.dumps({"steps": args.steps, "smoke": args.smoke, "summary": summarise(rows), "rows": rows}))
 
 
 if __name__ == "__main__":
