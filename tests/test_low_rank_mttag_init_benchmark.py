@@ -52,3 +52,8 @@ def test_zero_b_starts_at_identical_zero_deltas_and_noise_does_not(tmp_path, cap
         assert noise[0]["layers"][layer]["rel_norm"] == pytest.approx([1e-2] * 4, rel=1e-3)
         assert noise[0]["layers"][layer]["rel_dist"] > 0 and noise[0]["layers"][layer]["cos_dist"] > 0.5
     assert rows["noise"]["noise_rel"] == 1e-2 and rows["noise"]["b_std_max"] > 0 and rows["zero"]["noise_rel"] == 0
+    summary = module.summarise(list(rows.values()))  # the means over MoE layers the final JSON line reports
+    assert summary["zero/seed1"]["steps"][0]["rel_dist"] == 0 and summary["zero/seed1"]["steps"][0]["cos_dist"] is None
+    assert summary["noise/seed1"]["steps"][0]["rel_dist"] > 0
+    for entry in summary.values():
+        assert all(0.25 <= s["top_share"] <= 1 and s["pairs"] == 10 for s in entry["steps"])
