@@ -239,7 +239,9 @@ def tiny_bert(folder: Path) -> str:
 def summarise(rows: list[dict]) -> dict:
     """Per (init, seed): the average, and per recorded step the mean over MoE layers of `rel_dist`, `cos_dist` and
     the experts' mean `rel_norm`, the (task, layer) pairs that leave an expert unused, and the largest share one
-    expert takes of a task's tokens in a layer, averaged over tasks and layers (0.25: an even load, 1: collapse)."""
+    expert takes of a task's tokens in a layer, averaged over tasks and layers (0.25: an even load, 1: collapse), and
+    `least_used`: the smallest share any expert of any layer gets of the tasks' tokens (shares averaged over tasks;
+    0: an expert no task uses)."""
     out = {}
     for row in rows:
         steps = []
@@ -248,6 +250,9 @@ def summarise(rows: list[dict]) -> dict:
             cos = [v["cos_dist"] for v in layers if v["cos_dist"] is not None]
             tasks = list(point["route_shares"].values())
             top = [max(s) for t in tasks for s in t["shares"]]
+            layer_count, experts = len(tasks[0]["shares"]), len(tasks[0]["shares"][0])
+            mean = [[sum(t["shares"][i][e] for t in tasks) / len(tasks) for e in range(experts)]
+                    for i in range(layer_count)]
             steps.append({
                 "step": point["step"],
                 "rel_dist": round(sum(v["rel_dist"] for v in layers) / len(layers), 5),
@@ -256,6 +261,7 @@ def summarise(rows: list[dict]) -> dict:
                 "unused_pairs": sum(u > 0 for t in tasks for u in t["unused"]),
                 "pairs": sum(len(t["unused"]) for t in tasks),
                 "top_share": round(sum(top) / len(top), 3),
+                "least_used": round(min(min(m) for m in mean), 3),
             })
         out[f"{row['init']}/seed{row['seed']}"] = {"average": row["average"], "scores": row["scores"], "steps": steps}
     return out

@@ -56,4 +56,5 @@ def test_zero_b_starts_at_identical_zero_deltas_and_noise_does_not(tmp_path, cap
     assert summary["zero/seed1"]["steps"][0]["rel_dist"] == 0 and summary["zero/seed1"]["steps"][0]["cos_dist"] is None
     assert summary["noise/seed1"]["steps"][0]["rel_dist"] > 0
     for entry in summary.values():
-        assert all(0.25 <= s["top_share"] <= 1 and s["pairs"] == 10 for s in entry["steps"])
+        for step in entry["steps"]:
+            assert 0.25 <= step["top_share"] <= 1 and 0 <= step["least_used"] <= 0.25 and step["pairs"] == 10
