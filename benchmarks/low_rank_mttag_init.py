@@ -269,7 +269,7 @@ def summarise(rows: list[dict]) -> dict:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Mean relative distance between experts' deltas (left) and mean top share of a task's tokens (right) against
-    the step, one line per (init, seed)."""
+    the step, one line per (init, seed): a colour per seed, solid for `B = 0`, dashed for the Gaussian `B`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -277,12 +277,13 @@ def plot(rows: list[dict], path: Path) -> None:
 
     summary = summarise(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
-    for name, entry in summary.items():
-        style = "-" if name.startswith("zero") else "--"
+    for name, entry in sorted(summary.items(), key=lambda item: item[0][::-1]):  # by seed, then init
+        seed = int(name.rsplit("seed", 1)[1])
+        style = {"linestyle": "-" if name.startswith("zero") else "--", "color": f"C{seed % 10}", "marker": "o"}
         steps = [s["step"] for s in entry["steps"]]
-        left.plot(steps, [s["rel_dist"] for s in entry["steps"]], style, marker="o",
+        left.plot(steps, [s["rel_dist"] for s in entry["steps"]], **style,
                   label=f"{name} (avg {100 * entry['average']:.1f})")
-        right.plot(steps, [s["top_share"] for s in entry["steps"]], style, marker="o", label=name)
+        right.plot(steps, [s["top_share"] for s in entry["steps"]], **style, label=name)
     left.set(xlabel="step", ylabel="mean ||delta_i - delta_j|| / ||W||", title="experts apart (MoE layers' mean)")
     right.set(xlabel="step", ylabel="top expert's share of a task's tokens", title="route load (0.25 even, 1 collapse)",
               ylim=(0.2, 1.02))
