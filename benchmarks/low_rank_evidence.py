@@ -265,6 +265,29 @@ def run_one(config: str, args) -> dict:
     }
 
 
+def run_cells(script: str, argv: list[str], results: Path, cells: list[tuple[str, tuple, list[str]]], key,
+              describe) -> list[dict]:
+    """Run each cell `(label, key, child arguments)` as a child process of `script` (`argv` + the cell's arguments;
+    the child prints its record as the last line) unless a record of `results` has that key (`key(record)`): the
+    records are appended to `results` (JSON lines) as each cell finishes, so a run cut short continues where it
+    stopped. Returns every record of `results`."""
+    lines = results.read_text().splitlines() if results.exists() else []
+    done = {key(json.loads(line)) for line in lines}
+    for label, cell_key, child_argv in cells:
+        if cell_key in done:
+            print(f"{label}: already in {results}, skipped", file=sys.stderr)
+            continue
+        child = subprocess.run([sys.executable, script, *argv, *child_argv], capture_output=True, text=True)
+        if child.returncode != 0:
+            raise RuntimeError(f"{label} failed:\n{child.stderr[-3000:]}")
+        row = json.loads(child.stdout.strip().splitlines()[-1])
+        results.parent.mkdir(parents=True, exist_ok=True)
+        with results.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"{label}: {describe(row)}", file=sys.stderr)
+    return [json.loads(line) for line in results.read_text().splitlines()]
+
+
 def _key(row: dict) -> tuple:
     return row["config"], row["seed"], row["steps"], row["batch"], row["rank"], row["smoke"]
 
@@ -318,26 +341,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_one(args.child, args)))
         return
     configs = [c for c in args.configs if not (c == "routed_full" and args.full_experts == 0)]
-    lines = args.results.read_text().splitlines() if args.results.exists() else []
-    done = {_key(json.loads(line)) for line in lines}
     argv = list(argv if argv is not None else sys.argv[1:])
-    for seed in args.seeds:
-        for config in configs:
-            key = (config, seed, args.steps, args.batch, args.rank, args.smoke)
-            if key in done:
-                print(f"{config} seed {seed}: already in {args.results}, skipped", file=sys.stderr)
-                continue
-            child = subprocess.run([sys.executable, __file__, *argv, "--child", config, "--seed", str(seed)],
-                                   capture_output=True, text=True)
-            if child.returncode != 0:
-                raise RuntimeError(f"{config} seed {seed} failed:\n{child.stderr[-3000:]}")
-            row = json.loads(child.stdout.strip().splitlines()[-1])
-            args.results.parent.mkdir(parents=True, exist_ok=True)
-            with args.results.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"{config} seed {seed}: average {row['average']:.3f}, step {row['step_s']:.3f} s, "
-                  f"peak {row['peak_mib']:.0f} MiB", file=sys.stderr)
-    rows = [json.loads(line) for line in args.results.read_text().splitlines()]
+    cells = [(f"{config} seed {seed}", (config, seed, args.steps, args.batch, args.rank, args.smoke),
+              ["--child", config, "--seed", str(seed)]) for seed in args.seeds for config in configs]
+    rows = run_cells(__file__, argv, args.results, cells, _key, lambda row: (
+        f"average {row['average']:.3f}, step {row['step_s']:.3f} s, peak {row['peak_mib']:.0f} MiB"))
     rows = [r for r in rows if (r["steps"], r["batch"], r["rank"], r["smoke"]) ==
             (args.steps, args.batch, args.rank, args.smoke) and r["config"] in configs]
     print(json.dumps({"steps": args.steps, "batch": args.batch, "rank": args.rank, "smoke": args.smoke,

@@ -43,11 +43,13 @@ import itertools
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from low_rank_evidence import run_cells  # noqa: E402  (the resumable cells, one child process each)
 
 ROOT = Path(__file__).resolve().parent.parent
 TASKS_FILE = ROOT / "examples" / "data" / "demo_mixture" / "tasks.json"
@@ -324,25 +326,11 @@ def main(argv: list[str] | None = None) -> None:
         plot([json.loads(line) for line in args.results.read_text().splitlines()], args.plot)
         return
     argv = list(argv if argv is not None else sys.argv[1:])
-    lines = args.results.read_text().splitlines() if args.results.exists() else []
-    done = {_key(json.loads(line)) for line in lines}
-    for seed in args.seeds:
-        for init in args.inits:
-            key = (init, seed, args.steps, args.batch, args.rank, args.lr, args.noise_rel if init == "noise" else 0.0,
-                   args.smoke)
-            if key in done:
-                print(f"{init} seed {seed}: already in {args.results}, skipped", file=sys.stderr)
-                continue
-            child = subprocess.run([sys.executable, __file__, *argv, "--init", init, "--seed", str(seed)],
-                                   capture_output=True, text=True)
-            if child.returncode != 0:
-                raise RuntimeError(f"{init} seed {seed} failed:\n{child.stderr[-3000:]}")
-            row = json.loads(child.stdout.strip().splitlines()[-1])
-            args.results.parent.mkdir(parents=True, exist_ok=True)
-            with args.results.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(f"{init} seed {seed}: average {row['average']:.4f}, {row['wall_s']:.0f} s", file=sys.stderr)
-    rows = [json.loads(line) for line in args.results.read_text().splitlines()]
+    cells = [(f"{init} seed {seed}", (init, seed, args.steps, args.batch, args.rank, args.lr,
+                                      args.noise_rel if init == "noise" else 0.0, args.smoke),
+              ["--init", init, "--seed", str(seed)]) for seed in args.seeds for init in args.inits]
+    rows = run_cells(__file__, argv, args.results, cells, _key,
+                     lambda row: f"average {row['average']:.4f}, {row['wall_s']:.0f} s")
     rows = [r for r in rows if (r["steps"], r["batch"], r["rank"], r["lr"], r["smoke"]) ==
             (args.steps, args.batch, args.rank, args.lr, args.smoke) and r["init"] in args.inits]
     print(json.dumps({"steps": args.steps, "smoke": args.smoke, "summary": summarise(rows), "rows": rows}))
