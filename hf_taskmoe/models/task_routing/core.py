@@ -581,6 +581,21 @@ class TaskRoutingMixin(DenseWrapperMixin):
         """`group_hard_routes` resolved for a generation on `device`."""
         return self.group_hard_routes is True or (self.group_hard_routes == "auto" and device.type != "cpu")
 
+    def _generation_cache(self, kwargs: dict, every_expert: bool):
+        """The cache a `generate` call decodes with: the one in `kwargs`, else `new_cache()` (put in `kwargs`),
+        prepared for the call. An empty cache of per-expert slots (`SlotRows`) plans each layer's experts from the
+        first step's decisions under hard routes; with low-rank experts (one copy of each layer, a plain cache) an
+        empty one keeps each linear's rows' factors from the first step on (`_routing_flags`), and a filled one, whose
+        rows this call did not start, keeps none."""
+        cache = pop_cache(dict(kwargs))
+        if cache is None:
+            kwargs[CACHE_ARG] = cache = self.new_cache()
+        if isinstance(cache, SlotRows) and cache.get_seq_length() == 0:
+            cache.plans_routes = not every_expert  # hard routes: each layer runs only the experts its rows use
+        elif self.config.low_rank and cache is not None:
+            cache.kept_routes, cache.expert_rows = None, {} if cache.get_seq_length() == 0 else None
+        return cache
+
     def _generate(self, generate, input_ids, cache, given_task_ids, kwargs: dict):
         """`generate(input_ids=input_ids, **kwargs)` (`kwargs` holding the resolved `task_ids`), on the rows sorted by
         task where the grouped layers run the hard routes (`task_sorted_generate`: their segments are then runs of the

@@ -43,7 +43,6 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 
-from ...compat import CACHE_ARG, pop_cache
 from ...input_checks import (
     check_batch_dim,
     check_generation_cache,
@@ -261,15 +260,7 @@ class TaskRoutedForCausalLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generati
             kwargs["task_ids"] = resolve_task_ids(given, input_ids.shape[0], self.config.task_names, self.device)
             check_token_ids(token_table_sizes(self), input_ids=input_ids)
             kwargs["values_checked"] = True
-        cache = pop_cache(dict(kwargs))
-        if cache is None:
-            kwargs[CACHE_ARG] = cache = self.new_cache()
-        if isinstance(cache, ExpertRowsCache) and cache.get_seq_length() == 0:
-            cache.plans_routes = not every_expert  # hard routes: each layer runs only the experts its rows use
-        elif self.config.low_rank and cache is not None:
-            # hard routes: each linear's rows' factors, gathered at the first step and kept for this call's later
-            # steps (`_routing_flags`); none for a filled cache, whose rows this call did not start
-            cache.kept_routes, cache.expert_rows = None, {} if cache.get_seq_length() == 0 else None
+        cache = self._generation_cache(kwargs, every_expert)
         return self._generate(super().generate, input_ids, cache, given, {"attention_mask": attention_mask, **kwargs})
 
     # ------------------------------------------------------------------ building and exporting

@@ -53,7 +53,7 @@ from transformers import AutoModelForSeq2SeqLM, GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.utils import ModelOutput
 
-from ...compat import CACHE_ARG, T5_BLOCK_RETURNS_BIASES, is_exporting, pop_cache
+from ...compat import T5_BLOCK_RETURNS_BIASES, is_exporting
 from ...input_checks import (
     check_batch_dim,
     check_generation_cache,
@@ -477,15 +477,7 @@ class TaskRoutedForSeq2SeqLM(TaskRoutingMixin, MultiTaskPreTrainedModel, Generat
                 kwargs["values_checked"] = True
         check_generation_cache(self, kwargs)
         kwargs.pop("cache_implementation", None)
-        cache = pop_cache(dict(kwargs))
-        if cache is None:
-            kwargs[CACHE_ARG] = cache = self.new_cache()
-        if isinstance(cache, RoutedCache) and cache.get_seq_length() == 0:
-            cache.plans_routes = not every_expert  # hard routes: each block runs only the experts its rows use
-        elif self.config.low_rank and cache is not None:
-            # hard routes: each decoder linear's rows' factors, gathered at the first step and kept for this call's
-            # later steps (`_routing_flags`); none for a filled cache, whose rows this call did not start
-            cache.kept_routes, cache.expert_rows = None, {} if cache.get_seq_length() == 0 else None
+        cache = self._generation_cache(kwargs, every_expert)
         self._every_expert_generation = every_expert
         try:
             return self._generate(super().generate, input_ids, cache, given,
