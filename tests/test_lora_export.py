@@ -82,12 +82,18 @@ def routed(arch: str, hidden: int = 32, selection: str = "gumbel_softmax_st", se
         dense = AutoModelForCausalLM.from_config(dense_config(arch, hidden)).eval()
         model = TaskRoutedForCausalLM.from_dense(dense, TASKS, expert_noise_variance=0.0, selection=selection,
                                                  num_experts=num_experts)
-    generator = torch.Generator().manual_seed(seed + 1)
+    return move_apart(model, seed + 1, scale, routes=selection in ("gumbel_softmax_st", "hard"))
+
+
+def move_apart(model, seed: int = 1, scale: float = 0.05, routes: bool = True):
+    """`model` with every parameter (each expert's weights, norms and biases) moved apart, as training moves them,
+    in eval mode, its tasks on pairwise different routes (`routes`: a hard-routed model)."""
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator) * scale)
     model.eval()
-    if selection in ("gumbel_softmax_st", "hard"):
+    if routes:
         distinct_routes(model)
     return model
 
@@ -466,13 +472,8 @@ def test_bart_exports_and_its_post_norm_layer_norms_are_the_cost(tmp_path):
         encoder_attention_heads=2, decoder_attention_heads=2, max_position_embeddings=40, dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0,
     )).eval()
-    model = BartTaskRouted.from_dense(dense, TASKS, expert_noise_variance=0.0, selection="gumbel_softmax_st")
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=generator) * 0.05)
-    model.eval()
-    distinct_routes(model)
+    model = move_apart(BartTaskRouted.from_dense(dense, TASKS, expert_noise_variance=0.0,
+                                                 selection="gumbel_softmax_st"))
     # BART normalises after the residual: a norm that differs per expert feeds the residual stream, not only the next
     # linears, so it cannot be folded; lossless refuses by name, before writing anything
     with pytest.raises(ValueError, match=r"layer_norm.*post-norm layer's norm feeds the residual stream"):

@@ -35,7 +35,7 @@ from hf_taskmoe.backbones import (
 )
 
 from .test_backbones_new import ENCODER_METHODS
-from .test_lora_export import FULL_RANK_ATOL, distinct_routes, load_peft
+from .test_lora_export import FULL_RANK_ATOL, load_peft, move_apart
 
 VOCAB = 40
 SPECIAL = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3)
@@ -194,15 +194,8 @@ def test_task_routing_on_the_undeclared_lm_computes_it_trains_and_generates(mode
 def moved_apart(model_type: str):
     """A hard-routed model of three experts whose every parameter (weights, norms, biases) was moved apart, its tasks
     on pairwise different routes."""
-    model = ROUTED[model_type].from_dense(dense(model_type), GENERATE, num_experts=3, expert_noise_variance=0.0,
-                                          selection="gumbel_softmax_st")
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    model.eval()
-    distinct_routes(model)
-    return model
+    return move_apart(ROUTED[model_type].from_dense(dense(model_type), GENERATE, num_experts=3,
+                                                   expert_noise_variance=0.0, selection="gumbel_softmax_st"))
 
 
 @pytest.mark.parametrize("model_type", sorted(ROUTED))
